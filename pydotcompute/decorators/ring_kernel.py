@@ -1,0 +1,231 @@
+"""``@ring_kernel``: declare a persistent actor and register it for ``runtime.launch(id)``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..exceptions import InvalidConfigurationError
+from ..ring_kernels.registry import register_ring_kernel
+from .validators import (
+    validate_backpressure_strategy,
+    validate_block_size,
+    validate_grid_size,
+    validate_kernel_id,
+    validate_queue_size,
+    validate_restart,
+)
+
+__all__ = (
+    "RingKernelBuilder",
+    "RingKernelMeta",
+    "get_ring_kernel_meta",
+    "is_ring_kernel",
+    "ring_kernel",
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+_META_ATTR = "__ring_kernel_meta__"
+BACKENDS = ("cpu", "cuda", "metal")
+
+
+@dataclass(frozen=True)
+class RingKernelMeta:
+    """What ``@ring_kernel`` recorded about a function."""
+
+    kernel_id: str
+    input_type: type | None
+    output_type: type | None
+    input_queue_size: int
+    output_queue_size: int
+    grid_size: int
+    block_size: int
+    backpressure: str
+    backend: str
+    serialize: bool
+    restart: str
+    max_restarts: int
+    tier: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def launch_options(self) -> dict[str, Any]:
+        """Keyword options for ``runtime.launch`` / ``RingKernelConfig``."""
+        return {
+            "input_queue_size": self.input_queue_size,
+            "output_queue_size": self.output_queue_size,
+            "grid_size": self.grid_size,
+            "block_size": self.block_size,
+            "backpressure_strategy": self.backpressure,
+            "backend": self.backend,
+            "serialize": self.serialize,
+            "restart": self.restart,
+            "max_restarts": self.max_restarts,
+            "tier": self.tier,
+            **self.extra,
+        }
+
+
+def ring_kernel(
+    func: F | None = None,
+    *,
+    kernel_id: str | None = None,
+    input_type: type | None = None,
+    output_type: type | None = None,
+    queue_size: int = 4096,
+    input_queue_size: int | None = None,
+    output_queue_size: int | None = None,
+    grid_size: int = 1,
+    block_size: int = 256,
+    backpressure: str = "block",
+    auto_register: bool = True,
+    backend: str = "cpu",
+    serialize: bool = False,
+    restart: str = "never",
+    max_restarts: int = 3,
+    tier: str | None = None,
+    **extra: Any,
+) -> Any:
+    """Declare an actor: ``async def actor(ctx)`` looping on ``ctx.receive()``.
+
+    The function is returned unchanged (metadata is attached) and, with
+    ``auto_register``, registered so ``runtime.launch(kernel_id)`` needs no function.
+
+    Args:
+        kernel_id: Defaults to the function's name.
+        input_type, output_type: Message classes checked on every send / reply.
+        queue_size: Both queue capacities unless ``input_queue_size`` /
+            ``output_queue_size`` say otherwise.
+        backpressure: ``block``, ``reject`` or ``drop_oldest`` (the inbox's policy).
+        backend: ``cpu`` (default), ``cuda`` (a GPU-resident kernel: ``tier`` becomes
+            ``gpu``), or ``metal``.
+        serialize: Queues carry MessagePack bytes, as a cross-process hop would.
+        restart: ``never`` or ``on_failure`` (up to ``max_restarts`` times).
+        tier: ``asyncio`` (default), ``thread``, ``process`` or ``gpu``.
+        extra: Tier-specific options (the GPU tier's ``handler``, ``state``, ...).
+    """
+
+    def decorate(fn: F) -> F:
+        kid = validate_kernel_id(kernel_id or getattr(fn, "__name__", ""))
+        if backend not in BACKENDS:
+            raise InvalidConfigurationError(
+                f"ring kernel {kid!r}: backend must be one of {BACKENDS}, got {backend!r}"
+            )
+        chosen_tier = tier or ("gpu" if backend == "cuda" else "asyncio")
+        if chosen_tier == "asyncio" and not inspect.iscoroutinefunction(fn):
+            raise InvalidConfigurationError(
+                f"ring kernel {kid!r} must be an 'async def' function taking a KernelContext "
+                f"on the asyncio tier, got {fn!r}"
+            )
+        strategy = validate_backpressure_strategy(backpressure).value
+        policy, restarts = validate_restart(restart, max_restarts)
+        meta = RingKernelMeta(
+            kernel_id=kid,
+            input_type=input_type,
+            output_type=output_type,
+            input_queue_size=validate_queue_size(
+                input_queue_size if input_queue_size is not None else queue_size,
+                "input_queue_size",
+            ),
+            output_queue_size=validate_queue_size(
+                output_queue_size if output_queue_size is not None else queue_size,
+                "output_queue_size",
+            ),
+            grid_size=validate_grid_size(grid_size),
+            block_size=validate_block_size(block_size),
+            backpressure=strategy,
+            backend=backend,
+            serialize=serialize,
+            restart=policy,
+            max_restarts=restarts,
+            tier=chosen_tier,
+            extra=dict(extra),
+        )
+        if chosen_tier == "gpu":
+            from ..ring_kernels.gpu_kernel import check_gpu_kernel_spec
+
+            check_gpu_kernel_spec(meta, fn)
+        try:
+            setattr(fn, _META_ATTR, meta)
+        except AttributeError as exc:
+            raise InvalidConfigurationError(
+                f"cannot attach ring kernel metadata to {fn!r}: {exc}"
+            ) from exc
+        if auto_register:
+            register_ring_kernel(
+                kid, fn, input_type=input_type, output_type=output_type,
+                **meta.launch_options(),
+            )
+        return fn
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+def get_ring_kernel_meta(fn: Any) -> RingKernelMeta | None:
+    """The metadata ``@ring_kernel`` attached to ``fn``, or None."""
+    return getattr(fn, _META_ATTR, None)
+
+
+def is_ring_kernel(fn: Any) -> bool:
+    return get_ring_kernel_meta(fn) is not None
+
+
+class RingKernelBuilder:
+    """Fluent construction of a ring kernel declaration::
+
+        RingKernelBuilder("compute").input(Req).output(Resp).queue_size(1024).build(actor)
+    """
+
+    def __init__(self, kernel_id: str) -> None:
+        self._kernel_id = validate_kernel_id(kernel_id)
+        self._opts: dict[str, Any] = {}
+
+    def _set(self, **kw: Any) -> RingKernelBuilder:
+        self._opts.update(kw)
+        return self
+
+    def input(self, message_type: type) -> RingKernelBuilder:
+        return self._set(input_type=message_type)
+
+    def output(self, message_type: type) -> RingKernelBuilder:
+        return self._set(output_type=message_type)
+
+    with_input_type = input
+    with_output_type = output
+
+    def queue_size(self, size: int) -> RingKernelBuilder:
+        return self._set(queue_size=size)
+
+    with_queue_size = queue_size
+
+    def backpressure(self, strategy: str) -> RingKernelBuilder:
+        return self._set(backpressure=strategy)
+
+    with_backpressure = backpressure
+
+    def grid(self, grid_size: int, block_size: int = 256) -> RingKernelBuilder:
+        return self._set(grid_size=grid_size, block_size=block_size)
+
+    def backend(self, name: str) -> RingKernelBuilder:
+        return self._set(backend=name)
+
+    def tier(self, name: str) -> RingKernelBuilder:
+        return self._set(tier=name)
+
+    def restart(self, policy: str, max_restarts: int = 3) -> RingKernelBuilder:
+        return self._set(restart=policy, max_restarts=max_restarts)
+
+    def serialize(self, enabled: bool = True) -> RingKernelBuilder:
+        return self._set(serialize=enabled)
+
+    def options(self, **extra: Any) -> RingKernelBuilder:
+        return self._set(**extra)
+
+    def build(self, func: F, *, register: bool = True) -> F:
+        """Apply ``@ring_kernel`` with the collected options to ``func``."""
+        return ring_kernel(  # type: ignore[no-any-return]
+            func, kernel_id=self._kernel_id, auto_register=register, **self._opts
+        )

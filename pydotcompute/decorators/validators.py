@@ -1,0 +1,141 @@
+"""Configuration and message validation shared by the decorators and the runtime.
+
+Each validator returns the (normalized) value or raises a pydotcompute error whose text
+names the offending value and the accepted range, so mistakes surface where they are made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..exceptions import InvalidConfigurationError, TypeValidationError
+from ..ring_kernels.fast_queue import BackpressureStrategy
+
+__all__ = (
+    "RuntimeValidator",
+    "validate_backpressure_strategy",
+    "validate_block_size",
+    "validate_config",
+    "validate_grid_size",
+    "validate_kernel_id",
+    "validate_message",
+    "validate_priority",
+    "validate_queue_size",
+)
+
+MAX_QUEUE_SIZE = 1 << 24
+MAX_BLOCK_SIZE = 1024
+RESTART_POLICIES = ("never", "on_failure")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_kernel_id(kernel_id: object) -> str:
+    """A kernel id is a non-empty string."""
+    if not isinstance(kernel_id, str) or not kernel_id.strip():
+        raise InvalidConfigurationError(f"kernel_id must be a non-empty string, got {kernel_id!r}")
+    return kernel_id
+
+
+def validate_queue_size(size: object, name: str = "queue_size") -> int:
+    """Queue sizes are ints in 1..2**24."""
+    if not _is_int(size) or not 1 <= size <= MAX_QUEUE_SIZE:  # type: ignore[operator]
+        raise InvalidConfigurationError(
+            f"{name} must be an int in 1..{MAX_QUEUE_SIZE}, got {size!r}"
+        )
+    return size  # type: ignore[return-value]
+
+
+def validate_grid_size(size: object) -> int:
+    """Grid sizes are positive ints."""
+    if not _is_int(size) or size < 1:  # type: ignore[operator]
+        raise InvalidConfigurationError(f"grid_size must be an int >= 1, got {size!r}")
+    return size  # type: ignore[return-value]
+
+
+def validate_block_size(size: object) -> int:
+    """Block sizes are ints in 1..1024 (the CUDA limit)."""
+    if not _is_int(size) or not 1 <= size <= MAX_BLOCK_SIZE:  # type: ignore[operator]
+        raise InvalidConfigurationError(
+            f"block_size must be an int in 1..{MAX_BLOCK_SIZE}, got {size!r}"
+        )
+    return size  # type: ignore[return-value]
+
+
+def validate_priority(priority: object) -> int:
+    """Priorities are ints in 0..255."""
+    if not _is_int(priority) or not 0 <= priority <= 255:  # type: ignore[operator]  # noqa: PLR2004
+        raise ValueError(f"message priority must be an int in 0..255, got {priority!r}")
+    return priority  # type: ignore[return-value]
+
+
+def validate_backpressure_strategy(strategy: object) -> BackpressureStrategy:
+    """One of ``block``, ``reject``, ``drop_oldest`` (string or enum)."""
+    if not isinstance(strategy, (str, BackpressureStrategy)):
+        raise InvalidConfigurationError(
+            f"backpressure must be 'block', 'reject' or 'drop_oldest', got {strategy!r}"
+        )
+    return BackpressureStrategy.parse(strategy)
+
+
+def validate_restart(policy: object, max_restarts: object) -> tuple[str, int]:
+    """Restart policies are 'never' or 'on_failure' with ``max_restarts >= 0``."""
+    if policy not in RESTART_POLICIES:
+        raise InvalidConfigurationError(
+            f"restart must be one of {RESTART_POLICIES}, got {policy!r}"
+        )
+    if not _is_int(max_restarts) or max_restarts < 0:  # type: ignore[operator]
+        raise InvalidConfigurationError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    return policy, max_restarts  # type: ignore[return-value]
+
+
+def _type_name(tp: object) -> str:
+    return getattr(tp, "__name__", repr(tp))
+
+
+def validate_message(msg: object, expected: type | None, kernel_id: str = "",
+                     direction: str = "expects") -> Any:
+    """Check ``msg`` is an instance of ``expected`` (None accepts anything).
+
+    Raises:
+        TypeValidationError: ``kernel 'compute' expects ComputeRequest, got dict``.
+    """
+    if expected is None or type(msg) is expected or isinstance(msg, expected):
+        return msg
+    who = f"kernel {kernel_id!r}" if kernel_id else "kernel"
+    raise TypeValidationError(
+        f"{who} {direction} {_type_name(expected)}, got {type(msg).__name__}"
+        + (f" ({msg!r:.80})" if not hasattr(msg, "message_id") else "")
+    )
+
+
+def validate_config(config: Any) -> Any:
+    """Validate every field of a RingKernelConfig-like object; returns it."""
+    validate_kernel_id(config.kernel_id)
+    validate_grid_size(config.grid_size)
+    validate_block_size(config.block_size)
+    validate_queue_size(config.input_queue_size, "input_queue_size")
+    validate_queue_size(config.output_queue_size, "output_queue_size")
+    validate_backpressure_strategy(config.backpressure_strategy)
+    validate_restart(config.restart, config.max_restarts)
+    return config
+
+
+class RuntimeValidator:
+    """The checks the runtime applies on its API boundary, bundled for reuse by tiers."""
+
+    def __init__(self, *, strict_types: bool = True) -> None:
+        self.strict_types = strict_types
+
+    def check_input(self, kernel_id: str, expected: type | None, msg: object) -> None:
+        if self.strict_types:
+            validate_message(msg, expected, kernel_id, "expects")
+
+    def check_output(self, kernel_id: str, expected: type | None, msg: object) -> None:
+        if self.strict_types:
+            validate_message(msg, expected, kernel_id, "must send")
+
+    def check_config(self, config: Any) -> Any:
+        return validate_config(config)

@@ -1,0 +1,168 @@
+"""The pydotcompute error hierarchy.
+
+Every error the library raises on purpose derives from :class:`PyDotComputeError`, and each
+subclass also inherits the builtin exception it refines, so ``except KeyError`` or
+``except TimeoutError`` keeps working in code that does not know about pydotcompute.
+Messages say what was wrong, what arrived and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = (
+    "BackendNotAvailableError",
+    "BufferNotAllocatedError",
+    "BufferSyncError",
+    "CUDAError",
+    "InvalidConfigurationError",
+    "KernelAlreadyExistsError",
+    "KernelCompilationError",
+    "KernelError",
+    "KernelFailedError",
+    "KernelNotFoundError",
+    "KernelStateError",
+    "MessageDeserializationError",
+    "MessageError",
+    "MessageSerializationError",
+    "MetalError",
+    "PyDotComputeError",
+    "QueueClosedError",
+    "QueueError",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "TypeValidationError",
+)
+
+
+class PyDotComputeError(Exception):
+    """Root of every error pydotcompute raises on purpose."""
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+
+class KernelError(PyDotComputeError):
+    """Raised for problems with a ring kernel; the base of the kernel errors below."""
+
+
+class KernelNotFoundError(KernelError, KeyError):
+    """Raised when a kernel id is not launched (or not registered); lists the known ids."""
+
+    def __init__(self, kernel_id: str, known: Iterable[str] = (), *, where: str = "runtime"):
+        self.kernel_id = kernel_id
+        self.known = sorted(known)
+        listing = ", ".join(repr(k) for k in self.known) if self.known else "none"
+        super().__init__(f"unknown kernel id {kernel_id!r} in the {where}; known ids: {listing}")
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0])
+
+
+class KernelAlreadyExistsError(KernelError, ValueError):
+    """Raised when a kernel id is launched or registered twice."""
+
+
+class KernelStateError(KernelError, RuntimeError):
+    """Raised when an operation is not allowed in the kernel's current lifecycle state."""
+
+    def __init__(self, kernel_id: str, state: object, operation: str, hint: str = "") -> None:
+        self.kernel_id = kernel_id
+        self.state = state
+        self.operation = operation
+        state_name = getattr(state, "name", str(state))
+        text = f"cannot {operation} kernel {kernel_id!r}: it is {state_name}"
+        if hint:
+            text += f"; {hint}"
+        super().__init__(text)
+
+
+class KernelFailedError(KernelStateError):
+    """Raised to callers waiting on a kernel whose actor raised; ``__cause__`` is the error."""
+
+    def __init__(self, kernel_id: str, error: BaseException | None) -> None:
+        from .ring_kernels.lifecycle import KernelState
+
+        self.error = error
+        hint = f"the actor raised {type(error).__name__}: {error}" if error else "it failed"
+        super().__init__(kernel_id, KernelState.FAILED, "use", hint)
+
+
+class KernelCompilationError(PyDotComputeError, RuntimeError):
+    """Raised when a compute or GPU kernel fails to compile; carries the compiler's message."""
+
+
+# --- messages ------------------------------------------------------------------------------
+
+
+class MessageError(PyDotComputeError):
+    """Base of the message errors."""
+
+
+class MessageSerializationError(MessageError, ValueError):
+    """Raised when a message cannot be encoded (an unsupported field value, for example)."""
+
+
+class MessageDeserializationError(MessageError, ValueError):
+    """Raised when bytes are malformed, truncated or name an unknown message type."""
+
+
+class TypeValidationError(PyDotComputeError, TypeError):
+    """Raised when a message is not of the type a kernel expects, or a field has a wrong type."""
+
+
+# --- queues --------------------------------------------------------------------------------
+
+
+class QueueError(PyDotComputeError):
+    """Base of the queue errors."""
+
+
+class QueueFullError(QueueError):
+    """Raised when a bounded queue is full and its backpressure policy is ``reject``."""
+
+
+class QueueTimeoutError(QueueError, TimeoutError):
+    """Raised when waiting to put into or get from a queue exceeds its timeout."""
+
+
+class QueueClosedError(QueueError):
+    """Raised when putting into a closed queue, or getting from a closed and drained one."""
+
+
+# --- memory and devices --------------------------------------------------------------------
+
+
+class BufferNotAllocatedError(PyDotComputeError, RuntimeError):
+    """Raised when a buffer is used before ``allocate()`` or after ``free()``."""
+
+
+class BufferSyncError(PyDotComputeError, RuntimeError):
+    """Raised when host and device copies of a buffer cannot be reconciled."""
+
+
+class BackendNotAvailableError(PyDotComputeError, ImportError):
+    """Raised when a backend's library or device is missing; names the extra to install."""
+
+
+class CUDAError(PyDotComputeError, RuntimeError):
+    """Raised for failures reported by the CUDA driver, runtime, CuPy or Numba."""
+
+
+class MetalError(PyDotComputeError, RuntimeError):
+    """Raised for failures reported by MLX / Metal."""
+
+
+class InvalidConfigurationError(PyDotComputeError, ValueError):
+    """Raised when a kernel, queue or runtime configuration value is out of range."""
+
+
+class BufferMismatchError(PyDotComputeError, ValueError):
+    """Raised when an array's shape or dtype does not match the buffer or array it is copied to.
+
+    The message names both sides, for example
+    ``cannot copy float64 (10,) into float32 (1000,): shapes and dtypes must match``.
+    """
+
+
+__all__ = (*__all__, "BufferMismatchError")

@@ -1,0 +1,127 @@
+"""Ring kernels: messages, queues, the lifecycle, the runtime and the execution tiers."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._loop import create_optimized_loop as create_optimized_loop
+from ._loop import get_loop_info as get_loop_info
+from ._loop import install_eager_task_factory as install_eager_task_factory
+from ._loop import install_uvloop as install_uvloop
+from ._loop import is_eager_tasks_installed as is_eager_tasks_installed
+from ._loop import is_uvloop_available as is_uvloop_available
+from ._loop import is_uvloop_installed as is_uvloop_installed
+from ._loop import optimize_current_loop as optimize_current_loop
+from .fast_queue import BackpressureStrategy as BackpressureStrategy
+from .fast_queue import FastMessageQueue as FastMessageQueue
+from .fast_queue import PriorityBand as PriorityBand
+from .fast_queue import QueueStats as QueueStats
+from .fast_queue import RingBuffer as RingBuffer
+from .fast_queue import get_priority_band as get_priority_band
+from .lifecycle import KernelContext as KernelContext
+from .lifecycle import KernelState as KernelState
+from .lifecycle import RingKernel as RingKernel
+from .lifecycle import RingKernelConfig as RingKernelConfig
+from .lifecycle import managed_kernel as managed_kernel
+from .message import ArrayMessage as ArrayMessage
+from .message import BufferHandle as BufferHandle
+from .message import BufferRegistry as BufferRegistry
+from .message import RingKernelMessage as RingKernelMessage
+from .message import array_message as array_message
+from .message import deserialize_message as deserialize_message
+from .message import get_buffer as get_buffer
+from .message import get_buffer_registry as get_buffer_registry
+from .message import get_message_type as get_message_type
+from .message import message as message
+from .message import register_buffer as register_buffer
+from .message import release_buffer as release_buffer
+from .queue import MessageQueue as MessageQueue
+from .registry import get_registered_kernel as get_registered_kernel
+from .registry import register_ring_kernel as register_ring_kernel
+from .runtime import RingKernelRuntime as RingKernelRuntime
+from .telemetry import GPUMonitor as GPUMonitor
+from .telemetry import RingKernelTelemetry as RingKernelTelemetry
+
+# Tier-2/3 names load on first access so that importing the runtime starts no threads,
+# processes or extension modules.
+_LAZY = {
+    "ThreadedRingKernel": "threaded_kernel",
+    "ThreadedKernelContext": "threaded_kernel",
+    "ThreadedKernelConfig": "threaded_kernel",
+    "ThreadedKernelState": "threaded_kernel",
+    "ThreadedKernelPool": "threaded_kernel",
+    "SyncQueue": "sync_queue",
+    "SPSCQueue": "sync_queue",
+    "CythonRingKernel": "cython_kernel",
+    "CythonKernelContext": "cython_kernel",
+    "CythonKernelConfig": "cython_kernel",
+    "CythonKernelState": "cython_kernel",
+    "is_cython_kernel_available": "cython_kernel",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = (
+    "ArrayMessage",
+    "BackpressureStrategy",
+    "BufferHandle",
+    "BufferRegistry",
+    "CythonKernelConfig",
+    "CythonKernelContext",
+    "CythonKernelState",
+    "CythonRingKernel",
+    "FastMessageQueue",
+    "GPUMonitor",
+    "KernelContext",
+    "KernelState",
+    "MessageQueue",
+    "PriorityBand",
+    "QueueStats",
+    "RingBuffer",
+    "RingKernel",
+    "RingKernelConfig",
+    "RingKernelMessage",
+    "RingKernelRuntime",
+    "RingKernelTelemetry",
+    "SPSCQueue",
+    "SyncQueue",
+    "ThreadedKernelConfig",
+    "ThreadedKernelContext",
+    "ThreadedKernelPool",
+    "ThreadedKernelState",
+    "ThreadedRingKernel",
+    "array_message",
+    "create_optimized_loop",
+    "deserialize_message",
+    "get_buffer",
+    "get_buffer_registry",
+    "get_loop_info",
+    "get_message_type",
+    "get_priority_band",
+    "get_registered_kernel",
+    "install_eager_task_factory",
+    "install_uvloop",
+    "is_cython_kernel_available",
+    "is_eager_tasks_installed",
+    "is_uvloop_available",
+    "is_uvloop_installed",
+    "managed_kernel",
+    "message",
+    "optimize_current_loop",
+    "register_buffer",
+    "register_ring_kernel",
+    "release_buffer",
+)

@@ -1,0 +1,573 @@
+"""FastMessageQueue: the four-band asyncio inbox/outbox every tier-1 actor uses.
+
+Design notes:
+- Four FIFO ``deque`` bands (SYSTEM, HIGH, NORMAL, LOW), created on first use so an idle
+  actor's queues cost a few hundred bytes; ``put`` is an O(1) table lookup plus an append,
+  ``get`` scans at most four bands. A heap was rejected: O(log n) and a tie-breaking counter
+  per message.
+- Waiting follows ``asyncio.Queue``: a blocked getter parks on a future and is woken by the
+  next put, then re-checks. Handing the item straight to the waiter was rejected because a
+  getter cancelled after the hand-off would lose the message.
+- ``close()`` makes the queue refuse puts while getters drain what is left; once empty,
+  getters raise the close reason (``QueueClosedError`` or the actor's failure). This is how
+  shutdown wakes actors parked in ``receive()`` without a timeout.
+- Not thread-safe: one event loop owns a queue (other tiers have their own queues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+
+__all__ = (
+    "BackpressureStrategy",
+    "FastMessageQueue",
+    "PriorityBand",
+    "QueueStats",
+    "RingBuffer",
+    "get_priority_band",
+)
+
+T = TypeVar("T")
+
+
+class PriorityBand(enum.IntEnum):
+    """Priority bands, served strictly in this order (lower value first)."""
+
+    SYSTEM = 0  # priority 224..255
+    HIGH = 1  # 160..223
+    NORMAL = 2  # 64..159
+    LOW = 3  # 0..63
+
+
+class BackpressureStrategy(str, enum.Enum):
+    """What a full bounded queue does with one more message."""
+
+    BLOCK = "block"  # wait for space (honouring the timeout)
+    REJECT = "reject"  # raise QueueFullError
+    DROP_OLDEST = "drop_oldest"  # drop the oldest message of the lowest band; count it
+
+    @classmethod
+    def parse(cls, value: BackpressureStrategy | str) -> BackpressureStrategy:
+        try:
+            return cls(value.value if isinstance(value, cls) else str(value).lower())
+        except ValueError:
+            raise InvalidConfigurationError(
+                f"unknown backpressure strategy {value!r}; "
+                f"choose one of {[s.value for s in cls]}"
+            ) from None
+
+
+_BAND_OF: tuple[int, ...] = tuple(
+    0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3 for p in range(256)
+)
+
+
+def get_priority_band(priority: int) -> PriorityBand:
+    """The band of a 0..255 priority."""
+    if not 0 <= priority <= 255:  # noqa: PLR2004
+        raise ValueError(f"priority must be in 0..255, got {priority!r}")
+    return PriorityBand(_BAND_OF[priority])
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A snapshot of a queue's counters (``queue.statistics()``)."""
+
+    max_size: int
+    current_size: int
+    peak_size: int
+    total_enqueued: int
+    total_dequeued: int
+    total_dropped: int
+    band_counts: tuple[int, int, int, int]
+    closed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_size": self.max_size,
+            "current_size": self.current_size,
+            "peak_size": self.peak_size,
+            "total_enqueued": self.total_enqueued,
+            "total_dequeued": self.total_dequeued,
+            "total_dropped": self.total_dropped,
+            "band_counts": {b.name: self.band_counts[b] for b in PriorityBand},
+            "closed": self.closed,
+        }
+
+
+def _priority_of(item: object) -> int:
+    p = getattr(item, "priority", 128)
+    if type(p) is not int or not 0 <= p <= 255:  # noqa: PLR2004
+        raise ValueError(f"message priority must be an int in 0..255, got {p!r}")
+    return p
+
+
+class FastMessageQueue(Generic[T]):
+    """Bounded four-band priority queue for one event loop.
+
+    Args:
+        maxsize: Capacity; ``0`` means unbounded.
+        kernel_id: The owning kernel, used in error messages.
+        serialize: Store MessagePack bytes instead of objects (decoded again on ``get``).
+        backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
+    """
+
+    __slots__ = (
+        "_bands",
+        "_close_exc",
+        "_closed",
+        "_count",
+        "_decode",
+        "_dequeued",
+        "_dropped",
+        "_enqueued",
+        "_getters",
+        "_maxsize",
+        "_peak",
+        "_putters",
+        "_serialize",
+        "_strategy",
+        "kernel_id",
+    )
+
+    def __init__(
+        self,
+        maxsize: int = 4096,
+        *,
+        kernel_id: str = "",
+        serialize: bool = False,
+        backpressure: BackpressureStrategy | str = BackpressureStrategy.BLOCK,
+    ) -> None:
+        if type(maxsize) is not int or maxsize < 0:
+            raise InvalidConfigurationError(
+                f"queue maxsize must be an int >= 0 (0 = unbounded), got {maxsize!r}"
+            )
+        self._maxsize = maxsize
+        self.kernel_id = kernel_id
+        self._serialize = serialize
+        self._decode: Any = None
+        if serialize:
+            from .message import deserialize_message
+
+            self._decode = deserialize_message
+        self._strategy = BackpressureStrategy.parse(backpressure)
+        self._bands: list[deque[Any] | None] = [None, None, None, None]
+        self._count = 0
+        self._peak = 0
+        self._enqueued = 0
+        self._dequeued = 0
+        self._dropped = 0
+        self._getters: deque[asyncio.Future[None]] | None = None
+        self._putters: deque[asyncio.Future[None]] | None = None
+        self._closed = False
+        self._close_exc: BaseException | None = None
+
+    # -- properties ---------------------------------------------------------------------
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
+    @property
+    def qsize(self) -> int:
+        return self._count
+
+    @property
+    def empty(self) -> bool:
+        return self._count == 0
+
+    @property
+    def full(self) -> bool:
+        return 0 < self._maxsize <= self._count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def backpressure(self) -> BackpressureStrategy:
+        return self._strategy
+
+    def __len__(self) -> int:
+        return self._count
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        return f"queue of kernel {self.kernel_id!r}" if self.kernel_id else "queue"
+
+    def _closed_error(self) -> BaseException:
+        if self._close_exc is not None:
+            return self._close_exc
+        return QueueClosedError(f"{self._describe()} is closed")
+
+    def _append(self, item: Any) -> None:
+        band = _BAND_OF[_priority_of(item)]
+        if self._serialize and type(item) is not bytes:
+            item = item.serialize()
+        d = self._bands[band]
+        if d is None:
+            d = self._bands[band] = deque()
+        d.append(item)
+        self._count += 1
+        self._enqueued += 1
+        if self._count > self._peak:
+            self._peak = self._count
+        getters = self._getters
+        if getters:
+            _wake_one(getters)
+
+    def _pop(self) -> Any:
+        for d in self._bands:
+            if d:
+                item = d.popleft()
+                break
+        self._count -= 1
+        self._dequeued += 1
+        putters = self._putters
+        if putters:
+            _wake_one(putters)
+        if self._decode is not None:
+            return self._decode(item)
+        return item
+
+    def _drop_oldest(self) -> None:
+        for d in reversed(self._bands):
+            if d:
+                d.popleft()
+                self._count -= 1
+                self._dropped += 1
+                return
+
+    def _full_error(self) -> QueueFullError:
+        return QueueFullError(
+            f"{self._describe()} is full ({self._count}/{self._maxsize} messages) and its "
+            f"backpressure is {self._strategy.value!r}; receive faster, raise queue_size, or "
+            "choose backpressure='block' or 'drop_oldest'"
+        )
+
+    # -- put ----------------------------------------------------------------------------
+
+    def put_nowait(self, item: T) -> bool:
+        """Enqueue without waiting.
+
+        Returns:
+            True when enqueued. With ``drop_oldest`` a full queue drops (and counts) its
+            oldest lowest-band message first and still returns True.
+
+        Raises:
+            QueueFullError: the queue is full and the strategy is ``block`` or ``reject``.
+            QueueClosedError: the queue is closed.
+        """
+        if self._closed:
+            raise self._closed_error()
+        if self._maxsize and self._count >= self._maxsize:
+            if self._strategy is BackpressureStrategy.DROP_OLDEST:
+                self._drop_oldest()
+            else:
+                raise self._full_error()
+        self._append(item)
+        return True
+
+    async def put(self, item: T, *, timeout: float | None = None) -> bool:
+        """Enqueue, applying the backpressure strategy when full.
+
+        With ``block`` this waits for space (up to ``timeout`` seconds, then
+        ``QueueTimeoutError``); ``reject`` raises ``QueueFullError``; ``drop_oldest`` drops
+        and counts the oldest lowest-band message.
+        """
+        if self._closed:
+            raise self._closed_error()
+        if not self._maxsize or self._count < self._maxsize:
+            self._append(item)
+            return True
+        if self._strategy is not BackpressureStrategy.BLOCK:
+            return self.put_nowait(item)
+        await self._wait_for_space(timeout)
+        self._append(item)
+        return True
+
+    async def _wait_for_space(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._maxsize and self._count >= self._maxsize:
+            if self._closed:
+                raise self._closed_error()
+            if self._putters is None:
+                self._putters = deque()
+            fut = loop.create_future()
+            self._putters.append(fut)
+            try:
+                await _wait(fut, deadline, loop)
+            except TimeoutError:
+                _forget(self._putters, fut, False)
+                raise QueueTimeoutError(
+                    f"timed out after {timeout}s waiting for space in {self._describe()} "
+                    f"({self._count}/{self._maxsize} messages)"
+                ) from None
+            except BaseException:
+                _forget(self._putters, fut, self._count < self._maxsize)
+                raise
+        if self._closed:
+            raise self._closed_error()
+
+    def put_batch(self, items: Iterable[T]) -> int:
+        """Enqueue as many items as fit without waiting; returns how many were enqueued.
+
+        With ``drop_oldest`` every item is enqueued (older ones dropped and counted).
+        """
+        if self._closed:
+            raise self._closed_error()
+        n = 0
+        for item in items:
+            if self._maxsize and self._count >= self._maxsize:
+                if self._strategy is not BackpressureStrategy.DROP_OLDEST:
+                    break
+                self._drop_oldest()
+            self._append(item)
+            n += 1
+        return n
+
+    # -- get ----------------------------------------------------------------------------
+
+    def get_nowait(self) -> T | None:
+        """Dequeue the next message, or None when empty (raises if closed and drained)."""
+        if self._count:
+            return self._pop()  # type: ignore[no-any-return]
+        if self._closed:
+            raise self._closed_error()
+        return None
+
+    async def get(self, *, timeout: float | None = None) -> T:
+        """Dequeue the next message, waiting up to ``timeout`` seconds.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time.
+            QueueClosedError: the queue was closed and is drained (or the close reason).
+        """
+        if self._count:
+            return self._pop()  # type: ignore[no-any-return]
+        return await self._get_slow(timeout)
+
+    async def _get_slow(self, timeout: float | None) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._count:
+            if self._closed:
+                raise self._closed_error()
+            if self._getters is None:
+                self._getters = deque()
+            fut = loop.create_future()
+            self._getters.append(fut)
+            try:
+                await _wait(fut, deadline, loop)
+            except TimeoutError:
+                _forget(self._getters, fut, False)
+                raise QueueTimeoutError(
+                    f"no message arrived within {timeout}s on {self._describe()}"
+                ) from None
+            except BaseException:
+                _forget(self._getters, fut, self._count > 0)
+                raise
+        return self._pop()  # type: ignore[no-any-return]
+
+    def get_batch(self, max_count: int) -> list[T]:
+        """Dequeue up to ``max_count`` messages in priority order without waiting."""
+        out: list[T] = []
+        while self._count and len(out) < max_count:
+            out.append(self._pop())
+        return out
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Refuse further puts; getters drain what is queued, then raise ``exc``.
+
+        Idempotent; a later call may set a more specific reason.
+        """
+        if exc is not None:
+            self._close_exc = exc
+        self._closed = True
+        for waiters in (self._getters, self._putters):
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+
+    def clear(self) -> int:
+        """Remove every queued message; returns how many (counted as dropped)."""
+        n = self._count
+        self._bands = [None, None, None, None]
+        self._count = 0
+        self._dropped += n
+        putters = self._putters
+        while putters:
+            _wake_one(putters)
+        return n
+
+    def drain(self) -> list[T]:
+        """Remove and return every queued message (not counted as dropped)."""
+        out = self.get_batch(self._count)
+        return out
+
+    def count_dropped(self, n: int) -> None:
+        """Add ``n`` to the dropped counter (messages discarded by the owner)."""
+        self._dropped += n
+
+    def statistics(self) -> QueueStats:
+        """A frozen snapshot of the counters."""
+        bands = self._bands
+        return QueueStats(
+            max_size=self._maxsize,
+            current_size=self._count,
+            peak_size=self._peak,
+            total_enqueued=self._enqueued,
+            total_dequeued=self._dequeued,
+            total_dropped=self._dropped,
+            band_counts=tuple(len(d) if d else 0 for d in bands),  # type: ignore[arg-type]
+            closed=self._closed,
+        )
+
+    def get_stats(self) -> dict[str, Any]:
+        """The counters as a dict (keys as in :class:`QueueStats`)."""
+        return self.statistics().to_dict()
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} kernel={self.kernel_id!r} size={self._count}/"
+            f"{self._maxsize} closed={self._closed}>"
+        )
+
+
+# --- shared waiting helpers ------------------------------------------------------------------
+
+
+def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
+    while waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(None)
+            return
+
+
+def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None],
+            pass_on: bool) -> None:
+    """Clean up after an abandoned wait; a wake-up we received but will not use moves on."""
+    woken = fut.done() and not fut.cancelled()
+    fut.cancel()
+    try:
+        waiters.remove(fut)
+    except ValueError:
+        pass
+    if woken and pass_on:
+        _wake_one(waiters)
+
+
+async def _wait(fut: asyncio.Future[None], deadline: float | None,
+                loop: asyncio.AbstractEventLoop) -> None:
+    """Await ``fut``; past ``deadline`` the future fails with TimeoutError instead."""
+    if deadline is None:
+        await fut
+        return
+    if deadline <= loop.time():
+        fut.cancel()
+        raise TimeoutError
+    handle = loop.call_at(deadline, _expire, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
+class RingBuffer(Generic[T]):
+    """A power-of-two bounded FIFO ring for one event loop.
+
+    ``put``/``get`` wait up to ``timeout`` and return False/None on expiry instead of
+    raising (the 0.2 API); the capacity is rounded up to a power of two.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if type(capacity) is not int or capacity <= 0:
+            raise InvalidConfigurationError(f"ring capacity must be an int > 0, got {capacity!r}")
+        cap = 1 << (capacity - 1).bit_length()
+        self._mask = cap - 1
+        self._slots: list[Any] = [None] * cap
+        self._head = 0
+        self._tail = 0
+        self._not_empty = asyncio.Event()
+        self._not_full = asyncio.Event()
+        self._not_full.set()
+
+    @property
+    def capacity(self) -> int:
+        return self._mask + 1
+
+    @property
+    def size(self) -> int:
+        return self._tail - self._head
+
+    def __len__(self) -> int:
+        return self._tail - self._head
+
+    @property
+    def empty(self) -> bool:
+        return self._tail == self._head
+
+    @property
+    def full(self) -> bool:
+        return self._tail - self._head > self._mask
+
+    def put_nowait(self, item: T) -> bool:
+        if self.full:
+            return False
+        self._slots[self._tail & self._mask] = item
+        self._tail += 1
+        self._not_empty.set()
+        if self.full:
+            self._not_full.clear()
+        return True
+
+    def get_nowait(self) -> T | None:
+        if self.empty:
+            return None
+        i = self._head & self._mask
+        item = self._slots[i]
+        self._slots[i] = None
+        self._head += 1
+        self._not_full.set()
+        if self.empty:
+            self._not_empty.clear()
+        return item  # type: ignore[no-any-return]
+
+    async def put(self, item: T, timeout: float | None = None) -> bool:
+        while self.full:
+            try:
+                await asyncio.wait_for(self._not_full.wait(), timeout)
+            except TimeoutError:
+                return False
+        return self.put_nowait(item)
+
+    async def get(self, timeout: float | None = None) -> T | None:
+        while self.empty:
+            try:
+                await asyncio.wait_for(self._not_empty.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self.get_nowait()

@@ -1,0 +1,675 @@
+"""The ring-kernel lifecycle: states, configuration, the actor's context and the kernel.
+
+State machine (illegal moves raise ``KernelStateError`` naming kernel, state and operation)::
+
+    CREATED --launch--> LAUNCHED --activate--> ACTIVE <--deactivate/reactivate--> DEACTIVATED
+       |                   |                     |                                  |
+       +-------------------+------terminate------+----------------------------------+
+                                                 v
+                          TERMINATING --(drained or timed out)--> TERMINATED
+    any running state --(actor raises, no restart left)--> FAILED --terminate--> TERMINATED
+
+Design notes:
+- Launch allocates the queues; activate starts the actor task. Messages sent in between wait
+  in the inbox.
+- Deactivation is a gate inside ``ctx.receive()``: queued messages stay queued and a message
+  already taken from the inbox is held, never dropped.
+- Terminate closes the inbox: new sends fail, the actor drains what is queued (``receive``
+  keeps returning messages, then raises ``QueueClosedError``, which the supervisor treats as
+  a clean exit and which wakes an actor parked on an empty inbox without any timeout). After
+  the grace period the task is cancelled and whatever is left is returned and counted as
+  dropped. Outboxes close too: receivers drain them, then get a clear error.
+- Replies to ``send_and_receive`` bypass the outbox: ``ctx.send`` hands a message whose
+  ``correlation_id`` matches a pending request straight to that caller's future, so
+  concurrent callers never see each other's replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..decorators.validators import validate_config, validate_message
+from ..exceptions import (
+    KernelFailedError,
+    KernelStateError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .queue import MessageQueue
+from .telemetry import RingKernelTelemetry
+
+if TYPE_CHECKING:
+    from uuid import UUID
+
+    from .runtime import RingKernelRuntime
+
+__all__ = (
+    "KernelContext",
+    "KernelFunc",
+    "KernelState",
+    "RingKernel",
+    "RingKernelConfig",
+    "managed_kernel",
+)
+
+logger = logging.getLogger("pydotcompute")
+_perf_ns = time.perf_counter_ns
+
+KernelFunc = Callable[["KernelContext"], Awaitable[None]]
+
+
+class KernelState(enum.Enum):
+    """Lifecycle states of a ring kernel."""
+
+    CREATED = "created"
+    LAUNCHED = "launched"
+    ACTIVE = "active"
+    DEACTIVATED = "deactivated"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+_ALLOWED: dict[str, tuple[KernelState, ...]] = {
+    "launch": (KernelState.CREATED,),
+    "activate": (KernelState.LAUNCHED,),
+    "deactivate": (KernelState.ACTIVE,),
+    "reactivate": (KernelState.DEACTIVATED,),
+    "terminate": (
+        KernelState.CREATED,
+        KernelState.LAUNCHED,
+        KernelState.ACTIVE,
+        KernelState.DEACTIVATED,
+        KernelState.FAILED,
+    ),
+}
+_HINTS: dict[tuple[str, KernelState], str] = {
+    ("activate", KernelState.CREATED): "launch it first",
+    ("activate", KernelState.ACTIVE): "it is already active",
+    ("activate", KernelState.DEACTIVATED): "use reactivate() to resume a deactivated kernel",
+    ("reactivate", KernelState.ACTIVE): "it is already active",
+    ("deactivate", KernelState.DEACTIVATED): "it is already deactivated",
+    ("deactivate", KernelState.LAUNCHED): "activate it first",
+    ("launch", KernelState.LAUNCHED): "it is already launched",
+    ("terminate", KernelState.TERMINATED): "it is already terminated",
+}
+
+
+@dataclass
+class RingKernelConfig:
+    """How a ring kernel is built.
+
+    Attributes:
+        kernel_id: Unique id within a runtime.
+        grid_size, block_size: GPU launch geometry (used by the ``cuda`` backend).
+        input_queue_size, output_queue_size: Queue capacities.
+        backpressure_strategy: ``block`` (default), ``reject`` or ``drop_oldest`` for the inbox.
+        use_fast_queue: Four-band O(1) queues (default) or exact-priority heaps.
+        serialize: Store MessagePack bytes in the queues (as a cross-process hop would).
+        restart: ``never`` or ``on_failure``: restart the actor when it raises.
+        max_restarts: How many restarts ``on_failure`` allows before the kernel is FAILED.
+        backend: Where the actor computes (``cpu``, ``cuda``, ``metal``).
+        tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
+        drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
+        extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
+    """
+
+    kernel_id: str
+    grid_size: int = 1
+    block_size: int = 256
+    input_queue_size: int = 4096
+    output_queue_size: int = 4096
+    backpressure_strategy: str = "block"
+    use_fast_queue: bool = True
+    serialize: bool = False
+    restart: str = "never"
+    max_restarts: int = 3
+    backend: str = "cpu"
+    tier: str = "asyncio"
+    drain_timeout: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class KernelContext:
+    """What the actor function receives: its inbox, outbox and lifecycle flags.
+
+    Every method runs on the runtime's event loop, in the actor's task.
+    """
+
+    __slots__ = ("_current", "_inbox", "_kernel", "_outbox", "_t_recv", "_tel", "kernel_id")
+
+    def __init__(self, kernel: RingKernel) -> None:
+        self._kernel = kernel
+        self.kernel_id = kernel.kernel_id
+        self._inbox: FastMessageQueue[Any] = kernel._inbox  # type: ignore[assignment]
+        self._outbox: FastMessageQueue[Any] = kernel._outbox  # type: ignore[assignment]
+        self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
+        self._t_recv = 0
+        self._current: Any = None
+
+    @property
+    def should_terminate(self) -> bool:
+        """True once termination was requested and the inbox is drained."""
+        k = self._kernel
+        return k._stopping and not self._inbox._count
+
+    @property
+    def is_active(self) -> bool:
+        """True while messages are being delivered (not deactivated, not stopping)."""
+        return self._kernel._state is KernelState.ACTIVE
+
+    @property
+    def state(self) -> KernelState:
+        return self._kernel._state
+
+    @property
+    def current_message(self) -> Any:
+        """The message most recently returned by :meth:`receive`."""
+        return self._current
+
+    async def wait_active(self) -> None:
+        """Wait until the kernel is active (returns at once if it is, or if stopping)."""
+        gate = self._kernel._gate
+        if gate is not None:
+            await asyncio.shield(gate)
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """The next message, by priority band then FIFO.
+
+        Raises:
+            QueueTimeoutError: nothing arrived within ``timeout`` seconds (a TimeoutError).
+            QueueClosedError: the kernel is terminating and its inbox is drained; let it
+                propagate (or check ``should_terminate``) to end the actor cleanly.
+        """
+        tel = self._tel
+        if tel is not None and self._t_recv:
+            tel.record_latency(_perf_ns() - self._t_recv)
+            self._t_recv = 0
+        k = self._kernel
+        if k._gate is not None:
+            await self.wait_active()
+        inbox = self._inbox
+        msg = inbox._pop() if inbox._count else await inbox.get(timeout=timeout)
+        if k._gate is not None:  # deactivated while we waited: hold the message
+            await self.wait_active()
+        self._current = msg
+        if tel is not None:
+            tel.messages_processed += 1
+            self._t_recv = _perf_ns()
+        return msg
+
+    def receive_nowait(self) -> Any:
+        """The next message or None; never waits (ignores deactivation)."""
+        msg = self._inbox.get_nowait()
+        if msg is not None:
+            self._current = msg
+            if self._tel is not None:
+                self._tel.messages_processed += 1
+        return msg
+
+    def _prepare_reply(self, msg: Any) -> Any:
+        k = self._kernel
+        out_t = k.output_type
+        if out_t is not None and type(msg) is not out_t and not isinstance(msg, out_t):
+            validate_message(msg, out_t, k.kernel_id, "must send")
+        cur = self._current
+        if cur is not None and getattr(msg, "correlation_id", 0) is None:
+            msg.correlation_id = cur.message_id
+        if self._tel is not None:
+            self._tel.messages_sent += 1
+        return msg
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Send a reply: to a waiting ``send_and_receive`` caller, a connected kernel, or
+        the outbox (waiting for space under ``block`` backpressure).
+
+        A reply without ``correlation_id`` is stamped with the current request's id.
+        """
+        msg = self._prepare_reply(msg)
+        k = self._kernel
+        waiters = k._waiters
+        if waiters:
+            fut = waiters.pop(msg.correlation_id, None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                return True
+        target = k._forward
+        if target is not None:
+            await target._accept(msg, timeout)
+            return True
+        out = self._outbox
+        if not out._closed and (not out._maxsize or out._count < out._maxsize):
+            out._append(msg)
+            return True
+        return await out.put(msg, timeout=timeout)
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Like :meth:`send` but raises ``QueueFullError`` instead of waiting."""
+        msg = self._prepare_reply(msg)
+        k = self._kernel
+        if k._waiters:
+            fut = k._waiters.pop(msg.correlation_id, None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                return True
+        if k._forward is not None:
+            k._forward._accept_nowait(msg)
+            return True
+        return self._outbox.put_nowait(msg)
+
+    async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
+        """Send ``msg`` straight into another kernel's inbox (same runtime)."""
+        runtime = self._kernel._runtime
+        if runtime is None:
+            raise KernelStateError(
+                self.kernel_id, self._kernel._state, "send_to",
+                "the kernel is not managed by a RingKernelRuntime",
+            )
+        if self._tel is not None:
+            self._tel.messages_sent += 1
+        await runtime._kernel(kernel_id)._accept(msg, timeout)
+        return True
+
+
+class RingKernel:
+    """One persistent actor: its function, queues, task, state and telemetry.
+
+    Usually created by :meth:`RingKernelRuntime.launch`; usable alone through
+    :func:`managed_kernel`.
+    """
+
+    EXTRA_OPTIONS: frozenset[str] = frozenset()
+
+    __slots__ = (
+        "_ctx",
+        "_forward",
+        "_func",
+        "_gate",
+        "_inbox",
+        "_outbox",
+        "_runtime",
+        "_state",
+        "_stopping",
+        "_task",
+        "_timed",
+        "_waiters",
+        "config",
+        "error",
+        "input_type",
+        "kernel_id",
+        "output_type",
+        "telemetry",
+        "undelivered",
+    )
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: KernelFunc,
+        *,
+        config: RingKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+        runtime: RingKernelRuntime | None = None,
+        enable_telemetry: bool = True,
+    ) -> None:
+        if config is None:
+            config = RingKernelConfig(kernel_id=kernel_id)
+        elif config.kernel_id != kernel_id:
+            config.kernel_id = kernel_id
+        validate_config(config)
+        if not callable(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r}: kernel_func must be an async function taking a "
+                f"KernelContext, got {type(kernel_func).__name__}"
+            )
+        self.kernel_id = kernel_id
+        self.config = config
+        self.input_type = input_type
+        self.output_type = output_type
+        self._func = kernel_func
+        self._runtime = runtime
+        self._timed = enable_telemetry
+        self._state = KernelState.CREATED
+        self._inbox: FastMessageQueue[Any] | None = None
+        self._outbox: FastMessageQueue[Any] | None = None
+        self._ctx: KernelContext | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._gate: asyncio.Future[None] | None = None
+        self._stopping = False
+        self._waiters: dict[UUID, asyncio.Future[Any]] = {}
+        self._forward: RingKernel | None = None
+        self.telemetry = RingKernelTelemetry(kernel_id)
+        self.error: BaseException | None = None
+        self.undelivered: list[Any] = []
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    @property
+    def is_active(self) -> bool:
+        return self._state is KernelState.ACTIVE
+
+    @property
+    def inbox(self) -> FastMessageQueue[Any] | None:
+        return self._inbox
+
+    @property
+    def outbox(self) -> FastMessageQueue[Any] | None:
+        return self._outbox
+
+    def __repr__(self) -> str:
+        return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
+
+    def _check(self, operation: str) -> None:
+        if self._state not in _ALLOWED[operation]:
+            raise KernelStateError(
+                self.kernel_id, self._state, operation, _HINTS.get((operation, self._state), "")
+            )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _make_queue(self, size: int, inbox: bool) -> FastMessageQueue[Any]:
+        cfg = self.config
+        strategy = cfg.backpressure_strategy if inbox else BackpressureStrategy.BLOCK
+        if cfg.use_fast_queue:
+            return FastMessageQueue(
+                size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
+            )
+        return MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
+
+    async def launch(self) -> None:
+        """Phase 1: allocate the queues (CREATED -> LAUNCHED)."""
+        self._check("launch")
+        self._inbox = self._make_queue(self.config.input_queue_size, True)
+        self._outbox = self._make_queue(self.config.output_queue_size, False)
+        self._ctx = KernelContext(self)
+        self._state = KernelState.LAUNCHED
+
+    async def activate(self) -> None:
+        """Phase 2: start the actor task (LAUNCHED -> ACTIVE)."""
+        self._check("activate")
+        self._state = KernelState.ACTIVE
+        self._task = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"pydotcompute:{self.kernel_id}"
+        )
+
+    async def deactivate(self) -> None:
+        """Pause delivery (ACTIVE -> DEACTIVATED); queued messages stay queued."""
+        self._check("deactivate")
+        self._gate = asyncio.get_running_loop().create_future()
+        self._state = KernelState.DEACTIVATED
+
+    async def reactivate(self) -> None:
+        """Resume delivery (DEACTIVATED -> ACTIVE)."""
+        self._check("reactivate")
+        self._state = KernelState.ACTIVE
+        self._open_gate()
+
+    def _open_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Stop the kernel, draining its inbox gracefully.
+
+        The actor keeps receiving until the inbox is empty (or ``timeout`` seconds pass,
+        default ``config.drain_timeout``); then it is cancelled. Messages still queued are
+        returned, kept in ``undelivered`` and counted as dropped. The outbox stays
+        readable until drained.
+        """
+        self._check("terminate")
+        if timeout is None:
+            timeout = self.config.drain_timeout
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        stop_error = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
+        )
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        task = self._task
+        if task is not None and not task.done():
+            if task is asyncio.current_task():
+                raise KernelStateError(
+                    self.kernel_id, self._state, "terminate", "an actor cannot await its own "
+                    "termination; return from the actor function instead"
+                )
+            _, pending = await asyncio.wait({task}, timeout=timeout)
+            if pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        left: list[Any] = []
+        if self._inbox is not None:
+            left = self._inbox.drain()
+            self._inbox.count_dropped(len(left))
+            self._inbox.close(stop_error)
+        if left:
+            self.undelivered.extend(left)
+            self.telemetry.record_drop(len(left))
+            logger.warning(
+                "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+                self.kernel_id, len(left),
+            )
+        self._fail_waiters(stop_error)
+        if self._outbox is not None:
+            self._outbox.close(
+                KernelStateError(
+                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    "it was terminated and its outbox is drained",
+                )
+            )
+        self._state = KernelState.TERMINATED
+        return left
+
+    # -- the actor task -----------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        restarts = 0
+        while True:
+            ctx = self._ctx
+            assert ctx is not None
+            try:
+                await self._func(ctx)
+            except QueueClosedError:
+                if self._stopping:
+                    return
+                self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
+                return
+            except asyncio.CancelledError:
+                if self._stopping:
+                    return
+                raise
+            except Exception as exc:
+                self.telemetry.record_error(exc)
+                if self._stopping:
+                    self.error = exc
+                    logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
+                    return
+                if self.config.restart == "on_failure" and restarts < self.config.max_restarts:
+                    restarts += 1
+                    self.telemetry.restarts = restarts
+                    logger.warning(
+                        "kernel %r raised %r; restart %d of %d",
+                        self.kernel_id, exc, restarts, self.config.max_restarts,
+                    )
+                    ctx._current = None
+                    ctx._t_recv = 0
+                    continue
+                self._fail(exc)
+                return
+            else:
+                if not self._stopping:
+                    self._finished()
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        """The actor raised with no restart left: FAILED, and everyone waiting learns why."""
+        self.error = exc
+        self._state = KernelState.FAILED
+        logger.error("kernel %r failed: %r", self.kernel_id, exc)
+        err = KernelFailedError(self.kernel_id, exc)
+        err.__cause__ = exc
+        if self._inbox is not None:
+            self._inbox.close(err)
+            left = self._inbox.drain()
+            if left:
+                self._inbox.count_dropped(len(left))
+                self.undelivered.extend(left)
+                self.telemetry.record_drop(len(left))
+        self._fail_waiters(err)
+        if self._outbox is not None:
+            self._outbox.close(err)
+        if self._forward is None and self._runtime is not None:
+            self._runtime._on_kernel_failed(self)
+
+    def _finished(self) -> None:
+        """The actor function returned on its own: no more deliveries."""
+        err = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "its actor function returned"
+        )
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(err)
+            left = self._inbox.drain()
+            if left:
+                self._inbox.count_dropped(len(left))
+                self.undelivered.extend(left)
+                self.telemetry.record_drop(len(left))
+                logger.warning(
+                    "kernel %r returned with %d queued message(s) (counted as dropped)",
+                    self.kernel_id, len(left),
+                )
+        self._fail_waiters(err)
+        if self._outbox is not None:
+            self._outbox.close(
+                KernelStateError(
+                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    "its actor function returned and its outbox is drained",
+                )
+            )
+        self._state = KernelState.TERMINATED
+
+    def _fail_waiters(self, err: BaseException) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for fut in waiters.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    # -- messaging ----------------------------------------------------------------------
+
+    def _refuse(self, operation: str) -> BaseException:
+        if self._state is KernelState.FAILED:
+            return KernelFailedError(self.kernel_id, self.error)
+        if self._inbox is None:
+            return KernelStateError(self.kernel_id, self._state, operation, "launch it first")
+        return KernelStateError(self.kernel_id, self._state, operation)
+
+    def _validate_in(self, msg: Any) -> None:
+        in_t = self.input_type
+        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+            validate_message(msg, in_t, self.kernel_id, "expects")
+
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
+        """Validate and enqueue ``msg`` into the inbox (the path of every send)."""
+        self._validate_in(msg)
+        inbox = self._inbox
+        if inbox is None or inbox._closed or self._stopping:
+            raise self._refuse("send to")
+        if not inbox._maxsize or inbox._count < inbox._maxsize:
+            inbox._append(msg)
+            return
+        try:
+            await inbox.put(msg, timeout=timeout)
+        except QueueClosedError:
+            raise self._refuse("send to") from None
+
+    def _accept_nowait(self, msg: Any) -> None:
+        self._validate_in(msg)
+        inbox = self._inbox
+        if inbox is None or inbox._closed or self._stopping:
+            raise self._refuse("send to")
+        inbox.put_nowait(msg)
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Put ``msg`` in the inbox (waits under ``block`` backpressure)."""
+        await self._accept(msg, timeout)
+        return True
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Put ``msg`` in the inbox or raise (``QueueFullError``, state errors)."""
+        self._accept_nowait(msg)
+        return True
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """The next message from the outbox (a reply), waiting up to ``timeout``."""
+        out = self._outbox
+        if out is None:
+            raise self._refuse("receive from")
+        if out._count:
+            return out._pop()
+        return await out.get(timeout=timeout)
+
+    def receive_nowait(self) -> Any:
+        """The next reply or None."""
+        out = self._outbox
+        if out is None:
+            raise self._refuse("receive from")
+        return out.get_nowait()
+
+    async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send ``msg`` and wait for the reply whose ``correlation_id`` is its id.
+
+        Safe with concurrent callers: each waits on its own future.
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        key = msg.message_id
+        self._waiters[key] = fut
+        try:
+            await self._accept(msg, timeout)
+            if timeout is None:
+                return await fut
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            from ..exceptions import QueueTimeoutError
+
+            raise QueueTimeoutError(
+                f"no reply from kernel {self.kernel_id!r} within {timeout}s "
+                f"(request {type(msg).__name__} {key})"
+            ) from None
+        finally:
+            self._waiters.pop(key, None)
+
+
+@contextlib.asynccontextmanager
+async def managed_kernel(
+    kernel_id: str, kernel_func: KernelFunc, **kwargs: Any
+) -> AsyncIterator[RingKernel]:
+    """Launch and activate a standalone kernel; terminate it on exit.
+
+    ``kwargs`` are passed to :class:`RingKernel` (``config``, ``input_type``, ...).
+    """
+    kernel = RingKernel(kernel_id, kernel_func, **kwargs)
+    await kernel.launch()
+    await kernel.activate()
+    try:
+        yield kernel
+    finally:
+        if kernel.state is not KernelState.TERMINATED:
+            await kernel.terminate()

@@ -1,0 +1,718 @@
+"""Typed messages: ``@message``, the MessagePack wire format and fixed-layout records.
+
+Design notes:
+- ``@message`` builds a *slotted dataclass* that inherits :class:`RingKernelMessage`, so
+  ``isinstance`` works and header fields (``message_id``, ``priority``, ``correlation_id``)
+  are keyword-only. In-process hops pass the object itself; bytes exist only when a message
+  crosses a process, a device or a machine.
+- The wire format is a MessagePack array ``[type_tag, body]`` where ``body`` is the map
+  msgspec writes for the dataclass. The tag prefix is pre-packed per class and the body is
+  decoded straight from a zero-copy slice, so a decode is a single msgspec call that also
+  validates field types. NumPy arrays travel as extension type 1 (dtype, shape, raw bytes)
+  and decode as read-only views on the input buffer (no copy).
+- Message ids come from a per-process random 128-bit base plus a counter (re-seeded after
+  ``fork``) instead of ``uuid4()``, which costs an ``os.urandom`` syscall per message.
+- Fixed-layout messages (every field a fixed-size scalar or a fixed-shape array) also get a
+  NumPy structured ``dtype``; that layout is what GPU rings carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import struct
+import sys
+import threading
+import typing
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar, overload
+
+import msgspec
+import numpy as np
+
+from ..exceptions import (
+    MessageDeserializationError,
+    MessageSerializationError,
+    TypeValidationError,
+)
+
+__all__ = (
+    "ArrayMessage",
+    "BufferHandle",
+    "BufferRegistry",
+    "RingKernelMessage",
+    "array_message",
+    "deserialize_message",
+    "fixed_layout_dtype",
+    "get_buffer",
+    "get_buffer_registry",
+    "get_message_type",
+    "is_fixed_layout",
+    "message",
+    "register_buffer",
+    "registered_message_types",
+    "release_buffer",
+    "serialize_message",
+)
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound="RingKernelMessage")
+
+_EXT_NDARRAY = 1
+_EXT_BUFFER_REF = 2
+
+# --- fast message ids ------------------------------------------------------------------------
+
+_UUID_VERSION_MASK = ~(0xF000 << 64) & ~(0xC000 << 48) & ((1 << 128) - 1)
+_UUID_VERSION_BITS = (0x4000 << 64) | (0x8000 << 48)
+_uuid_new = object.__new__
+_uuid_set = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+
+
+class _IdSource:
+    """Unique RFC-4122-shaped v4 UUIDs: a random base (read once) XOR a counter."""
+
+    __slots__ = ("base", "counter")
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        self.base = int.from_bytes(os.urandom(16), "big")
+        self.counter = itertools.count(1)
+
+    def next_uuid(self) -> uuid.UUID:
+        value = ((self.base ^ next(self.counter)) & _UUID_VERSION_MASK) | _UUID_VERSION_BITS
+        u = _uuid_new(uuid.UUID)
+        _uuid_set(u, "int", value)
+        _uuid_set(u, "is_safe", _SAFE_UNKNOWN)
+        return u
+
+
+_ids = _IdSource()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.reseed)
+new_message_id: Callable[[], uuid.UUID] = _ids.next_uuid
+
+
+# --- the base class --------------------------------------------------------------------------
+
+
+def _check_priority(value: object) -> None:
+    if type(value) is not int or not 0 <= value <= 255:  # noqa: PLR2004 - byte range
+        raise ValueError(
+            f"message priority must be an int in 0..255, got {value!r}; "
+            "use 224..255 for SYSTEM, 160..223 HIGH, 64..159 NORMAL, 0..63 LOW"
+        )
+
+
+@dataclass(slots=True)
+class RingKernelMessage:
+    """Base class of every message; ``@message`` classes inherit it.
+
+    Attributes:
+        message_id: Unique id of this message (a v4-shaped UUID).
+        priority: 0..255; 224+ SYSTEM, 160+ HIGH, 64+ NORMAL, below LOW. Queues serve the
+            bands strictly in that order, FIFO within a band.
+        correlation_id: The ``message_id`` of the request this message answers, if any.
+    """
+
+    message_id: uuid.UUID = field(default_factory=new_message_id, kw_only=True)
+    priority: int = field(default=128, kw_only=True)
+    correlation_id: uuid.UUID | None = field(default=None, kw_only=True)
+
+    _pdc_tag: ClassVar[str] = ""
+    _pdc_prefix: ClassVar[bytes] = b""
+    _pdc_decoder: ClassVar[msgspec.msgpack.Decoder[Any] | None] = None
+    _pdc_dtype: ClassVar[np.dtype[Any] | None] = None
+    _pdc_by_reference: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        p = self.priority
+        if type(p) is not int or p < 0 or p > 255:  # noqa: PLR2004
+            _check_priority(p)
+
+    # -- wire format --------------------------------------------------------------------
+
+    def serialize(self) -> bytes:
+        """Encode this message as MessagePack bytes (``[type_tag, body]``).
+
+        Raises:
+            MessageSerializationError: a field holds a value MessagePack cannot carry.
+        """
+        cls = type(self)
+        if not cls._pdc_prefix:
+            _finalize(cls)
+        encoder = _REF_ENCODER if cls._pdc_by_reference else _ENCODER
+        try:
+            return cls._pdc_prefix + encoder.encode(self)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            raise MessageSerializationError(
+                f"cannot serialize {cls.__name__}: {exc}; fields must be MessagePack types, "
+                "NumPy arrays or nested @message classes"
+            ) from exc
+
+    @classmethod
+    def deserialize(cls: type[_M], data: bytes | bytearray | memoryview) -> _M:
+        """Decode bytes written by :meth:`serialize` into an instance of this class.
+
+        Raises:
+            MessageDeserializationError: malformed or truncated bytes, or bytes of another type.
+        """
+        msg = deserialize_message(data)
+        if not isinstance(msg, cls):
+            raise MessageDeserializationError(
+                f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
+            )
+        return msg
+
+    # -- correlation --------------------------------------------------------------------
+
+    def with_correlation(self: _M, correlation_id: uuid.UUID | None) -> _M:
+        """Return a copy of this message carrying ``correlation_id``."""
+        return dataclasses.replace(self, correlation_id=correlation_id)
+
+    @overload
+    def reply(self, response: _M, /) -> _M: ...
+    @overload
+    def reply(self, response: type[_M], /, **fields: Any) -> _M: ...
+    @overload
+    def reply(self: _M, /, **fields: Any) -> _M: ...
+
+    def reply(self, response: Any = None, /, **fields: Any) -> Any:
+        """Build the answer to this message; its ``correlation_id`` is this ``message_id``.
+
+        ``msg.reply(result=1.0)`` builds another message of this type,
+        ``msg.reply(ComputeResponse, result=1.0)`` builds a ``ComputeResponse``, and
+        ``msg.reply(ComputeResponse(result=1.0))`` stamps an existing message.
+        """
+        if isinstance(response, RingKernelMessage):
+            response.correlation_id = self.message_id
+            return response
+        cls = type(self) if response is None else response
+        fields.setdefault("correlation_id", self.message_id)
+        return cls(**fields)
+
+    # -- fixed layout -------------------------------------------------------------------
+
+    @classmethod
+    def to_records(cls, messages: Sequence[RingKernelMessage]) -> np.ndarray[Any, Any]:
+        """Pack messages of this fixed-layout class into a NumPy structured array."""
+        return _to_records(cls, messages)
+
+    @classmethod
+    def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
+        """Unpack a structured array (``cls.dtype`` layout) into messages."""
+        return _from_records(cls, records)
+
+
+# --- encoding hooks --------------------------------------------------------------------------
+
+_ARRAY_HEADER = struct.Struct("<B")  # length of the msgpack-encoded (dtype, shape) header
+
+
+def _encode_ndarray(arr: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
+    if arr.dtype.hasobject:
+        raise TypeError(f"arrays of dtype {arr.dtype} (Python objects) cannot be serialized")
+    header = _RAW_ENCODER.encode((arr.dtype.str if arr.dtype.names is None else arr.dtype.descr,
+                                  arr.shape))
+    if len(header) > 255:  # noqa: PLR2004
+        raise TypeError(f"array header too large ({len(header)} bytes)")
+    payload = np.ascontiguousarray(arr)
+    return msgspec.msgpack.Ext(
+        _EXT_NDARRAY, b"".join((_ARRAY_HEADER.pack(len(header)), header, payload.data))
+    )
+
+
+def _device_to_host(obj: Any) -> np.ndarray[Any, Any] | None:
+    if hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "get"):
+        return np.asarray(obj.get())
+    if type(obj).__module__.startswith("mlx"):
+        return np.asarray(obj)
+    return None
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _encode_ndarray(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    host = _device_to_host(obj)
+    if host is not None:
+        return _encode_ndarray(host)
+    raise TypeError(f"unsupported field value of type {type(obj).__name__}")
+
+
+def _ref_enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
+        handle = _registry.register(obj)
+        return msgspec.msgpack.Ext(_EXT_BUFFER_REF, handle.buffer_id.to_bytes(8, "little"))
+    return _enc_hook(obj)
+
+
+def _decode_ndarray(data: memoryview) -> np.ndarray[Any, Any]:
+    (hlen,) = _ARRAY_HEADER.unpack_from(data, 0)
+    dtype_spec, shape = _RAW_DECODER.decode(data[1 : 1 + hlen])
+    if isinstance(dtype_spec, list):
+        dtype_spec = [tuple(x) for x in dtype_spec]
+    dtype = np.dtype(dtype_spec)
+    if dtype.hasobject:
+        raise ValueError("object arrays are not accepted")
+    shape = tuple(int(s) for s in shape)
+    arr = np.frombuffer(data[1 + hlen :], dtype=dtype)
+    return arr.reshape(shape)
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _EXT_NDARRAY:
+        return _decode_ndarray(data)
+    if code == _EXT_BUFFER_REF:
+        if len(data) != 8:  # noqa: PLR2004
+            raise ValueError("malformed buffer reference")
+        return _registry.take(int.from_bytes(data, "little"))
+    raise ValueError(f"unknown MessagePack extension type {code}")
+
+
+def _dec_hook(tp: Any, obj: Any) -> Any:
+    origin = typing.get_origin(tp) or tp
+    if origin is np.ndarray:
+        if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
+            return obj
+        raise TypeError(f"expected an array, got {type(obj).__name__}")
+    if isinstance(origin, type) and issubclass(origin, np.generic):
+        return origin(obj)
+    if isinstance(obj, origin if isinstance(origin, type) else object):
+        return obj
+    raise NotImplementedError(f"unsupported field type {tp!r}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook, uuid_format="bytes")
+_REF_ENCODER = msgspec.msgpack.Encoder(enc_hook=_ref_enc_hook, uuid_format="bytes")
+_RAW_ENCODER = msgspec.msgpack.Encoder()
+_RAW_DECODER: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder()
+
+
+def _pack_str(s: str) -> bytes:
+    raw = s.encode()
+    n = len(raw)
+    if n < 32:  # noqa: PLR2004
+        return bytes((0xA0 | n,)) + raw
+    if n < 256:  # noqa: PLR2004
+        return b"\xd9" + bytes((n,)) + raw
+    return b"\xda" + n.to_bytes(2, "big") + raw
+
+
+# --- registry --------------------------------------------------------------------------------
+
+_TYPES: dict[str, type[RingKernelMessage]] = {}
+_TYPES_LOCK = threading.Lock()
+
+
+def _tag_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _finalize(cls: type[RingKernelMessage]) -> None:
+    """Register ``cls`` and build its tag prefix and decoder (lazily, on first use)."""
+    tag = _tag_of(cls)
+    cls._pdc_tag = tag
+    try:
+        decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            cls, ext_hook=_ext_hook, dec_hook=_dec_hook
+        )
+    except TypeError as exc:
+        raise TypeValidationError(
+            f"message class {cls.__name__} has a field type msgspec cannot decode: {exc}"
+        ) from exc
+    cls._pdc_decoder = decoder
+    cls._pdc_prefix = b"\x92" + _pack_str(tag)
+    with _TYPES_LOCK:
+        _TYPES[tag] = cls
+
+
+def _read_tag(data: memoryview) -> tuple[str, int]:
+    if len(data) < 2 or data[0] != 0x92:  # noqa: PLR2004
+        raise MessageDeserializationError(
+            f"not a pydotcompute message: expected a 2-element MessagePack array, "
+            f"got {bytes(data[:8])!r}{'...' if len(data) > 8 else ''}"  # noqa: PLR2004
+        )
+    b = data[1]
+    if 0xA0 <= b <= 0xBF:
+        n, start = b & 0x1F, 2
+    elif b == 0xD9 and len(data) >= 3:  # noqa: PLR2004
+        n, start = data[2], 3
+    elif b == 0xDA and len(data) >= 4:  # noqa: PLR2004
+        n, start = int.from_bytes(data[2:4], "big"), 4
+    else:
+        raise MessageDeserializationError("malformed message: the type tag is not a string")
+    end = start + n
+    if end > len(data):
+        raise MessageDeserializationError("truncated message: the type tag is cut short")
+    try:
+        return str(data[start:end], "utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise MessageDeserializationError("malformed message: the type tag is not UTF-8") from exc
+
+
+def deserialize_message(data: bytes | bytearray | memoryview) -> RingKernelMessage:
+    """Decode bytes written by :meth:`RingKernelMessage.serialize` into the right class.
+
+    The class is found through the registry by its fully qualified name; array fields decode
+    as read-only views on ``data`` (no copy).
+
+    Raises:
+        MessageDeserializationError: bytes are malformed or truncated, name an unknown type,
+            or a field does not validate against the class.
+    """
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise MessageDeserializationError(
+            f"expected bytes to deserialize, got {type(data).__name__}"
+        ) from exc
+    tag, offset = _read_tag(view)
+    cls = _TYPES.get(tag)
+    if cls is None:
+        raise MessageDeserializationError(
+            f"unknown message type {tag!r}: import the module that defines it before "
+            "deserializing (message classes register when they are first used or defined)"
+        )
+    decoder = cls._pdc_decoder
+    assert decoder is not None
+    try:
+        return decoder.decode(view[offset:])  # type: ignore[no-any-return]
+    except msgspec.DecodeError as exc:
+        raise MessageDeserializationError(f"cannot decode {cls.__name__}: {exc}") from exc
+    except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
+        raise MessageDeserializationError(
+            f"cannot decode {cls.__name__}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def serialize_message(msg: RingKernelMessage) -> bytes:
+    """Function form of :meth:`RingKernelMessage.serialize`."""
+    return msg.serialize()
+
+
+def get_message_type(name: str) -> type[RingKernelMessage] | None:
+    """Look up a registered message class by fully qualified or (unique) short name."""
+    cls = _TYPES.get(name)
+    if cls is not None:
+        return cls
+    matches = [c for tag, c in _TYPES.items() if tag.rsplit(".", 1)[-1] == name]
+    return matches[0] if len(matches) == 1 else None
+
+
+def registered_message_types() -> dict[str, type[RingKernelMessage]]:
+    """A snapshot of the registry: fully qualified name -> class."""
+    return dict(_TYPES)
+
+
+# --- the decorators --------------------------------------------------------------------------
+
+
+def _make_message_class(cls: type[_T], base: type[RingKernelMessage]) -> type[_T]:
+    if isinstance(cls, type) and issubclass(cls, RingKernelMessage) and "__slots__" in vars(cls):
+        new_cls: type[Any] = cls
+    else:
+        ns = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+        bases = cls.__bases__ if issubclass(cls, base) else (base,)
+        if bases == (object,):
+            bases = (base,)
+        new_cls = type(cls.__name__, bases, ns)
+        new_cls.__qualname__ = cls.__qualname__
+        new_cls.__module__ = cls.__module__
+        new_cls = dataclass(slots=True)(new_cls)
+    if base is ArrayMessage:
+        new_cls._pdc_by_reference = True
+    _finalize(new_cls)
+    dtype = _compute_dtype(new_cls)
+    new_cls._pdc_dtype = dtype
+    if dtype is not None and "dtype" not in {f.name for f in dataclasses.fields(new_cls)}:
+        new_cls.dtype = dtype
+    return new_cls
+
+
+@overload
+def message(cls: type[_T], /) -> type[_T]: ...
+@overload
+def message(cls: None = None, /) -> Callable[[type[_T]], type[_T]]: ...
+
+
+def message(cls: type[_T] | None = None, /) -> type[_T] | Callable[[type[_T]], type[_T]]:
+    """Turn a class with annotated fields into a message (bare ``@message`` or ``@message()``).
+
+    The result is a slotted dataclass inheriting :class:`RingKernelMessage`, registered for
+    :func:`deserialize_message` under its fully qualified name.
+    """
+    if cls is None:
+        return lambda c: _make_message_class(c, RingKernelMessage)
+    return _make_message_class(cls, RingKernelMessage)
+
+
+# --- fixed layout ----------------------------------------------------------------------------
+
+_HEADER_FIELDS: list[tuple[str, Any]] = [
+    ("_mid_hi", np.uint64),
+    ("_mid_lo", np.uint64),
+    ("_cid_hi", np.uint64),
+    ("_cid_lo", np.uint64),
+    ("_priority", np.uint32),
+]
+_HEADER_NAMES = frozenset(n for n, _ in _HEADER_FIELDS)
+_SCALARS: dict[Any, Any] = {int: np.int64, float: np.float64, bool: np.bool_}
+_MASK64 = (1 << 64) - 1
+
+
+def _field_layout(tp: Any) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
+    if tp in _SCALARS:
+        return np.dtype(_SCALARS[tp]), ()
+    if isinstance(tp, type) and issubclass(tp, np.generic) and tp not in (np.generic, np.number):
+        dt = np.dtype(tp)
+        return (dt, ()) if dt.itemsize > 0 and not dt.hasobject else None
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *meta = typing.get_args(tp)
+        shape = next((m for m in meta if isinstance(m, tuple)), None)
+        dt_meta = next((m for m in meta if _is_dtype_like(m)), None)
+        if (typing.get_origin(base) or base) is np.ndarray and shape is not None and dt_meta:
+            return np.dtype(dt_meta), tuple(int(s) for s in shape)
+        if base in _SCALARS and dt_meta is not None and shape is None:
+            return np.dtype(dt_meta), ()
+    return None
+
+
+def _is_dtype_like(obj: Any) -> bool:
+    if isinstance(obj, (np.dtype, str)):
+        return True
+    return isinstance(obj, type) and issubclass(obj, np.generic)
+
+
+def _compute_dtype(cls: type) -> np.dtype[Any] | None:
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # unresolved forward references: not a fixed layout
+        return None
+    entries: list[tuple[str, Any, tuple[int, ...]]] = []
+    for f in dataclasses.fields(cls):
+        if f.name in ("message_id", "priority", "correlation_id"):
+            continue
+        layout = _field_layout(hints.get(f.name))
+        if layout is None or f.name in _HEADER_NAMES:
+            return None
+        entries.append((f.name, layout[0], layout[1]))
+    spec = [(n, t) for n, t in _HEADER_FIELDS] + [
+        (n, t, s) if s else (n, t) for n, t, s in entries
+    ]
+    return np.dtype(spec, align=True)
+
+
+def fixed_layout_dtype(cls: type) -> np.dtype[Any] | None:
+    """The structured dtype of a fixed-layout message class, or None."""
+    return getattr(cls, "_pdc_dtype", None)
+
+
+def is_fixed_layout(cls: type) -> bool:
+    """True when every field of the message class has a fixed size (GPU-ring capable)."""
+    return fixed_layout_dtype(cls) is not None
+
+
+def _require_dtype(cls: type) -> np.dtype[Any]:
+    dtype = fixed_layout_dtype(cls)
+    if dtype is None:
+        raise TypeValidationError(
+            f"{cls.__name__} is not a fixed-layout message: every field must be a fixed-size "
+            "scalar (int, float, bool, np.float32, ...) or Annotated[np.ndarray, (shape,), dtype]"
+        )
+    return dtype
+
+
+def _to_records(cls: type, messages: Sequence[RingKernelMessage]) -> np.ndarray[Any, Any]:
+    dtype = _require_dtype(cls)
+    out = np.zeros(len(messages), dtype=dtype)
+    names = [n for n in dtype.names or () if n not in _HEADER_NAMES]
+    for i, m in enumerate(messages):
+        if not isinstance(m, cls):
+            raise TypeValidationError(f"to_records expects {cls.__name__}, got {type(m).__name__}")
+        rec = out[i]
+        mid = m.message_id.int
+        rec["_mid_hi"], rec["_mid_lo"] = mid >> 64, mid & _MASK64
+        cid = 0 if m.correlation_id is None else m.correlation_id.int
+        rec["_cid_hi"], rec["_cid_lo"] = cid >> 64, cid & _MASK64
+        rec["_priority"] = m.priority
+        for n in names:
+            rec[n] = getattr(m, n)
+    return out
+
+
+def _uuid_from(hi: Any, lo: Any) -> uuid.UUID | None:
+    value = (int(hi) << 64) | int(lo)
+    return uuid.UUID(int=value) if value else None
+
+
+def _from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
+    dtype = _require_dtype(cls)
+    if records.dtype != dtype:
+        raise TypeValidationError(
+            f"records have dtype {records.dtype}, expected {cls.__name__}.dtype {dtype}"
+        )
+    names = [n for n in dtype.names or () if n not in _HEADER_NAMES]
+    shapes = {n: dtype.fields[n][0].shape for n in names}  # type: ignore[index]
+    out: list[_M] = []
+    for rec in records:
+        kwargs: dict[str, Any] = {}
+        for n in names:
+            v = rec[n]
+            kwargs[n] = np.array(v) if shapes[n] else v.item()
+        mid = _uuid_from(rec["_mid_hi"], rec["_mid_lo"])
+        if mid is not None:
+            kwargs["message_id"] = mid
+        kwargs["correlation_id"] = _uuid_from(rec["_cid_hi"], rec["_cid_lo"])
+        kwargs["priority"] = int(rec["_priority"])
+        out.append(cls(**kwargs))
+    return out
+
+
+# --- by-reference arrays ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BufferHandle:
+    """A reference to an array held by the process-wide :class:`BufferRegistry`."""
+
+    buffer_id: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+class BufferRegistry:
+    """Process-wide table of arrays passed by reference, with reference counts.
+
+    ``register`` pins an array (count + 1) and returns a handle; ``get`` looks it up;
+    ``release`` unpins it (count - 1) and forgets it at zero. Serializing an
+    :class:`ArrayMessage` registers its arrays; deserializing it takes them back (the
+    decoder releases the reference the encoder made), so a serialize/deserialize pair
+    leaves the registry as it was. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, list[Any]] = {}  # id -> [array, refcount]
+        self._by_object: dict[int, int] = {}  # id(array) -> buffer id
+        self._next = itertools.count(1)
+        self._registered = 0
+        self._released = 0
+
+    def register(self, array: Any) -> BufferHandle:
+        """Pin ``array`` and return its handle (the same id if it is already pinned)."""
+        with self._lock:
+            bid = self._by_object.get(id(array))
+            if bid is None or self._entries[bid][0] is not array:
+                bid = next(self._next)
+                self._entries[bid] = [array, 0]
+                self._by_object[id(array)] = bid
+            self._entries[bid][1] += 1
+            self._registered += 1
+        device = "cuda" if hasattr(array, "__cuda_array_interface__") else "cpu"
+        return BufferHandle(bid, tuple(array.shape), str(array.dtype), device)
+
+    def get(self, buffer_id: int | BufferHandle) -> Any:
+        """The array behind ``buffer_id``; KeyError (with the id) if it was released."""
+        bid = buffer_id.buffer_id if isinstance(buffer_id, BufferHandle) else buffer_id
+        with self._lock:
+            entry = self._entries.get(bid)
+        if entry is None:
+            raise KeyError(f"no buffer with id {bid} in the registry (released or never made)")
+        return entry[0]
+
+    def release(self, buffer_id: int | BufferHandle) -> bool:
+        """Drop one reference; returns True when the array was forgotten."""
+        bid = buffer_id.buffer_id if isinstance(buffer_id, BufferHandle) else buffer_id
+        with self._lock:
+            entry = self._entries.get(bid)
+            if entry is None:
+                raise KeyError(f"no buffer with id {bid} in the registry (released or never made)")
+            entry[1] -= 1
+            self._released += 1
+            if entry[1] <= 0:
+                del self._entries[bid]
+                self._by_object.pop(id(entry[0]), None)
+                return True
+            return False
+
+    def take(self, buffer_id: int) -> Any:
+        """``get`` then ``release``: how the decoder consumes a reference."""
+        array = self.get(buffer_id)
+        self.release(buffer_id)
+        return array
+
+    def refcount(self, buffer_id: int | BufferHandle) -> int:
+        bid = buffer_id.buffer_id if isinstance(buffer_id, BufferHandle) else buffer_id
+        with self._lock:
+            entry = self._entries.get(bid)
+            return 0 if entry is None else int(entry[1])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._by_object.clear()
+
+    def get_stats(self) -> dict[str, int]:
+        with self._lock:
+            nbytes = sum(int(getattr(a, "nbytes", 0)) for a, _ in self._entries.values())
+            return {
+                "live_buffers": len(self._entries),
+                "live_bytes": nbytes,
+                "total_registered": self._registered,
+                "total_released": self._released,
+            }
+
+
+_registry = BufferRegistry()
+
+
+def get_buffer_registry() -> BufferRegistry:
+    """The process-wide :class:`BufferRegistry`."""
+    return _registry
+
+
+def register_buffer(array: Any) -> BufferHandle:
+    """Pin ``array`` in the process-wide registry."""
+    return _registry.register(array)
+
+
+def get_buffer(buffer_id: int | BufferHandle) -> Any:
+    """Look up a pinned array."""
+    return _registry.get(buffer_id)
+
+
+def release_buffer(buffer_id: int | BufferHandle) -> bool:
+    """Unpin an array; True when it was forgotten."""
+    return _registry.release(buffer_id)
+
+
+@dataclass(slots=True)
+class ArrayMessage(RingKernelMessage):
+    """A message whose array fields (NumPy or CuPy) cross serialization *by reference*.
+
+    Serializing registers each array in the :class:`BufferRegistry` and writes only its id;
+    deserializing in the same process takes the array back. Use it for large arrays moving
+    between actors of one process with ``serialize=True`` queues; across processes use a
+    plain ``@message`` (arrays are copied into the bytes).
+    """
+
+    _pdc_by_reference: ClassVar[bool] = True
+
+
+def array_message(cls: type[_T] | None = None, /) -> Any:
+    """Like :func:`message`, but the class inherits :class:`ArrayMessage`."""
+    if cls is None:
+        return lambda c: _make_message_class(c, ArrayMessage)
+    return _make_message_class(cls, ArrayMessage)

@@ -1,0 +1,443 @@
+"""RingKernelRuntime: the registry, router, supervisor and telemetry hub of ring kernels.
+
+Design notes:
+- The runtime owns no task of its own: every send is a direct enqueue into the target's
+  inbox (validated against its ``input_type``), every receive a direct dequeue from its
+  outbox, and pipelines (``connect``) forward inside the sending actor's ``ctx.send``. A
+  router task per kernel was rejected: it doubles the hops on the hot path.
+- Execution tiers plug in by name (``tier=``): each tier provides a class with the
+  :class:`~pydotcompute.ring_kernels.lifecycle.RingKernel` interface, imported lazily so
+  that the default tier never loads threads, processes or CUDA.
+- Shutdown terminates kernels in parallel inside one overall timeout, drains what it can
+  and reports what it could not (``shutdown()`` returns the undelivered counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..decorators.validators import validate_kernel_id
+from ..exceptions import (
+    InvalidConfigurationError,
+    KernelAlreadyExistsError,
+    KernelNotFoundError,
+    KernelStateError,
+    TypeValidationError,
+)
+from ._loop import get_loop_info as _get_loop_info
+from ._loop import install_eager_task_factory
+from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
+from .registry import get_registered_kernel, register_ring_kernel
+from .telemetry import RingKernelTelemetry, TelemetryCollector
+
+__all__ = ("RingKernelRuntime", "get_registered_kernel", "register_ring_kernel", "register_tier")
+
+logger = logging.getLogger("pydotcompute")
+
+_TIERS: dict[str, str] = {
+    "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
+    "thread": "pydotcompute.ring_kernels.hosted:ThreadHostedKernel",
+    "process": "pydotcompute.ring_kernels.hosted:ProcessHostedKernel",
+    "gpu": "pydotcompute.ring_kernels.gpu_kernel:GPURingKernel",
+}
+_TIER_ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda": "gpu"}
+
+
+def register_tier(name: str, target: str | type) -> None:
+    """Make ``tier=name`` build kernels with ``target`` (a class or ``"module:Class"``)."""
+    _TIERS[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+
+
+def _tier_class(tier: str) -> type[RingKernel]:
+    tier = _TIER_ALIASES.get(tier, tier)
+    target = _TIERS.get(tier)
+    if target is None:
+        raise InvalidConfigurationError(
+            f"unknown execution tier {tier!r}; choose one of {sorted(_TIERS)}"
+        )
+    if tier == "asyncio":
+        return RingKernel
+    module, _, name = target.partition(":")
+    try:
+        cls: type[RingKernel] = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
+    return cls
+
+
+class RingKernelRuntime:
+    """Launches, routes and supervises ring kernels on the running event loop.
+
+    Use it as an async context manager::
+
+        async with RingKernelRuntime() as runtime:
+            await runtime.launch("compute")
+            await runtime.activate("compute")
+            await runtime.send("compute", ComputeRequest(values=[1.0]))
+            reply = await runtime.receive("compute")
+
+    Args:
+        enable_telemetry: Time every message (two ``perf_counter_ns`` calls per message).
+        use_uvloop: Informational: uvloop is chosen when the loop is created (importing
+            pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
+        use_eager_tasks: Install ``asyncio.eager_task_factory`` on the loop (3.12+).
+    """
+
+    def __init__(
+        self,
+        *,
+        enable_telemetry: bool = True,
+        use_uvloop: bool = True,
+        use_eager_tasks: bool = True,
+    ) -> None:
+        self._kernels: dict[str, RingKernel] = {}
+        self._telemetry = TelemetryCollector()
+        self.enable_telemetry = enable_telemetry
+        self.use_uvloop = use_uvloop
+        self.use_eager_tasks = use_eager_tasks
+        self._active = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_time = time.monotonic()
+        self._failures: list[tuple[str, BaseException | None]] = []
+
+    # -- lifecycle of the runtime -------------------------------------------------------
+
+    async def start(self) -> RingKernelRuntime:
+        """Bind to the running loop (idempotent)."""
+        if self._closed:
+            raise KernelStateError("<runtime>", "SHUT DOWN", "start", "create a new runtime")
+        if not self._active:
+            self._loop = asyncio.get_running_loop()
+            if self.use_eager_tasks:
+                install_eager_task_factory(self._loop)
+            self._active = True
+            self._start_time = time.monotonic()
+        return self
+
+    async def __aenter__(self) -> RingKernelRuntime:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    @property
+    def is_active(self) -> bool:
+        return self._active
+
+    @property
+    def kernel_ids(self) -> list[str]:
+        return list(self._kernels)
+
+    def __contains__(self, kernel_id: object) -> bool:
+        return kernel_id in self._kernels
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    async def shutdown(self, timeout: float = 10.0) -> dict[str, int]:
+        """Terminate every kernel (draining inboxes in parallel within ``timeout`` seconds).
+
+        Returns:
+            kernel id -> number of messages that could not be delivered (also counted as
+            dropped in telemetry and kept in ``kernel.undelivered``). Empty when nothing
+            was lost.
+        """
+        if self._closed:
+            return {}
+        report = await self.terminate_all(timeout=timeout)
+        self._active = False
+        self._closed = True
+        return report
+
+    async def terminate_all(self, timeout: float = 10.0) -> dict[str, int]:
+        """Terminate every running kernel in parallel; returns undelivered counts (non-zero)."""
+        kernels = [k for k in self._kernels.values() if k.state is not KernelState.TERMINATED]
+        if not kernels:
+            return {}
+        results = await asyncio.gather(
+            *(k.terminate(timeout=timeout) for k in kernels), return_exceptions=True
+        )
+        report: dict[str, int] = {}
+        for k, res in zip(kernels, results, strict=True):
+            if isinstance(res, BaseException):
+                logger.error("terminating kernel %r raised %r", k.kernel_id, res)
+                report[k.kernel_id] = -1
+            elif res:
+                report[k.kernel_id] = len(res)
+        return report
+
+    # -- kernel lookup ------------------------------------------------------------------
+
+    def _kernel(self, kernel_id: str) -> RingKernel:
+        try:
+            return self._kernels[kernel_id]
+        except KeyError:
+            raise KernelNotFoundError(kernel_id, self._kernels) from None
+        except TypeError:
+            raise KernelNotFoundError(repr(kernel_id), self._kernels) from None
+
+    def get_kernel(self, kernel_id: str) -> RingKernel:
+        """The kernel object (for introspection: state, telemetry, undelivered)."""
+        return self._kernel(kernel_id)
+
+    def get_kernel_state(self, kernel_id: str) -> KernelState:
+        return self._kernel(kernel_id).state
+
+    # -- lifecycle of kernels -----------------------------------------------------------
+
+    async def launch(
+        self,
+        kernel_id: str,
+        kernel_func: KernelFunc | None = None,
+        *,
+        config: RingKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+        tier: str | None = None,
+        **options: Any,
+    ) -> RingKernel:
+        """Phase 1: create the kernel and allocate its queues (state LAUNCHED).
+
+        Without ``kernel_func`` the kernel comes from the ``@ring_kernel`` registry.
+        ``options`` override :class:`RingKernelConfig` fields (``queue_size``,
+        ``backpressure``, ``restart``, ``serialize``, ``tier``, ...).
+
+        Raises:
+            KernelAlreadyExistsError: ``kernel_id`` is already launched in this runtime.
+            KernelNotFoundError: no function given and none registered under the id.
+        """
+        if not self._active:
+            await self.start()
+        validate_kernel_id(kernel_id)
+        if kernel_id in self._kernels:
+            raise KernelAlreadyExistsError(
+                f"kernel {kernel_id!r} is already launched in this runtime "
+                f"(state {self._kernels[kernel_id].state.name}); terminate it first or "
+                "choose another kernel_id"
+            )
+        opts: dict[str, Any] = {}
+        if kernel_func is None:
+            spec = get_registered_kernel(kernel_id)
+            kernel_func = spec.func
+            input_type = input_type if input_type is not None else spec.input_type
+            output_type = output_type if output_type is not None else spec.output_type
+            opts.update(spec.options)
+        opts.update(options)
+        if tier is not None:
+            opts["tier"] = tier
+        cls = _tier_class(opts.get("tier") or (config.tier if config else "asyncio"))
+        config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
+        kernel = cls(
+            kernel_id,
+            kernel_func,  # type: ignore[arg-type]
+            config=config,
+            input_type=input_type,
+            output_type=output_type,
+            runtime=self,
+            enable_telemetry=self.enable_telemetry,
+        )
+        await kernel.launch()
+        self._kernels[kernel_id] = kernel
+        return kernel
+
+    async def activate(self, kernel_id: str) -> None:
+        """Phase 2: start processing (LAUNCHED -> ACTIVE)."""
+        await self._kernel(kernel_id).activate()
+
+    async def deactivate(self, kernel_id: str) -> None:
+        """Pause delivery; queued messages are kept (ACTIVE -> DEACTIVATED)."""
+        await self._kernel(kernel_id).deactivate()
+
+    async def reactivate(self, kernel_id: str) -> None:
+        """Resume delivery (DEACTIVATED -> ACTIVE)."""
+        await self._kernel(kernel_id).reactivate()
+
+    async def terminate(self, kernel_id: str, timeout: float | None = None) -> list[Any]:
+        """Terminate one kernel, draining gracefully; returns its undelivered messages."""
+        kernel = self._kernel(kernel_id)
+        for other in self._kernels.values():
+            if other._forward is kernel and other.state not in (
+                KernelState.TERMINATED, KernelState.FAILED
+            ):
+                logger.warning(
+                    "kernel %r forwards into %r, which is terminating", other.kernel_id, kernel_id
+                )
+        return await kernel.terminate(timeout=timeout)
+
+    def remove(self, kernel_id: str) -> None:
+        """Forget a TERMINATED kernel so its id can be launched again."""
+        kernel = self._kernel(kernel_id)
+        if kernel.state is not KernelState.TERMINATED:
+            raise KernelStateError(kernel_id, kernel.state, "remove", "terminate it first")
+        del self._kernels[kernel_id]
+
+    # -- messaging ----------------------------------------------------------------------
+
+    async def send(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> bool:
+        """Deliver ``msg`` to a kernel's inbox.
+
+        Raises:
+            KernelNotFoundError: unknown id (the text lists the known ids).
+            TypeValidationError: ``msg`` is not the kernel's ``input_type``.
+            KernelStateError: the kernel is terminating, terminated or failed.
+            QueueFullError / QueueTimeoutError: backpressure ``reject`` / a ``timeout``.
+        """
+        try:
+            kernel = self._kernels[kernel_id]
+        except (KeyError, TypeError):
+            kernel = self._kernel(kernel_id)
+        await kernel._accept(msg, timeout)
+        return True
+
+    def send_nowait(self, kernel_id: str, msg: Any) -> bool:
+        """Like :meth:`send` but never waits: a full inbox raises ``QueueFullError``."""
+        self._kernel(kernel_id)._accept_nowait(msg)
+        return True
+
+    async def receive(self, kernel_id: str, *, timeout: float | None = None) -> Any:
+        """The next message from a kernel's outbox, waiting up to ``timeout`` seconds.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time (a ``TimeoutError``).
+            KernelFailedError: the actor raised (after the outbox was drained).
+            KernelStateError: the kernel was terminated and its outbox is drained.
+        """
+        try:
+            kernel = self._kernels[kernel_id]
+        except (KeyError, TypeError):
+            kernel = self._kernel(kernel_id)
+        return await kernel.receive(timeout)
+
+    def receive_nowait(self, kernel_id: str) -> Any:
+        """The next reply, or None when the outbox is empty."""
+        return self._kernel(kernel_id).receive_nowait()
+
+    async def send_and_receive(
+        self, kernel_id: str, msg: Any, *, timeout: float | None = None
+    ) -> Any:
+        """Send ``msg`` and wait for the reply correlated with it.
+
+        The actor's reply is matched by ``correlation_id`` (stamped automatically when the
+        actor replies while handling ``msg``), so concurrent callers each get their own.
+        """
+        return await self._kernel(kernel_id).send_and_receive(msg, timeout)
+
+    def connect(self, source_id: str, target_id: str) -> None:
+        """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
+
+        Raises:
+            TypeValidationError: the source's ``output_type`` cannot be the target's
+                ``input_type``.
+        """
+        src, dst = self._kernel(source_id), self._kernel(target_id)
+        if src is dst:
+            raise InvalidConfigurationError(f"cannot connect kernel {source_id!r} to itself")
+        out_t, in_t = src.output_type, dst.input_type
+        if out_t is not None and in_t is not None and not issubclass(out_t, in_t):
+            raise TypeValidationError(
+                f"cannot connect {source_id!r} -> {target_id!r}: {source_id!r} sends "
+                f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
+            )
+        src._forward = dst
+
+    def disconnect(self, source_id: str) -> None:
+        """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
+        self._kernel(source_id)._forward = None
+
+    # -- telemetry ----------------------------------------------------------------------
+
+    def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
+        kernel = self._kernel(kernel_id)
+        tel = kernel.telemetry
+        refresh = getattr(kernel, "refresh_telemetry", None)
+        if refresh is not None:
+            refresh()
+        tel.queue_depth = len(kernel._inbox) if kernel._inbox is not None else 0
+        return tel
+
+    def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
+        return {kid: self.get_telemetry(kid) for kid in self._kernels}
+
+    def get_summary(self) -> dict[str, Any]:
+        """Totals across kernels, uptime and GPU utilization (None without NVML)."""
+        from .telemetry import get_gpu_monitor
+
+        tels = self.get_all_telemetry().values()
+        mon = get_gpu_monitor()
+        util = mon.get_utilization(0) if mon.is_available and mon.device_count else None
+        return {
+            "kernel_count": len(self._kernels),
+            "active_kernels": sum(k.state is KernelState.ACTIVE for k in self._kernels.values()),
+            "total_messages_processed": sum(t.messages_processed for t in tels),
+            "total_messages_dropped": sum(t.messages_dropped for t in tels),
+            "total_errors": sum(t.error_count for t in tels),
+            "uptime_seconds": time.monotonic() - self._start_time,
+            "gpu_utilization": util,
+            "failures": [(kid, repr(err)) for kid, err in self._failures],
+        }
+
+    def get_loop_info(self) -> dict[str, Any]:
+        return _get_loop_info()
+
+    def _on_kernel_failed(self, kernel: RingKernel) -> None:
+        self._failures.append((kernel.kernel_id, kernel.error))
+
+    # -- scopes -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def kernel_scope(
+        self, kernel_id: str, kernel_func: KernelFunc | None = None, **kwargs: Any
+    ) -> AsyncIterator[RingKernel]:
+        """Launch and activate a kernel for the duration of an ``async with`` block."""
+        kernel = await self.launch(kernel_id, kernel_func, **kwargs)
+        await kernel.activate()
+        try:
+            yield kernel
+        finally:
+            if kernel.state is not KernelState.TERMINATED:
+                await kernel.terminate()
+            self._kernels.pop(kernel_id, None)
+
+
+_OPTION_ALIASES = {
+    "queue_size": ("input_queue_size", "output_queue_size"),
+    "backpressure": ("backpressure_strategy",),
+}
+
+
+def _build_config(
+    kernel_id: str,
+    config: RingKernelConfig | None,
+    options: dict[str, Any],
+    extra_allowed: frozenset[str] = frozenset(),
+) -> RingKernelConfig:
+    if config is None:
+        config = RingKernelConfig(kernel_id=kernel_id)
+    else:
+        config = dataclasses.replace(config, kernel_id=kernel_id, extra=dict(config.extra))
+    fields = {f.name for f in dataclasses.fields(config)} - {"extra"}
+    explicit = {k for k in options if k in fields and options[k] is not None}
+    for key, value in options.items():
+        if key in _OPTION_ALIASES:
+            for target in _OPTION_ALIASES[key]:
+                if target not in explicit:
+                    setattr(config, target, value)
+        elif key in fields:
+            if value is not None:
+                setattr(config, key, value)
+        elif key in extra_allowed:
+            config.extra[key] = value
+        else:
+            raise InvalidConfigurationError(
+                f"unknown option {key!r} for kernel {kernel_id!r} on tier {config.tier!r}; "
+                f"known: {sorted(fields | set(_OPTION_ALIASES) | extra_allowed)}"
+            )
+    return config

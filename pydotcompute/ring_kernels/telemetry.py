@@ -1,0 +1,368 @@
+"""Per-kernel counters, an O(1) latency histogram, and GPU telemetry through NVML.
+
+Design notes:
+- The histogram is log-linear (8 sub-buckets per power of two, HDR-style): recording is a
+  ``bit_length`` and a list increment, percentiles are within 12.5% of the true value.
+  Its bucket list is allocated on the first record so an idle actor stays small.
+- ``GPUMonitor`` imports ``pynvml`` (from the ``nvidia-ml-py`` package) only when first
+  used; with no library, driver or GPU it reports ``is_available = False`` and returns
+  empty results instead of raising.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = (
+    "GPUInfo",
+    "GPUMonitor",
+    "LatencyHistogram",
+    "RingKernelTelemetry",
+    "TelemetryCollector",
+    "get_gpu_monitor",
+)
+
+_SUB_BITS = 3
+_SUB = 1 << _SUB_BITS
+_BUCKETS = (64 - _SUB_BITS + 1) * _SUB
+
+
+class LatencyHistogram:
+    """Log-linear histogram of nanosecond latencies; O(1) record, approximate percentiles."""
+
+    __slots__ = ("_buckets", "count")
+
+    def __init__(self) -> None:
+        self._buckets: list[int] | None = None
+        self.count = 0
+
+    def record(self, ns: int) -> None:
+        b = self._buckets
+        if b is None:
+            b = self._buckets = [0] * _BUCKETS
+        if ns < _SUB:
+            idx = max(ns, 0)
+        else:
+            shift = ns.bit_length() - _SUB_BITS - 1
+            idx = ((shift + 1) << _SUB_BITS) + ((ns >> shift) & (_SUB - 1))
+            if idx >= _BUCKETS:
+                idx = _BUCKETS - 1
+        b[idx] += 1
+        self.count += 1
+
+    @staticmethod
+    def _upper(idx: int) -> int:
+        if idx < _SUB:
+            return idx
+        shift = (idx >> _SUB_BITS) - 1
+        sub = idx & (_SUB - 1)
+        return ((_SUB + sub + 1) << shift) - 1
+
+    def percentile(self, q: float) -> int:
+        """The ``q``-th percentile (0..100) in ns (upper edge of its bucket); 0 if empty."""
+        if not self.count or self._buckets is None:
+            return 0
+        target = max(1, int(self.count * q / 100.0 + 0.999999))
+        seen = 0
+        for idx, n in enumerate(self._buckets):
+            seen += n
+            if seen >= target:
+                return self._upper(idx)
+        return self._upper(_BUCKETS - 1)
+
+    def reset(self) -> None:
+        self._buckets = None
+        self.count = 0
+
+
+@dataclass(slots=True)
+class RingKernelTelemetry:
+    """Counters and latencies of one kernel (``runtime.get_telemetry(id)``).
+
+    Latency is the time the actor spent on a message: from ``receive()`` returning it to the
+    actor's next ``receive()`` call.
+    """
+
+    kernel_id: str
+    messages_processed: int = 0
+    messages_dropped: int = 0
+    messages_sent: int = 0
+    queue_depth: int = 0
+    total_latency_ns: int = 0
+    max_latency_ns: int = 0
+    min_latency_ns: int = 0
+    error_count: int = 0
+    last_error: str | None = None
+    restarts: int = 0
+    start_time: float = field(default_factory=time.monotonic)
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram, repr=False)
+
+    def record_message(self, latency_ns: int) -> None:
+        """Count one processed message that took ``latency_ns``."""
+        self.messages_processed += 1
+        self.record_latency(latency_ns)
+
+    def record_latency(self, latency_ns: int) -> None:
+        """Record how long one message took (its count is kept by ``messages_processed``)."""
+        self.total_latency_ns += latency_ns
+        if latency_ns > self.max_latency_ns:
+            self.max_latency_ns = latency_ns
+        if latency_ns < self.min_latency_ns or not self.histogram.count:
+            self.min_latency_ns = latency_ns
+        self.histogram.record(latency_ns)
+
+    def record_drop(self, n: int = 1) -> None:
+        self.messages_dropped += n
+
+    def record_error(self, error: BaseException | str) -> None:
+        self.error_count += 1
+        self.last_error = (
+            error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        )
+
+    def reset(self) -> None:
+        """Zero every counter and restart the uptime clock."""
+        kid = self.kernel_id
+        self.__init__(kid)  # type: ignore[misc]
+
+    @property
+    def uptime_seconds(self) -> float:
+        return time.monotonic() - self.start_time
+
+    @property
+    def avg_latency_ns(self) -> float:
+        timed = self.histogram.count
+        return self.total_latency_ns / timed if timed else 0.0
+
+    @property
+    def avg_latency_ms(self) -> float:
+        return self.avg_latency_ns / 1e6
+
+    @property
+    def throughput(self) -> float:
+        """Messages processed per second of uptime."""
+        up = self.uptime_seconds
+        return self.messages_processed / up if up > 0 else 0.0
+
+    @property
+    def p50_latency_ns(self) -> int:
+        return self.histogram.percentile(50)
+
+    @property
+    def p95_latency_ns(self) -> int:
+        return self.histogram.percentile(95)
+
+    @property
+    def p99_latency_ns(self) -> int:
+        return self.histogram.percentile(99)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kernel_id": self.kernel_id,
+            "messages_processed": self.messages_processed,
+            "messages_dropped": self.messages_dropped,
+            "messages_sent": self.messages_sent,
+            "queue_depth": self.queue_depth,
+            "total_latency_ns": self.total_latency_ns,
+            "max_latency_ns": self.max_latency_ns,
+            "min_latency_ns": self.min_latency_ns,
+            "avg_latency_ns": self.avg_latency_ns,
+            "p50_latency_ns": self.p50_latency_ns,
+            "p95_latency_ns": self.p95_latency_ns,
+            "p99_latency_ns": self.p99_latency_ns,
+            "error_count": self.error_count,
+            "last_error": self.last_error,
+            "restarts": self.restarts,
+            "uptime_seconds": self.uptime_seconds,
+            "throughput": self.throughput,
+        }
+
+
+# --- GPU telemetry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One GPU as NVML sees it."""
+
+    index: int
+    name: str
+    total_memory: int
+    used_memory: int
+    free_memory: int
+    utilization_gpu: float
+    utilization_memory: float
+    temperature_c: float | None = None
+    power_w: float | None = None
+    driver_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class GPUMonitor:
+    """Reads GPU utilization, memory, power and temperature through NVML.
+
+    ``nvidia-ml-py`` is imported on first use; without it (or without a driver or GPU)
+    ``is_available`` is False and queries return None / empty lists.
+    """
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._initialized = False
+        self._available = False
+        self._reason = "not probed yet"
+        self._lock = threading.Lock()
+
+    def _init(self) -> bool:
+        with self._lock:
+            if self._initialized:
+                return self._available
+            self._initialized = True
+            try:
+                import pynvml  # from the nvidia-ml-py package
+            except ImportError:
+                self._reason = 'nvidia-ml-py is not installed (pip install "pydotcompute[cuda]")'
+                return False
+            try:
+                pynvml.nvmlInit()
+            except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                self._reason = f"NVML unavailable: {exc}"
+                return False
+            self._nvml = pynvml
+            self._available = True
+            self._reason = ""
+            return True
+
+    @property
+    def is_available(self) -> bool:
+        return self._init()
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why ``is_available`` is False ('' when it is available)."""
+        self._init()
+        return self._reason
+
+    @property
+    def device_count(self) -> int:
+        if not self._init():
+            return 0
+        return int(self._nvml.nvmlDeviceGetCount())
+
+    def _handle(self, index: int) -> Any:
+        if not self._init():
+            return None
+        if not 0 <= index < self.device_count:
+            raise IndexError(f"GPU index {index} out of range (have {self.device_count})")
+        return self._nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def get_gpu_info(self, index: int = 0) -> GPUInfo | None:
+        h = self._handle(index)
+        if h is None:
+            return None
+        nv = self._nvml
+        name = nv.nvmlDeviceGetName(h)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        util = nv.nvmlDeviceGetUtilizationRates(h)
+        temp = power = None
+        try:
+            temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        except Exception:  # not supported on every board
+            temp = None
+        try:
+            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        except Exception:  # not supported on every board
+            power = None
+        try:
+            driver = nv.nvmlSystemGetDriverVersion()
+        except Exception:  # very old drivers
+            driver = None
+        return GPUInfo(
+            index=index,
+            name=name.decode() if isinstance(name, bytes) else str(name),
+            total_memory=int(mem.total),
+            used_memory=int(mem.used),
+            free_memory=int(mem.free),
+            utilization_gpu=float(util.gpu),
+            utilization_memory=float(util.memory),
+            temperature_c=temp,
+            power_w=power,
+            driver_version=driver.decode() if isinstance(driver, bytes) else driver,
+        )
+
+    def get_all_gpu_info(self) -> list[GPUInfo]:
+        return [i for i in (self.get_gpu_info(k) for k in range(self.device_count)) if i]
+
+    def get_utilization(self, index: int = 0) -> float | None:
+        """GPU utilization in percent, or None without NVML."""
+        info = self.get_gpu_info(index)
+        return None if info is None else info.utilization_gpu
+
+    def get_memory_info(self, index: int = 0) -> dict[str, int] | None:
+        info = self.get_gpu_info(index)
+        if info is None:
+            return None
+        return {"total": info.total_memory, "used": info.used_memory, "free": info.free_memory}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._available and self._nvml is not None:
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:  # already shut down
+                    pass
+            self._initialized = False
+            self._available = False
+
+
+_monitor: GPUMonitor | None = None
+
+
+def get_gpu_monitor() -> GPUMonitor:
+    """The process-wide :class:`GPUMonitor`."""
+    global _monitor
+    if _monitor is None:
+        _monitor = GPUMonitor()
+    return _monitor
+
+
+class TelemetryCollector:
+    """Collects :class:`RingKernelTelemetry` of many kernels and summarizes them."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[str, RingKernelTelemetry] = {}
+        self.start_time = time.monotonic()
+
+    def register(self, kernel_id: str) -> RingKernelTelemetry:
+        t = self._kernels.get(kernel_id)
+        if t is None:
+            t = self._kernels[kernel_id] = RingKernelTelemetry(kernel_id)
+        return t
+
+    def unregister(self, kernel_id: str) -> None:
+        self._kernels.pop(kernel_id, None)
+
+    def get(self, kernel_id: str) -> RingKernelTelemetry | None:
+        return self._kernels.get(kernel_id)
+
+    def all(self) -> dict[str, RingKernelTelemetry]:
+        return dict(self._kernels)
+
+    def summary(self, *, gpu: bool = True) -> dict[str, Any]:
+        ks = self._kernels.values()
+        util = None
+        if gpu:
+            mon = get_gpu_monitor()
+            util = mon.get_utilization(0) if mon.is_available and mon.device_count else None
+        return {
+            "kernel_count": len(self._kernels),
+            "total_messages_processed": sum(k.messages_processed for k in ks),
+            "total_messages_dropped": sum(k.messages_dropped for k in ks),
+            "total_errors": sum(k.error_count for k in ks),
+            "uptime_seconds": time.monotonic() - self.start_time,
+            "gpu_utilization": util,
+        }
