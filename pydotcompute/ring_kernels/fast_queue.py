@@ -69,9 +69,10 @@ class BackpressureStrategy(str, enum.Enum):
             ) from None
 
 
-_BAND_OF: tuple[int, ...] = tuple(
-    0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3 for p in range(256)
-)
+# A dict, not a tuple: a negative priority must miss instead of indexing from the end.
+_BAND_OF: dict[int, int] = {
+    p: 0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3 for p in range(256)
+}
 
 
 def get_priority_band(priority: int) -> PriorityBand:
@@ -214,7 +215,10 @@ class FastMessageQueue(Generic[T]):
         return QueueClosedError(f"{self._describe()} is closed")
 
     def _append(self, item: Any) -> None:
-        band = _BAND_OF[_priority_of(item)]
+        try:
+            band = _BAND_OF[item.priority]
+        except (AttributeError, KeyError, TypeError):
+            band = _BAND_OF[_priority_of(item)]
         if self._serialize and type(item) is not bytes:
             item = item.serialize()
         d = self._bands[band]
@@ -372,7 +376,10 @@ class FastMessageQueue(Generic[T]):
             fut = loop.create_future()
             self._getters.append(fut)
             try:
-                await _wait(fut, deadline, loop)
+                if deadline is None:
+                    await fut
+                else:
+                    await _wait(fut, deadline, loop)
             except TimeoutError:
                 _forget(self._getters, fut, False)
                 raise QueueTimeoutError(

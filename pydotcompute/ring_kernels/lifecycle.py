@@ -43,6 +43,8 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .message import raw_correlation_get as _raw_cid_get
+from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
 from .telemetry import RingKernelTelemetry
 
@@ -197,7 +199,7 @@ class KernelContext:
         if k._gate is not None:
             await self.wait_active()
         inbox = self._inbox
-        msg = inbox._pop() if inbox._count else await inbox.get(timeout=timeout)
+        msg = inbox._pop() if inbox._count else await inbox._get_slow(timeout)
         if k._gate is not None:  # deactivated while we waited: hold the message
             await self.wait_active()
         self._current = msg
@@ -221,8 +223,12 @@ class KernelContext:
         if out_t is not None and type(msg) is not out_t and not isinstance(msg, out_t):
             validate_message(msg, out_t, k.kernel_id, "must send")
         cur = self._current
-        if cur is not None and getattr(msg, "correlation_id", 0) is None:
-            msg.correlation_id = cur.message_id
+        if cur is not None:
+            try:
+                if _raw_cid_get(msg) is None:
+                    _raw_cid_set(msg, cur)  # resolved to cur.message_id on first read
+            except TypeError:  # not a RingKernelMessage: nothing to stamp
+                pass
         if self._tel is not None:
             self._tel.messages_sent += 1
         return msg
@@ -292,6 +298,7 @@ class RingKernel:
 
     __slots__ = (
         "_ctx",
+        "_direct",
         "_forward",
         "_func",
         "_gate",
@@ -352,6 +359,7 @@ class RingKernel:
         self.telemetry = RingKernelTelemetry(kernel_id)
         self.error: BaseException | None = None
         self.undelivered: list[Any] = []
+        self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
 
     # -- introspection ------------------------------------------------------------------
 
@@ -624,7 +632,7 @@ class RingKernel:
             raise self._refuse("receive from")
         if out._count:
             return out._pop()
-        return await out.get(timeout=timeout)
+        return await out._get_slow(timeout)
 
     def receive_nowait(self) -> Any:
         """The next reply or None."""

@@ -121,7 +121,7 @@ class RingKernelMessage:
         correlation_id: The ``message_id`` of the request this message answers, if any.
     """
 
-    message_id: uuid.UUID = field(default_factory=new_message_id, kw_only=True)
+    message_id: uuid.UUID = field(default=None, kw_only=True)  # type: ignore[assignment]
     priority: int = field(default=128, kw_only=True)
     correlation_id: uuid.UUID | None = field(default=None, kw_only=True)
 
@@ -208,6 +208,69 @@ class RingKernelMessage:
     def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
         """Unpack a structured array (``cls.dtype`` layout) into messages."""
         return _from_records(cls, records)
+
+
+class _LazyMessageId:
+    """``message_id`` is made on first read: most replies are never asked for theirs.
+
+    Wraps the slot descriptor dataclasses created; a stored None means "not made yet".
+    """
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get = slot.__get__
+        self._set = slot.__set__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if value is None:
+            value = new_message_id()
+            self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: uuid.UUID | None) -> None:
+        self._set(obj, value)
+
+
+class _LazyCorrelationId:
+    """``correlation_id`` may hold the *request* until first read, then its ``message_id``.
+
+    The runtime stamps replies with the message being handled without forcing that
+    message's id into existence; reading ``reply.correlation_id`` (or serializing the
+    reply) resolves it, so ``reply.correlation_id == request.message_id`` always holds.
+    """
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get = slot.__get__
+        self._set = slot.__set__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if value is not None and type(value) is not uuid.UUID and not isinstance(
+            value, uuid.UUID
+        ):
+            value = value.message_id
+            self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: uuid.UUID | None) -> None:
+        self._set(obj, value)
+
+
+_id_slot = RingKernelMessage.__dict__["message_id"]
+_cid_slot = RingKernelMessage.__dict__["correlation_id"]
+RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment]
+RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore[assignment]
+#: Raw slot access for the runtime's hot path (no id is created, no request resolved).
+raw_correlation_get = _cid_slot.__get__
+raw_correlation_set = _cid_slot.__set__
 
 
 # --- encoding hooks --------------------------------------------------------------------------

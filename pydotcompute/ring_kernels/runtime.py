@@ -294,6 +294,19 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        # fast path (tier 1, right type, room in an open inbox): one append, no await
+        inbox = kernel._inbox
+        in_t = kernel.input_type
+        if (
+            kernel._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and not inbox._closed
+            and not kernel._stopping
+            and (not inbox._maxsize or inbox._count < inbox._maxsize)
+        ):
+            inbox._append(msg)
+            return True
         await kernel._accept(msg, timeout)
         return True
 
@@ -314,6 +327,11 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        out = kernel._outbox
+        if kernel._direct and out is not None:
+            if out._count:
+                return out._pop()
+            return await out._get_slow(timeout)
         return await kernel.receive(timeout)
 
     def receive_nowait(self, kernel_id: str) -> Any:

@@ -110,9 +110,22 @@ class RingKernelTelemetry:
         self.total_latency_ns += latency_ns
         if latency_ns > self.max_latency_ns:
             self.max_latency_ns = latency_ns
-        if latency_ns < self.min_latency_ns or not self.histogram.count:
+        h = self.histogram
+        if latency_ns < self.min_latency_ns or not h.count:
             self.min_latency_ns = latency_ns
-        self.histogram.record(latency_ns)
+        # LatencyHistogram.record, inlined: this runs once per message
+        b = h._buckets
+        if b is None:
+            b = h._buckets = [0] * _BUCKETS
+        if latency_ns < _SUB:
+            idx = latency_ns if latency_ns > 0 else 0
+        else:
+            shift = latency_ns.bit_length() - _SUB_BITS - 1
+            idx = ((shift + 1) << _SUB_BITS) + ((latency_ns >> shift) & (_SUB - 1))
+            if idx >= _BUCKETS:
+                idx = _BUCKETS - 1
+        b[idx] += 1
+        h.count += 1
 
     def record_drop(self, n: int = 1) -> None:
         self.messages_dropped += n

@@ -1,0 +1,54 @@
+# Two entry points a newcomer needs (see README): `make demo` and `make test`.
+# Both create .venv and install the package with everything the tests need.
+
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
+
+.PHONY: install demo bench test lint types test-main test-purepython test-cudasim docs clean
+
+$(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job: the quick start, a streaming pipeline and the quick benchmark suite.
+demo: install
+	$(BIN)/python -m pydotcompute demo
+	@if [ -f examples/streaming_pipeline.py ]; then $(BIN)/python examples/streaming_pipeline.py; fi
+	$(BIN)/python -m pydotcompute bench --quick
+
+bench: install
+	$(BIN)/python -m pydotcompute bench
+
+## Everything CI checks.
+test: install lint test-main test-purepython test-cudasim docs
+
+lint: install
+	$(BIN)/ruff check pydotcompute tests benchmarks examples
+	$(BIN)/ruff format --check pydotcompute tests benchmarks examples
+
+types: install
+	$(BIN)/mypy pydotcompute
+
+test-main: install
+	$(PYTEST) tests --ignore=tests/cudasim
+
+# The queue and tier tests again on the pure-Python twin of the Cython extension.
+test-purepython: install
+	PYDOTCOMPUTE_PUREPYTHON=1 $(PYTEST) tests/unit -k "spsc or sync_queue or cython or tier or fast_queue"
+
+# GPU code paths under the Numba CUDA simulator, in their own process.
+test-cudasim: install
+	NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
+
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir site
+
+clean:
+	rm -rf $(VENV) build site *.egg-info
