@@ -1,0 +1,631 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, always_allow_keywords=False
+"""Compiled SPSC rings: ``FastSPSCQueue`` (in-process objects) and ``SharedByteRing``.
+
+The pure-Python twin ``pydotcompute/ring_kernels/_spsc_py.py`` documents the shared-ring
+layout, the commit protocol and the parking (Dekker) argument; this file implements exactly
+the same bytes and semantics. Here the ordering is explicit: the producer fills the record,
+then publishes ``tail`` with a C11 release store; the consumer loads ``tail`` with an
+acquire load before touching the record and publishes ``head`` with a release store after
+copying it out. ``set_*_waiting`` and the producer's post-publish check are separated from
+the opposite re-check by sequentially consistent fences. Spinning happens without the GIL
+(``spin_read``/``spin_write``) with a CPU ``pause`` between polls.
+
+Segment management (create/attach/unlink) and error wording are shared with the twin:
+this module does mechanism only.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from pydotcompute.exceptions import InvalidConfigurationError, QueueClosedError
+from pydotcompute.ring_kernels import _spsc_py as _twin
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline uint64_t pdc_load_acquire(uint64_t *p) {
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    }
+    static inline uint64_t pdc_load_relaxed(uint64_t *p) {
+        return __atomic_load_n(p, __ATOMIC_RELAXED);
+    }
+    static inline void pdc_store_release(uint64_t *p, uint64_t v) {
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
+    static inline void pdc_store_relaxed(uint64_t *p, uint64_t v) {
+        __atomic_store_n(p, v, __ATOMIC_RELAXED);
+    }
+    static inline void pdc_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+    static inline void pdc_pause(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    """
+    uint64_t pdc_load_acquire(uint64_t *p) nogil
+    uint64_t pdc_load_relaxed(uint64_t *p) nogil
+    void pdc_store_release(uint64_t *p, uint64_t v) nogil
+    void pdc_store_relaxed(uint64_t *p, uint64_t v) nogil
+    void pdc_fence() nogil
+    void pdc_pause() nogil
+
+IMPLEMENTATION = "cython"
+
+HEADER_BYTES = _twin.HEADER_BYTES
+RECORD_HEADER_BYTES = _twin.RECORD_HEADER_BYTES
+SharedSegment = _twin.SharedSegment
+
+cdef enum:
+    C_HEADER_BYTES = 256
+    C_RECORD_HEADER = 8
+    H_MAGIC = 0
+    H_CAPACITY = 1
+    H_MAX_RECORDS = 2
+    H_TAIL = 8
+    H_WCOUNT = 9
+    H_WWAIT = 10
+    H_WCLOSED = 11
+    H_HEAD = 16
+    H_RCOUNT = 17
+    H_RWAIT = 18
+    H_RCLOSED = 19
+
+cdef uint64_t C_MAGIC = _twin.MAGIC
+
+cdef inline uint64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <uint64_t>ts.tv_sec * 1000000000ULL + <uint64_t>ts.tv_nsec
+
+
+cdef class SharedByteRing:
+    """SPSC ring of variable-length byte records in shared memory (compiled).
+
+    One process writes (``try_write``), one reads (``try_read``); each side keeps its own
+    object. Create it in one process with ``SharedByteRing(capacity)`` and attach in the
+    other with ``SharedByteRing.attach(name)``. The creator calls :meth:`unlink` when done.
+
+    Args:
+        capacity: Data bytes (rounded up to a multiple of 8); a record takes 8 bytes plus its
+            payload rounded up to 8.
+        name: Segment name; generated when None.
+        max_records: Also bound the number of queued records (0 = only bytes bound it).
+        create: False attaches to an existing segment (``capacity`` is then read from it).
+    """
+
+    cdef object _segment
+    cdef object _view
+    cdef Py_buffer _pybuf
+    cdef bint _has_buf
+    cdef char *_base
+    cdef uint64_t *_hdr
+    cdef char *_data
+    cdef uint64_t _cap
+    cdef uint64_t _max_records
+    cdef uint64_t _head_cache
+    cdef uint64_t _tail_cache
+    cdef uint64_t _rcount_cache
+    cdef bint _created
+    cdef bint _closed
+    cdef str _name
+
+    implementation = IMPLEMENTATION
+
+    def __cinit__(self):
+        self._has_buf = False
+        self._closed = True
+
+    def __init__(self, capacity=1 << 20, name=None, *, max_records=0, create=True):
+        if create:
+            capacity = _twin._round_capacity(capacity)
+            if max_records < 0:
+                raise InvalidConfigurationError(
+                    f"max_records must be >= 0 (0 = unbounded), got {max_records}"
+                )
+            self._segment = SharedSegment(name, C_HEADER_BYTES + capacity, create=True)
+        else:
+            if name is None:
+                raise InvalidConfigurationError("attaching to a shared ring needs its name")
+            self._segment = SharedSegment(name, create=False)
+        self._name = self._segment.name
+        self._view = self._segment.buf
+        PyObject_GetBuffer(self._view, &self._pybuf, PyBUF_SIMPLE)
+        self._has_buf = True
+        self._closed = False
+        self._base = <char *>self._pybuf.buf
+        self._hdr = <uint64_t *>self._base
+        self._data = self._base + C_HEADER_BYTES
+        if create:
+            self._hdr[H_CAPACITY] = capacity
+            self._hdr[H_MAX_RECORDS] = max_records
+            pdc_store_release(&self._hdr[H_MAGIC], C_MAGIC)
+        elif (
+            self._pybuf.len < C_HEADER_BYTES
+            or pdc_load_acquire(&self._hdr[H_MAGIC]) != C_MAGIC
+            or <uint64_t>self._pybuf.len < C_HEADER_BYTES + self._hdr[H_CAPACITY]
+        ):
+            self._release()
+            raise InvalidConfigurationError(
+                f"shared-memory segment {name!r} is not a pydotcompute ring "
+                "(bad magic number or size)"
+            )
+        self._cap = self._hdr[H_CAPACITY]
+        self._max_records = self._hdr[H_MAX_RECORDS]
+        self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
+        self._tail_cache = pdc_load_acquire(&self._hdr[H_TAIL])
+        self._rcount_cache = pdc_load_acquire(&self._hdr[H_RCOUNT])
+        self._created = create
+
+    @classmethod
+    def attach(cls, name):
+        """Map an existing ring created (possibly in another process) under ``name``."""
+        return cls(name=name, create=False)
+
+    cdef inline int _check_open(self) except -1:
+        if self._closed:
+            raise ValueError(f"shared ring {self._name!r} is closed in this process")
+        return 0
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def name(self):
+        """The shared-memory segment name (pass it to :meth:`attach`)."""
+        return self._name
+
+    @property
+    def capacity(self):
+        """Data bytes in the ring."""
+        return self._cap
+
+    @property
+    def max_record_size(self):
+        """The largest payload that fits an empty ring."""
+        return self._cap - C_RECORD_HEADER
+
+    @property
+    def max_records(self):
+        """The record-count bound (0 = none)."""
+        return self._max_records
+
+    @property
+    def closed(self):
+        """True after :meth:`close` in this process."""
+        return self._closed
+
+    def __len__(self):
+        """Records written and not yet read."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_WCOUNT]) - pdc_load_acquire(&self._hdr[H_RCOUNT])
+
+    @property
+    def used_bytes(self):
+        """Bytes occupied by committed, unread records (headers and padding included)."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_TAIL]) - pdc_load_acquire(&self._hdr[H_HEAD])
+
+    # -- producer -----------------------------------------------------------------------
+
+    cdef int _write(self, const char *src, uint64_t n) except -1:
+        cdef uint64_t cap = self._cap
+        cdef uint64_t need = C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
+        cdef uint64_t tail, off, p, first, written
+        if need > cap:
+            raise _twin.too_large_error(n, cap, self._name)
+        if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
+            raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
+        tail = pdc_load_relaxed(&self._hdr[H_TAIL])
+        if need > cap - (tail - self._head_cache):
+            self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
+            if need > cap - (tail - self._head_cache):
+                return 0
+        written = pdc_load_relaxed(&self._hdr[H_WCOUNT])
+        if self._max_records and written - self._rcount_cache >= self._max_records:
+            self._rcount_cache = pdc_load_acquire(&self._hdr[H_RCOUNT])
+            if written - self._rcount_cache >= self._max_records:
+                return 0
+        off = tail % cap
+        (<uint64_t *>(self._data + off))[0] = n
+        p = off + C_RECORD_HEADER
+        if p == cap:
+            p = 0
+        first = cap - p
+        if n <= first:
+            memcpy(self._data + p, src, n)
+        else:
+            memcpy(self._data + p, src, first)
+            memcpy(self._data, src + first, n - first)
+        pdc_store_relaxed(&self._hdr[H_WCOUNT], written + 1)
+        pdc_store_release(&self._hdr[H_TAIL], tail + need)  # publish the record
+        pdc_fence()
+        return 2 if pdc_load_relaxed(&self._hdr[H_RWAIT]) else 1
+
+    cdef int _write_obj(self, object data) except -1:
+        cdef Py_buffer view
+        cdef int result
+        if type(data) is bytes:
+            return self._write(PyBytes_AS_STRING(data), <uint64_t>len(<bytes>data))
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            result = self._write(<const char *>view.buf, <uint64_t>view.len)
+        finally:
+            PyBuffer_Release(&view)
+        return result
+
+    def try_write(self, data):
+        """Append one record if it fits now.
+
+        Returns:
+            0 (``WRITE_FULL``) when there is no room now, 1 (``WRITE_OK``) when written, 2
+            (``WRITE_WAKE``) when written and the reader is parked (ring its doorbell).
+
+        Raises:
+            InvalidConfigurationError: the record is larger than the ring can ever hold.
+            QueueClosedError: the reader closed the ring.
+        """
+        self._check_open()
+        return self._write_obj(data)
+
+    def writable(self, size):
+        """True when a record of ``size`` payload bytes would fit now."""
+        self._check_open()
+        cdef uint64_t need = C_RECORD_HEADER + ((<uint64_t>size + 7) & ~(<uint64_t>7))
+        cdef uint64_t used = (
+            pdc_load_relaxed(&self._hdr[H_TAIL]) - pdc_load_acquire(&self._hdr[H_HEAD])
+        )
+        if need > self._cap - used:
+            return False
+        if self._max_records and (
+            pdc_load_relaxed(&self._hdr[H_WCOUNT]) - pdc_load_acquire(&self._hdr[H_RCOUNT])
+            >= self._max_records
+        ):
+            return False
+        return True
+
+    def spin_write(self, data, double budget_s):
+        """Like :meth:`try_write`, retrying for up to ``budget_s`` seconds while full.
+
+        The wait runs without the GIL, polling the consumer's ``head`` with a CPU pause.
+        """
+        self._check_open()
+        cdef int result = self._write_obj(data)
+        if result or budget_s <= 0:
+            return result
+        cdef uint64_t deadline = _now_ns() + <uint64_t>(budget_s * 1e9)
+        cdef uint64_t head0 = self._head_cache
+        cdef uint64_t *hdr = self._hdr
+        cdef unsigned int i = 0
+        cdef bint moved = False
+        with nogil:
+            while True:
+                if pdc_load_acquire(&hdr[H_HEAD]) != head0 or pdc_load_relaxed(&hdr[H_RCLOSED]):
+                    moved = True
+                    break
+                pdc_pause()
+                i += 1
+                if (i & 63) == 0 and _now_ns() >= deadline:
+                    break
+        result = self._write_obj(data)
+        if result or not moved:
+            return result
+        # the reader freed some space but not enough yet: keep spinning within the budget
+        while _now_ns() < deadline:
+            result = self._write_obj(data)
+            if result:
+                return result
+            with nogil:
+                for i in range(64):
+                    pdc_pause()
+        return self._write_obj(data)
+
+    def close_writer(self):
+        """Mark that no more records will come; the reader drains and then sees it."""
+        self._check_open()
+        pdc_store_release(&self._hdr[H_WCLOSED], 1)
+        pdc_fence()
+
+    @property
+    def writer_closed(self):
+        """True once the producer called :meth:`close_writer`."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_WCLOSED]) != 0
+
+    # -- consumer -----------------------------------------------------------------------
+
+    cdef object _read(self):
+        cdef uint64_t head = pdc_load_relaxed(&self._hdr[H_HEAD])
+        cdef uint64_t cap = self._cap
+        cdef uint64_t off, n, p, first, committed
+        cdef object out
+        cdef char *dst
+        if self._tail_cache <= head:
+            self._tail_cache = pdc_load_acquire(&self._hdr[H_TAIL])
+            if self._tail_cache <= head:
+                return None
+        off = head % cap
+        n = (<uint64_t *>(self._data + off))[0]
+        committed = self._tail_cache - head - C_RECORD_HEADER
+        if n > committed:
+            raise _twin.corrupt_error(self._name, n, head, committed)
+        p = off + C_RECORD_HEADER
+        if p == cap:
+            p = 0
+        first = cap - p
+        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
+        dst = PyBytes_AS_STRING(out)
+        if n <= first:
+            memcpy(dst, self._data + p, n)
+        else:
+            memcpy(dst, self._data + p, first)
+            memcpy(dst + first, self._data, n - first)
+        pdc_store_relaxed(
+            &self._hdr[H_RCOUNT], pdc_load_relaxed(&self._hdr[H_RCOUNT]) + 1
+        )
+        pdc_store_release(
+            &self._hdr[H_HEAD], head + C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
+        )
+        return out
+
+    def try_read(self):
+        """Pop the oldest committed record, or return None when there is none."""
+        self._check_open()
+        return self._read()
+
+    def readable(self):
+        """True when a committed record is waiting."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_TAIL]) != pdc_load_relaxed(&self._hdr[H_HEAD])
+
+    def spin_read(self, double budget_s):
+        """Like :meth:`try_read`, polling for up to ``budget_s`` seconds while empty.
+
+        The wait runs without the GIL with a CPU pause between polls; it stops early when
+        the writer has closed the ring.
+        """
+        self._check_open()
+        cdef object out = self._read()
+        if out is not None or budget_s <= 0:
+            return out
+        cdef uint64_t *hdr = self._hdr
+        cdef uint64_t head = pdc_load_relaxed(&hdr[H_HEAD])
+        cdef uint64_t deadline = _now_ns() + <uint64_t>(budget_s * 1e9)
+        cdef unsigned int i = 0
+        with nogil:
+            while True:
+                if pdc_load_acquire(&hdr[H_TAIL]) != head or pdc_load_relaxed(&hdr[H_WCLOSED]):
+                    break
+                pdc_pause()
+                i += 1
+                if (i & 63) == 0 and _now_ns() >= deadline:
+                    break
+        return self._read()
+
+    def read_all(self):
+        """Pop every committed record (used to recover what a dead peer left behind)."""
+        self._check_open()
+        out = []
+        while True:
+            rec = self._read()
+            if rec is None:
+                return out
+            out.append(rec)
+
+    def close_reader(self):
+        """Mark that the reader is gone; further writes raise ``QueueClosedError``."""
+        self._check_open()
+        pdc_store_release(&self._hdr[H_RCLOSED], 1)
+        pdc_fence()
+
+    @property
+    def reader_closed(self):
+        """True once the consumer called :meth:`close_reader`."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_RCLOSED]) != 0
+
+    # -- parking flags ------------------------------------------------------------------
+
+    @property
+    def reader_waiting(self):
+        """True while the reader is parked on its doorbell (read after a full fence)."""
+        self._check_open()
+        pdc_fence()
+        return pdc_load_relaxed(&self._hdr[H_RWAIT]) != 0
+
+    def set_reader_waiting(self, bint waiting):
+        """Announce (or withdraw) that the reader is about to sleep; then re-check the ring."""
+        self._check_open()
+        pdc_store_relaxed(&self._hdr[H_RWAIT], 1 if waiting else 0)
+        pdc_fence()
+
+    @property
+    def writer_waiting(self):
+        """True while the writer is parked for space (read after a full fence)."""
+        self._check_open()
+        pdc_fence()
+        return pdc_load_relaxed(&self._hdr[H_WWAIT]) != 0
+
+    def set_writer_waiting(self, bint waiting):
+        """Announce (or withdraw) that the writer is about to sleep; then re-check the ring."""
+        self._check_open()
+        pdc_store_relaxed(&self._hdr[H_WWAIT], 1 if waiting else 0)
+        pdc_fence()
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def stats(self):
+        """Counters straight from the shared header."""
+        self._check_open()
+        cdef uint64_t *h = self._hdr
+        return {
+            "capacity": self._cap,
+            "max_records": self._max_records,
+            "records_written": pdc_load_acquire(&h[H_WCOUNT]),
+            "records_read": pdc_load_acquire(&h[H_RCOUNT]),
+            "pending_records": pdc_load_acquire(&h[H_WCOUNT]) - pdc_load_acquire(&h[H_RCOUNT]),
+            "used_bytes": pdc_load_acquire(&h[H_TAIL]) - pdc_load_acquire(&h[H_HEAD]),
+        }
+
+    cdef _release(self):
+        if self._has_buf:
+            PyBuffer_Release(&self._pybuf)
+            self._has_buf = False
+        self._closed = True
+        self._hdr = NULL
+        self._data = NULL
+        self._base = NULL
+        self._view = None
+        self._segment.close()
+
+    def close(self):
+        """Unmap the ring from this process (idempotent). Does not remove the name."""
+        if not self._closed:
+            self._release()
+
+    def unlink(self):
+        """Remove the segment's name so it is freed once every process has closed it."""
+        self._segment.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        if self._created:
+            self.unlink()
+
+    def __dealloc__(self):
+        if self._has_buf:
+            PyBuffer_Release(&self._pybuf)
+            self._has_buf = False
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"{len(self)} records"
+        return (
+            f"<SharedByteRing {self._name!r} {self._cap} bytes, {state} ({IMPLEMENTATION})>"
+        )
+
+
+cdef class FastSPSCQueue:
+    """Bounded in-process object ring for one producer and one consumer (compiled).
+
+    ``put`` returns False when full and ``get`` returns None when empty, so neither ever
+    blocks; ``None`` cannot be queued. Each call is atomic under the GIL (it never releases
+    it), which is what makes one-producer/one-consumer use from two threads safe.
+
+    Args:
+        capacity: Most items held at once (>= 1).
+    """
+
+    cdef PyObject **_slots
+    cdef Py_ssize_t _capacity
+    cdef size_t _mask
+    cdef size_t _head
+    cdef size_t _tail
+
+    implementation = IMPLEMENTATION
+
+    def __cinit__(self, capacity=4096):
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise InvalidConfigurationError(
+                f"FastSPSCQueue capacity must be an int >= 1, got {capacity!r}"
+            )
+        cdef size_t size = 1
+        while size < <size_t>capacity:
+            size <<= 1
+        self._slots = <PyObject **>calloc(size, sizeof(PyObject *))
+        if self._slots == NULL:
+            raise MemoryError()
+        self._capacity = capacity
+        self._mask = size - 1
+        self._head = 0
+        self._tail = 0
+
+    def __dealloc__(self):
+        if self._slots != NULL:
+            while self._head != self._tail:
+                Py_XDECREF(self._slots[self._head & self._mask])
+                self._head += 1
+            free(self._slots)
+            self._slots = NULL
+
+    @property
+    def capacity(self):
+        """Most items held at once."""
+        return self._capacity
+
+    def put(self, object item):
+        """Append ``item``; False (nothing queued) when full."""
+        if self._tail - self._head >= <size_t>self._capacity:
+            return False
+        if item is None:
+            raise TypeError("FastSPSCQueue cannot hold None (get() returns None when empty)")
+        Py_INCREF(item)
+        self._slots[self._tail & self._mask] = <PyObject *>item
+        self._tail += 1
+        return True
+
+    def get(self):
+        """Pop the oldest item, or None when empty."""
+        if self._head == self._tail:
+            return None
+        cdef size_t i = self._head & self._mask
+        cdef object item = <object>self._slots[i]  # new reference
+        Py_XDECREF(self._slots[i])  # drop the ring's reference
+        self._slots[i] = NULL
+        self._head += 1
+        return item
+
+    def put_batch(self, items):
+        """Append items until full; returns how many were queued."""
+        cdef Py_ssize_t count = 0
+        for item in items:
+            if not self.put(item):
+                break
+            count += 1
+        return count
+
+    def get_batch(self, Py_ssize_t max_count):
+        """Pop up to ``max_count`` items, oldest first."""
+        out = []
+        while max_count > 0 and self._head != self._tail:
+            out.append(self.get())
+            max_count -= 1
+        return out
+
+    def clear(self):
+        """Drop every item; returns how many were dropped."""
+        cdef Py_ssize_t n = 0
+        while self._head != self._tail:
+            self.get()
+            n += 1
+        return n
+
+    def qsize(self):
+        """Items queued now."""
+        return self._tail - self._head
+
+    def __len__(self):
+        return self._tail - self._head
+
+    @property
+    def empty(self):
+        """True when nothing is queued."""
+        return self._head == self._tail
+
+    @property
+    def full(self):
+        """True when ``put`` would return False."""
+        return self._tail - self._head >= <size_t>self._capacity
+
+    def __repr__(self):
+        return (
+            f"<FastSPSCQueue {self._tail - self._head}/{self._capacity} ({IMPLEMENTATION})>"
+        )

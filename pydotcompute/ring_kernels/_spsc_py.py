@@ -1,0 +1,616 @@
+"""Pure-Python twin of the ``fast_spsc`` extension: same names, same semantics, same bytes.
+
+``pydotcompute.ring_kernels._cython`` imports the compiled extension when it is built and
+this module otherwise (or when ``PYDOTCOMPUTE_PUREPYTHON=1``). Both define:
+
+- :class:`FastSPSCQueue`: a bounded in-process object ring for one producer and one
+  consumer. ``put`` returns False when full, ``get`` returns None when empty. It relies on
+  the GIL for atomicity (each call runs without releasing it), so it is not meant for
+  free-threaded builds.
+- :class:`SharedByteRing`: a single-producer single-consumer ring of variable-length byte
+  records in a named shared-memory segment, for two processes.
+
+Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines)::
+
+    line 0   magic, capacity, max_records                      written once by the creator
+    line 1   tail, records_written, writer_waiting, writer_closed   written by the producer
+    line 2   head, records_read, reader_waiting, reader_closed      written by the consumer
+    256..    data: ``capacity`` bytes (a multiple of 8)
+
+``head`` and ``tail`` are byte positions that only grow (``2**64`` bytes never wrap in
+practice); the offset in the data area is ``position % capacity``. A record is an 8-byte
+length followed by the payload, padded to 8 bytes; because records and the capacity are
+multiples of 8 the length word never straddles the end, while the payload may wrap and is
+then copied in two pieces. A record larger than ``capacity - 8`` can never fit and is
+refused with :class:`~pydotcompute.exceptions.InvalidConfigurationError`.
+
+Commit protocol and memory ordering. The producer copies the length and payload into the
+data area first and publishes the record by storing the new ``tail`` last; the consumer
+loads ``tail`` first and reads only bytes below it, then stores the new ``head`` after it
+has copied the record out. So the consumer never sees a record that is still being written,
+and the producer never overwrites bytes still being read. In the extension these are C11
+release stores and acquire loads. In this twin they are aligned 8-byte stores and loads
+through a ``memoryview`` cast to ``Q`` (one ``mov`` on x86-64), issued in program order by
+separate interpreter calls; that is sufficient on x86-64's total store order but not
+guaranteed on weakly ordered CPUs (ARM), where the compiled extension should be used.
+
+Parking. A side that has spun without progress sets its ``*_waiting`` flag, issues a full
+fence, re-checks the ring and only then sleeps on a doorbell owned by the caller (a pipe);
+the other side issues a full fence after publishing and rings the doorbell when it sees the
+flag. This is Dekker's pattern: with both fences at least one side sees the other's store,
+so a wake-up cannot be lost. The twin's fence is a lock acquire/release (a locked
+instruction on x86-64); callers also sleep in bounded slices, which turns any missed
+wake-up into a short delay instead of a hang.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    MessageDeserializationError,
+    QueueClosedError,
+)
+
+try:  # POSIX shared memory without multiprocessing's attach-side tracking
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+__all__ = (
+    "HEADER_BYTES",
+    "IMPLEMENTATION",
+    "RECORD_HEADER_BYTES",
+    "FastSPSCQueue",
+    "SharedByteRing",
+    "SharedSegment",
+)
+
+IMPLEMENTATION = "python"
+
+MAGIC = 0x31474E4952434450  # b"PDCRING1" little-endian
+HEADER_BYTES = 256
+RECORD_HEADER_BYTES = 8
+MIN_CAPACITY = 64
+MAX_CAPACITY = 1 << 40
+
+# uint64 slot indices in the header
+H_MAGIC, H_CAPACITY, H_MAX_RECORDS = 0, 1, 2
+H_TAIL, H_WCOUNT, H_WWAIT, H_WCLOSED = 8, 9, 10, 11
+H_HEAD, H_RCOUNT, H_RWAIT, H_RCLOSED = 16, 17, 18, 19
+
+WRITE_FULL, WRITE_OK, WRITE_WAKE = 0, 1, 2
+
+_FENCE = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier, as far as pure Python can get one (a locked instruction)."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+def _round_capacity(capacity: int) -> int:
+    if not isinstance(capacity, int) or isinstance(capacity, bool):
+        raise InvalidConfigurationError(
+            f"ring capacity must be an int number of bytes, got {type(capacity).__name__}"
+        )
+    if not MIN_CAPACITY <= capacity <= MAX_CAPACITY:
+        raise InvalidConfigurationError(
+            f"ring capacity must be between {MIN_CAPACITY} bytes and 1 TiB, got {capacity}"
+        )
+    return (capacity + 7) & ~7
+
+
+def _new_name() -> str:
+    # short: macOS limits POSIX shm names to 31 characters
+    return f"pdc_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def too_large_error(size: int, capacity: int, name: str) -> InvalidConfigurationError:
+    """The error for a record that can never fit (shared by both implementations)."""
+    return InvalidConfigurationError(
+        f"a record of {size} bytes can never fit shared ring {name!r} of {capacity} bytes "
+        f"(largest record: {capacity - RECORD_HEADER_BYTES} bytes); create the ring with a "
+        "larger capacity or send smaller messages"
+    )
+
+
+def corrupt_error(name: str, length: int, position: int, committed: int) -> Exception:
+    """The error for a length word that contradicts the committed bytes."""
+    return MessageDeserializationError(
+        f"shared ring {name!r} is corrupt: a record at position {position} claims {length} "
+        f"bytes but only {committed} bytes are committed; was the segment written by "
+        "something other than its one producer?"
+    )
+
+
+class SharedSegment:
+    """A named POSIX shared-memory segment mapped into this process.
+
+    Unlike :class:`multiprocessing.shared_memory.SharedMemory` on Python < 3.13, attaching
+    does not register the segment with this process's resource tracker (which would unlink
+    it when an unrelated attaching process exits). The creator registers it, so a creator
+    that dies without ``unlink()`` still has the segment removed by the tracker.
+
+    Args:
+        name: Segment name without the leading slash; generated when None.
+        size: Bytes to create (ignored when attaching).
+        create: Create a new segment (fails if the name exists) or attach to one.
+    """
+
+    def __init__(self, name: str | None = None, size: int = 0, *, create: bool = True) -> None:
+        self.name = name or _new_name()
+        self._created = create
+        self._unlinked = False
+        self._shm: Any = None
+        path = "/" + self.name
+        if _posixshmem is None:  # pragma: no cover - Windows
+            from multiprocessing.shared_memory import SharedMemory
+
+            self._shm = SharedMemory(self.name, create=create, size=size)
+            self._mmap: Any = None
+            self.buf: memoryview = self._shm.buf
+            self.size = self._shm.size
+            return
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = _posixshmem.shm_open(path, flags, mode=0o600)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no shared-memory segment named {self.name!r}: it was never created or has "
+                "already been unlinked (its owner stopped)"
+            ) from None
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.size = os.fstat(fd).st_size
+            self._mmap = mmap.mmap(fd, self.size)
+        except BaseException:
+            if create:
+                _posixshmem.shm_unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        if create:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.register(path, "shared_memory")
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        """Unmap the segment from this process (idempotent); views must be released first."""
+        if self._shm is not None:  # pragma: no cover - Windows
+            self._shm.close()
+            return
+        if self._mmap is not None:
+            self.buf.release()
+            self._mmap.close()
+            self._mmap = None
+
+    def unlink(self) -> None:
+        """Remove the segment name (idempotent); mappings stay valid until closed."""
+        if self._unlinked:
+            return
+        self._unlinked = True
+        if self._shm is not None:  # pragma: no cover - Windows
+            self._shm.unlink()
+            return
+        path = "/" + self.name
+        try:
+            _posixshmem.shm_unlink(path)
+        except FileNotFoundError:
+            pass
+        if self._created:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.unregister(path, "shared_memory")
+
+
+class SharedByteRing:
+    """SPSC ring of variable-length byte records in shared memory (pure-Python twin).
+
+    One process writes (``try_write``), one reads (``try_read``); each side keeps its own
+    object. Create it in one process with ``SharedByteRing(capacity)`` and attach in the
+    other with ``SharedByteRing.attach(name)``. The creator calls :meth:`unlink` when done.
+
+    Args:
+        capacity: Data bytes (rounded up to a multiple of 8); a record takes 8 bytes plus its
+            payload rounded up to 8.
+        name: Segment name; generated when None.
+        max_records: Also bound the number of queued records (0 = only bytes bound it).
+        create: False attaches to an existing segment (``capacity`` is then read from it).
+    """
+
+    implementation = IMPLEMENTATION
+
+    def __init__(
+        self,
+        capacity: int = 1 << 20,
+        name: str | None = None,
+        *,
+        max_records: int = 0,
+        create: bool = True,
+    ) -> None:
+        if create:
+            capacity = _round_capacity(capacity)
+            if max_records < 0:
+                raise InvalidConfigurationError(
+                    f"max_records must be >= 0 (0 = unbounded), got {max_records}"
+                )
+            self._segment = SharedSegment(name, HEADER_BYTES + capacity, create=True)
+        else:
+            if name is None:
+                raise InvalidConfigurationError("attaching to a shared ring needs its name")
+            self._segment = SharedSegment(name, create=False)
+        buf = self._segment.buf
+        self._q = buf[:HEADER_BYTES].cast("Q")
+        q = self._q
+        if create:
+            q[H_CAPACITY] = capacity
+            q[H_MAX_RECORDS] = max_records
+            q[H_MAGIC] = MAGIC
+        elif q[H_MAGIC] != MAGIC or self._segment.size < HEADER_BYTES + q[H_CAPACITY]:
+            self._release()
+            raise InvalidConfigurationError(
+                f"shared-memory segment {name!r} is not a pydotcompute ring "
+                "(bad magic number or size)"
+            )
+        self._capacity: int = q[H_CAPACITY]
+        self._max_records: int = q[H_MAX_RECORDS]
+        self._data = buf[HEADER_BYTES : HEADER_BYTES + self._capacity]
+        self._words = self._data.cast("Q")
+        self._head_cache = q[H_HEAD]
+        self._tail_cache = q[H_TAIL]
+        self._rcount_cache = q[H_RCOUNT]
+        self._created = create
+        self._closed = False
+
+    @classmethod
+    def attach(cls, name: str) -> SharedByteRing:
+        """Map an existing ring created (possibly in another process) under ``name``."""
+        return cls(name=name, create=False)
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared-memory segment name (pass it to :meth:`attach`)."""
+        return self._segment.name
+
+    @property
+    def capacity(self) -> int:
+        """Data bytes in the ring."""
+        return self._capacity
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest payload that fits an empty ring."""
+        return self._capacity - RECORD_HEADER_BYTES
+
+    @property
+    def max_records(self) -> int:
+        """The record-count bound (0 = none)."""
+        return self._max_records
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` in this process."""
+        return self._closed
+
+    def __len__(self) -> int:
+        """Records written and not yet read."""
+        q = self._q
+        return int(q[H_WCOUNT] - q[H_RCOUNT])
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes occupied by committed, unread records (headers and padding included)."""
+        q = self._q
+        return int(q[H_TAIL] - q[H_HEAD])
+
+    # -- producer -----------------------------------------------------------------------
+
+    def try_write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append one record if it fits now.
+
+        Returns:
+            0 (``WRITE_FULL``) when there is no room now, 1 (``WRITE_OK``) when written, 2
+            (``WRITE_WAKE``) when written and the reader is parked (ring its doorbell).
+
+        Raises:
+            InvalidConfigurationError: the record is larger than the ring can ever hold.
+            QueueClosedError: the reader closed the ring.
+        """
+        q = self._q
+        if type(data) is not bytes:
+            data = memoryview(data).cast("B")
+        n = len(data)
+        need = RECORD_HEADER_BYTES + ((n + 7) & ~7)
+        cap = self._capacity
+        if need > cap:
+            raise too_large_error(n, cap, self.name)
+        if q[H_RCLOSED]:
+            raise QueueClosedError(f"shared ring {self.name!r}: the reader has closed it")
+        tail = q[H_TAIL]
+        if need > cap - (tail - self._head_cache):
+            self._head_cache = q[H_HEAD]
+            if need > cap - (tail - self._head_cache):
+                return WRITE_FULL
+        written = q[H_WCOUNT]
+        if self._max_records and written - self._rcount_cache >= self._max_records:
+            self._rcount_cache = q[H_RCOUNT]
+            if written - self._rcount_cache >= self._max_records:
+                return WRITE_FULL
+        off = tail % cap
+        self._words[off >> 3] = n
+        p = off + RECORD_HEADER_BYTES
+        if p == cap:
+            p = 0
+        first = cap - p
+        if n <= first:
+            self._data[p : p + n] = data
+        else:
+            self._data[p:cap] = data[:first]
+            self._data[: n - first] = data[first:]
+        q[H_WCOUNT] = written + 1
+        q[H_TAIL] = tail + need  # publish: the record is committed from here on
+        _fence()
+        return WRITE_WAKE if q[H_RWAIT] else WRITE_OK
+
+    def writable(self, size: int) -> bool:
+        """True when a record of ``size`` payload bytes would fit now."""
+        q = self._q
+        need = RECORD_HEADER_BYTES + ((size + 7) & ~7)
+        if need > self._capacity - (q[H_TAIL] - q[H_HEAD]):
+            return False
+        return not (self._max_records and q[H_WCOUNT] - q[H_RCOUNT] >= self._max_records)
+
+    def spin_write(self, data: bytes | bytearray | memoryview, budget_s: float) -> int:
+        """Like :meth:`try_write`, retrying for up to ``budget_s`` seconds while full."""
+        result = self.try_write(data)
+        if result or budget_s <= 0:
+            return result
+        deadline = time.perf_counter() + budget_s
+        q = self._q
+        while time.perf_counter() < deadline:
+            if q[H_RCLOSED]:
+                break
+            result = self.try_write(data)
+            if result:
+                return result
+        return self.try_write(data)
+
+    def close_writer(self) -> None:
+        """Mark that no more records will come; the reader drains and then sees it."""
+        self._q[H_WCLOSED] = 1
+        _fence()
+
+    @property
+    def writer_closed(self) -> bool:
+        """True once the producer called :meth:`close_writer`."""
+        return bool(self._q[H_WCLOSED])
+
+    # -- consumer -----------------------------------------------------------------------
+
+    def try_read(self) -> bytes | None:
+        """Pop the oldest committed record, or return None when there is none."""
+        q = self._q
+        head = q[H_HEAD]
+        if self._tail_cache <= head:
+            self._tail_cache = q[H_TAIL]
+            if self._tail_cache <= head:
+                return None
+        cap = self._capacity
+        off = head % cap
+        n = self._words[off >> 3]
+        committed = self._tail_cache - head - RECORD_HEADER_BYTES
+        if n > committed:
+            raise corrupt_error(self.name, n, head, committed)
+        p = off + RECORD_HEADER_BYTES
+        if p == cap:
+            p = 0
+        first = cap - p
+        if n <= first:
+            out = bytes(self._data[p : p + n])
+        else:
+            out = bytes(self._data[p:cap]) + bytes(self._data[: n - first])
+        q[H_RCOUNT] += 1
+        q[H_HEAD] = head + RECORD_HEADER_BYTES + ((n + 7) & ~7)  # release the space
+        return out
+
+    def readable(self) -> bool:
+        """True when a committed record is waiting."""
+        q = self._q
+        return bool(q[H_TAIL] != q[H_HEAD])
+
+    def spin_read(self, budget_s: float) -> bytes | None:
+        """Like :meth:`try_read`, polling for up to ``budget_s`` seconds while empty.
+
+        Stops early when the writer has closed the ring.
+        """
+        out = self.try_read()
+        if out is not None or budget_s <= 0:
+            return out
+        q = self._q
+        deadline = time.perf_counter() + budget_s
+        head = q[H_HEAD]
+        while time.perf_counter() < deadline:
+            if q[H_TAIL] != head or q[H_WCLOSED]:
+                break
+        return self.try_read()
+
+    def read_all(self) -> list[bytes]:
+        """Pop every committed record (used to recover what a dead peer left behind)."""
+        out: list[bytes] = []
+        while (rec := self.try_read()) is not None:
+            out.append(rec)
+        return out
+
+    def close_reader(self) -> None:
+        """Mark that the reader is gone; further writes raise ``QueueClosedError``."""
+        self._q[H_RCLOSED] = 1
+        _fence()
+
+    @property
+    def reader_closed(self) -> bool:
+        """True once the consumer called :meth:`close_reader`."""
+        return bool(self._q[H_RCLOSED])
+
+    # -- parking flags ------------------------------------------------------------------
+
+    @property
+    def reader_waiting(self) -> bool:
+        """True while the reader is parked on its doorbell (read after a full fence)."""
+        _fence()
+        return bool(self._q[H_RWAIT])
+
+    def set_reader_waiting(self, waiting: bool) -> None:
+        """Announce (or withdraw) that the reader is about to sleep; then re-check the ring."""
+        self._q[H_RWAIT] = 1 if waiting else 0
+        _fence()
+
+    @property
+    def writer_waiting(self) -> bool:
+        """True while the writer is parked for space (read after a full fence)."""
+        _fence()
+        return bool(self._q[H_WWAIT])
+
+    def set_writer_waiting(self, waiting: bool) -> None:
+        """Announce (or withdraw) that the writer is about to sleep; then re-check the ring."""
+        self._q[H_WWAIT] = 1 if waiting else 0
+        _fence()
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters straight from the shared header."""
+        q = self._q
+        return {
+            "capacity": self._capacity,
+            "max_records": self._max_records,
+            "records_written": int(q[H_WCOUNT]),
+            "records_read": int(q[H_RCOUNT]),
+            "pending_records": int(q[H_WCOUNT] - q[H_RCOUNT]),
+            "used_bytes": int(q[H_TAIL] - q[H_HEAD]),
+        }
+
+    def _release(self) -> None:
+        for view in ("_words", "_data", "_q"):
+            v = getattr(self, view, None)
+            if v is not None:
+                v.release()
+        self._segment.close()
+
+    def close(self) -> None:
+        """Unmap the ring from this process (idempotent). Does not remove the name."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+
+    def unlink(self) -> None:
+        """Remove the segment's name so it is freed once every process has closed it."""
+        self._segment.unlink()
+
+    def __enter__(self) -> SharedByteRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._created:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} records"
+        return f"<SharedByteRing {self.name!r} {self._capacity} bytes, {state} ({IMPLEMENTATION})>"
+
+
+class FastSPSCQueue:
+    """Bounded in-process object ring for one producer and one consumer (pure-Python twin).
+
+    ``put`` returns False when full and ``get`` returns None when empty, so neither ever
+    blocks; ``None`` cannot be queued. Each call is atomic under the GIL.
+
+    Args:
+        capacity: Most items held at once (>= 1).
+    """
+
+    __slots__ = ("_capacity", "_items")
+
+    implementation = IMPLEMENTATION
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise InvalidConfigurationError(
+                f"FastSPSCQueue capacity must be an int >= 1, got {capacity!r}"
+            )
+        self._capacity = capacity
+        self._items: deque[Any] = deque()
+
+    @property
+    def capacity(self) -> int:
+        """Most items held at once."""
+        return self._capacity
+
+    def put(self, item: Any) -> bool:
+        """Append ``item``; False (nothing queued) when full."""
+        items = self._items
+        if len(items) >= self._capacity:
+            return False
+        if item is None:
+            raise TypeError("FastSPSCQueue cannot hold None (get() returns None when empty)")
+        items.append(item)
+        return True
+
+    def get(self) -> Any:
+        """Pop the oldest item, or None when empty."""
+        items = self._items
+        return items.popleft() if items else None
+
+    def put_batch(self, items: Iterable[Any]) -> int:
+        """Append items until full; returns how many were queued."""
+        count = 0
+        for item in items:
+            if not self.put(item):
+                break
+            count += 1
+        return count
+
+    def get_batch(self, max_count: int) -> list[Any]:
+        """Pop up to ``max_count`` items, oldest first."""
+        items = self._items
+        return [items.popleft() for _ in range(min(max_count, len(items)))]
+
+    def clear(self) -> int:
+        """Drop every item; returns how many were dropped."""
+        n = len(self._items)
+        self._items.clear()
+        return n
+
+    def qsize(self) -> int:
+        """Items queued now."""
+        return len(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing is queued."""
+        return not self._items
+
+    @property
+    def full(self) -> bool:
+        """True when ``put`` would return False."""
+        return len(self._items) >= self._capacity
+
+    def __repr__(self) -> str:
+        return f"<FastSPSCQueue {len(self._items)}/{self._capacity} ({IMPLEMENTATION})>"

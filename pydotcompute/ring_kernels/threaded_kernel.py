@@ -1,0 +1,683 @@
+"""Tier 2: a ring kernel whose actor runs in a dedicated thread.
+
+Use it for actors that block (file or socket I/O, C code that releases the GIL) and would
+stall an event loop. The actor is a plain function taking a :class:`ThreadedKernelContext`::
+
+    def worker(ctx):
+        while not ctx.should_terminate:
+            msg = ctx.receive(timeout=0.1)
+            if msg is not None:
+                ctx.send(Reply(value=msg.value * 2))
+
+    with ThreadedRingKernel("worker", worker) as kernel:
+        kernel.send(Request(value=21))
+        print(kernel.receive(timeout=1.0).value)
+
+Design notes:
+- Inbox and outbox are :class:`~pydotcompute.ring_kernels.sync_queue.SPSCQueue` (default)
+  or :class:`~pydotcompute.ring_kernels.sync_queue.SyncQueue`. The kernel thread is the
+  only consumer of the inbox and the only producer of the outbox; callers of ``send`` and
+  ``receive`` on the kernel serialize through one lock per direction, which keeps the SPSC
+  contract with any number of caller threads.
+- Graceful stop drains: ``stop()`` shuts the inbox, so ``ctx.should_terminate`` turns True
+  only once the inbox is empty, and a ``receive`` blocked on an empty, stopped inbox raises
+  ``QueueClosedError``, which ends the actor cleanly. If the actor does not finish within
+  the timeout, what is still queued is moved to :meth:`ThreadedRingKernel.unprocessed`
+  (counted as dropped), never silently lost. Replies stay receivable after the stop.
+- Failure: an exception escaping the actor is stored in ``error``, the state becomes
+  STOPPED with ``failed`` True, the outbox is shut down, and every caller blocked in (or
+  later calling) ``receive`` gets :class:`~pydotcompute.exceptions.KernelFailedError` once
+  the replies sent before the failure are drained.
+- Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
+  ``kernel.outbox.add_waker(cb)`` / ``kernel.inbox.add_waker(cb, when="writable")`` run
+  ``cb`` in the kernel thread whenever a reply arrives or space frees up (wrap it with
+  ``loop.call_soon_threadsafe``), so an async adapter waits without a thread of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from types import TracebackType
+from typing import Any
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from .sync_queue import SPSCQueue, SyncQueue
+
+__all__ = (
+    "ThreadedKernelConfig",
+    "ThreadedKernelContext",
+    "ThreadedKernelPool",
+    "ThreadedKernelState",
+    "ThreadedRingKernel",
+)
+
+ThreadedKernelFunc = Callable[["ThreadedKernelContext"], Any]
+
+
+class ThreadedKernelState(enum.Enum):
+    """Lifecycle of a threaded (or process) kernel: CREATED -> RUNNING -> STOPPING -> STOPPED.
+
+    A kernel whose actor raised is STOPPED with ``failed`` True and ``error`` set.
+    """
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass
+class ThreadedKernelConfig:
+    """Settings of a :class:`ThreadedRingKernel`.
+
+    Attributes:
+        kernel_id: The kernel's name (errors and the thread name use it).
+        input_queue_size: Inbox capacity (>= 1); ``send`` waits (or times out) when full.
+        output_queue_size: Outbox capacity (>= 1); the actor's ``ctx.send`` waits when full.
+        use_spsc: Use the mutex-free :class:`SPSCQueue` (default) instead of :class:`SyncQueue`.
+        thread_name: Name of the actor thread; default ``"pydotcompute-<kernel_id>"``.
+        daemon: Run the actor in a daemon thread (an actor stuck in user code cannot keep
+            the interpreter alive at exit).
+    """
+
+    kernel_id: str
+    input_queue_size: int = 4096
+    output_queue_size: int = 4096
+    use_spsc: bool = True
+    thread_name: str | None = None
+    daemon: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel_id, str) or not self.kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel_id must be a non-empty string, got {self.kernel_id!r}"
+            )
+        for name in ("input_queue_size", "output_queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidConfigurationError(
+                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
+                )
+
+
+def _check_actor(kernel_id: str, kernel_func: object, tier: str) -> None:
+    if not callable(kernel_func):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
+            f"got {type(kernel_func).__name__}"
+        )
+    if inspect.iscoroutinefunction(kernel_func) or inspect.isasyncgenfunction(kernel_func):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r}: {tier} runs plain functions, but "
+            f"{getattr(kernel_func, '__qualname__', kernel_func)!r} is async; use "
+            "RingKernelRuntime (tier 1) for async actors or make it a plain def"
+        )
+
+
+def _check_type(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
+    if expected is not None and not isinstance(msg, expected):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
+        )
+
+
+def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
+    if timeout is None:
+        return lock.acquire()
+    return lock.acquire(True, max(timeout, 0.0))
+
+
+class ThreadedKernelContext:
+    """What a threaded actor sees: its inbox, its outbox and the stop signal.
+
+    Every method is called from the actor's own thread.
+    """
+
+    __slots__ = ("_inbox", "_kernel", "_outbox", "_output_type", "kernel_id")
+
+    def __init__(self, kernel: ThreadedRingKernel) -> None:
+        self._kernel = kernel
+        self.kernel_id = kernel.kernel_id
+        self._inbox = kernel._inbox
+        self._outbox = kernel._outbox
+        self._output_type = kernel._output_type
+
+    @property
+    def should_terminate(self) -> bool:
+        """True once a stop was requested *and* the inbox is drained."""
+        return self._kernel._stop_event.is_set() and not self._inbox
+
+    @property
+    def is_active(self) -> bool:
+        """True until a stop is requested."""
+        return not self._kernel._stop_event.is_set()
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next message, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Returns:
+            The message, or None when the timeout expired.
+
+        Raises:
+            QueueClosedError: the kernel is stopping and the inbox is drained (letting it
+                escape ends the actor cleanly).
+        """
+        return self._inbox.get(timeout)
+
+    def receive_nowait(self) -> Any:
+        """The next message or None, without waiting."""
+        return self._inbox.get(0)
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Put a reply into the outbox, waiting while it is full.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            TypeValidationError: ``msg`` is not the kernel's ``output_type``.
+        """
+        if self._output_type is not None and not isinstance(msg, self._output_type):
+            _check_type(self.kernel_id, msg, self._output_type, "must send")
+        return self._outbox.put(msg, timeout)
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Put a reply into the outbox if there is room; False when full."""
+        return self.send(msg, 0)
+
+    def wait_shutdown(self, timeout: float | None = None) -> bool:
+        """Block until a stop is requested; True if it was, False on timeout."""
+        return self._kernel._stop_event.wait(timeout)
+
+
+class ThreadedRingKernel:
+    """A persistent actor in its own thread, driven with ``send``/``receive``.
+
+    Args:
+        kernel_id: The kernel's name.
+        kernel_func: ``fn(ctx)``, a plain (not async) function; it usually loops until
+            ``ctx.should_terminate``.
+        config: Queue sizes and thread settings; defaults to ``ThreadedKernelConfig(kernel_id)``.
+        input_type: When given, ``send`` refuses other types (``TypeValidationError``).
+        output_type: When given, ``ctx.send`` refuses other types.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: ThreadedKernelFunc,
+        *,
+        config: ThreadedKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+    ) -> None:
+        if config is None:
+            config = ThreadedKernelConfig(kernel_id)
+        elif config.kernel_id != kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel id {kernel_id!r} does not match its config's {config.kernel_id!r}"
+            )
+        _check_actor(kernel_id, kernel_func, "ThreadedRingKernel")
+        self._kernel_id = kernel_id
+        self._func = kernel_func
+        self._config = config
+        self._input_type = input_type
+        self._output_type = output_type
+        queue_type: type[SPSCQueue[Any]] | type[SyncQueue[Any]]
+        queue_type = SPSCQueue if config.use_spsc else SyncQueue
+        self._inbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
+            config.input_queue_size, name=f"the inbox of kernel {kernel_id!r}"
+        )
+        self._outbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
+            config.output_queue_size, name=f"the outbox of kernel {kernel_id!r}"
+        )
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._finished = threading.Event()
+        self._state = ThreadedKernelState.CREATED
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._unprocessed: list[Any] = []
+        self._started_at = 0.0
+        self._stopped_at = 0.0
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel's name."""
+        return self._kernel_id
+
+    @property
+    def config(self) -> ThreadedKernelConfig:
+        """The configuration it was created with."""
+        return self._config
+
+    @property
+    def state(self) -> ThreadedKernelState:
+        """Where the kernel is in its lifecycle."""
+        return self._state
+
+    @property
+    def is_running(self) -> bool:
+        """True while the actor thread runs and no stop was requested."""
+        return self._state is ThreadedKernelState.RUNNING
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the actor, if it raised."""
+        return self._error
+
+    @property
+    def failed(self) -> bool:
+        """True when the actor ended by raising."""
+        return self._error is not None
+
+    @property
+    def inbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
+        """The inbox queue (for adapters: ``add_waker(cb, when="writable")``)."""
+        return self._inbox
+
+    @property
+    def outbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
+        """The outbox queue (for adapters: ``add_waker(cb)`` fires when a reply arrives)."""
+        return self._outbox
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The actor thread once started."""
+        return self._thread
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> ThreadedRingKernel:
+        """Start the actor thread (CREATED -> RUNNING); returns the kernel.
+
+        Raises:
+            KernelStateError: the kernel was already started.
+        """
+        with self._state_lock:
+            if self._state is not ThreadedKernelState.CREATED:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "start",
+                    "a kernel runs once; create a new one to run again",
+                )
+            self._thread = threading.Thread(
+                target=self._run,
+                name=self._config.thread_name or f"pydotcompute-{self._kernel_id}",
+                daemon=self._config.daemon,
+            )
+            self._state = ThreadedKernelState.RUNNING
+            self._started_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        ctx = ThreadedKernelContext(self)
+        error: BaseException | None = None
+        try:
+            self._func(ctx)
+        except QueueClosedError as exc:
+            if not self._stop_event.is_set():
+                error = exc  # a closed queue that is not our stop: the actor failed
+        except BaseException as exc:  # the actor's failure is data, reported to callers
+            error = exc
+        self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._state_lock:
+            self._error = error
+            self._state = ThreadedKernelState.STOPPED
+            self._stopped_at = time.monotonic()
+        leftover = self._inbox.drain()
+        self._unprocessed.extend(leftover)
+        self._inbox.shutdown()
+        self._outbox.shutdown()
+        self._stop_event.set()
+        self._finished.set()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop gracefully: refuse new messages, let the actor drain the inbox, join it.
+
+        Args:
+            timeout: Seconds to wait for the actor to finish. After that, whatever is still
+                queued moves to :meth:`unprocessed` and the kernel waits a little longer.
+
+        Returns:
+            True when the actor thread has ended (also if it had already ended or never
+            started); False when it is stuck in user code (it is a daemon thread by default).
+        """
+        with self._state_lock:
+            state = self._state
+            if state is ThreadedKernelState.CREATED:
+                self._state = ThreadedKernelState.STOPPED
+                self._stop_event.set()
+                self._inbox.shutdown()
+                self._outbox.shutdown()
+                self._finished.set()
+                return True
+            if state is ThreadedKernelState.RUNNING:
+                self._state = ThreadedKernelState.STOPPING
+        self._stop_event.set()
+        self._inbox.shutdown()
+        thread = self._thread
+        assert thread is not None
+        if thread is threading.current_thread():
+            return False  # called by the actor itself: it ends when it returns
+        thread.join(timeout)
+        if thread.is_alive():
+            self._unprocessed.extend(self._inbox.drain())
+            thread.join(min(max(timeout, 0.0), 0.5))
+        return not thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the actor thread to end without asking it to; True if it has."""
+        return self._finished.wait(timeout)
+
+    def unprocessed(self) -> list[Any]:
+        """Messages that were queued but never handed to the actor (stop timeout, failure)."""
+        return list(self._unprocessed)
+
+    # -- caller side ------------------------------------------------------------------
+
+    def _state_error(self, operation: str) -> KernelStateError:
+        if self._error is not None:
+            err = KernelFailedError(self._kernel_id, self._error)
+            err.__cause__ = self._error
+            return err
+        hint = {
+            ThreadedKernelState.CREATED: "call start() first or use it as a context manager",
+            ThreadedKernelState.STOPPING: "it is stopping",
+            ThreadedKernelState.STOPPED: "it has stopped",
+        }.get(self._state, "")
+        return KernelStateError(self._kernel_id, self._state, operation, hint)
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Queue ``msg`` for the actor, waiting while the inbox is full.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            KernelStateError: the kernel is not running (``KernelFailedError`` if it failed).
+            TypeValidationError: ``msg`` is not the kernel's ``input_type``.
+        """
+        if self._state is not ThreadedKernelState.RUNNING:
+            raise self._state_error("send to")
+        if self._input_type is not None and not isinstance(msg, self._input_type):
+            _check_type(self._kernel_id, msg, self._input_type, "expects")
+        lock = self._send_lock
+        if not _acquire(lock, timeout):
+            return False
+        try:
+            return self._inbox.put(msg, timeout)
+        except QueueClosedError:
+            err = self._state_error("send to")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
+        return self.send(msg, 0)
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Replies already sent stay receivable after the kernel stopped or failed.
+
+        Returns:
+            The reply, or None when the timeout expired.
+
+        Raises:
+            KernelFailedError: the actor raised and every earlier reply has been received.
+            KernelStateError: the kernel never started, or stopped and is drained.
+        """
+        if self._state is ThreadedKernelState.CREATED:
+            raise self._state_error("receive from")
+        lock = self._recv_lock
+        if not _acquire(lock, timeout):
+            return None
+        try:
+            return self._outbox.get(timeout)
+        except QueueClosedError:
+            err = self._state_error("receive from")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
+    def receive_nowait(self) -> Any:
+        """The next reply or None, without waiting (same errors as ``receive``)."""
+        return self.receive(0)
+
+    def statistics(self) -> dict[str, Any]:
+        """State, error and queue counters in one dictionary."""
+        end = self._stopped_at or time.monotonic()
+        return {
+            "kernel_id": self._kernel_id,
+            "state": self._state.value,
+            "failed": self.failed,
+            "error": repr(self._error) if self._error is not None else None,
+            "uptime_seconds": end - self._started_at if self._started_at else 0.0,
+            "unprocessed": len(self._unprocessed),
+            "inbox": self._inbox.get_stats(),
+            "outbox": self._outbox.get_stats(),
+        }
+
+    # -- context manager --------------------------------------------------------------
+
+    def __enter__(self) -> ThreadedRingKernel:
+        if self._state is ThreadedKernelState.CREATED:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        extra = f" failed: {self._error!r}" if self._error is not None else ""
+        return f"<ThreadedRingKernel {self._kernel_id!r} {self._state.name}{extra}>"
+
+
+class ThreadedKernelPool:
+    """Several threaded kernels running the same actor, fed round-robin.
+
+    Args:
+        prefix: Worker ids are ``"<prefix>_0"``, ``"<prefix>_1"``, ...
+        kernel_func: The actor every worker runs.
+        num_workers: How many workers (>= 1).
+        **config: ``ThreadedKernelConfig`` fields (``input_queue_size``, ``use_spsc``, ...)
+            plus ``input_type``/``output_type``.
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        kernel_func: ThreadedKernelFunc,
+        num_workers: int = 4,
+        **config: Any,
+    ) -> None:
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise InvalidConfigurationError(
+                f"pool {prefix!r} needs num_workers >= 1, got {num_workers!r}"
+            )
+        input_type = config.pop("input_type", None)
+        output_type = config.pop("output_type", None)
+        known = {f.name for f in fields(ThreadedKernelConfig)} - {"kernel_id", "thread_name"}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise InvalidConfigurationError(
+                f"pool {prefix!r}: unknown option(s) {unknown}; "
+                f"valid: {sorted(known | {'input_type', 'output_type'})}"
+            )
+        self._prefix = prefix
+        self._workers = [
+            ThreadedRingKernel(
+                f"{prefix}_{i}",
+                kernel_func,
+                config=ThreadedKernelConfig(f"{prefix}_{i}", **config),
+                input_type=input_type,
+                output_type=output_type,
+            )
+            for i in range(num_workers)
+        ]
+        self._send_counter = itertools.count()
+        self._recv_start = 0
+        self._recv_lock = threading.Lock()
+        self._waiting = False
+        self._signal = threading.Lock()
+        self._signal.acquire()
+        self._reported: set[str] = set()
+        for worker in self._workers:
+            worker.outbox.add_waker(self._wake)
+
+    def _wake(self) -> None:
+        if self._waiting:
+            self._waiting = False
+            try:
+                self._signal.release()
+            except RuntimeError:
+                pass  # a wake-up is already pending
+
+    @property
+    def workers(self) -> list[ThreadedRingKernel]:
+        """The worker kernels, in id order."""
+        return list(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __iter__(self) -> Iterator[ThreadedRingKernel]:
+        return iter(self._workers)
+
+    def __getitem__(self, index: int) -> ThreadedRingKernel:
+        return self._workers[index]
+
+    def start_all(self) -> None:
+        """Start every worker that has not started yet."""
+        for worker in self._workers:
+            if worker.state is ThreadedKernelState.CREATED:
+                worker.start()
+
+    def stop_all(self, timeout: float = 5.0) -> bool:
+        """Stop every worker (in parallel: all are asked first); True if all ended."""
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker._stop_event.set()
+            worker.inbox.shutdown()
+        results = [w.stop(max(deadline - time.monotonic(), 0.0)) for w in self._workers]
+        return all(results)  # every worker is stopped, even after one fails to
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Send ``msg`` to the next running worker (round-robin).
+
+        Raises:
+            KernelStateError: no worker is running.
+        """
+        n = len(self._workers)
+        for _ in range(n):
+            worker = self._workers[next(self._send_counter) % n]
+            if worker.state is ThreadedKernelState.RUNNING:
+                return worker.send(msg, timeout)
+        raise KernelStateError(
+            self._prefix, "not running", "send to pool", "no worker is running; start_all()"
+        )
+
+    def receive_any(self, timeout: float | None = None) -> Any:
+        """The next reply from whichever worker has one, waiting on all of them.
+
+        Returns:
+            A reply, or None when the timeout expired.
+
+        Raises:
+            KernelFailedError: a worker failed (reported once per worker, after its earlier
+                replies); later calls keep serving the other workers.
+            KernelStateError: every worker has stopped and been drained.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not _acquire(self._recv_lock, timeout):
+            return None
+        try:
+            while True:
+                self._waiting = True  # announce before scanning: a put now wakes us
+                msg, failure, all_done = self._scan()
+                if msg is not None or failure is not None or all_done:
+                    self._waiting = False
+                    if failure is not None:
+                        raise failure
+                    if all_done:
+                        raise KernelStateError(
+                            self._prefix,
+                            "stopped",
+                            "receive from pool",
+                            "every worker has stopped and been drained",
+                        )
+                    return msg
+                if deadline is None:
+                    self._signal.acquire()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._signal.acquire(True, remaining):
+                        self._waiting = False
+                        return None
+        finally:
+            self._recv_lock.release()
+
+    def _scan(self) -> tuple[Any, BaseException | None, bool]:
+        n = len(self._workers)
+        start = self._recv_start
+        done = 0
+        for k in range(n):
+            worker = self._workers[(start + k) % n]
+            try:
+                msg = worker.receive_nowait()
+            except KernelFailedError as exc:
+                if worker.kernel_id not in self._reported:
+                    self._reported.add(worker.kernel_id)
+                    return None, exc, False
+                done += 1
+                continue
+            except KernelStateError:
+                done += 1
+                continue
+            if msg is not None:
+                self._recv_start = (start + k + 1) % n
+                return msg, None, False
+        return None, None, done == n
+
+    def __enter__(self) -> ThreadedKernelPool:
+        self.start_all()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop_all()
+
+    def __repr__(self) -> str:
+        running = sum(w.is_running for w in self._workers)
+        return f"<ThreadedKernelPool {self._prefix!r} {running}/{len(self._workers)} running>"

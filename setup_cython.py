@@ -1,0 +1,98 @@
+"""Declare (and optionally build) the Cython extension ``fast_spsc``.
+
+Metadata lives in ``pyproject.toml``; this file only says which extension exists and how
+to build it without making the build mandatory:
+
+- ``pip install -e .`` (through ``setup.py``) compiles the extension when Cython and a C
+  compiler are present. When either is missing, or compiling fails, it prints a warning
+  and the package installs anyway; at import time
+  ``pydotcompute.ring_kernels._cython`` then selects the pure-Python twin.
+- ``python setup_cython.py build_ext --inplace`` builds the extension next to its source
+  (for a development checkout).
+
+Set ``PYDOTCOMPUTE_REQUIRE_CYTHON=1`` to turn a failed build into an error (CI uses it to be
+sure the extension job really tests the extension).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from setuptools import Extension
+from setuptools.command.build_ext import build_ext
+
+EXTENSION_NAME = "pydotcompute.ring_kernels._cython.fast_spsc"
+PYX_SOURCE = "pydotcompute/ring_kernels/_cython/fast_spsc.pyx"
+C_SOURCE = PYX_SOURCE[: -len(".pyx")] + ".c"
+
+
+def _required() -> bool:
+    return os.environ.get("PYDOTCOMPUTE_REQUIRE_CYTHON", "") not in ("", "0")
+
+
+def _extensions() -> list[Any]:
+    """The extension list, cythonized when Cython is importable (else from a shipped .c)."""
+    flags = [] if sys.platform == "win32" else ["-O3"]
+    ext = Extension(EXTENSION_NAME, [PYX_SOURCE], extra_compile_args=flags)
+    try:
+        from Cython.Build import cythonize  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        if os.path.exists(C_SOURCE):
+            ext.sources = [C_SOURCE]
+            return [ext]
+        if _required():
+            raise
+        print("pydotcompute: Cython is not installed; using the pure-Python rings")
+        return []
+    try:
+        return list(
+            cythonize(  # type: ignore[no-untyped-call,unused-ignore]
+                [ext],
+                compiler_directives={"language_level": "3"},
+                quiet=True,
+            )
+        )
+    except Exception as exc:  # a Cython compile error must not break the install
+        if _required():
+            raise
+        print(f"pydotcompute: cythonizing {PYX_SOURCE} failed ({exc}); using pure Python")
+        return []
+
+
+class OptionalBuildExt(build_ext):  # type: ignore[misc,unused-ignore]
+    """``build_ext`` that warns instead of failing when the extension cannot be compiled."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (distutils raises several types)
+            self._warn(exc)
+
+    def build_extension(self, ext: Any) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._warn(exc)
+
+    @staticmethod
+    def _warn(exc: BaseException) -> None:
+        if _required():
+            raise exc
+        print(
+            f"pydotcompute: building the fast_spsc extension failed ({exc}); the package "
+            "works with its pure-Python twin (set PYDOTCOMPUTE_REQUIRE_CYTHON=1 to fail)",
+            file=sys.stderr,
+        )
+
+
+def setup_kwargs() -> dict[str, Any]:
+    """Keyword arguments for ``setuptools.setup`` (the extension and the optional builder)."""
+    return {"ext_modules": _extensions(), "cmdclass": {"build_ext": OptionalBuildExt}}
+
+
+if __name__ == "__main__":
+    from setuptools import setup
+
+    setup(**setup_kwargs())
