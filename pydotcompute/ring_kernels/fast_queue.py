@@ -60,6 +60,8 @@ class BackpressureStrategy(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: BackpressureStrategy | str) -> BackpressureStrategy:
+        if value is cls.BLOCK or value == "block":
+            return cls.BLOCK
         try:
             return cls(value.value if isinstance(value, cls) else str(value).lower())
         except ValueError:

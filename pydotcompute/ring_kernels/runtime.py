@@ -425,6 +425,7 @@ class RingKernelRuntime:
             self._kernels.pop(kernel_id, None)
 
 
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RingKernelConfig)) - {"extra"}
 _OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
     "backpressure": ("backpressure_strategy",),
@@ -441,7 +442,9 @@ def _build_config(
         config = RingKernelConfig(kernel_id=kernel_id)
     else:
         config = dataclasses.replace(config, kernel_id=kernel_id, extra=dict(config.extra))
-    fields = {f.name for f in dataclasses.fields(config)} - {"extra"}
+    if not options:
+        return config
+    fields = _CONFIG_FIELDS
     explicit = {k for k in options if k in fields and options[k] is not None}
     for key, value in options.items():
         if key in _OPTION_ALIASES:
