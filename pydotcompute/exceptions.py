@@ -165,4 +165,4 @@ class BufferMismatchError(PyDotComputeError, ValueError):
     """
 
 
-__all__ = (*__all__, "BufferMismatchError")
+__all__ = (*__all__, "BufferMismatchError")  # type: ignore[assignment]

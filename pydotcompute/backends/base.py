@@ -1,0 +1,338 @@
+"""The ``Backend`` interface every compute backend implements.
+
+A backend owns one device's memory and kernels: it allocates arrays, copies between host and
+device, launches kernels and compiles them. The three implementations (``CPUBackend``,
+``CUDABackend``, ``MetalBackend``) load their libraries lazily, so importing this package never
+imports CuPy, Numba or MLX, and constructing a backend never raises when its library or device
+is missing: ``is_available`` is then ``False``, ``unavailable_reason`` says why, and every
+operation raises :class:`~pydotcompute.exceptions.BackendNotAvailableError` naming the extra
+to install.
+
+Copies follow one contract on every backend: ``copy_to_device(a)`` returns an array that does
+not alias ``a`` (on the CPU backend, a NumPy copy), and ``out=`` copies into an existing array
+after checking that shapes and dtypes match; a mismatch raises
+:class:`~pydotcompute.exceptions.BufferMismatchError` naming both sides.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..exceptions import BackendNotAvailableError, BufferMismatchError
+
+__all__ = (
+    "Backend",
+    "BackendType",
+    "KernelExecutionResult",
+    "check_copy_compatible",
+    "describe_array",
+    "normalize_grid",
+    "numpy_dtype_of",
+)
+
+Shape = tuple[int, ...]
+DTypeLike = npt.DTypeLike
+
+
+class BackendType(enum.Enum):
+    """The kinds of compute backend; values are the names used by ``PYDOTCOMPUTE_BACKEND``."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    METAL = "metal"
+
+    @classmethod
+    def parse(cls, value: BackendType | str) -> BackendType:
+        """Turn ``"cuda"``/``"CUDA"``/``BackendType.CUDA`` into a ``BackendType``.
+
+        Raises:
+            ValueError: ``value`` names no backend; the message lists the valid names.
+        """
+        if isinstance(value, BackendType):
+            return value
+        text = str(value).strip().lower()
+        for member in cls:
+            if member.value == text:
+                return member
+        valid = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"unknown backend {value!r}; expected one of {valid}")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelExecutionResult:
+    """What one ``Backend.execute_kernel`` call did.
+
+    Failures raise instead of returning a result, so ``success`` is ``True`` on every result
+    you hold; the field stays for code written against the 0.2 API.
+    """
+
+    kernel_name: str
+    backend: BackendType
+    grid_size: tuple[int, ...]
+    block_size: tuple[int, ...]
+    execution_time_ms: float
+    output: Any = None
+    success: bool = True
+
+
+def describe_array(a: Any) -> str:
+    """``"float32 (1000,) numpy.ndarray"``-style description used in error messages."""
+    dtype = getattr(a, "dtype", None)
+    shape = getattr(a, "shape", None)
+    kind = f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+    return f"{dtype} {tuple(shape) if shape is not None else '?'} {kind}"
+
+
+def numpy_dtype_of(a: Any) -> np.dtype[Any] | None:
+    """The NumPy dtype of any array (NumPy, CuPy, Numba, MLX), ``None`` if it has none."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)  # type: ignore[no-any-return]
+    except TypeError:
+        name = str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float32" -> "float32"
+        try:
+            return np.dtype("bool" if name == "bool_" else name)
+        except TypeError:
+            return None
+
+
+def check_copy_compatible(src: Any, dst: Any, *, what: str = "copy") -> None:
+    """Raise ``BufferMismatchError`` unless ``src`` and ``dst`` have equal shape and dtype.
+
+    Args:
+        src: the array data comes from.
+        dst: the array data goes to.
+        what: the operation, for the message.
+    """
+    src_shape = tuple(getattr(src, "shape", ()))
+    dst_shape = tuple(getattr(dst, "shape", ()))
+    src_dtype = numpy_dtype_of(src)
+    dst_dtype = numpy_dtype_of(dst)
+    if src_shape != dst_shape or src_dtype != dst_dtype:
+        problems = []
+        if src_shape != dst_shape:
+            problems.append("shapes")
+        if src_dtype != dst_dtype:
+            problems.append("dtypes")
+        raise BufferMismatchError(
+            f"cannot {what} {src_dtype} {src_shape} (source) into {dst_dtype} {dst_shape} "
+            f"(destination): {' and '.join(problems)} differ; convert the source with "
+            f".astype()/.reshape() first"
+        )
+
+
+def normalize_grid(value: int | Sequence[int], what: str) -> tuple[int, ...]:
+    """Turn a grid or block size (int or 1-3 ints) into a tuple, checking it is positive.
+
+    Raises:
+        InvalidConfigurationError: a dimension is not a positive int, or there are more than 3.
+    """
+    from ..exceptions import InvalidConfigurationError
+
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(
+        not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1 for d in dims
+    ):
+        raise InvalidConfigurationError(
+            f"{what} must be a positive int or a tuple of 1 to 3 positive ints, got {value!r}"
+        )
+    return tuple(int(d) for d in dims)
+
+
+class Backend(ABC):
+    """A compute backend bound to one device.
+
+    Subclasses set the class attributes and implement the abstract methods; they must not
+    import their library at module import time, and their constructor must not raise when
+    the library or device is missing.
+
+    Attributes:
+        backend_type: which kind of backend this is.
+        extra: the pip extra that installs the backend's libraries (``None`` for the CPU).
+        device_id: the device index this backend drives.
+    """
+
+    backend_type: ClassVar[BackendType]
+    extra: ClassVar[str | None] = None
+
+    def __init__(self, device_id: int = 0) -> None:
+        if not isinstance(device_id, int) or isinstance(device_id, bool) or device_id < 0:
+            from ..exceptions import InvalidConfigurationError
+
+            raise InvalidConfigurationError(
+                f"device_id must be a non-negative int, got {device_id!r}"
+            )
+        self.device_id = device_id
+        self._available: bool | None = None
+        self._reason: str | None = None
+
+    # --- probing ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def _probe(self) -> str | None:
+        """Load the library and check the device; return ``None`` if usable, else why not.
+
+        Must not raise.
+        """
+
+    def _ensure_probed(self) -> None:
+        if self._available is None:
+            try:
+                reason = self._probe()
+            except Exception as exc:  # a broken driver or library must not escape a probe
+                reason = f"{type(exc).__name__}: {exc}"
+            self._reason = reason
+            self._available = reason is None
+
+    @property
+    def is_available(self) -> bool:
+        """Whether the library imports and the device is usable. Never raises."""
+        self._ensure_probed()
+        return bool(self._available)
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the backend is unavailable, or ``None`` when it is available."""
+        self._ensure_probed()
+        return self._reason
+
+    @property
+    def name(self) -> str:
+        """A short name for messages, such as ``"cuda:0"``."""
+        return f"{self.backend_type.value}:{self.device_id}"
+
+    def require(self) -> None:
+        """Raise ``BackendNotAvailableError`` (naming the extra) unless the backend is usable."""
+        if self.is_available:
+            return
+        hint = (
+            f'install it with pip install "pydotcompute[{self.extra}]"'
+            if self.extra
+            else "it should always be available; please report a bug"
+        )
+        raise BackendNotAvailableError(
+            f"the {self.backend_type.value} backend is not available ({self._reason}); {hint}"
+        )
+
+    @property
+    @abstractmethod
+    def device_count(self) -> int:
+        """How many devices of this kind are usable (0 when unavailable)."""
+
+    # --- memory ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def allocate(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> Any:
+        """Allocate a zero-filled device array."""
+
+    def empty(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> Any:
+        """Allocate a device array without initialising it (defaults to ``allocate``)."""
+        return self.allocate(shape, dtype)
+
+    def free(self, a: Any) -> None:  # noqa: B027 - optional hook, most backends use GC
+        """Release a device array early; the default leaves it to the garbage collector."""
+
+    @abstractmethod
+    def copy_to_device(self, a: Any, *, out: Any | None = None, stream: Any | None = None) -> Any:
+        """Copy host data to the device; returns ``out`` (filled) or a new device array."""
+
+    @abstractmethod
+    def copy_to_host(
+        self, a: Any, *, out: np.ndarray[Any, Any] | None = None, stream: Any | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Copy device data to the host; returns ``out`` (filled) or a new NumPy array."""
+
+    @abstractmethod
+    def fill(self, a: Any, value: Any) -> Any:
+        """Set every element of device array ``a`` to ``value``; returns the filled array."""
+
+    def is_device_array(self, a: Any) -> bool:
+        """Whether ``a`` is an array living on this backend's device."""
+        return False
+
+    def copy_device_to_device(self, src: Any, dst: Any) -> Any:
+        """Copy device array ``src`` into ``dst`` (checked); returns the array holding it."""
+        check_copy_compatible(src, dst, what="copy on the device")
+        dst[...] = src
+        return dst
+
+    # --- execution -------------------------------------------------------------------------
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until all work queued on the device has finished."""
+
+    def create_stream(self) -> Any:
+        """Create a stream (a queue of device work); ``None`` where the backend has none."""
+        self.require()
+        return None
+
+    @abstractmethod
+    def execute_kernel(
+        self,
+        kernel: Callable[..., Any],
+        grid_size: int | Sequence[int],
+        block_size: int | Sequence[int],
+        *args: Any,
+        stream: Any | None = None,
+    ) -> KernelExecutionResult:
+        """Run ``kernel`` over ``args`` and wait for it; see each backend for launch rules."""
+
+    @abstractmethod
+    def compile_kernel(
+        self, func: Callable[..., Any] | str, signature: Any | None = None, **options: Any
+    ) -> Any:
+        """Compile ``func`` for this backend (through the shared ``KernelCompiler``)."""
+
+    @abstractmethod
+    def get_vector_add_kernel(self) -> Callable[..., Any]:
+        """A kernel ``(a, b, out)`` writing ``a + b`` into ``out``."""
+
+    @abstractmethod
+    def get_matrix_multiply_kernel(self) -> Callable[..., Any]:
+        """A kernel ``(a, b, out)`` writing ``a @ b`` into ``out``."""
+
+    # --- helpers for subclasses -------------------------------------------------------------
+
+    @staticmethod
+    def _kernel_name(kernel: Any) -> str:
+        for attr in ("name", "__name__"):
+            value = getattr(kernel, attr, None)
+            if isinstance(value, str):
+                return value
+        py_func = getattr(kernel, "py_func", None)
+        return getattr(py_func, "__name__", type(kernel).__name__)
+
+    @staticmethod
+    def _now() -> float:
+        return time.perf_counter()
+
+    def __repr__(self) -> str:
+        state = "available" if self.is_available else f"unavailable: {self._reason}"
+        return f"<{type(self).__name__} {self.name} ({state})>"
+
+
+def as_shape(shape: int | Sequence[int]) -> Shape:
+    """Normalise ``shape`` (an int or a sequence of non-negative ints) to a tuple.
+
+    Raises:
+        InvalidConfigurationError: a dimension is negative or not an int.
+    """
+    from ..exceptions import InvalidConfigurationError
+
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0 for d in dims):
+        raise InvalidConfigurationError(
+            f"shape must be an int or a tuple of non-negative ints, got {shape!r}"
+        )
+    return tuple(int(d) for d in dims)

@@ -1,0 +1,177 @@
+"""The CPU backend: NumPy arrays, kernels as plain or Numba-compiled Python functions.
+
+"Device" memory on the CPU is ordinary NumPy memory. ``copy_to_device`` still returns a copy
+(never an alias), so code written for a discrete GPU behaves the same here and a
+``UnifiedBuffer`` keeps honest host and device sides. Kernels are called once with the whole
+arrays: ``grid_size`` and ``block_size`` are recorded but do not split the work. When Numba
+is installed, ``compile_kernel`` JIT-compiles with ``numba.njit``; otherwise the function runs
+as plain Python, so the CPU backend is always available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import (
+    Backend,
+    BackendType,
+    DTypeLike,
+    KernelExecutionResult,
+    Shape,
+    as_shape,
+    check_copy_compatible,
+    normalize_grid,
+)
+
+__all__ = ("CPUBackend", "numba_available")
+
+
+def numba_available() -> bool:
+    """Whether Numba's CPU JIT can be imported. Never raises."""
+    try:
+        import numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _vector_add(
+    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
+) -> None:
+    np.add(a, b, out=out)
+
+
+def _matrix_multiply(
+    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
+) -> None:
+    np.matmul(a, b, out=out)
+
+
+class CPUBackend(Backend):
+    """NumPy on the host CPU; always available.
+
+    Args:
+        device_id: must be 0 (there is one CPU device).
+    """
+
+    backend_type = BackendType.CPU
+    extra = None
+
+    def _probe(self) -> str | None:
+        if self.device_id != 0:
+            return f"the CPU backend has one device (0), got device_id={self.device_id}"
+        return None
+
+    @property
+    def device_count(self) -> int:
+        """Always 1."""
+        return 1
+
+    @property
+    def uses_numba(self) -> bool:
+        """Whether ``compile_kernel`` JIT-compiles with Numba (else it runs plain Python)."""
+        return numba_available()
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def allocate(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> np.ndarray[Any, Any]:
+        """A zero-filled NumPy array."""
+        return np.zeros(as_shape(shape), dtype=dtype)
+
+    def empty(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> np.ndarray[Any, Any]:
+        """An uninitialised NumPy array."""
+        return np.empty(as_shape(shape), dtype=dtype)
+
+    def copy_to_device(self, a: Any, *, out: Any | None = None, stream: Any | None = None) -> Any:
+        """Copy ``a`` into ``out`` (checked) or into a new array; never returns ``a`` itself."""
+        src = np.asarray(a)
+        if out is None:
+            return np.array(src, copy=True, order="C")
+        check_copy_compatible(src, out, what="copy to device")
+        np.copyto(out, src)
+        return out
+
+    def copy_to_host(
+        self, a: Any, *, out: np.ndarray[Any, Any] | None = None, stream: Any | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Copy ``a`` into ``out`` (checked) or into a new array."""
+        src = np.asarray(a)
+        if out is None:
+            return np.array(src, copy=True, order="C")
+        check_copy_compatible(src, out, what="copy to host")
+        np.copyto(out, src)
+        return out
+
+    def fill(self, a: Any, value: Any) -> Any:
+        """``a[...] = value``."""
+        a[...] = value
+        return a
+
+    def is_device_array(self, a: Any) -> bool:
+        """NumPy arrays are the CPU backend's device arrays."""
+        return isinstance(a, np.ndarray)
+
+    def synchronize(self) -> None:
+        """Nothing is queued on the CPU; returns at once."""
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def execute_kernel(
+        self,
+        kernel: Callable[..., Any],
+        grid_size: int | Sequence[int],
+        block_size: int | Sequence[int],
+        *args: Any,
+        stream: Any | None = None,
+    ) -> KernelExecutionResult:
+        """Call ``kernel(*args)`` once and time it.
+
+        The grid and block sizes are validated and recorded but do not split the work: a CPU
+        kernel processes whole arrays (NumPy or a Numba loop). Exceptions from the kernel
+        propagate unchanged.
+        """
+        grid = normalize_grid(grid_size, "grid_size")
+        block = normalize_grid(block_size, "block_size")
+        fn = getattr(kernel, "kernel", kernel) if _is_compiled(kernel) else kernel
+        start = self._now()
+        output = fn(*args)
+        elapsed = (self._now() - start) * 1e3
+        return KernelExecutionResult(
+            kernel_name=self._kernel_name(kernel),
+            backend=self.backend_type,
+            grid_size=grid,
+            block_size=block,
+            execution_time_ms=elapsed,
+            output=output,
+        )
+
+    def compile_kernel(
+        self, func: Callable[..., Any] | str, signature: Any | None = None, **options: Any
+    ) -> Any:
+        """JIT-compile ``func`` with ``numba.njit`` (plain Python when Numba is missing).
+
+        Compiled once per (source, signature, options) through the shared ``KernelCompiler``.
+
+        Raises:
+            KernelCompilationError: Numba cannot compile ``func`` for ``signature``.
+        """
+        from ..compilation.compiler import get_compiler
+
+        return get_compiler().compile(func, signature=signature, device="cpu", **options)
+
+    def get_vector_add_kernel(self) -> Callable[..., Any]:
+        """``(a, b, out)`` -> ``out[:] = a + b`` with NumPy."""
+        return _vector_add
+
+    def get_matrix_multiply_kernel(self) -> Callable[..., Any]:
+        """``(a, b, out)`` -> ``out[:] = a @ b`` with NumPy (BLAS)."""
+        return _matrix_multiply
+
+
+def _is_compiled(kernel: Any) -> bool:
+    from ..compilation.compiler import CompiledKernel
+
+    return isinstance(kernel, CompiledKernel)

@@ -1,0 +1,760 @@
+"""KernelCompiler: compile a kernel once per (source hash, signature, device, options).
+
+Two caches stack up. In memory, a dict maps the key to the ``CompiledKernel``, so the second
+request in a process costs a hash. On disk, the ``KernelCache`` keeps the PTX that NVRTC
+produced for CUDA C source and that ``numba.cuda.compile_ptx`` produced for Python kernels
+with an explicit signature, so another process (or the next run) skips the compiler: CUDA C
+kernels are then loaded straight from the cached PTX with ``cupy.RawModule``, and Python
+kernels get their PTX (for inspection and the PTX check) without recompiling.
+
+What each device gets:
+
+* ``"cpu"`` — ``numba.njit`` (eager with a signature, lazy without), or the plain function
+  when Numba is missing. Numba's own ``cache=`` is not used: it writes next to the source file,
+  which may be read-only.
+* ``"cuda"`` — Python functions: ``numba.cuda.jit``, built on first launch (so compiling to
+  PTX works on a machine without a GPU); CUDA C source: NVRTC to PTX (no GPU needed), loaded
+  with CuPy on first launch.
+* ``"metal"`` — ``mx.compile``.
+
+Compiler failures raise ``KernelCompilationError`` carrying the compiler's own message.
+
+The source hash covers the function's source text (or bytecode when there is no source), its
+constants and the reprs of its closure cells, so two closures over different values do not
+share an entry; module globals are not hashed — pass changing values as arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.cuda import numba_cuda
+from ..exceptions import BackendNotAvailableError, InvalidConfigurationError, KernelCompilationError
+
+if TYPE_CHECKING:
+    from .cache import KernelCache
+
+__all__ = (
+    "DEFAULT_CC",
+    "CompilationOptions",
+    "CompiledKernel",
+    "CompilerStats",
+    "KernelCompiler",
+    "compile_kernel",
+    "get_compiler",
+    "nvrtc_compile_ptx",
+    "source_hash",
+)
+
+#: PTX target used when no GPU is present to ask (Ampere; loads on every newer GPU).
+DEFAULT_CC = (8, 0)
+_DEVICES = ("auto", "cpu", "cuda", "metal")
+
+
+@dataclass(frozen=True, slots=True)
+class CompilationOptions:
+    """Options that change the generated code (all part of the cache key).
+
+    Attributes:
+        fastmath: allow fast, less exact floating point.
+        debug: generate debug code (slower; exceptions checked on the device).
+        lineinfo: keep source line information in PTX.
+        cc: CUDA compute capability to target; ``None`` means the current GPU's, else 8.0.
+        nvrtc_options: extra NVRTC flags for CUDA C source.
+        cache: persist PTX in the ``KernelCache``.
+        name: the kernel's name (the entry point for CUDA C source).
+    """
+
+    fastmath: bool = False
+    debug: bool = False
+    lineinfo: bool = False
+    cc: tuple[int, int] | None = None
+    nvrtc_options: tuple[str, ...] = ()
+    cache: bool = True
+    name: str | None = None
+
+    def cache_key(self) -> str:
+        """The options as a stable string (``name`` and ``cache`` excluded)."""
+        return (
+            f"fm={int(self.fastmath)};dbg={int(self.debug)};li={int(self.lineinfo)};"
+            f"cc={self.cc};nv={','.join(self.nvrtc_options)}"
+        )
+
+
+def source_hash(func: Callable[..., Any] | str) -> str:
+    """A SHA-256 over what defines a kernel's behaviour (see the module docstring)."""
+    h = hashlib.sha256()
+    if isinstance(func, str):
+        h.update(b"src\0" + func.encode())
+        return h.hexdigest()
+    target = inspect.unwrap(getattr(func, "py_func", func))
+    h.update(f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}".encode())
+    try:
+        h.update(textwrap.dedent(inspect.getsource(target)).encode())
+    except (OSError, TypeError):
+        code = getattr(target, "__code__", None)
+        if code is not None:
+            h.update(code.co_code)
+        else:  # a builtin or C function: its identity is all there is
+            h.update(repr(target).encode())
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        h.update(repr(code.co_consts).encode())
+    for cell in getattr(target, "__closure__", None) or ():
+        try:
+            h.update(repr(cell.cell_contents).encode())
+        except ValueError:  # empty cell
+            h.update(b"<empty>")
+    return h.hexdigest()
+
+
+def nvrtc_compile_ptx(
+    source: str, name: str, cc: tuple[int, int], options: tuple[str, ...] = ()
+) -> str:
+    """Compile CUDA C ``source`` to PTX with NVRTC (through CuPy); no GPU is needed.
+
+    Raises:
+        BackendNotAvailableError: CuPy (which ships the NVRTC binding) is missing.
+        KernelCompilationError: NVRTC rejected the source; the message holds its log.
+    """
+    try:
+        from cupy.cuda import nvrtc
+    except Exception as exc:
+        raise BackendNotAvailableError(
+            f"compiling CUDA C needs CuPy's NVRTC ({exc}); install it with "
+            'pip install "pydotcompute[cuda]"'
+        ) from None
+    flags = [f"--gpu-architecture=compute_{cc[0]}{cc[1]}", *options]
+    try:
+        prog = nvrtc.createProgram(source, f"{name}.cu", [], [])
+    except Exception as exc:
+        raise KernelCompilationError(f"NVRTC could not create program {name!r}: {exc}") from exc
+    try:
+        try:
+            nvrtc.compileProgram(prog, flags)
+        except Exception as exc:
+            try:
+                log = nvrtc.getProgramLog(prog)
+            except Exception:
+                log = ""
+            raise KernelCompilationError(
+                f"NVRTC failed to compile CUDA C kernel {name!r} for compute_{cc[0]}{cc[1]}: "
+                f"{exc}\n{log}".rstrip()
+            ) from exc
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        try:
+            nvrtc.destroyProgram(prog)
+        except Exception:
+            pass
+    text = ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+    return text.rstrip("\x00")
+
+
+def _numba_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("numba.core.errors")
+    return errors is not None and isinstance(exc, errors.NumbaError)
+
+
+class CompiledKernel:
+    """A kernel compiled for one device, usable like the underlying callable.
+
+    ``kernel`` is the executable object (a Numba dispatcher, a CuPy ``RawKernel``, an MLX
+    compiled function, or the plain function); for CUDA it is built on first access, so a
+    ``CompiledKernel`` with PTX exists on machines without a GPU. Calling it or indexing it
+    with a launch configuration (``k[grid, block](...)``) forwards to ``kernel``.
+
+    Attributes:
+        name: the kernel name.
+        device: ``"cpu"``, ``"cuda"`` or ``"metal"``.
+        signature: the signature it was compiled for (``None`` = lazy / any).
+        key: the cache key.
+        ptx: PTX text for CUDA kernels when it was produced, else ``None``.
+        from_disk_cache: whether the PTX came from the ``KernelCache``.
+        compile_time_ms: time spent compiling (0 when everything came from caches).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str,
+        signature: Any,
+        key: str,
+        options: CompilationOptions,
+        source: Callable[..., Any] | str,
+        ptx: str | None,
+        from_disk_cache: bool,
+        compile_time_ms: float,
+        build: Callable[[], Any],
+    ) -> None:
+        self.name = name
+        self.device = device
+        self.signature = signature
+        self.key = key
+        self.options = options
+        self.source = source
+        self.ptx = ptx
+        self.from_disk_cache = from_disk_cache
+        self.compile_time_ms = compile_time_ms
+        self._build = build
+        self._kernel: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def py_func(self) -> Callable[..., Any] | None:
+        """The Python function, or ``None`` for CUDA C source."""
+        return None if isinstance(self.source, str) else self.source
+
+    @property
+    def kernel(self) -> Any:
+        """The executable object, built on first access.
+
+        Raises:
+            BackendNotAvailableError: the device this kernel targets is missing.
+            KernelCompilationError: building it failed.
+        """
+        if self._kernel is None:
+            with self._lock:
+                if self._kernel is None:
+                    self._kernel = self._build()
+        return self._kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.kernel(*args, **kwargs)
+        except Exception as exc:
+            if _numba_error(exc):
+                raise KernelCompilationError(
+                    f"Numba could not compile kernel {self.name!r} for arguments "
+                    f"({', '.join(type(a).__name__ for a in args)}): {exc}"
+                ) from exc
+            raise
+
+    def __getitem__(self, config: Any) -> Any:
+        return self.kernel[config]
+
+    def __repr__(self) -> str:
+        return (
+            f"<CompiledKernel {self.name!r} device={self.device} signature={self.signature!r} "
+            f"ptx={'yes' if self.ptx else 'no'}>"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompilerStats:
+    """Counters of a ``KernelCompiler``."""
+
+    hits: int
+    misses: int
+    disk_hits: int
+    compilations: int
+    nvrtc_compilations: int
+    ptx_compilations: int
+    errors: int
+    entries: int
+
+    @property
+    def hit_rate(self) -> float:
+        """In-memory hits over requests."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class KernelCompiler:
+    """Compiles kernels for the CPU, CUDA and Metal, once per key, with a PTX disk cache.
+
+    Args:
+        options: defaults for every ``compile`` call.
+        cache: the ``KernelCache`` for PTX; ``None`` uses the process-wide one, ``False``
+            disables the disk cache.
+    """
+
+    def __init__(
+        self,
+        options: CompilationOptions | None = None,
+        *,
+        cache: KernelCache | bool | None = None,
+    ) -> None:
+        self.options = options or CompilationOptions()
+        self._cache_spec = cache
+        self._kernels: dict[str, CompiledKernel] = {}
+        self._lock = threading.RLock()
+        self._hits = self._misses = self._disk_hits = self._compilations = 0
+        self._nvrtc = self._ptx = self._errors = 0
+
+    @property
+    def cache(self) -> KernelCache | None:
+        """The disk cache in use, or ``None``."""
+        if self._cache_spec is False:
+            return None
+        if self._cache_spec is None or self._cache_spec is True:
+            from .cache import get_kernel_cache
+
+            return get_kernel_cache()
+        return self._cache_spec
+
+    # --- public ----------------------------------------------------------------------------
+
+    def compile(
+        self,
+        func: Callable[..., Any] | str,
+        *,
+        signature: Any | None = None,
+        name: str | None = None,
+        options: CompilationOptions | None = None,
+        device: str = "auto",
+        **overrides: Any,
+    ) -> CompiledKernel:
+        """Compile ``func`` (a Python function, or CUDA C source for ``device="cuda"``).
+
+        Args:
+            func: the kernel.
+            signature: a Numba signature (string or types); ``None`` compiles lazily per
+                argument types (CPU/CUDA) or traces on first call (Metal).
+            name: the kernel name; required for CUDA C (the ``extern "C"`` entry point).
+            options: per-call options (default: the compiler's).
+            device: ``"auto"`` (the accelerator's backend), ``"cpu"``, ``"cuda"``, ``"metal"``.
+            **overrides: ``CompilationOptions`` fields to change for this call.
+
+        Raises:
+            KernelCompilationError: the compiler rejected the kernel.
+            BackendNotAvailableError: the device's compiler library is missing.
+            InvalidConfigurationError: unknown device or option.
+        """
+        opts = options or self.options
+        if overrides:
+            fields = {f.name for f in dataclasses.fields(CompilationOptions)}
+            unknown = sorted(set(overrides) - fields)
+            if unknown:
+                raise InvalidConfigurationError(
+                    f"unknown compile option(s) {', '.join(unknown)}; "
+                    f"valid: {', '.join(sorted(fields))}"
+                )
+            opts = dataclasses.replace(opts, **overrides)
+        if name is not None:
+            opts = dataclasses.replace(opts, name=name)
+        dev = self._resolve_device(device)
+        if isinstance(func, str):
+            if dev != "cuda":
+                raise KernelCompilationError(
+                    f"source strings are CUDA C and compile only for device='cuda', got {dev!r}"
+                )
+            if not opts.name:
+                raise InvalidConfigurationError(
+                    'compiling CUDA C source needs name=<the extern "C" entry point>'
+                )
+        elif not callable(func):
+            raise KernelCompilationError(
+                f"a kernel must be a Python function or CUDA C source, got {type(func).__name__}"
+            )
+        kname = str(opts.name or getattr(func, "__name__", None) or "kernel")
+        key = self._key(func, signature, dev, opts)
+        with self._lock:
+            hit = self._kernels.get(key)
+            if hit is not None:
+                self._hits += 1
+                return hit
+            self._misses += 1
+            try:
+                compiled = self._compile(func, signature, dev, opts, kname, key)
+            except Exception:
+                self._errors += 1
+                raise
+            self._kernels[key] = compiled
+            return compiled
+
+    def get_stats(self) -> CompilerStats:
+        """Counters since creation (or ``clear``)."""
+        with self._lock:
+            return CompilerStats(
+                hits=self._hits,
+                misses=self._misses,
+                disk_hits=self._disk_hits,
+                compilations=self._compilations,
+                nvrtc_compilations=self._nvrtc,
+                ptx_compilations=self._ptx,
+                errors=self._errors,
+                entries=len(self._kernels),
+            )
+
+    def get_cache_stats(self) -> dict[str, Any]:
+        """0.2-style dict: ``hits``, ``misses``, ``size`` (in-memory entries), ``disk``."""
+        stats = self.get_stats()
+        cache = self.cache
+        return {
+            "hits": stats.hits,
+            "misses": stats.misses,
+            "size": stats.entries,
+            "disk_hits": stats.disk_hits,
+            "disk": dataclasses.asdict(cache.get_stats()) if cache is not None else None,
+        }
+
+    def clear(self) -> None:
+        """Forget in-memory kernels and zero the counters (the disk cache is untouched)."""
+        with self._lock:
+            self._kernels.clear()
+            self._hits = self._misses = self._disk_hits = self._compilations = 0
+            self._nvrtc = self._ptx = self._errors = 0
+
+    # --- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _resolve_device(device: str) -> str:
+        if device not in _DEVICES:
+            raise InvalidConfigurationError(
+                f"device must be one of {', '.join(_DEVICES)}, got {device!r}"
+            )
+        if device == "auto":
+            from ..core.accelerator import get_accelerator
+
+            return get_accelerator().backend_type.value
+        return device
+
+    @staticmethod
+    def _key(
+        func: Callable[..., Any] | str, signature: Any, device: str, opts: CompilationOptions
+    ) -> str:
+        h = hashlib.sha256()
+        h.update(source_hash(func).encode())
+        h.update(f"|{signature}|{device}|{opts.cache_key()}|{opts.name}".encode())
+        return h.hexdigest()[:40]
+
+    def _compile(
+        self,
+        func: Callable[..., Any] | str,
+        signature: Any,
+        device: str,
+        opts: CompilationOptions,
+        name: str,
+        key: str,
+    ) -> CompiledKernel:
+        if device == "cpu":
+            return self._compile_cpu(func, signature, opts, name, key)  # type: ignore[arg-type]
+        if device == "metal":
+            return self._compile_metal(func, signature, opts, name, key)  # type: ignore[arg-type]
+        if isinstance(func, str):
+            return self._compile_cuda_c(func, opts, name, key)
+        return self._compile_cuda_py(func, signature, opts, name, key)
+
+    def _compile_cpu(
+        self,
+        func: Callable[..., Any],
+        signature: Any,
+        opts: CompilationOptions,
+        name: str,
+        key: str,
+    ) -> CompiledKernel:
+        start = time.perf_counter()
+        try:
+            numba: Any = importlib.import_module("numba")
+        except Exception:
+            kernel: Any = func
+        else:
+            jit_kwargs: dict[str, Any] = {"fastmath": opts.fastmath}
+            if opts.debug:
+                jit_kwargs["debug"] = True
+            try:
+                if signature is not None:
+                    kernel = numba.njit(signature, **jit_kwargs)(func)
+                else:
+                    kernel = numba.njit(**jit_kwargs)(func)
+            except Exception as exc:
+                if _numba_error(exc):
+                    raise KernelCompilationError(
+                        f"Numba could not compile {name!r} for signature {signature!r}: {exc}"
+                    ) from exc
+                raise
+        self._compilations += 1
+        return CompiledKernel(
+            name=name,
+            device="cpu",
+            signature=signature,
+            key=key,
+            options=opts,
+            source=func,
+            ptx=None,
+            from_disk_cache=False,
+            compile_time_ms=(time.perf_counter() - start) * 1e3,
+            build=lambda: kernel,
+        )
+
+    def _compile_metal(
+        self,
+        func: Callable[..., Any],
+        signature: Any,
+        opts: CompilationOptions,
+        name: str,
+        key: str,
+    ) -> CompiledKernel:
+        try:
+            import mlx.core as mx
+        except Exception as exc:
+            raise BackendNotAvailableError(
+                f"compiling for Metal needs MLX ({exc}); install it with "
+                'pip install "pydotcompute[metal]"'
+            ) from None
+        start = time.perf_counter()
+        try:
+            kernel = mx.compile(func)
+        except Exception as exc:
+            raise KernelCompilationError(f"mx.compile failed for {name!r}: {exc}") from exc
+        self._compilations += 1
+        return CompiledKernel(
+            name=name,
+            device="metal",
+            signature=signature,
+            key=key,
+            options=opts,
+            source=func,
+            ptx=None,
+            from_disk_cache=False,
+            compile_time_ms=(time.perf_counter() - start) * 1e3,
+            build=lambda: kernel,
+        )
+
+    def _target_cc(self, opts: CompilationOptions) -> tuple[int, int]:
+        if opts.cc is not None:
+            return opts.cc
+        try:
+            from ..core.accelerator import get_accelerator
+
+            acc = get_accelerator()
+            if acc.cuda_available and not acc.cuda_simulated:
+                cc = acc.get_device(acc.current_device_id).compute_capability
+                if cc != (0, 0):
+                    return cc
+        except Exception:
+            pass
+        return DEFAULT_CC
+
+    def _disk_key(self, key: str, cc: tuple[int, int], tool: str) -> str:
+        return hashlib.sha256(f"{key}|{cc}|{tool}".encode()).hexdigest()[:48]
+
+    def _cache_load(self, disk_key: str, opts: CompilationOptions) -> str | None:
+        cache = self.cache if opts.cache else None
+        if cache is None:
+            return None
+        ptx = cache.load_text(disk_key)
+        if ptx is not None:
+            self._disk_hits += 1
+        return ptx
+
+    def _cache_store(
+        self, disk_key: str, ptx: str, opts: CompilationOptions, meta: dict[str, Any]
+    ) -> None:
+        cache = self.cache if opts.cache else None
+        if cache is None:
+            return
+        try:
+            cache.store(disk_key, ptx, kind="ptx", metadata=meta)
+        except OSError as exc:  # a read-only cache must not break compilation
+            warnings.warn(
+                f"could not write kernel cache {cache.cache_dir}: {exc}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _compile_cuda_c(
+        self, source: str, opts: CompilationOptions, name: str, key: str
+    ) -> CompiledKernel:
+        cc = self._target_cc(opts)
+        disk_key = self._disk_key(key, cc, f"nvrtc:{_nvrtc_version()}")
+        start = time.perf_counter()
+        ptx = self._cache_load(disk_key, opts)
+        from_disk = ptx is not None
+        if ptx is None:
+            ptx = nvrtc_compile_ptx(source, name, cc, opts.nvrtc_options)
+            self._nvrtc += 1
+            self._compilations += 1
+            self._cache_store(disk_key, ptx, opts, {"name": name, "cc": list(cc), "tool": "nvrtc"})
+        elapsed = 0.0 if from_disk else (time.perf_counter() - start) * 1e3
+        final_ptx = ptx
+
+        def build() -> Any:
+            from ..backends.cuda import CUDABackend
+
+            backend = CUDABackend()
+            backend._cupy()  # raises BackendNotAvailableError without CuPy + GPU
+            import cupy
+
+            try:
+                module = cupy.RawModule(code=final_ptx)
+                return module.get_function(name)
+            except Exception as exc:
+                raise KernelCompilationError(
+                    f"CuPy could not load PTX of CUDA C kernel {name!r}: {exc}"
+                ) from exc
+
+        return CompiledKernel(
+            name=name,
+            device="cuda",
+            signature=None,
+            key=key,
+            options=opts,
+            source=source,
+            ptx=ptx,
+            from_disk_cache=from_disk,
+            compile_time_ms=elapsed,
+            build=build,
+        )
+
+    def _compile_cuda_py(
+        self,
+        func: Callable[..., Any],
+        signature: Any,
+        opts: CompilationOptions,
+        name: str,
+        key: str,
+    ) -> CompiledKernel:
+        from ..backends.cuda import cuda_simulator_enabled
+
+        start = time.perf_counter()
+        ptx: str | None = None
+        from_disk = False
+        if signature is not None and not cuda_simulator_enabled():
+            cc = self._target_cc(opts)
+            disk_key = self._disk_key(key, cc, f"numba:{_numba_version()}")
+            ptx = self._cache_load(disk_key, opts)
+            from_disk = ptx is not None
+            if ptx is None:
+                ptx = numba_compile_ptx(func, signature, cc, opts)
+                self._ptx += 1
+                self._compilations += 1
+                self._cache_store(
+                    disk_key, ptx, opts, {"name": name, "cc": list(cc), "tool": "numba"}
+                )
+        elapsed = 0.0 if from_disk else (time.perf_counter() - start) * 1e3
+
+        def build() -> Any:
+            from ..backends.cuda import CUDABackend
+
+            CUDABackend().require()
+            cuda = numba_cuda()
+
+            jit_kwargs: dict[str, Any] = {"fastmath": opts.fastmath}
+            if opts.debug:
+                jit_kwargs.update(debug=True, opt=False)
+            if opts.lineinfo:
+                jit_kwargs["lineinfo"] = True
+            try:
+                if signature is not None:
+                    return cuda.jit(signature, **jit_kwargs)(func)
+                return cuda.jit(**jit_kwargs)(func)
+            except Exception as exc:
+                if _numba_error(exc):
+                    raise KernelCompilationError(
+                        f"Numba CUDA could not compile {name!r} for {signature!r}: {exc}"
+                    ) from exc
+                raise
+
+        return CompiledKernel(
+            name=name,
+            device="cuda",
+            signature=signature,
+            key=key,
+            options=opts,
+            source=func,
+            ptx=ptx,
+            from_disk_cache=from_disk,
+            compile_time_ms=elapsed,
+            build=build,
+        )
+
+
+def numba_compile_ptx(
+    func: Callable[..., Any],
+    signature: Any,
+    cc: tuple[int, int],
+    opts: CompilationOptions | None = None,
+) -> str:
+    """PTX for a Python CUDA kernel via ``numba.cuda.compile_ptx`` (no GPU needed).
+
+    Raises:
+        BackendNotAvailableError: Numba CUDA is missing, or the simulator is on (it cannot
+            produce PTX; run PTX checks in a process without ``NUMBA_ENABLE_CUDASIM``).
+        KernelCompilationError: Numba rejected the kernel; the message holds its error.
+    """
+    from ..backends.cuda import cuda_simulator_enabled
+
+    if cuda_simulator_enabled():
+        raise BackendNotAvailableError(
+            "PTX cannot be produced while the Numba CUDA simulator is on; run PTX checks in a "
+            "process without NUMBA_ENABLE_CUDASIM"
+        )
+    try:
+        cuda = numba_cuda()
+    except Exception as exc:
+        raise BackendNotAvailableError(
+            f'compiling CUDA kernels needs Numba CUDA ({exc}); pip install "pydotcompute[cuda]"'
+        ) from None
+    opts = opts or CompilationOptions()
+    kwargs: dict[str, Any] = {"cc": cc, "fastmath": opts.fastmath}
+    if opts.debug:
+        kwargs.update(debug=True, opt=False)
+    if opts.lineinfo:
+        kwargs["lineinfo"] = True
+    name = getattr(func, "__name__", "kernel")
+    try:
+        ptx, _ = cuda.compile_ptx(func, signature, **kwargs)
+    except Exception as exc:
+        raise KernelCompilationError(
+            f"Numba could not compile CUDA kernel {name!r} for {signature!r} "
+            f"(cc {cc[0]}.{cc[1]}): {exc}"
+        ) from exc
+    return str(ptx)
+
+
+def _numba_version() -> str:
+    try:
+        import numba
+
+        cuda_mod = sys.modules.get("numba_cuda")
+        return f"{numba.__version__}/{getattr(cuda_mod, '__version__', '')}"
+    except Exception:
+        return "none"
+
+
+def _nvrtc_version() -> str:
+    try:
+        from cupy.cuda import nvrtc
+
+        return ".".join(str(v) for v in nvrtc.getVersion())
+    except Exception:
+        return "none"
+
+
+_compiler: KernelCompiler | None = None
+_compiler_lock = threading.Lock()
+
+
+def get_compiler() -> KernelCompiler:
+    """The process-wide ``KernelCompiler`` (its PTX goes to ``get_kernel_cache()``)."""
+    global _compiler
+    with _compiler_lock:
+        if _compiler is None:
+            _compiler = KernelCompiler()
+        return _compiler
+
+
+def compile_kernel(
+    func: Callable[..., Any] | str,
+    *,
+    signature: Any | None = None,
+    name: str | None = None,
+    device: str = "auto",
+    **options: Any,
+) -> CompiledKernel:
+    """``get_compiler().compile(...)``: compile once, cached in memory and (PTX) on disk."""
+    return get_compiler().compile(func, signature=signature, name=name, device=device, **options)

@@ -1,0 +1,463 @@
+"""MemoryPool: reuse host and device blocks by size class, evicting LRU under a byte limit.
+
+Design. A request for ``shape``/``dtype`` is rounded up to a *size class* (512 B, then four
+classes per power of two: 1, 1.25, 1.5, 1.75 x 2^k, so at most 25 % of a block is slack). A
+block is a raw byte array of the class size; callers receive a typed view of its first bytes.
+Released blocks are cached per (location, backend, class) and reused most-recently-released
+first (warm in cache); one ``OrderedDict`` over every cached block gives the global LRU order.
+
+The byte limit bounds what the pool *holds* (blocks in use plus cached). Memory in use is
+never refused — the pool is a cache, not a quota — so when the total goes over the limit the
+least recently used cached blocks are dropped, and a released block that does not fit is freed
+at once (both counted as evictions). On CUDA, device blocks come from CuPy, whose own memory
+pool then keeps the freed memory for CuPy; ``free_all_blocks()`` empties both, and
+``set_limit()``, ``enable()`` and ``disable()`` also drive CuPy's pools when CuPy is in use.
+
+Rejected: a buddy allocator over one big arena (faster to split, but one leaked view pins the
+whole arena and device and host arenas would need separate code) and ``weakref`` finalizers to
+auto-release (NumPy views of a block keep the block alive, so a finalizer would fire late or
+never; explicit ``release``/``pooled_buffer`` is clearer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..backends.base import BackendType, as_shape
+from ..exceptions import BufferNotAllocatedError, InvalidConfigurationError
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+__all__ = (
+    "MemoryPool",
+    "PoolStatistics",
+    "configure_memory_pool",
+    "get_memory_pool",
+    "size_class",
+)
+
+Location = Literal["host", "device", "pinned"]
+_LOCATIONS = ("host", "device", "pinned")
+MIN_BLOCK = 512
+
+
+def size_class(nbytes: int) -> int:
+    """The block size a request of ``nbytes`` is served from (at most 25 % larger)."""
+    if nbytes <= MIN_BLOCK:
+        return MIN_BLOCK
+    power = 1 << (nbytes - 1).bit_length() - 1  # largest power of two below nbytes
+    step = power // 4
+    return power + ((nbytes - power + step - 1) // step) * step
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A snapshot of a pool's counters (``MemoryPool.get_stats()``)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    acquires: int = 0
+    releases: int = 0
+    blocks_in_use: int = 0
+    bytes_in_use: int = 0
+    blocks_cached: int = 0
+    bytes_cached: int = 0
+    limit_bytes: int | None = None
+    bytes_by_location: dict[str, int] = field(default_factory=dict)
+    cupy_used_bytes: int = 0
+    cupy_total_bytes: int = 0
+    enabled: bool = True
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over acquires (0.0 before the first acquire)."""
+        return self.hits / self.acquires if self.acquires else 0.0
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes handed out and not yet released (0.2 name)."""
+        return self.bytes_in_use
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the pool holds: in use plus cached (0.2 name)."""
+        return self.bytes_in_use + self.bytes_cached
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes cached for reuse (0.2 name)."""
+        return self.bytes_cached
+
+
+@dataclass(slots=True)
+class _Block:
+    raw: Any
+    nbytes: int
+    key: tuple[str, str, int]
+
+
+@dataclass(slots=True)
+class _Lease:
+    block: _Block
+    view: Any
+
+
+class MemoryPool:
+    """Size-class pool of host, pinned and device blocks with LRU eviction.
+
+    Args:
+        max_bytes: bound on bytes held (in use + cached); ``None`` for no bound.
+        enabled: when ``False`` every acquire allocates and every release frees.
+        backend: device backend for ``location="device"`` (default: the accelerator's).
+
+    Thread-safe: one lock guards the tables; allocation happens under it too, so keep blocks
+    large enough that pooling is worth it (it is for anything over a few KiB).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int | None = None,
+        enabled: bool = True,
+        backend: Backend | str | None = None,
+    ) -> None:
+        self._check_limit(max_bytes)
+        self._limit = max_bytes or None
+        self._enabled = enabled
+        self._backend_spec = backend
+        self._lock = threading.Lock()
+        self._free: dict[tuple[str, str, int], list[_Block]] = {}
+        self._lru: OrderedDict[int, _Block] = OrderedDict()
+        self._leases: dict[int, _Lease] = {}
+        self._bytes_cached = 0
+        self._bytes_in_use = 0
+        self._hits = self._misses = self._evictions = self._acquires = self._releases = 0
+
+    @staticmethod
+    def _check_limit(max_bytes: int | None) -> None:
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+            raise InvalidConfigurationError(
+                f"max_bytes must be a non-negative int or None, got {max_bytes!r}"
+            )
+
+    # --- configuration ---------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """Whether released blocks are cached for reuse."""
+        return self._enabled
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The byte bound, or ``None``."""
+        return self._limit
+
+    def enable(self) -> None:
+        """Cache released blocks again (and route CuPy allocations through its pools)."""
+        self._enabled = True
+        cupy = self._cupy()
+        if cupy is not None:
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+            cupy.cuda.set_pinned_memory_allocator(cupy.get_default_pinned_memory_pool().malloc)
+
+    def disable(self) -> None:
+        """Stop caching: drop cached blocks (and make CuPy allocate directly)."""
+        self._enabled = False
+        self.free_all_blocks()
+        cupy = self._cupy()
+        if cupy is not None:
+            cupy.cuda.set_allocator(None)
+            cupy.cuda.set_pinned_memory_allocator(None)
+
+    def set_limit(self, mb: float | None) -> None:
+        """Bound the bytes held to ``mb`` MiB (``None`` or 0: no bound); evicts at once.
+
+        Also sets CuPy's device pool limit when CuPy drives a GPU.
+
+        Raises:
+            InvalidConfigurationError: ``mb`` is negative.
+        """
+        if mb is not None and mb < 0:
+            raise InvalidConfigurationError(f"limit must be >= 0 MiB or None, got {mb!r}")
+        limit = int(mb * 2**20) if mb else None
+        with self._lock:
+            self._limit = limit
+            self._evict_locked()
+        cupy = self._cupy()
+        if cupy is not None:
+            cupy.get_default_memory_pool().set_limit(size=limit or 0)
+
+    def _cupy(self) -> Any:
+        """CuPy, when it is already imported and drives a GPU; else ``None``."""
+        if "cupy" not in sys.modules:
+            return None
+        backend = self._device_backend_or_none()
+        if backend is None or getattr(backend, "mode", None) != "cupy":
+            return None
+        return sys.modules["cupy"]
+
+    def _device_backend_or_none(self) -> Backend | None:
+        try:
+            return self._device_backend(None)
+        except Exception:
+            return None
+
+    def _device_backend(self, backend: Backend | str | None) -> Backend:
+        from ..backends import get_backend
+        from ..backends.base import Backend
+
+        spec = backend if backend is not None else self._backend_spec
+        if isinstance(spec, Backend):
+            return spec
+        if spec is None:
+            from .accelerator import get_accelerator
+
+            return get_accelerator().get_backend()  # type: ignore[no-any-return]
+        return get_backend(spec)
+
+    # --- acquire / release -----------------------------------------------------------------
+
+    def acquire(
+        self,
+        shape: int | Sequence[int],
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        location: Location = "host",
+        backend: Backend | str | None = None,
+    ) -> Any:
+        """An uninitialised array of ``shape``/``dtype`` from the pool; give it back with
+        ``release``.
+
+        Args:
+            shape: array shape.
+            dtype: NumPy dtype.
+            location: ``"host"`` (NumPy), ``"pinned"`` (page-locked NumPy on CUDA, plain
+                NumPy elsewhere) or ``"device"`` (the backend's device array).
+            backend: the device backend for ``"device"``/``"pinned"``.
+
+        Raises:
+            InvalidConfigurationError: unknown location or bad shape.
+            BackendNotAvailableError: ``"device"`` on an unusable backend.
+        """
+        if location not in _LOCATIONS:
+            raise InvalidConfigurationError(
+                f"location must be one of {', '.join(_LOCATIONS)}, got {location!r}"
+            )
+        dims = as_shape(shape)
+        np_dtype = np.dtype(dtype)
+        nbytes = int(np.prod(dims, dtype=np.int64)) * np_dtype.itemsize
+        dev = self._device_backend(backend) if location != "host" else None
+        if dev is not None and location == "device":
+            dev.require()
+            if dev.backend_type is BackendType.METAL:
+                # MLX arrays are immutable and MLX caches its own buffers: no views to pool.
+                with self._lock:
+                    self._acquires += 1
+                    self._misses += 1
+                return dev.empty(dims, np_dtype)
+        cls = size_class(nbytes)
+        key = (location, dev.name if dev is not None else "host", cls)
+        with self._lock:
+            self._acquires += 1
+            block: _Block | None = None
+            stack = self._free.get(key)
+            if self._enabled and stack:
+                block = stack.pop()
+                del self._lru[id(block)]
+                self._bytes_cached -= block.nbytes
+                self._hits += 1
+            else:
+                self._misses += 1
+                block = _Block(self._allocate_raw(location, cls, dev), cls, key)
+            view = block.raw[:nbytes].view(np_dtype).reshape(dims)
+            self._leases[id(view)] = _Lease(block, view)
+            self._bytes_in_use += block.nbytes
+            self._evict_locked()
+            return view
+
+    @staticmethod
+    def _allocate_raw(location: str, nbytes: int, dev: Backend | None) -> Any:
+        if location == "host" or dev is None:
+            return np.empty(nbytes, dtype=np.uint8)
+        if location == "pinned":
+            if dev.backend_type is BackendType.CUDA and dev.is_available:
+                return dev.pinned_empty((nbytes,), np.uint8)  # type: ignore[attr-defined]
+            return np.empty(nbytes, dtype=np.uint8)
+        return dev.empty((nbytes,), np.uint8)
+
+    def release(self, array: Any) -> None:
+        """Give back an array from ``acquire``; do not use it afterwards.
+
+        Raises:
+            BufferNotAllocatedError: ``array`` did not come from this pool, or was released.
+        """
+        with self._lock:
+            lease = self._leases.pop(id(array), None)
+            if lease is None or lease.view is not array:
+                if lease is not None:  # id reuse by an unrelated object: put it back
+                    self._leases[id(array)] = lease
+                raise BufferNotAllocatedError(
+                    f"cannot release {type(array).__name__} "
+                    f"{getattr(array, 'dtype', '')} {tuple(getattr(array, 'shape', ()))}: it "
+                    "was not acquired from this pool or was already released"
+                )
+            self._releases += 1
+            block = lease.block
+            self._bytes_in_use -= block.nbytes
+            if not self._enabled:
+                return
+            self._free.setdefault(block.key, []).append(block)
+            self._lru[id(block)] = block
+            self._bytes_cached += block.nbytes
+            self._evict_locked()
+
+    @contextlib.contextmanager
+    def pooled_buffer(
+        self,
+        shape: int | Sequence[int],
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        location: Location = "host",
+        backend: Backend | str | None = None,
+    ) -> Iterator[Any]:
+        """``with pool.pooled_buffer(shape, dtype) as a:`` — acquire, then release on exit."""
+        array = self.acquire(shape, dtype, location=location, backend=backend)
+        try:
+            yield array
+        finally:
+            if id(array) in self._leases:  # tolerate an explicit release inside the block
+                self.release(array)
+
+    def _evict_locked(self) -> None:
+        if self._limit is None:
+            return
+        while self._lru and self._bytes_in_use + self._bytes_cached > self._limit:
+            _, block = self._lru.popitem(last=False)
+            self._free[block.key].remove(block)
+            self._bytes_cached -= block.nbytes
+            self._evictions += 1
+
+    def free_all_blocks(self) -> int:
+        """Drop every cached block (and CuPy's cached blocks); returns the bytes dropped."""
+        with self._lock:
+            dropped = self._bytes_cached
+            self._free.clear()
+            self._lru.clear()
+            self._bytes_cached = 0
+        cupy = self._cupy()
+        if cupy is not None:
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
+        return dropped
+
+    # --- statistics ------------------------------------------------------------------------
+
+    def get_stats(self) -> PoolStatistics:
+        """A snapshot of the counters (plus CuPy's device pool usage when CuPy is in use)."""
+        cupy_used = cupy_total = 0
+        cupy = self._cupy()
+        if cupy is not None:
+            pool = cupy.get_default_memory_pool()
+            cupy_used, cupy_total = int(pool.used_bytes()), int(pool.total_bytes())
+        with self._lock:
+            by_location: dict[str, int] = dict.fromkeys(_LOCATIONS, 0)
+            for lease in self._leases.values():
+                by_location[lease.block.key[0]] += lease.block.nbytes
+            for block in self._lru.values():
+                by_location[block.key[0]] += block.nbytes
+            return PoolStatistics(
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                acquires=self._acquires,
+                releases=self._releases,
+                blocks_in_use=len(self._leases),
+                bytes_in_use=self._bytes_in_use,
+                blocks_cached=len(self._lru),
+                bytes_cached=self._bytes_cached,
+                limit_bytes=self._limit,
+                bytes_by_location=by_location,
+                cupy_used_bytes=cupy_used,
+                cupy_total_bytes=cupy_total,
+                enabled=self._enabled,
+            )
+
+    def get_pinned_stats(self) -> dict[str, int]:
+        """Pinned-memory figures: ours, and CuPy's pinned pool free blocks when in use."""
+        with self._lock:
+            cached = sum(b.nbytes for b in self._lru.values() if b.key[0] == "pinned")
+            in_use = sum(
+                lease.block.nbytes
+                for lease in self._leases.values()
+                if lease.block.key[0] == "pinned"
+            )
+        cupy_free_blocks = 0
+        cupy = self._cupy()
+        if cupy is not None:
+            cupy_free_blocks = int(cupy.get_default_pinned_memory_pool().n_free_blocks())
+        return {
+            "bytes_in_use": in_use,
+            "bytes_cached": cached,
+            "cupy_n_free_blocks": cupy_free_blocks,
+        }
+
+    def reset_stats(self) -> None:
+        """Zero the hit/miss/eviction counters (holdings are unchanged)."""
+        with self._lock:
+            self._hits = self._misses = self._evictions = self._acquires = self._releases = 0
+
+    def __repr__(self) -> str:
+        s = self.get_stats()
+        return (
+            f"<MemoryPool in_use={s.bytes_in_use}B cached={s.bytes_cached}B "
+            f"hits={s.hits} misses={s.misses} evictions={s.evictions}>"
+        )
+
+
+_pool: MemoryPool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_memory_pool() -> MemoryPool:
+    """The process-wide ``MemoryPool`` (created on first use, no limit)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = MemoryPool()
+        return _pool
+
+
+def configure_memory_pool(
+    *,
+    limit_mb: float | None = None,
+    enabled: bool | None = None,
+    backend: Backend | str | None = None,
+) -> MemoryPool:
+    """Configure (creating if needed) the process-wide pool; returns it.
+
+    Args:
+        limit_mb: byte bound in MiB (``None`` leaves it unchanged, 0 removes it).
+        enabled: enable or disable caching (``None`` leaves it unchanged).
+        backend: device backend for device blocks (``None`` leaves it unchanged).
+    """
+    pool = get_memory_pool()
+    if backend is not None:
+        pool._backend_spec = backend
+    if limit_mb is not None:
+        pool.set_limit(limit_mb)
+    if enabled is True:
+        pool.enable()
+    elif enabled is False:
+        pool.disable()
+    return pool

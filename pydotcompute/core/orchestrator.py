@@ -1,0 +1,414 @@
+"""ComputeOrchestrator: launch compute kernels from async code, with streams and a history.
+
+Launches run in a worker thread (``asyncio.to_thread``) by default: a CPU kernel is a
+blocking NumPy/Numba call and a GPU launch ends in a synchronize, and neither may stall the
+event loop. Every launch — successful or not — is recorded as a ``KernelExecution`` in a
+bounded history, so failures are visible after the fact as well as raised to the caller.
+
+``initialize()`` and ``shutdown()`` do their work when called and return an awaitable, so
+both ``orch.initialize()`` and ``await orch.initialize()`` work (the 0.2 API was used both
+ways); ``async with ComputeOrchestrator() as orch`` is the recommended form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.base import KernelExecutionResult, normalize_grid
+from ..exceptions import InvalidConfigurationError, KernelAlreadyExistsError, KernelNotFoundError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ..backends.base import Backend, BackendType
+
+__all__ = ("ComputeOrchestrator", "KernelExecution", "KernelLaunchConfig")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLaunchConfig:
+    """How to launch a kernel.
+
+    Attributes:
+        grid_size: blocks per grid (an int or up to three ints).
+        block_size: threads per block (an int or up to three ints).
+        shared_memory_bytes: dynamic shared memory per block (CUDA C kernels).
+        stream: the stream to launch on (``None``: the orchestrator's current stream).
+
+    Raises:
+        InvalidConfigurationError: a size is not positive.
+    """
+
+    grid_size: int | tuple[int, ...] = 1
+    block_size: int | tuple[int, ...] = 256
+    shared_memory_bytes: int = 0
+    stream: Any = None
+
+    def __post_init__(self) -> None:
+        normalize_grid(self.grid_size, "grid_size")
+        normalize_grid(self.block_size, "block_size")
+        if not isinstance(self.shared_memory_bytes, int) or self.shared_memory_bytes < 0:
+            raise InvalidConfigurationError(
+                f"shared_memory_bytes must be an int >= 0, got {self.shared_memory_bytes!r}"
+            )
+
+    @property
+    def total_threads(self) -> int:
+        """Blocks times threads per block."""
+        total = 1
+        for d in (
+            *normalize_grid(self.grid_size, "grid_size"),
+            *normalize_grid(self.block_size, "block_size"),
+        ):
+            total *= d
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class KernelExecution:
+    """One recorded launch.
+
+    Attributes:
+        execution_id: increasing id within the orchestrator.
+        kernel_name: the kernel's name.
+        config: the launch configuration.
+        backend: backend name (``"cpu:0"``, ``"cuda:0"``, ...).
+        start_time: wall-clock start (``time.time()``).
+        end_time: wall-clock end.
+        duration_ms: time from launch to completion, as seen by the orchestrator.
+        success: whether it completed without raising.
+        error: ``"ExceptionType: message"`` when it failed.
+        result: the backend's result (device-measured time, output) when it succeeded.
+    """
+
+    execution_id: int
+    kernel_name: str
+    config: KernelLaunchConfig
+    backend: str
+    start_time: float
+    end_time: float
+    duration_ms: float
+    success: bool
+    error: str | None = None
+    result: KernelExecutionResult | None = None
+
+    @property
+    def device_time_ms(self) -> float | None:
+        """Time measured by the backend (CUDA events on a GPU), when available."""
+        return self.result.execution_time_ms if self.result is not None else None
+
+
+class _Done:
+    """An already-completed awaitable (see the module docstring)."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+class ComputeOrchestrator:
+    """Registers compute kernels and launches them on a backend without blocking the loop.
+
+    Args:
+        backend: a ``Backend``, a backend name, or ``None`` for the accelerator's choice.
+        max_history: executions kept in the history (oldest dropped first).
+        run_in_thread: run launches in a worker thread (``False`` runs them inline, which is
+            only right for tiny kernels).
+    """
+
+    def __init__(
+        self,
+        backend: Backend | BackendType | str | None = None,
+        *,
+        max_history: int = 1000,
+        run_in_thread: bool = True,
+    ) -> None:
+        if not isinstance(max_history, int) or max_history < 1:
+            raise InvalidConfigurationError(f"max_history must be an int >= 1, got {max_history!r}")
+        self._backend_spec = backend
+        self._backend: Backend | None = None
+        self._kernels: dict[str, Callable[..., Any]] = {}
+        self._history: deque[KernelExecution] = deque(maxlen=max_history)
+        self._ids = itertools.count(1)
+        self._streams: list[Any] = []
+        self._current_stream: Any = None
+        self._run_in_thread = run_in_thread
+        self._initialized = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def is_initialized(self) -> bool:
+        """Whether ``initialize()`` ran and ``shutdown()`` did not."""
+        return self._initialized and not self._closed
+
+    @property
+    def backend(self) -> Backend:
+        """The backend kernels run on (resolved on first use)."""
+        if self._backend is None:
+            from ..backends import get_backend
+            from ..backends.base import Backend
+
+            spec = self._backend_spec
+            self._backend = spec if isinstance(spec, Backend) else get_backend(spec)
+        return self._backend
+
+    def initialize(self) -> _Done:
+        """Resolve the backend and check it is usable; idempotent. Awaitable or not.
+
+        Raises:
+            BackendNotAvailableError: the chosen backend is unusable.
+        """
+        self.backend.require()
+        self._initialized = True
+        self._closed = False
+        return _Done()
+
+    def shutdown(self) -> _Done:
+        """Wait for queued device work and release streams; idempotent. Awaitable or not."""
+        if self._initialized and not self._closed:
+            with contextlib.suppress(Exception):
+                self.synchronize()
+        self._streams.clear()
+        self._current_stream = None
+        self._closed = True
+        return _Done()
+
+    async def __aenter__(self) -> ComputeOrchestrator:
+        await self.initialize()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    def __enter__(self) -> ComputeOrchestrator:
+        self.initialize()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def register_kernel(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register ``fn`` under ``name`` for ``launch_kernel(name, ...)``.
+
+        Raises:
+            KernelAlreadyExistsError: ``name`` is taken (``unregister_kernel`` it first).
+            InvalidConfigurationError: ``fn`` is not callable or ``name`` is empty.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidConfigurationError(f"kernel name must be a non-empty str, got {name!r}")
+        if not callable(fn):
+            raise InvalidConfigurationError(
+                f"kernel {name!r} must be callable, got {type(fn).__name__}"
+            )
+        with self._lock:
+            if name in self._kernels:
+                raise KernelAlreadyExistsError(
+                    f"a kernel named {name!r} is already registered with this orchestrator; "
+                    "unregister_kernel() it first"
+                )
+            self._kernels[name] = fn
+
+    def unregister_kernel(self, name: str) -> None:
+        """Forget ``name``.
+
+        Raises:
+            KernelNotFoundError: unknown ``name``.
+        """
+        with self._lock:
+            if name not in self._kernels:
+                raise KernelNotFoundError(name, self._kernels, where="orchestrator")
+            del self._kernels[name]
+
+    def get_kernel(self, name: str) -> Callable[..., Any]:
+        """The kernel registered under ``name``.
+
+        Raises:
+            KernelNotFoundError: unknown ``name`` (the message lists the registered ones).
+        """
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise KernelNotFoundError(name, self._kernels, where="orchestrator") from None
+
+    @property
+    def kernel_names(self) -> list[str]:
+        """Registered kernel names, sorted."""
+        return sorted(self._kernels)
+
+    async def launch_kernel(
+        self,
+        kernel_or_name: Callable[..., Any] | str,
+        config: KernelLaunchConfig | tuple[Any, Any] | None = None,
+        *args: Any,
+    ) -> KernelExecution:
+        """Launch a kernel (or a registered name) and wait for it without blocking the loop.
+
+        Args:
+            kernel_or_name: a kernel callable or a registered name.
+            config: a ``KernelLaunchConfig``, a ``(grid, block)`` tuple, or ``None`` (1, 256).
+            *args: the kernel's arguments.
+
+        Returns:
+            The recorded ``KernelExecution``.
+
+        Raises:
+            KernelNotFoundError: unknown name.
+            KernelStateError: the orchestrator was shut down.
+            Exception: whatever the kernel or backend raised (also recorded in the history).
+        """
+        if self._closed:
+            from ..exceptions import KernelStateError
+
+            name = kernel_or_name if isinstance(kernel_or_name, str) else "?"
+            raise KernelStateError(
+                name,
+                "SHUT_DOWN",
+                "launch",
+                "this ComputeOrchestrator was shut down; create a new one",
+            )
+        if not self._initialized:
+            self.initialize()
+        fn = self.get_kernel(kernel_or_name) if isinstance(kernel_or_name, str) else kernel_or_name
+        name = kernel_or_name if isinstance(kernel_or_name, str) else self.backend._kernel_name(fn)
+        cfg = self._as_config(config)
+        stream = cfg.stream if cfg.stream is not None else self._current_stream
+        backend = self.backend
+        call = functools.partial(
+            backend.execute_kernel, fn, cfg.grid_size, cfg.block_size, *args, stream=stream
+        )
+        start_wall, start = time.time(), time.perf_counter()
+        try:
+            result = await asyncio.to_thread(call) if self._run_in_thread else call()
+        except BaseException as exc:
+            self._record(name, cfg, start_wall, start, None, f"{type(exc).__name__}: {exc}")
+            raise
+        return self._record(name, cfg, start_wall, start, result, None)
+
+    @staticmethod
+    def _as_config(config: KernelLaunchConfig | tuple[Any, Any] | None) -> KernelLaunchConfig:
+        if config is None:
+            return KernelLaunchConfig()
+        if isinstance(config, KernelLaunchConfig):
+            return config
+        if isinstance(config, tuple) and len(config) == 2:
+            return KernelLaunchConfig(grid_size=config[0], block_size=config[1])
+        raise InvalidConfigurationError(
+            f"config must be a KernelLaunchConfig or a (grid, block) tuple, got {config!r}"
+        )
+
+    def _record(
+        self,
+        name: str,
+        cfg: KernelLaunchConfig,
+        start_wall: float,
+        start: float,
+        result: KernelExecutionResult | None,
+        error: str | None,
+    ) -> KernelExecution:
+        elapsed = (time.perf_counter() - start) * 1e3
+        execution = KernelExecution(
+            execution_id=next(self._ids),
+            kernel_name=name,
+            config=cfg,
+            backend=self.backend.name,
+            start_time=start_wall,
+            end_time=start_wall + elapsed / 1e3,
+            duration_ms=elapsed,
+            success=error is None,
+            error=error,
+            result=result,
+        )
+        self._history.append(execution)
+        return execution
+
+    # --- streams ---------------------------------------------------------------------------
+
+    def create_stream(self) -> Any:
+        """A new stream on the backend (``None`` on the CPU, which has none)."""
+        stream = self.backend.create_stream()
+        if stream is not None:
+            self._streams.append(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def stream_context(self, stream: Any | None = None) -> Iterator[Any]:
+        """Launches inside the block default to ``stream`` (a new one if ``None``); the
+        stream is synchronized on exit."""
+        target = stream if stream is not None else self.create_stream()
+        previous = self._current_stream
+        self._current_stream = target
+        try:
+            yield target
+        finally:
+            self._current_stream = previous
+            if target is not None and hasattr(target, "synchronize"):
+                target.synchronize()
+
+    def synchronize(self) -> None:
+        """Wait for every stream this orchestrator created and for the device."""
+        for stream in self._streams:
+            if hasattr(stream, "synchronize"):
+                stream.synchronize()
+        self.backend.synchronize()
+
+    # --- history ---------------------------------------------------------------------------
+
+    def get_execution_history(
+        self, limit: int | None = None, kernel_name: str | None = None
+    ) -> list[KernelExecution]:
+        """Recorded launches, oldest first; ``limit`` keeps the most recent ones."""
+        items: Sequence[KernelExecution] = list(self._history)
+        if kernel_name is not None:
+            items = [e for e in items if e.kernel_name == kernel_name]
+        if limit is not None:
+            if limit < 0:
+                raise InvalidConfigurationError(f"limit must be >= 0, got {limit}")
+            items = items[len(items) - limit :] if limit else []
+        return list(items)
+
+    def clear_execution_history(self) -> None:
+        """Forget recorded launches."""
+        self._history.clear()
+
+    def statistics(self) -> dict[str, Any]:
+        """Launch counts and timings per kernel over the recorded history."""
+        per: dict[str, dict[str, float]] = {}
+        for e in self._history:
+            s = per.setdefault(e.kernel_name, {"launches": 0, "failures": 0, "total_ms": 0.0})
+            s["launches"] += 1
+            s["failures"] += 0 if e.success else 1
+            s["total_ms"] += e.duration_ms
+        return {
+            "backend": self.backend.name,
+            "launches": len(self._history),
+            "failures": sum(1 for e in self._history if not e.success),
+            "kernels": per,
+        }
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "ready" if self._initialized else "new"
+        return f"<ComputeOrchestrator {state} kernels={len(self._kernels)}>"

@@ -1,0 +1,677 @@
+"""UnifiedBuffer: one array with a host side and a device side, copied only when needed.
+
+State machine (``H`` = host copy, ``D`` = device copy; "dirty" = written since the other side
+last matched it)::
+
+                      allocate(host, device)
+    UNINITIALIZED ──────────────────────────────┬──────────────┬──────────────┐
+          ▲                                     ▼              ▼              ▼
+          │ free()                          HOST_ONLY     SYNCHRONIZED    DEVICE_ONLY
+          │                                   │ read D       ▲   │           │ read H
+          │                                   └──copy H→D───►│   │◄──copy D→H┘
+          │                                                  │   │
+          │              read D / ensure_on_device: copy H→D │   │ mark_host_dirty()
+          │                                   HOST_DIRTY ────┘   ├──────────────► HOST_DIRTY
+          │              read H / ensure_on_host: copy D→H       │ mark_device_dirty()
+          └─ (from any state)                 DEVICE_DIRTY ──────┴──────────────► DEVICE_DIRTY
+
+Reading the side that is current never copies; reading the stale side copies once and moves
+to ``SYNCHRONIZED``. Marking one side dirty while the other is dirty means both were written
+since they last matched, which cannot be reconciled: that raises ``BufferSyncError`` rather
+than silently dropping one side's writes. Transfer counters (``transfer_stats``) record every
+copy, so tests can prove that no redundant copy happens.
+
+The device side comes from a ``Backend``: CuPy arrays on CUDA (Numba device arrays under the
+CUDA simulator), ``mx.array`` on Metal, and on the CPU a second NumPy array, so code written
+for a discrete GPU behaves identically on the CPU (the price is a second copy of the data; use
+``allocate(device=False)`` for host-only data). ``.metal`` is an extra MLX mirror of the host
+side when the device is not Metal.
+
+Async ``ensure_on_device``/``ensure_on_host`` copy in a worker thread (``asyncio.to_thread``)
+from :data:`ASYNC_COPY_THRESHOLD` bytes up, so a large copy does not stall the event loop;
+smaller copies run inline because a thread hop costs more than the copy. A re-entrant lock
+guards the state, so a copy in a worker thread and a read on the loop thread never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..backends.base import BackendType, as_shape, check_copy_compatible
+from ..exceptions import (
+    BufferMismatchError,
+    BufferNotAllocatedError,
+    BufferSyncError,
+    InvalidConfigurationError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ..backends.base import Backend
+    from .memory_pool import MemoryPool
+
+__all__ = ("ASYNC_COPY_THRESHOLD", "BufferState", "TransferStats", "UnifiedBuffer")
+
+#: Copies of at least this many bytes run in a worker thread in the async ``ensure_*`` methods.
+ASYNC_COPY_THRESHOLD = 1 << 20
+
+
+class BufferState(enum.Enum):
+    """Where a ``UnifiedBuffer``'s current data lives (see the module's state diagram)."""
+
+    UNINITIALIZED = "uninitialized"
+    HOST_ONLY = "host_only"
+    DEVICE_ONLY = "device_only"
+    SYNCHRONIZED = "synchronized"
+    HOST_DIRTY = "host_dirty"
+    DEVICE_DIRTY = "device_dirty"
+
+
+_HOST_CURRENT = frozenset({BufferState.HOST_ONLY, BufferState.SYNCHRONIZED, BufferState.HOST_DIRTY})
+_DEVICE_CURRENT = frozenset(
+    {BufferState.DEVICE_ONLY, BufferState.SYNCHRONIZED, BufferState.DEVICE_DIRTY}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferStats:
+    """Copies a buffer has made since it was created (or since ``reset_transfer_stats``)."""
+
+    host_to_device: int = 0
+    device_to_host: int = 0
+    bytes_host_to_device: int = 0
+    bytes_device_to_host: int = 0
+    host_to_metal: int = 0
+    metal_to_host: int = 0
+
+    @property
+    def total_transfers(self) -> int:
+        """All copies in either direction, Metal mirror included."""
+        return self.host_to_device + self.device_to_host + self.host_to_metal + self.metal_to_host
+
+
+def _resolve_backend(backend: Backend | BackendType | str | None) -> Backend:
+    from ..backends import get_backend
+    from ..backends.base import Backend
+
+    if isinstance(backend, Backend):
+        return backend
+    if backend is None:
+        from .accelerator import get_accelerator
+
+        return get_accelerator().get_backend()  # type: ignore[no-any-return]
+    return get_backend(backend)
+
+
+class UnifiedBuffer:
+    """An array with lazily synchronised host (NumPy) and device copies.
+
+    Args:
+        shape: the array shape (an int for 1-D).
+        dtype: a NumPy dtype; object dtypes are rejected.
+        pinned: allocate the host side in page-locked memory on CUDA (faster, asynchronous
+            copies); ignored on other backends.
+        backend: the device backend (a ``Backend``, ``"cpu"``, ``"cuda"``, ``"metal"``) or
+            ``None`` for the accelerator's choice.
+        pool: take memory from this ``MemoryPool`` and return it on ``free()``.
+
+    Raises:
+        InvalidConfigurationError: a bad shape or dtype.
+
+    Example:
+        >>> buf = UnifiedBuffer((4,), dtype=np.float32, backend="cpu").allocate()
+        >>> buf.host[:] = 1.0
+        >>> buf.mark_host_dirty()
+        >>> float(buf.device.sum())  # copies host -> device once
+        4.0
+    """
+
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        dtype: npt.DTypeLike = np.float32,
+        *,
+        pinned: bool = False,
+        backend: Backend | BackendType | str | None = None,
+        pool: MemoryPool | None = None,
+    ) -> None:
+        self._shape = as_shape(shape)
+        try:
+            self._dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise InvalidConfigurationError(
+                f"dtype {dtype!r} is not a NumPy dtype: {exc}"
+            ) from None
+        if self._dtype.hasobject:
+            raise InvalidConfigurationError(
+                f"UnifiedBuffer holds plain numeric data; dtype {self._dtype} contains Python "
+                "objects, which cannot live on a device"
+            )
+        self._requested_pinned = bool(pinned)
+        self._pinned = False
+        self._backend_spec = backend
+        self._backend: Backend | None = None
+        self._pool = pool
+        self._host: np.ndarray[Any, Any] | None = None
+        self._device: Any = None
+        self._metal: Any = None
+        self._metal_valid = False
+        self._state = BufferState.UNINITIALIZED
+        self._freed = False
+        self._lock = threading.RLock()
+        self._h2d = self._d2h = self._h2m = self._m2h = 0
+        self._bytes_h2d = self._bytes_d2h = 0
+
+    # --- properties ------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype."""
+        return self._dtype
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes of one side."""
+        return self.size * self._dtype.itemsize
+
+    @property
+    def state(self) -> BufferState:
+        """The current ``BufferState``."""
+        return self._state
+
+    @property
+    def is_allocated(self) -> bool:
+        """Whether any side is allocated (``False`` before ``allocate()`` and after ``free()``)."""
+        return self._state is not BufferState.UNINITIALIZED
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the host side is page-locked memory (only ever on CUDA)."""
+        return self._pinned
+
+    @property
+    def backend(self) -> Backend:
+        """The device backend (resolved on first use)."""
+        if self._backend is None:
+            self._backend = _resolve_backend(self._backend_spec)
+        return self._backend
+
+    @property
+    def transfer_stats(self) -> TransferStats:
+        """Copies made so far."""
+        return TransferStats(
+            host_to_device=self._h2d,
+            device_to_host=self._d2h,
+            bytes_host_to_device=self._bytes_h2d,
+            bytes_device_to_host=self._bytes_d2h,
+            host_to_metal=self._h2m,
+            metal_to_host=self._m2h,
+        )
+
+    def reset_transfer_stats(self) -> None:
+        """Zero the transfer counters."""
+        with self._lock:
+            self._h2d = self._d2h = self._h2m = self._m2h = 0
+            self._bytes_h2d = self._bytes_d2h = 0
+
+    def _describe(self) -> str:
+        return f"UnifiedBuffer {self._dtype} {self._shape}"
+
+    # --- allocation ------------------------------------------------------------------------
+
+    def allocate(self, *, host: bool = True, device: bool = True) -> UnifiedBuffer:
+        """Allocate zero-filled memory on the requested sides; returns ``self``.
+
+        On an allocated buffer this adds the missing sides (copying the current data to them).
+
+        Raises:
+            InvalidConfigurationError: neither side requested.
+            BackendNotAvailableError: ``device=True`` and the backend is unusable.
+        """
+        if not host and not device:
+            raise InvalidConfigurationError("allocate() needs host=True, device=True or both")
+        with self._lock:
+            if self._state is BufferState.UNINITIALIZED:
+                if device:
+                    self.backend.require()
+                    self._device = self._new_device(zero=True)
+                if host:
+                    self._host = self._new_host(zero=True)
+                self._freed = False
+                self._state = (
+                    BufferState.SYNCHRONIZED
+                    if host and device
+                    else BufferState.HOST_ONLY
+                    if host
+                    else BufferState.DEVICE_ONLY
+                )
+                return self
+            if host:
+                self._host_array()
+            if device:
+                self._device_array()
+            return self
+
+    def _new_host(self, *, zero: bool) -> np.ndarray[Any, Any]:
+        arr: np.ndarray[Any, Any]
+        if self._pool is not None:
+            arr = self._pool.acquire(self._shape, self._dtype, location="host")
+            self._pinned = False
+        elif self._requested_pinned and self._backend_kind() is BackendType.CUDA:
+            arr = self.backend.pinned_empty(self._shape, self._dtype)  # type: ignore[attr-defined]
+            self._pinned = True
+        else:
+            return (
+                np.zeros(self._shape, dtype=self._dtype)
+                if zero
+                else np.empty(self._shape, dtype=self._dtype)
+            )
+        if zero:
+            arr[...] = 0
+        return arr
+
+    def _new_device(self, *, zero: bool) -> Any:
+        if self._pool is not None and self._backend_kind() is not BackendType.METAL:
+            arr = self._pool.acquire(
+                self._shape, self._dtype, location="device", backend=self.backend
+            )
+            return self.backend.fill(arr, 0) if zero else arr
+        if zero:
+            return self.backend.allocate(self._shape, self._dtype)
+        return self.backend.empty(self._shape, self._dtype)
+
+    def _backend_kind(self) -> BackendType:
+        return self.backend.backend_type
+
+    def free(self) -> None:
+        """Release both sides (back to the pool, if any); the buffer becomes UNINITIALIZED.
+
+        Using it afterwards raises ``BufferNotAllocatedError`` until ``allocate()`` is called
+        again. Freeing twice is harmless.
+        """
+        with self._lock:
+            if self._pool is not None:
+                if self._host is not None:
+                    self._pool.release(self._host)
+                if self._device is not None and self._backend_kind() is not BackendType.METAL:
+                    self._pool.release(self._device)
+            elif self._device is not None and self._backend is not None:
+                self._backend.free(self._device)
+            was_allocated = self._state is not BufferState.UNINITIALIZED
+            self._host = self._device = self._metal = None
+            self._metal_valid = False
+            self._pinned = False
+            self._state = BufferState.UNINITIALIZED
+            self._freed = self._freed or was_allocated
+
+    def _check_alive(self) -> None:
+        if self._state is BufferState.UNINITIALIZED:
+            if self._freed:
+                raise BufferNotAllocatedError(
+                    f"{self._describe()} was freed; call allocate() again or create a new buffer"
+                )
+            raise BufferNotAllocatedError(
+                f"{self._describe()} is not allocated; call allocate() first"
+            )
+
+    # --- transfers -------------------------------------------------------------------------
+
+    def _copy_h2d(self) -> None:
+        assert self._host is not None
+        if self._device is None:
+            self._device = self._new_device(zero=False)
+        self._device = self.backend.copy_to_device(self._host, out=self._device)
+        if self._backend_kind() is BackendType.METAL:
+            self._metal_valid = False
+        self._h2d += 1
+        self._bytes_h2d += self.nbytes
+
+    def _copy_d2h(self) -> None:
+        if self._host is None:
+            self._host = self._new_host(zero=False)
+        self.backend.copy_to_host(self._device, out=self._host)
+        self._metal_valid = False
+        self._d2h += 1
+        self._bytes_d2h += self.nbytes
+
+    def _host_array(self) -> np.ndarray[Any, Any]:
+        with self._lock:
+            self._check_alive()
+            if self._state not in _HOST_CURRENT:
+                self._copy_d2h()
+                self._state = BufferState.SYNCHRONIZED
+            assert self._host is not None
+            return self._host
+
+    def _device_array(self) -> Any:
+        with self._lock:
+            self._check_alive()
+            if self._state not in _DEVICE_CURRENT:
+                self.backend.require()
+                self._copy_h2d()
+                self._state = BufferState.SYNCHRONIZED
+            return self._device
+
+    @property
+    def host(self) -> np.ndarray[Any, Any]:
+        """The host NumPy array, copied from the device first if the device side is newer.
+
+        Writing through it is not tracked: call ``mark_host_dirty()`` afterwards (or assign
+        through ``buf[...] = value``, which does).
+
+        Raises:
+            BufferNotAllocatedError: not allocated, or freed.
+        """
+        return self._host_array()
+
+    @property
+    def device(self) -> Any:
+        """The device array (CuPy on CUDA, NumPy on the CPU, ``mx.array`` on Metal).
+
+        Copied from the host first if the host side is newer. Call ``mark_device_dirty()``
+        after a kernel writes it.
+
+        Raises:
+            BufferNotAllocatedError: not allocated, or freed.
+            BackendNotAvailableError: the device backend is unusable.
+        """
+        return self._device_array()
+
+    @property
+    def metal(self) -> Any:
+        """The data as an ``mx.array``: the device array on Metal, else an MLX mirror of host.
+
+        The mirror is rebuilt only when the host side changed since the last access. After
+        changing it in place, call ``mark_metal_dirty()``; or assign ``buf.metal = array``.
+
+        Raises:
+            BackendNotAvailableError: MLX is not installed (``pip install "pydotcompute[metal]"``).
+        """
+        if self._backend_kind() is BackendType.METAL:
+            return self._device_array()
+        with self._lock:
+            host = self._host_array()
+            if not self._metal_valid:
+                from ..backends.metal import MetalBackend
+
+                self._metal = MetalBackend().copy_to_device(host)
+                self._metal_valid = True
+                self._h2m += 1
+            return self._metal
+
+    @metal.setter
+    def metal(self, value: Any) -> None:
+        with self._lock:
+            self._check_alive()
+            check_copy_compatible(value, self, what="assign an MLX array to")
+            if self._backend_kind() is BackendType.METAL:
+                # A whole-array assignment: the device side becomes the truth.
+                self._device = value
+                self._state = (
+                    BufferState.DEVICE_DIRTY if self._host is not None else BufferState.DEVICE_ONLY
+                )
+                return
+            self._host_array()
+            self._metal = value
+            self._metal_valid = True
+            self._pull_metal()
+
+    def _pull_metal(self) -> None:
+        if self._state is BufferState.DEVICE_DIRTY:
+            raise BufferSyncError(
+                f"{self._describe()}: the device side was written too; both cannot be kept. "
+                "Read .host (or call synchronize()) before writing the MLX mirror"
+            )
+        assert self._host is not None
+        np.copyto(self._host, np.asarray(self._metal))
+        self._m2h += 1
+        if self._state is BufferState.SYNCHRONIZED:
+            self._state = BufferState.HOST_DIRTY
+
+    # --- dirty marking ---------------------------------------------------------------------
+
+    def mark_host_dirty(self) -> None:
+        """Record that the host side was written; the next device read copies host → device.
+
+        Raises:
+            BufferNotAllocatedError: not allocated, or freed.
+            BufferSyncError: the device side is dirty too (both were written).
+        """
+        with self._lock:
+            self._check_alive()
+            state = self._state
+            if state is BufferState.DEVICE_DIRTY:
+                raise BufferSyncError(
+                    f"{self._describe()}: mark_host_dirty() while the device side is dirty; both "
+                    "sides were written and one would be lost. Read .host before writing it"
+                )
+            if state is BufferState.DEVICE_ONLY:
+                raise BufferSyncError(
+                    f"{self._describe()} has no host side to mark dirty; read .host first"
+                )
+            if state is BufferState.SYNCHRONIZED:
+                self._state = BufferState.HOST_DIRTY
+            self._metal_valid = False
+
+    def mark_device_dirty(self) -> None:
+        """Record that the device side was written; the next host read copies device → host.
+
+        Raises:
+            BufferNotAllocatedError: not allocated, or freed.
+            BufferSyncError: the host side is dirty too (both were written).
+        """
+        with self._lock:
+            self._check_alive()
+            state = self._state
+            if state is BufferState.HOST_DIRTY:
+                raise BufferSyncError(
+                    f"{self._describe()}: mark_device_dirty() while the host side is dirty; both "
+                    "sides were written and one would be lost. Read .device before writing it"
+                )
+            if state is BufferState.HOST_ONLY:
+                raise BufferSyncError(
+                    f"{self._describe()} has no device side to mark dirty; read .device first"
+                )
+            if state is BufferState.SYNCHRONIZED:
+                self._state = BufferState.DEVICE_DIRTY
+            self._metal_valid = False
+
+    def mark_metal_dirty(self) -> None:
+        """Record that the ``.metal`` array was changed in place; host takes its data.
+
+        On the Metal backend this is ``mark_device_dirty()``. Elsewhere the mirror is copied
+        into the host side at once (MLX shares memory with the CPU) and the host becomes dirty.
+
+        Raises:
+            BufferSyncError: there is no current MLX mirror, or the device side is dirty too.
+        """
+        if self._backend_kind() is BackendType.METAL:
+            self.mark_device_dirty()
+            return
+        with self._lock:
+            self._check_alive()
+            if self._metal is None or not self._metal_valid:
+                raise BufferSyncError(
+                    f"{self._describe()}: no current MLX mirror to take data from; read .metal "
+                    "after the last host change, then write it"
+                )
+            self._pull_metal()
+
+    def synchronize(self) -> None:
+        """Make both allocated sides hold the same data, then wait for queued device work.
+
+        A one-sided buffer (``HOST_ONLY``/``DEVICE_ONLY``) is left one-sided.
+        """
+        with self._lock:
+            self._check_alive()
+            if self._state is BufferState.HOST_DIRTY:
+                self._device_array()
+            elif self._state is BufferState.DEVICE_DIRTY:
+                self._host_array()
+            if self._device is not None:
+                self.backend.synchronize()
+
+    async def ensure_on_device(self) -> Any:
+        """Make the device side current (copying in a worker thread when large); returns it."""
+        self._check_alive()
+        if self._state in _DEVICE_CURRENT:
+            return self._device
+        if self.nbytes >= ASYNC_COPY_THRESHOLD:
+            return await asyncio.to_thread(self._device_array)
+        return self._device_array()
+
+    async def ensure_on_host(self) -> np.ndarray[Any, Any]:
+        """Make the host side current (copying in a worker thread when large); returns it."""
+        self._check_alive()
+        if self._state in _HOST_CURRENT:
+            assert self._host is not None
+            return self._host
+        if self.nbytes >= ASYNC_COPY_THRESHOLD:
+            return await asyncio.to_thread(self._host_array)
+        return self._host_array()
+
+    # --- bulk data -------------------------------------------------------------------------
+
+    def _is_foreign_device_array(self, a: Any) -> bool:
+        return not isinstance(a, np.ndarray) and self.backend.is_device_array(a)
+
+    def copy_from(self, src: Any) -> None:
+        """Overwrite the whole buffer with ``src`` (NumPy, a device array, or a sequence).
+
+        A NumPy source goes to the host side (device becomes stale); a device array goes to
+        the device side without a round trip through the host.
+
+        Raises:
+            BufferMismatchError: shape or dtype differ (the message names both sides).
+            BufferNotAllocatedError: not allocated, or freed.
+        """
+        with self._lock:
+            self._check_alive()
+            if self._is_foreign_device_array(src):
+                check_copy_compatible(src, self, what="copy_from")
+                if self._device is None:
+                    self._device = self._new_device(zero=False)
+                self._device = self.backend.copy_device_to_device(src, self._device)
+                self._state = (
+                    BufferState.DEVICE_DIRTY if self._host is not None else BufferState.DEVICE_ONLY
+                )
+                self._metal_valid = False
+                return
+            arr = src if isinstance(src, np.ndarray) else self._as_host_array(src)
+            check_copy_compatible(arr, self, what="copy_from")
+            if self._host is None:
+                self._host = self._new_host(zero=False)
+            np.copyto(self._host, arr)
+            self._state = (
+                BufferState.HOST_DIRTY if self._device is not None else BufferState.HOST_ONLY
+            )
+            self._metal_valid = False
+
+    def _as_host_array(self, src: Any) -> np.ndarray[Any, Any]:
+        if hasattr(src, "dtype") and hasattr(src, "shape"):  # MLX and other array types
+            return np.asarray(src)
+        try:
+            return np.asarray(src, dtype=self._dtype)
+        except (TypeError, ValueError) as exc:
+            raise BufferMismatchError(
+                f"cannot copy {type(src).__name__} into {self._describe()}: {exc}"
+            ) from None
+
+    def copy_to(self, dst: Any) -> Any:
+        """Copy the current data into ``dst`` (NumPy or a device array); returns ``dst``.
+
+        Raises:
+            BufferMismatchError: shape or dtype differ (the message names both sides).
+            BufferNotAllocatedError: not allocated, or freed.
+        """
+        with self._lock:
+            self._check_alive()
+            check_copy_compatible(self, dst, what="copy_to")
+            if self._is_foreign_device_array(dst):
+                return self.backend.copy_device_to_device(self._device_array(), dst)
+            if not isinstance(dst, np.ndarray):
+                raise BufferMismatchError(
+                    f"copy_to needs a NumPy or device array, got {type(dst).__name__}"
+                )
+            np.copyto(dst, self._host_array())
+            return dst
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """A NumPy copy of the current data."""
+        return self._host_array().copy()
+
+    def fill(self, value: Any) -> None:
+        """Set every element, on each allocated side, to ``value`` (no transfer)."""
+        with self._lock:
+            self._check_alive()
+            if self._host is not None:
+                self._host[...] = value
+            if self._device is not None:
+                self._device = self.backend.fill(self._device, value)
+            if self._host is not None and self._device is not None:
+                self._state = BufferState.SYNCHRONIZED
+            self._metal_valid = False
+
+    def zeros(self) -> None:
+        """``fill(0)``."""
+        self.fill(0)
+
+    # --- Python protocols ------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError(f"len() of a 0-d {self._describe()}")
+        return self._shape[0]
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._host_array()[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._host_array()[key] = value
+            self.mark_host_dirty()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._host_array())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        host = self._host_array()
+        if dtype is not None and np.dtype(dtype) != host.dtype:
+            return host.astype(dtype)
+        return host.copy() if copy else host
+
+    def __enter__(self) -> UnifiedBuffer:
+        if not self.is_allocated:
+            self.allocate()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        backend = self._backend.name if self._backend is not None else "unresolved"
+        return f"<{self._describe()} state={self._state.name} backend={backend}>"
