@@ -1,0 +1,299 @@
+"""Tiers 2 and 3 inside the async runtime: ``runtime.launch(id, fn, tier="thread"|"process")``.
+
+A hosted kernel keeps the tier-1 face — an asyncio inbox with priority bands and
+backpressure, an asyncio outbox, correlation-matched ``send_and_receive``, ``connect`` — and
+runs the actor elsewhere: a :class:`ThreadedRingKernel` (tier 2) or a
+:class:`CythonRingKernel` child process (tier 3).
+
+Design notes:
+- Two tasks bridge the worlds. The *pump* moves messages from the asyncio inbox into the
+  worker's (small) bridge queue in priority order, honouring deactivation; the *collector*
+  moves replies from the worker's outbox into the asyncio outbox (or to a waiting
+  ``send_and_receive`` caller, or onward to a connected kernel). Neither blocks the loop:
+  the worker's queues call a waker in the worker's thread, which hands the wake-up to the
+  loop with ``call_soon_threadsafe``; a slow poll (``_POLL_S``) is the safety net.
+- The bridge queue is small (``bridge_queue_size``, default 64) so that priorities and
+  deactivation act on almost everything still queued: what already crossed the bridge is
+  the worker's to process.
+- Terminate drains: the pump hands over what is queued, the worker stops gracefully, the
+  collector drains the replies; leftovers on both sides are returned and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ..exceptions import KernelFailedError, KernelStateError, QueueClosedError
+from .lifecycle import KernelState, RingKernel
+
+__all__ = ("ProcessHostedKernel", "ThreadHostedKernel")
+
+logger = logging.getLogger("pydotcompute")
+_POLL_S = 0.05
+
+
+class _HostedKernel(RingKernel):
+    """Shared bridge logic; subclasses build the worker in :meth:`_make_worker`."""
+
+    EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
+
+    __slots__ = ("_collector", "_pump", "_readable", "_worker", "_writable")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._worker: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
+        self._readable: asyncio.Event | None = None
+        self._writable: asyncio.Event | None = None
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def _make_worker(self, bridge: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _start_worker(self) -> None:
+        self._worker.start()
+
+    def _stop_worker(self, timeout: float) -> bool:
+        return bool(self._worker.stop(timeout))
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def launch(self) -> None:
+        await super().launch()
+        bridge = int(self.config.extra.get("bridge_queue_size", 64))
+        self._worker = self._make_worker(bridge)
+
+    async def activate(self) -> None:
+        self._check("activate")
+        loop = asyncio.get_running_loop()
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        readable, writable = self._readable, self._writable
+
+        def wake_readable() -> None:
+            with contextlib.suppress(RuntimeError):  # loop closed during teardown
+                loop.call_soon_threadsafe(readable.set)
+
+        def wake_writable() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(writable.set)
+
+        worker = self._worker
+        outbox_q = getattr(worker, "outbox", None)
+        inbox_q = getattr(worker, "inbox", None)
+        if outbox_q is not None and hasattr(outbox_q, "add_waker"):
+            outbox_q.add_waker(wake_readable)
+        if inbox_q is not None and hasattr(inbox_q, "add_waker"):
+            with contextlib.suppress(TypeError):
+                inbox_q.add_waker(wake_writable, when="writable")
+        await asyncio.to_thread(self._start_worker)
+        self._state = KernelState.ACTIVE
+        name = f"pydotcompute:{self.kernel_id}"
+        self._pump = loop.create_task(self._run_pump(), name=f"{name}:pump")
+        self._collector = loop.create_task(self._run_collector(), name=f"{name}:collect")
+
+    async def _run_pump(self) -> None:
+        inbox = self._inbox
+        assert inbox is not None and self._writable is not None
+        worker = self._worker
+        writable = self._writable
+        while True:
+            if self._gate is not None:
+                await asyncio.shield(self._gate)
+            try:
+                msg = await inbox.get()
+            except QueueClosedError:
+                return
+            if self._gate is not None:  # deactivated while we waited: hold it
+                await asyncio.shield(self._gate)
+            if self._tel_on:
+                self.telemetry.messages_processed += 1
+            while True:
+                try:
+                    ok = worker.send_nowait(msg)
+                except KernelFailedError:
+                    self.undelivered.append(msg)
+                    self.telemetry.record_drop()
+                    return  # the collector reports the failure
+                except KernelStateError:
+                    self.undelivered.append(msg)
+                    self.telemetry.record_drop()
+                    return
+                if ok:
+                    break
+                writable.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(writable.wait(), _POLL_S)
+
+    async def _run_collector(self) -> None:
+        worker = self._worker
+        readable = self._readable
+        assert readable is not None
+        while True:
+            try:
+                reply = worker.receive_nowait()
+            except KernelFailedError as exc:
+                if not self._stopping:
+                    self._fail(exc.error if exc.error is not None else exc)
+                return
+            except KernelStateError:
+                return  # stopped and drained
+            if reply is None:
+                readable.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(readable.wait(), _POLL_S)
+                continue
+            await self._deliver(reply)
+
+    async def _deliver(self, reply: Any) -> None:
+        if self._tel_on:
+            self.telemetry.messages_sent += 1
+        waiters = self._waiters
+        if waiters:
+            fut = waiters.pop(reply.correlation_id, None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(reply)
+                return
+        target = self._forward
+        if target is not None:
+            await target._accept(reply, None)
+            return
+        assert self._outbox is not None
+        await self._outbox.put(reply)
+
+    @property
+    def _tel_on(self) -> bool:
+        return self._timed
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Drain the asyncio inbox into the worker, stop it gracefully, collect replies."""
+        self._check("terminate")
+        if timeout is None:
+            timeout = self.config.drain_timeout
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._pump is not None and not self._pump.done():
+            _, pending = await asyncio.wait({self._pump}, timeout=timeout)
+            if pending:
+                self._pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._pump
+        if self._worker is not None:
+            remaining = max(0.1, deadline - loop.time())
+            await asyncio.to_thread(self._stop_worker, remaining)
+        if self._collector is not None and not self._collector.done():
+            _, pending = await asyncio.wait(
+                {self._collector}, timeout=max(0.5, deadline - loop.time())
+            )
+            if pending:
+                self._collector.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._collector
+        left: list[Any] = []
+        if self._worker is not None:
+            unprocessed = getattr(self._worker, "unprocessed", None)
+            if unprocessed is not None:
+                left.extend(unprocessed())
+        if self._inbox is not None:
+            left.extend(self._inbox.drain())
+        stop_error = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
+        )
+        if self._inbox is not None:
+            self._inbox.count_dropped(len(left))
+            self._inbox.close(stop_error)
+        if left:
+            self.undelivered.extend(left)
+            self.telemetry.record_drop(len(left))
+            logger.warning(
+                "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+                self.kernel_id, len(left),
+            )
+        self._fail_waiters(stop_error)
+        if self._outbox is not None:
+            self._outbox.close(
+                KernelStateError(
+                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    "it was terminated and its outbox is drained",
+                )
+            )
+        self._state = KernelState.TERMINATED
+        return left
+
+    def _fail(self, exc: BaseException) -> None:
+        super()._fail(exc)
+        pump = self._pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+        worker = self._worker
+        if worker is not None:
+            unprocessed = getattr(worker, "unprocessed", None)
+            if unprocessed is not None:
+                lost = unprocessed()
+                if lost:
+                    self.undelivered.extend(lost)
+                    self.telemetry.record_drop(len(lost))
+
+
+class ThreadHostedKernel(_HostedKernel):
+    """Tier 2 in the runtime: the actor is a plain function running in its own thread.
+
+    The actor receives a :class:`ThreadedKernelContext` (blocking ``receive``/``send``).
+    Extra options: ``bridge_queue_size``, ``thread_name``.
+    """
+
+    EXTRA_OPTIONS = frozenset({"bridge_queue_size", "thread_name"})
+    __slots__ = ()
+
+    def _make_worker(self, bridge: int) -> Any:
+        from .threaded_kernel import ThreadedKernelConfig, ThreadedRingKernel
+
+        cfg = ThreadedKernelConfig(
+            self.kernel_id,
+            input_queue_size=bridge,
+            output_queue_size=max(bridge, 1024),
+            thread_name=self.config.extra.get("thread_name"),
+        )
+        return ThreadedRingKernel(
+            self.kernel_id, self._func, config=cfg,  # type: ignore[arg-type]
+            input_type=self.input_type, output_type=self.output_type,
+        )
+
+
+class ProcessHostedKernel(_HostedKernel):
+    """Tier 3 in the runtime: the actor runs in a child process over shared-memory rings.
+
+    The actor function must be importable by the child (a module-level function).
+    Extra options: ``bridge_queue_size``, ``ring_bytes``.
+    """
+
+    EXTRA_OPTIONS = frozenset({"bridge_queue_size", "ring_bytes"})
+    __slots__ = ()
+
+    def _make_worker(self, bridge: int) -> Any:
+        from .cython_kernel import CythonKernelConfig, CythonRingKernel
+
+        kwargs: dict[str, Any] = {}
+        ring_bytes = self.config.extra.get("ring_bytes")
+        if ring_bytes is not None:
+            kwargs["ring_bytes"] = ring_bytes
+        cfg = CythonKernelConfig(self.kernel_id, **kwargs)
+        worker_kwargs: dict[str, Any] = {"config": cfg}
+        try:
+            return CythonRingKernel(
+                self.kernel_id, self._func, input_type=self.input_type,  # type: ignore[arg-type]
+                output_type=self.output_type, **worker_kwargs,
+            )
+        except TypeError:
+            return CythonRingKernel(self.kernel_id, self._func, **worker_kwargs)  # type: ignore[arg-type]
