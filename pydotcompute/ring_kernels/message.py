@@ -19,6 +19,7 @@ Design notes:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import struct
@@ -281,14 +282,54 @@ _ARRAY_HEADER = struct.Struct("<B")  # length of the msgpack-encoded (dtype, sha
 def _encode_ndarray(arr: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
     if arr.dtype.hasobject:
         raise TypeError(f"arrays of dtype {arr.dtype} (Python objects) cannot be serialized")
-    header = _RAW_ENCODER.encode((arr.dtype.str if arr.dtype.names is None else arr.dtype.descr,
-                                  arr.shape))
+    header = _RAW_ENCODER.encode((_dtype_to_spec(arr.dtype), arr.shape))
     if len(header) > 255:  # noqa: PLR2004
         raise TypeError(f"array header too large ({len(header)} bytes)")
-    payload = np.ascontiguousarray(arr)
+    # a flat byte view: the buffer protocol refuses datetime64/timedelta64 items
+    payload = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     return msgspec.msgpack.Ext(
         _EXT_NDARRAY, b"".join((_ARRAY_HEADER.pack(len(header)), header, payload.data))
     )
+
+
+def _dtype_to_spec(dt: np.dtype[Any]) -> Any:
+    """A MessagePack-able dtype description that keeps offsets and padding.
+
+    ``dtype.descr`` is lossy for aligned structs (padding comes back as extra void fields),
+    so structured dtypes travel as numpy's dict form and subarrays as ``{base, shape}``.
+    """
+    if dt.names is not None:
+        fields = dt.fields
+        assert fields is not None
+        return {
+            "names": list(dt.names),
+            "formats": [_dtype_to_spec(fields[n][0]) for n in dt.names],
+            "offsets": [fields[n][1] for n in dt.names],
+            "itemsize": dt.itemsize,
+            "aligned": dt.isalignedstruct,
+        }
+    if dt.subdtype is not None:
+        base, shape = dt.subdtype
+        return {"base": _dtype_to_spec(base), "shape": list(shape)}
+    return dt.str
+
+
+def _spec_to_dtype(spec: Any) -> np.dtype[Any]:
+    if isinstance(spec, str):
+        return np.dtype(spec)
+    if isinstance(spec, dict) and "base" in spec:
+        return np.dtype((_spec_to_dtype(spec["base"]), tuple(int(s) for s in spec["shape"])))
+    if isinstance(spec, dict):
+        return np.dtype(
+            {
+                "names": [str(n) for n in spec["names"]],
+                "formats": [_spec_to_dtype(f) for f in spec["formats"]],
+                "offsets": [int(o) for o in spec["offsets"]],
+                "itemsize": int(spec["itemsize"]),
+                "aligned": bool(spec.get("aligned", False)),
+            }
+        )
+    raise ValueError(f"malformed array dtype description {spec!r:.60}")
 
 
 def _device_to_host(obj: Any) -> np.ndarray[Any, Any] | None:
@@ -320,9 +361,7 @@ def _ref_enc_hook(obj: Any) -> Any:
 def _decode_ndarray(data: memoryview) -> np.ndarray[Any, Any]:
     (hlen,) = _ARRAY_HEADER.unpack_from(data, 0)
     dtype_spec, shape = _RAW_DECODER.decode(data[1 : 1 + hlen])
-    if isinstance(dtype_spec, list):
-        dtype_spec = [tuple(x) for x in dtype_spec]
-    dtype = np.dtype(dtype_spec)
+    dtype = _spec_to_dtype(dtype_spec)
     if dtype.hasobject:
         raise ValueError("object arrays are not accepted")
     shape = tuple(int(s) for s in shape)
@@ -347,10 +386,26 @@ def _dec_hook(tp: Any, obj: Any) -> Any:
             return obj
         raise TypeError(f"expected an array, got {type(obj).__name__}")
     if isinstance(origin, type) and issubclass(origin, np.generic):
+        if (
+            type(obj) is float
+            and issubclass(origin, np.floating)
+            and abs(obj) > _float_max(origin)
+            and obj != _INF
+        ):
+            # numpy would only warn and store inf: a value that does not fit is an error
+            raise ValueError(f"{obj!r} does not fit a {origin.__name__} field")
         return origin(obj)
     if isinstance(obj, origin if isinstance(origin, type) else object):
         return obj
     raise NotImplementedError(f"unsupported field type {tp!r}")
+
+
+_INF = float("inf")
+
+
+@functools.cache
+def _float_max(tp: type) -> float:
+    return float(np.finfo(tp).max)
 
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook, uuid_format="bytes")

@@ -1,0 +1,124 @@
+"""Fixtures and loop parametrization for the foundation unit tests.
+
+The runtime, lifecycle, routing and queue tests run on both event loops: plain asyncio (the
+reference) and uvloop. pytest-asyncio parametrizes every async test through the
+``pytest_asyncio_loop_factories`` hook below; the test id says which loop ran
+(``test_x[asyncio]`` / ``test_x[uvloop]``). Async tests in other modules of this folder keep
+the loop pytest-asyncio would have given them (one factory, no extra test id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pydotcompute.ring_kernels import registry as _kernel_registry
+from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+#: Modules whose async tests run on both loops.
+BOTH_LOOPS = frozenset(
+    {
+        "test_fast_queue.py",
+        "test_message_queue.py",
+        "test_lifecycle.py",
+        "test_runtime.py",
+        "test_routing.py",
+        "test_telemetry.py",
+    }
+)
+
+UVLOOP_AVAILABLE = importlib.util.find_spec("uvloop") is not None
+
+
+def loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Name -> loop factory for every loop the suite runs on (asyncio first)."""
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.SelectorEventLoop,
+    }
+    if UVLOOP_AVAILABLE:
+        import uvloop
+
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+def _policy_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_event_loop_policy().new_event_loop()
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if Path(str(item.path)).name in BOTH_LOOPS:
+        return loop_factories()
+    return {"default": _policy_loop}
+
+
+def running_loop_kind() -> str:
+    """'uvloop' or 'asyncio': the loop the calling coroutine runs on."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.startswith("uvloop") else "asyncio"
+
+
+def _kernel_tasks() -> list[asyncio.Task[Any]]:
+    return [
+        t for t in asyncio.all_tasks() if t.get_name().startswith("pydotcompute:") and not t.done()
+    ]
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[RingKernelRuntime]:
+    """A started runtime, shut down afterwards; fails the test if an actor task survives."""
+    runtime = RingKernelRuntime()
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.shutdown(timeout=2.0)
+        await asyncio.sleep(0)
+        leftover = _kernel_tasks()
+        for task in leftover:
+            task.cancel()
+        assert not leftover, f"actor tasks outlived the runtime: {leftover}"
+
+
+@pytest.fixture
+def clean_kernel_registry() -> Iterator[None]:
+    """Restore the process-wide ``@ring_kernel`` registry after the test."""
+    saved = dict(_kernel_registry._REGISTRY)
+    try:
+        yield
+    finally:
+        _kernel_registry._REGISTRY.clear()
+        _kernel_registry._REGISTRY.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Foundation tests start no threads; anything new at the end is a leak."""
+    if Path(str(request.node.path)).name not in FOUNDATION_MODULES:
+        yield
+        return
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    assert not leaked, f"threads outlived the test: {leaked}"
+
+
+FOUNDATION_MODULES = BOTH_LOOPS | {
+    "test_exceptions.py",
+    "test_message.py",
+    "test_message_properties.py",
+    "test_queue_properties.py",
+    "test_loop.py",
+    "test_ring_kernel_decorator.py",
+    "test_validators.py",
+    "test_public_api.py",
+    "test_no_heavy_imports.py",
+}

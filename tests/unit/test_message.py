@@ -1,0 +1,661 @@
+"""Messages: ``@message``, headers, the MessagePack codec, fixed layouts, by-reference arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from pydotcompute.exceptions import (
+    MessageDeserializationError,
+    MessageSerializationError,
+    TypeValidationError,
+)
+from pydotcompute.ring_kernels.message import (
+    ArrayMessage,
+    BufferHandle,
+    BufferRegistry,
+    RingKernelMessage,
+    array_message,
+    deserialize_message,
+    fixed_layout_dtype,
+    get_buffer,
+    get_buffer_registry,
+    get_message_type,
+    is_fixed_layout,
+    message,
+    register_buffer,
+    registered_message_types,
+    release_buffer,
+    serialize_message,
+)
+
+
+@message
+class Point:
+    x: float
+    y: float
+
+
+@message()
+class Tagged:
+    name: str
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+
+@message
+class Envelope:
+    point: Point
+    points: list[Point]
+    label: str | None = None
+
+
+@message
+class Everything:
+    i: int
+    f: float
+    s: str
+    b: bytes
+    flag: bool
+    nothing: None
+    maybe: int | None
+    ints: list[int]
+    table: dict[str, list[float]]
+    inner: Point
+    arr: np.ndarray
+
+
+@message
+class Sample:
+    seq: int
+    value: np.float32
+    vec: Annotated[np.ndarray, (4,), np.float32]
+    ok: bool
+    count: Annotated[int, np.int16]
+
+
+@message
+class Blob:
+    payload: Any
+
+
+@array_message
+class Frame:
+    pixels: np.ndarray
+    index: int
+
+
+def _everything(**kw: Any) -> Everything:
+    fields: dict[str, Any] = {
+        "i": -(2**63),
+        "f": -1.25e-300,
+        "s": "héllo ✓",
+        "b": b"\x00\xff\x80",
+        "flag": True,
+        "nothing": None,
+        "maybe": None,
+        "ints": [0, 1, 2**64 - 1],
+        "table": {"a": [1.5, -2.0], "": []},
+        "inner": Point(x=1.0, y=2.0, priority=7),
+        "arr": np.arange(6, dtype=np.int16).reshape(2, 3),
+    }
+    fields.update(kw)
+    return Everything(**fields)
+
+
+# --- the class -------------------------------------------------------------------------
+
+
+def test_message_builds_a_slotted_dataclass_inheriting_the_base() -> None:
+    p = Point(x=1.0, y=2.0)
+    assert isinstance(p, RingKernelMessage)
+    assert dataclasses.is_dataclass(p)
+    assert not hasattr(p, "__dict__")
+    assert Point.__name__ == "Point"
+    assert Point.__module__ == __name__
+    assert [f.name for f in dataclasses.fields(Point)][-2:] == ["x", "y"]
+
+
+def test_called_form_and_defaults() -> None:
+    t = Tagged(name="n")
+    assert t.tags == []
+    assert isinstance(t, RingKernelMessage)
+
+
+def test_header_fields_are_keyword_only_with_defaults() -> None:
+    p = Point(1.0, 2.0)
+    assert p.priority == 128
+    assert p.correlation_id is None
+    assert isinstance(p.message_id, uuid.UUID)
+    with pytest.raises(TypeError):
+        Point(1.0, 2.0, 5)  # type: ignore[misc]
+
+
+def test_message_ids_are_unique_v4_uuids() -> None:
+    ids = [Point(x=0.0, y=0.0).message_id for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(u.version == 4 and u.variant == uuid.RFC_4122 for u in ids[:100])
+
+
+def test_message_id_is_stable_once_read() -> None:
+    p = Point(x=0.0, y=0.0)
+    assert p.message_id == p.message_id
+    explicit = uuid.uuid4()
+    assert Point(x=0.0, y=0.0, message_id=explicit).message_id == explicit
+
+
+@pytest.mark.parametrize("bad", [-1, 256, 1000, True, 1.0, "1", None])
+def test_priority_outside_0_255_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"priority must be an int in 0\.\.255, got "):
+        Point(x=0.0, y=0.0, priority=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ok", [0, 63, 64, 159, 160, 223, 224, 255])
+def test_priority_band_edges_are_accepted(ok: int) -> None:
+    assert Point(x=0.0, y=0.0, priority=ok).priority == ok
+
+
+def test_subclass_of_a_message_is_a_message() -> None:
+    @message
+    class Point3(Point):
+        z: float
+
+    p = Point3(x=1.0, y=2.0, z=3.0)
+    assert isinstance(p, Point)
+    back = deserialize_message(p.serialize())
+    assert type(back) is Point3
+    assert (back.x, back.y, back.z) == (1.0, 2.0, 3.0)
+
+
+# --- correlation -----------------------------------------------------------------------
+
+
+def test_reply_with_fields_builds_the_same_type_correlated() -> None:
+    req = Point(x=1.0, y=2.0)
+    rep = req.reply(x=3.0, y=4.0)
+    assert type(rep) is Point
+    assert rep.correlation_id == req.message_id
+    assert rep.message_id != req.message_id
+
+
+def test_reply_with_a_class_builds_that_class() -> None:
+    req = Point(x=1.0, y=2.0)
+    rep = req.reply(Tagged, name="answer")
+    assert isinstance(rep, Tagged)
+    assert rep.correlation_id == req.message_id
+
+
+def test_reply_with_an_instance_stamps_it() -> None:
+    req = Point(x=1.0, y=2.0)
+    answer = Tagged(name="a")
+    assert req.reply(answer) is answer
+    assert answer.correlation_id == req.message_id
+
+
+def test_with_correlation_returns_a_copy() -> None:
+    p = Point(x=1.0, y=2.0)
+    cid = uuid.uuid4()
+    q = p.with_correlation(cid)
+    assert q is not p
+    assert q.correlation_id == cid
+    assert p.correlation_id is None
+    assert (q.x, q.y, q.priority) == (p.x, p.y, p.priority)
+
+
+# --- codec round trips -----------------------------------------------------------------
+
+
+def test_round_trip_of_every_supported_field_type() -> None:
+    msg = _everything(priority=201, correlation_id=uuid.uuid4())
+    back = deserialize_message(msg.serialize())
+    assert type(back) is Everything
+    for f in dataclasses.fields(Everything):
+        if f.name != "arr":
+            assert getattr(back, f.name) == getattr(msg, f.name), f.name
+    assert back.arr.dtype == msg.arr.dtype
+    np.testing.assert_array_equal(back.arr, msg.arr)
+    assert back.inner.priority == 7
+
+
+def test_class_deserialize_and_function_forms() -> None:
+    p = Point(x=1.5, y=-2.5, priority=3)
+    data = serialize_message(p)
+    assert data == p.serialize()
+    back = Point.deserialize(data)
+    assert back == p
+    assert Point.deserialize(bytearray(data)) == p
+    assert Point.deserialize(memoryview(data)) == p
+
+
+def test_nested_messages_round_trip() -> None:
+    env = Envelope(point=Point(x=1.0, y=2.0), points=[Point(x=float(i), y=0.0) for i in range(3)])
+    back = Envelope.deserialize(env.serialize())
+    assert back == env
+    assert type(back.point) is Point
+    assert all(type(p) is Point for p in back.points)
+
+
+def test_any_field_carries_plain_msgpack_values_and_arrays() -> None:
+    payload = {"k": [1, "two", 3.0, None, True, b"x"], "n": {"deep": [[]]}}
+    assert Blob.deserialize(Blob(payload=payload).serialize()).payload == payload
+    arr = np.arange(3.0)
+    np.testing.assert_array_equal(Blob.deserialize(Blob(payload=arr).serialize()).payload, arr)
+
+
+ARRAYS = {
+    "f64-1d": np.linspace(0, 1, 7),
+    "f32-2d": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "i8-3d": np.arange(24, dtype=np.int8).reshape(2, 3, 4),
+    "u64": np.array([0, 2**64 - 1], dtype=np.uint64),
+    "bool": np.array([True, False, True]),
+    "complex64": np.array([1 + 2j, -3j], dtype=np.complex64),
+    "0-d": np.array(5.5),
+    "empty-1d": np.zeros(0, dtype=np.float32),
+    "empty-2d": np.zeros((0, 3), dtype=np.int32),
+    "empty-inner": np.zeros((2, 0)),
+    "big-endian": np.arange(4, dtype=">i4"),
+    "non-contiguous": np.arange(20, dtype=np.int64).reshape(4, 5)[:, ::2],
+    "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    "unicode": np.array(["ab", "c"]),
+    "structured": np.array([(1.0, 2), (3.0, 4)], dtype=[("x", "<f4"), ("n", "<i8")]),
+    "datetime": np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[D]"),
+}
+
+
+@pytest.mark.parametrize("arr", list(ARRAYS.values()), ids=list(ARRAYS))
+def test_numpy_arrays_round_trip_with_dtype_and_shape(arr: np.ndarray) -> None:
+    back = Blob.deserialize(Blob(payload=arr).serialize()).payload
+    assert isinstance(back, np.ndarray)
+    assert back.dtype == arr.dtype
+    assert back.shape == arr.shape
+    np.testing.assert_array_equal(back, arr)
+
+
+def test_decoded_arrays_are_read_only_views_of_the_bytes() -> None:
+    arr = np.arange(1000, dtype=np.float64)
+    data = Blob(payload=arr).serialize()
+    back = Blob.deserialize(data).payload
+    assert not back.flags.owndata
+    assert not back.flags.writeable
+    assert np.shares_memory(back, np.frombuffer(data, dtype=np.uint8))
+
+
+def test_numpy_scalars_in_untyped_fields_become_python_values() -> None:
+    back = Blob.deserialize(Blob(payload=[np.int32(3), np.float64(2.5)]).serialize()).payload
+    assert back == [3, 2.5]
+
+
+def test_typed_numpy_scalar_fields_decode_to_that_type() -> None:
+    s = Sample(seq=1, value=np.float32(0.5), vec=np.ones(4, np.float32), ok=True, count=3)
+    back = Sample.deserialize(s.serialize())
+    assert type(back.value) is np.float32
+    assert back.value == np.float32(0.5)
+
+
+# --- the wire format is MessagePack ----------------------------------------------------
+
+
+def test_bytes_are_readable_by_the_msgpack_package() -> None:
+    msg = _everything(priority=9)
+    decoded = msgpack.unpackb(msg.serialize(), raw=False, strict_map_key=False)
+    assert isinstance(decoded, list)
+    assert len(decoded) == 2
+    tag, body = decoded
+    assert tag == f"{__name__}.Everything"
+    assert body["message_id"] == msg.message_id.bytes
+    assert body["priority"] == 9
+    assert body["correlation_id"] is None
+    for name in ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table"):
+        assert body[name] == getattr(msg, name), name
+    assert body["inner"]["x"] == 1.0
+    assert body["inner"]["message_id"] == msg.inner.message_id.bytes
+    ext = body["arr"]
+    assert isinstance(ext, msgpack.ExtType)
+    assert ext.code == 1
+    assert ext.data.endswith(msg.arr.tobytes())
+
+
+def test_correlation_id_is_written_as_16_bytes() -> None:
+    req = Point(x=0.0, y=0.0)
+    rep = req.reply(x=1.0, y=1.0)
+    body = msgpack.unpackb(rep.serialize())[1]
+    assert body["correlation_id"] == req.message_id.bytes
+
+
+# --- the registry ----------------------------------------------------------------------
+
+
+def test_classes_register_under_their_fully_qualified_name() -> None:
+    assert get_message_type(f"{__name__}.Point") is Point
+    assert get_message_type("Point") is Point
+    assert registered_message_types()[f"{__name__}.Point"] is Point
+    assert get_message_type("NoSuchMessage") is None
+
+
+def _write_module(root: Path, name: str, body: str) -> None:
+    (root / f"{name}.py").write_text(textwrap.dedent(body))
+
+
+def test_same_short_name_in_two_modules_does_not_collide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for mod, field_type in (("pdc_msgs_alpha", "int"), ("pdc_msgs_beta", "str")):
+        _write_module(
+            tmp_path,
+            mod,
+            f"""
+            from pydotcompute import message
+
+            @message
+            class Ping:
+                value: {field_type}
+            """,
+        )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        alpha = importlib.import_module("pdc_msgs_alpha")
+        beta = importlib.import_module("pdc_msgs_beta")
+        a = deserialize_message(alpha.Ping(value=1).serialize())
+        b = deserialize_message(beta.Ping(value="one").serialize())
+        assert type(a) is alpha.Ping
+        assert type(b) is beta.Ping
+        assert (a.value, b.value) == (1, "one")
+        assert get_message_type("pdc_msgs_alpha.Ping") is alpha.Ping
+        assert get_message_type("pdc_msgs_beta.Ping") is beta.Ping
+        assert get_message_type("Ping") is None  # ambiguous short name
+        with pytest.raises(
+            MessageDeserializationError, match="bytes hold a Ping message, expected Ping"
+        ):
+            beta.Ping.deserialize(alpha.Ping(value=1).serialize())
+    finally:
+        sys.modules.pop("pdc_msgs_alpha", None)
+        sys.modules.pop("pdc_msgs_beta", None)
+
+
+def test_deserialize_into_the_wrong_class_is_refused() -> None:
+    with pytest.raises(
+        MessageDeserializationError, match="bytes hold a Point message, expected Tagged"
+    ):
+        Tagged.deserialize(Point(x=0.0, y=0.0).serialize())
+
+
+def test_unknown_type_tag_says_how_to_fix_it() -> None:
+    data = msgpack.packb(["nowhere.Missing", {"x": 1}])
+    with pytest.raises(
+        MessageDeserializationError, match=r"unknown message type 'nowhere\.Missing'.*import"
+    ):
+        deserialize_message(data)
+
+
+# --- clear errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x92", b"\x91\xa1x", b"\x93\xa1x\x01\x02", b"\xc0", b"garbage!", b"\x92\x01\x02"],
+    ids=["empty", "array-only", "one-element", "three-elements", "nil", "text", "int-tag"],
+)
+def test_malformed_bytes_raise_message_deserialization_error(data: bytes) -> None:
+    with pytest.raises(MessageDeserializationError, match=r"not a pydotcompute message|malformed"):
+        deserialize_message(data)
+
+
+def test_every_truncation_of_a_valid_message_is_refused() -> None:
+    data = _everything().serialize()
+    for n in range(len(data)):
+        with pytest.raises(MessageDeserializationError):
+            deserialize_message(data[:n])
+
+
+def test_trailing_bytes_are_refused() -> None:
+    with pytest.raises(MessageDeserializationError, match="cannot decode Point"):
+        deserialize_message(Point(x=0.0, y=0.0).serialize() + b"\x00")
+
+
+def test_field_of_the_wrong_type_is_refused_naming_the_class() -> None:
+    data = msgpack.packb([f"{__name__}.Point", {"x": "one", "y": 2.0}])
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode Point: .*float"):
+        deserialize_message(data)
+
+
+def test_out_of_range_priority_in_bytes_is_refused() -> None:
+    data = msgpack.packb([f"{__name__}.Point", {"x": 1.0, "y": 2.0, "priority": 300}])
+    with pytest.raises(MessageDeserializationError, match="priority"):
+        deserialize_message(data)
+
+
+def test_out_of_range_numpy_scalar_in_bytes_is_refused() -> None:
+    body = msgpack.unpackb(
+        Sample(
+            seq=1, value=np.float32(1), vec=np.ones(4, np.float32), ok=True, count=1
+        ).serialize(),
+        strict_map_key=False,
+    )[1]
+    body["value"] = 1e300  # does not fit a float32
+    data = msgpack.packb([f"{__name__}.Sample", body])
+    with pytest.raises(MessageDeserializationError, match="cannot decode Sample"):
+        deserialize_message(data)
+
+
+@pytest.mark.parametrize("data", [None, 5, "text", [1, 2]], ids=type)
+def test_non_bytes_input_is_refused(data: object) -> None:
+    with pytest.raises(MessageDeserializationError, match="expected bytes to deserialize"):
+        deserialize_message(data)  # type: ignore[arg-type]
+
+
+def test_unsupported_field_value_raises_serialization_error() -> None:
+    with pytest.raises(MessageSerializationError, match=r"cannot serialize Blob: .*object"):
+        Blob(payload=object()).serialize()
+
+
+def test_int_too_large_for_msgpack_raises_serialization_error() -> None:
+    with pytest.raises(MessageSerializationError, match="cannot serialize Blob"):
+        Blob(payload=2**64).serialize()
+
+
+def test_object_arrays_cannot_be_serialized() -> None:
+    with pytest.raises(MessageSerializationError, match=r"dtype object"):
+        Blob(payload=np.array([object()])).serialize()
+
+
+def test_object_array_in_bytes_is_refused() -> None:
+    header = msgpack.packb(("|O", [1]))
+    ext = msgpack.ExtType(1, bytes([len(header)]) + header + b"\x00" * 8)
+    data = msgpack.packb([f"{__name__}.Blob", {"payload": ext}])
+    with pytest.raises(MessageDeserializationError, match="object arrays are not accepted"):
+        deserialize_message(data)
+
+
+def test_unknown_extension_type_is_refused() -> None:
+    data = msgpack.packb([f"{__name__}.Blob", {"payload": msgpack.ExtType(42, b"")}])
+    with pytest.raises(MessageDeserializationError, match="unknown MessagePack extension type 42"):
+        deserialize_message(data)
+
+
+# --- fixed layout ----------------------------------------------------------------------
+
+
+def test_fixed_layout_dtype_has_header_then_fields() -> None:
+    dt = Sample.dtype
+    assert is_fixed_layout(Sample)
+    assert fixed_layout_dtype(Sample) == dt
+    assert dt.names == (
+        "_mid_hi",
+        "_mid_lo",
+        "_cid_hi",
+        "_cid_lo",
+        "_priority",
+        "seq",
+        "value",
+        "vec",
+        "ok",
+        "count",
+    )
+    assert dt["seq"] == np.dtype(np.int64)
+    assert dt["value"] == np.dtype(np.float32)
+    assert dt["vec"].shape == (4,)
+    assert dt["vec"].base == np.dtype(np.float32)
+    assert dt["ok"] == np.dtype(np.bool_)
+    assert dt["count"] == np.dtype(np.int16)
+    assert dt.isalignedstruct
+
+
+def test_variable_size_messages_have_no_fixed_layout() -> None:
+    for cls in (Tagged, Envelope, Everything, Blob):
+        assert not is_fixed_layout(cls)
+        assert fixed_layout_dtype(cls) is None
+    with pytest.raises(TypeValidationError, match="Tagged is not a fixed-layout message"):
+        Tagged.to_records([Tagged(name="x")])
+
+
+def test_to_records_from_records_round_trip() -> None:
+    req = Point(x=0.0, y=0.0)
+    msgs = [
+        Sample(
+            seq=i,
+            value=np.float32(i / 4),
+            vec=np.arange(4, dtype=np.float32) * i,
+            ok=bool(i % 2),
+            count=-i,
+            priority=i * 50,
+            correlation_id=req.message_id if i == 2 else None,
+        )
+        for i in range(5)
+    ]
+    records = Sample.to_records(msgs)
+    assert records.dtype == Sample.dtype
+    assert records.shape == (5,)
+    np.testing.assert_array_equal(records["seq"], np.arange(5))
+    back = Sample.from_records(records)
+    for a, b in zip(msgs, back, strict=True):
+        assert type(b) is Sample
+        assert b.message_id == a.message_id
+        assert b.correlation_id == a.correlation_id
+        assert b.priority == a.priority
+        assert (b.seq, b.ok, b.count) == (a.seq, a.ok, a.count)
+        assert b.value == a.value
+        np.testing.assert_array_equal(b.vec, a.vec)
+
+
+def test_records_refuse_the_wrong_class_or_dtype() -> None:
+    with pytest.raises(TypeValidationError, match="to_records expects Sample, got Point"):
+        Sample.to_records([Point(x=0.0, y=0.0)])  # type: ignore[list-item]
+    with pytest.raises(TypeValidationError, match="records have dtype"):
+        Sample.from_records(np.zeros(3, dtype=np.float64))
+
+
+def test_fixed_layout_records_travel_inside_a_message() -> None:
+    msgs = [
+        Sample(seq=i, value=np.float32(i), vec=np.full(4, i, np.float32), ok=True, count=i)
+        for i in range(3)
+    ]
+    records = Sample.to_records(msgs)
+    back = Blob.deserialize(Blob(payload=records).serialize()).payload
+    assert back.dtype == Sample.dtype  # offsets and padding survive
+    assert [m.seq for m in Sample.from_records(back)] == [0, 1, 2]
+
+
+def test_empty_record_batch() -> None:
+    records = Sample.to_records([])
+    assert records.shape == (0,)
+    assert Sample.from_records(records) == []
+
+
+# --- by-reference arrays ---------------------------------------------------------------
+
+
+@pytest.fixture
+def registry_baseline() -> dict[str, int]:
+    return get_buffer_registry().get_stats()
+
+
+def test_array_message_is_a_message(registry_baseline: dict[str, int]) -> None:
+    f = Frame(pixels=np.zeros(3), index=1)
+    assert isinstance(f, ArrayMessage)
+    assert isinstance(f, RingKernelMessage)
+
+
+def test_array_message_passes_arrays_by_reference(registry_baseline: dict[str, int]) -> None:
+    reg = get_buffer_registry()
+    pixels = np.arange(1 << 16, dtype=np.uint8)
+    data = Frame(pixels=pixels, index=3).serialize()
+    assert len(data) < 200  # the array itself is not in the bytes
+    assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"] + 1
+    back = Frame.deserialize(data)
+    assert back.pixels is pixels
+    assert back.index == 3
+    # the decoder consumed the reference the encoder made
+    assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"]
+    with pytest.raises(MessageDeserializationError, match="no buffer with id"):
+        Frame.deserialize(data)
+
+
+def test_array_message_refcounts_per_serialization(registry_baseline: dict[str, int]) -> None:
+    reg = get_buffer_registry()
+    pixels = np.ones(10)
+    frame = Frame(pixels=pixels, index=0)
+    first, second = frame.serialize(), frame.serialize()
+    assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"] + 1
+    bid = int.from_bytes(msgpack.unpackb(first)[1]["pixels"].data, "little")
+    assert reg.refcount(bid) == 2
+    assert Frame.deserialize(first).pixels is pixels
+    assert reg.refcount(bid) == 1
+    assert Frame.deserialize(second).pixels is pixels
+    assert reg.refcount(bid) == 0
+    assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"]
+
+
+def test_buffer_registry_register_get_release() -> None:
+    reg = BufferRegistry()
+    a = np.zeros((2, 3), dtype=np.float32)
+    h = reg.register(a)
+    assert h == BufferHandle(h.buffer_id, (2, 3), "float32", "cpu")
+    assert reg.get(h) is a
+    assert reg.get(h.buffer_id) is a
+    assert reg.register(a).buffer_id == h.buffer_id
+    assert reg.refcount(h) == 2
+    assert len(reg) == 1
+    assert reg.get_stats() == {
+        "live_buffers": 1,
+        "live_bytes": a.nbytes,
+        "total_registered": 2,
+        "total_released": 0,
+    }
+    assert reg.release(h) is False
+    assert reg.release(h) is True
+    assert len(reg) == 0
+    assert reg.refcount(h) == 0
+    with pytest.raises(KeyError, match=f"no buffer with id {h.buffer_id}"):
+        reg.get(h)
+    with pytest.raises(KeyError, match="released or never made"):
+        reg.release(h)
+    b = np.zeros(1)
+    assert reg.register(b).buffer_id != h.buffer_id
+    reg.clear()
+    assert len(reg) == 0
+
+
+def test_distinct_arrays_get_distinct_ids() -> None:
+    reg = BufferRegistry()
+    ids = {reg.register(np.zeros(1)).buffer_id for _ in range(5)}
+    assert len(ids) == 5
+
+
+def test_module_level_buffer_functions_use_the_process_registry() -> None:
+    a = np.arange(3)
+    h = register_buffer(a)
+    try:
+        assert get_buffer(h) is a
+        assert get_buffer_registry().refcount(h) == 1
+    finally:
+        assert release_buffer(h) is True
+    with pytest.raises(KeyError):
+        get_buffer(h)
