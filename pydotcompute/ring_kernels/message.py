@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import operator
 import os
+import re
 import struct
 import sys
 import threading
@@ -29,7 +31,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, overload
+from typing import Annotated, Any, ClassVar, TypeVar, overload
 
 import msgspec
 import numpy as np
@@ -129,6 +131,7 @@ class RingKernelMessage:
     _pdc_tag: ClassVar[str] = ""
     _pdc_prefix: ClassVar[bytes] = b""
     _pdc_decoder: ClassVar[msgspec.msgpack.Decoder[Any] | None] = None
+    _pdc_codec: ClassVar[_Codec | None] = None
     _pdc_dtype: ClassVar[np.dtype[Any] | None] = None
     _pdc_by_reference: ClassVar[bool] = False
 
@@ -140,22 +143,17 @@ class RingKernelMessage:
     # -- wire format --------------------------------------------------------------------
 
     def serialize(self) -> bytes:
-        """Encode this message as MessagePack bytes (``[type_tag, body]``).
+        """Encode this message as MessagePack bytes (``[type_tag, [header..., fields...]]``).
 
         Raises:
             MessageSerializationError: a field holds a value MessagePack cannot carry.
         """
-        cls = type(self)
-        if not cls._pdc_prefix:
-            _finalize(cls)
-        encoder = _REF_ENCODER if cls._pdc_by_reference else _ENCODER
-        try:
-            return cls._pdc_prefix + encoder.encode(self)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            raise MessageSerializationError(
-                f"cannot serialize {cls.__name__}: {exc}; fields must be MessagePack types, "
-                "NumPy arrays or nested @message classes"
-            ) from exc
+        codec = type(self)._pdc_codec
+        if codec is None:
+            _finalize(type(self))
+            codec = type(self)._pdc_codec
+            assert codec is not None
+        return codec.encode(self)
 
     @classmethod
     def deserialize(cls: type[_M], data: bytes | bytearray | memoryview) -> _M:
@@ -227,8 +225,11 @@ class _LazyMessageId:
         if obj is None:
             return self
         value = self._get(obj)
-        if value is None:
-            value = new_message_id()
+        if type(value) is not uuid.UUID:
+            if value is None:
+                value = new_message_id()
+            else:  # 16 bytes from the wire
+                value = uuid.UUID(bytes=bytes(value))
             self._set(obj, value)
         return value
 
@@ -254,10 +255,11 @@ class _LazyCorrelationId:
         if obj is None:
             return self
         value = self._get(obj)
-        if value is not None and type(value) is not uuid.UUID and not isinstance(
-            value, uuid.UUID
-        ):
-            value = value.message_id
+        if value is not None and type(value) is not uuid.UUID and not isinstance(value, uuid.UUID):
+            if isinstance(value, (bytes, bytearray)):  # 16 bytes from the wire
+                value = uuid.UUID(bytes=bytes(value))
+            else:  # the request this message answers
+                value = value.message_id
             self._set(obj, value)
         return value
 
@@ -272,6 +274,9 @@ RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore
 #: Raw slot access for the runtime's hot path (no id is created, no request resolved).
 raw_correlation_get = _cid_slot.__get__
 raw_correlation_set = _cid_slot.__set__
+_id_set = _id_slot.__set__
+_cid_raw_set = _cid_slot.__set__
+_prio_set = RingKernelMessage.__dict__["priority"].__set__
 
 
 # --- encoding hooks --------------------------------------------------------------------------
@@ -434,20 +439,115 @@ def _tag_of(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+_Priority = Annotated[int, msgspec.Meta(ge=0, le=255)]
+_new_object = object.__new__
+
+
+class _Codec:
+    """The wire codec of one message class: positional header + fields.
+
+    The body is a MessagePack array ``[message_id(16 bytes), priority, correlation_id(16
+    bytes or nil), field_1, ...]`` decoded by a typed msgspec tuple decoder (so field types
+    and the priority range are validated in C); the object is then filled through its slot
+    descriptors. Ids stay as bytes until read (see ``_LazyMessageId``).
+    """
+
+    __slots__ = (
+        "build", "by_ref", "cls", "decoder", "getter", "names", "post_init", "prefix", "setters",
+    )
+
+    def __init__(self, cls: type[RingKernelMessage], prefix: bytes) -> None:
+        self.cls = cls
+        self.prefix = prefix
+        self.by_ref = cls._pdc_by_reference
+        names = tuple(
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name not in ("message_id", "priority", "correlation_id")
+        )
+        self.names = names
+        if not names:
+            self.getter: Callable[[Any], tuple[Any, ...]] = lambda _obj: ()
+        elif len(names) == 1:
+            one = operator.attrgetter(names[0])
+            self.getter = lambda obj: (one(obj),)
+        else:
+            self.getter = operator.attrgetter(*names)  # type: ignore[assignment]
+        self.setters = tuple(_slot_setter(cls, n) for n in names)
+        try:
+            hints = typing.get_type_hints(cls, include_extras=True)
+        except Exception:  # unresolvable forward references: accept any value
+            hints = {}
+        types: list[Any] = [bytes, _Priority, bytes | None]
+        types += [hints.get(n, Any) for n in names]
+        self.decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            tuple[tuple(types)],  # type: ignore[misc]
+            ext_hook=_ext_hook,
+            dec_hook=_dec_hook,
+        )
+        custom = cls.__post_init__ is not RingKernelMessage.__post_init__
+        self.post_init = cls.__post_init__ if custom else None
+        self.build = self._make_builder()
+
+    def _make_builder(self) -> Callable[[Any], RingKernelMessage]:
+        """An unrolled ``values -> message`` function for this class (no loop, no kwargs)."""
+        env: dict[str, Any] = {
+            "_new": _new_object, "_cls": self.cls, "_s0": _id_set, "_s1": _prio_set,
+            "_s2": _cid_raw_set, "_post": self.post_init,
+        }
+        lines = ["def build(v):", "    o = _new(_cls)", "    _s0(o, v[0])", "    _s1(o, v[1])",
+                 "    _s2(o, v[2])"]
+        for i, setter in enumerate(self.setters):
+            env[f"_f{i}"] = setter
+            lines.append(f"    _f{i}(o, v[{i + 3}])")
+        if self.post_init is not None:
+            lines.append("    _post(o)")
+        lines.append("    return o")
+        exec("\n".join(lines), env)  # noqa: S102 - generated from field positions only
+        return env["build"]  # type: ignore[no-any-return]
+
+    def encode(self, msg: RingKernelMessage) -> bytes:
+        cid = msg.correlation_id
+        head = (
+            msg.message_id.int.to_bytes(16, "big"),
+            msg.priority,
+            None if cid is None else cid.int.to_bytes(16, "big"),
+        )
+        encoder = _REF_ENCODER if self.by_ref else _ENCODER
+        try:
+            return self.prefix + encoder.encode(head + self.getter(msg))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            raise MessageSerializationError(
+                f"cannot serialize {type(msg).__name__}: {exc}; fields must be MessagePack "
+                "types, NumPy arrays or nested @message classes"
+            ) from exc
+
+    def decode(self, body: memoryview) -> RingKernelMessage:
+        return self.build(self.decoder.decode(body))
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    for klass in cls.__mro__:
+        desc = klass.__dict__.get(name)
+        if desc is not None and hasattr(desc, "__set__"):
+            return desc.__set__  # type: ignore[no-any-return]
+    return lambda obj, value: object.__setattr__(obj, name, value)
+
+
 def _finalize(cls: type[RingKernelMessage]) -> None:
-    """Register ``cls`` and build its tag prefix and decoder (lazily, on first use)."""
+    """Register ``cls`` and build its tag prefix and codec (lazily, on first use)."""
     tag = _tag_of(cls)
     cls._pdc_tag = tag
+    prefix = b"\x92" + _pack_str(tag)
     try:
-        decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
-            cls, ext_hook=_ext_hook, dec_hook=_dec_hook
-        )
+        codec = _Codec(cls, prefix)
     except TypeError as exc:
         raise TypeValidationError(
             f"message class {cls.__name__} has a field type msgspec cannot decode: {exc}"
         ) from exc
-    cls._pdc_decoder = decoder
-    cls._pdc_prefix = b"\x92" + _pack_str(tag)
+    cls._pdc_codec = codec
+    cls._pdc_decoder = codec.decoder
+    cls._pdc_prefix = prefix
     with _TYPES_LOCK:
         _TYPES[tag] = cls
 
@@ -499,16 +599,33 @@ def deserialize_message(data: bytes | bytearray | memoryview) -> RingKernelMessa
             f"unknown message type {tag!r}: import the module that defines it before "
             "deserializing (message classes register when they are first used or defined)"
         )
-    decoder = cls._pdc_decoder
-    assert decoder is not None
+    codec = cls._pdc_codec
+    assert codec is not None
     try:
-        return decoder.decode(view[offset:])  # type: ignore[no-any-return]
+        return codec.decode(view[offset:])
     except msgspec.DecodeError as exc:
-        raise MessageDeserializationError(f"cannot decode {cls.__name__}: {exc}") from exc
+        raise MessageDeserializationError(
+            f"cannot decode {cls.__name__}: {_name_fields(str(exc), codec.names)}"
+        ) from exc
     except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
         raise MessageDeserializationError(
             f"cannot decode {cls.__name__}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+_PATH = re.compile(r"`\$\[(\d+)\]")
+_HEADER = ("message_id", "priority", "correlation_id")
+
+
+def _name_fields(text: str, names: tuple[str, ...]) -> str:
+    """Turn msgspec's positional paths (``$[1]``) into field names (``priority``)."""
+
+    def repl(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        all_names = _HEADER + names
+        return f"`{all_names[i]}" if i < len(all_names) else m.group(0)
+
+    return _PATH.sub(repl, text)
 
 
 def serialize_message(msg: RingKernelMessage) -> bytes:
@@ -622,9 +739,7 @@ def _compute_dtype(cls: type) -> np.dtype[Any] | None:
         if layout is None or f.name in _HEADER_NAMES:
             return None
         entries.append((f.name, layout[0], layout[1]))
-    spec = [(n, t) for n, t in _HEADER_FIELDS] + [
-        (n, t, s) if s else (n, t) for n, t, s in entries
-    ]
+    spec = [(n, t) for n, t in _HEADER_FIELDS] + [(n, t, s) if s else (n, t) for n, t, s in entries]
     return np.dtype(spec, align=True)
 
 

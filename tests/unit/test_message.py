@@ -310,14 +310,20 @@ def test_bytes_are_readable_by_the_msgpack_package() -> None:
     assert len(decoded) == 2
     tag, body = decoded
     assert tag == f"{__name__}.Everything"
-    assert body["message_id"] == msg.message_id.bytes
-    assert body["priority"] == 9
-    assert body["correlation_id"] is None
+    # positional body: [message_id, priority, correlation_id, *fields in declaration order]
+    assert body[0] == msg.message_id.bytes
+    assert body[1] == 9
+    assert body[2] is None
+    fields = dict(
+        zip(("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table", "inner", "arr"),
+            body[3:], strict=True)
+    )
     for name in ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table"):
-        assert body[name] == getattr(msg, name), name
-    assert body["inner"]["x"] == 1.0
-    assert body["inner"]["message_id"] == msg.inner.message_id.bytes
-    ext = body["arr"]
+        assert fields[name] == getattr(msg, name), name
+    # nested messages travel as maps
+    assert fields["inner"]["x"] == 1.0
+    assert fields["inner"]["message_id"] == msg.inner.message_id.bytes
+    ext = fields["arr"]
     assert isinstance(ext, msgpack.ExtType)
     assert ext.code == 1
     assert ext.data.endswith(msg.arr.tobytes())
@@ -327,7 +333,7 @@ def test_correlation_id_is_written_as_16_bytes() -> None:
     req = Point(x=0.0, y=0.0)
     rep = req.reply(x=1.0, y=1.0)
     body = msgpack.unpackb(rep.serialize())[1]
-    assert body["correlation_id"] == req.message_id.bytes
+    assert body[2] == req.message_id.bytes
 
 
 # --- the registry ----------------------------------------------------------------------
@@ -421,13 +427,13 @@ def test_trailing_bytes_are_refused() -> None:
 
 
 def test_field_of_the_wrong_type_is_refused_naming_the_class() -> None:
-    data = msgpack.packb([f"{__name__}.Point", {"x": "one", "y": 2.0}])
+    data = msgpack.packb([f"{__name__}.Point", [b"\x01" * 16, 128, None, "one", 2.0]])
     with pytest.raises(MessageDeserializationError, match=r"cannot decode Point: .*float"):
         deserialize_message(data)
 
 
 def test_out_of_range_priority_in_bytes_is_refused() -> None:
-    data = msgpack.packb([f"{__name__}.Point", {"x": 1.0, "y": 2.0, "priority": 300}])
+    data = msgpack.packb([f"{__name__}.Point", [b"\x01" * 16, 300, None, 1.0, 2.0]])
     with pytest.raises(MessageDeserializationError, match="priority"):
         deserialize_message(data)
 
@@ -439,7 +445,7 @@ def test_out_of_range_numpy_scalar_in_bytes_is_refused() -> None:
         ).serialize(),
         strict_map_key=False,
     )[1]
-    body["value"] = 1e300  # does not fit a float32
+    body[4] = 1e300  # "value" does not fit a float32
     data = msgpack.packb([f"{__name__}.Sample", body])
     with pytest.raises(MessageDeserializationError, match="cannot decode Sample"):
         deserialize_message(data)
@@ -469,13 +475,13 @@ def test_object_arrays_cannot_be_serialized() -> None:
 def test_object_array_in_bytes_is_refused() -> None:
     header = msgpack.packb(("|O", [1]))
     ext = msgpack.ExtType(1, bytes([len(header)]) + header + b"\x00" * 8)
-    data = msgpack.packb([f"{__name__}.Blob", {"payload": ext}])
+    data = msgpack.packb([f"{__name__}.Blob", [b"\x01" * 16, 128, None, ext]])
     with pytest.raises(MessageDeserializationError, match="object arrays are not accepted"):
         deserialize_message(data)
 
 
 def test_unknown_extension_type_is_refused() -> None:
-    data = msgpack.packb([f"{__name__}.Blob", {"payload": msgpack.ExtType(42, b"")}])
+    data = msgpack.packb([f"{__name__}.Blob", [b"\x01" * 16, 128, None, msgpack.ExtType(42, b"")]])
     with pytest.raises(MessageDeserializationError, match="unknown MessagePack extension type 42"):
         deserialize_message(data)
 
@@ -604,7 +610,7 @@ def test_array_message_refcounts_per_serialization(registry_baseline: dict[str, 
     frame = Frame(pixels=pixels, index=0)
     first, second = frame.serialize(), frame.serialize()
     assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"] + 1
-    bid = int.from_bytes(msgpack.unpackb(first)[1]["pixels"].data, "little")
+    bid = int.from_bytes(msgpack.unpackb(first)[1][3].data, "little")
     assert reg.refcount(bid) == 2
     assert Frame.deserialize(first).pixels is pixels
     assert reg.refcount(bid) == 1
