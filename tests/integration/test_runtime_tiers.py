@@ -1,0 +1,129 @@
+"""One behavioural suite through ``RingKernelRuntime`` on every CPU execution tier.
+
+The same messages, ordering, priority, shutdown and failure expectations hold whether the
+actor is an asyncio task (tier 1), a thread (tier 2) or a child process (tier 3).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.exceptions import (
+    KernelFailedError,
+    KernelNotFoundError,
+    KernelStateError,
+    TypeValidationError,
+)
+from pydotcompute.ring_kernels import KernelState
+
+from .tier_actors import Done, Job, echo_async, echo_sync
+
+
+def _process_tier_available() -> bool:
+    return importlib.util.find_spec("pydotcompute.ring_kernels.cython_kernel") is not None
+
+
+TIERS = [
+    pytest.param(("asyncio", echo_async), id="asyncio"),
+    pytest.param(("thread", echo_sync), id="thread"),
+    pytest.param(
+        ("process", echo_sync),
+        id="process",
+        marks=pytest.mark.skipif(
+            not _process_tier_available(), reason="the process tier (cython_kernel) is missing"
+        ),
+    ),
+]
+
+
+@pytest.fixture(params=TIERS)
+def tier(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def _launch(rt: RingKernelRuntime, tier: tuple[str, Any], kid: str = "k") -> None:
+    name, fn = tier
+    await rt.launch(kid, fn, input_type=Job, output_type=Done, tier=name, queue_size=1024)
+    await rt.activate(kid)
+
+
+async def test_replies_arrive_in_order(tier: tuple[str, Any]) -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        for i in range(300):
+            await rt.send("k", Job(seq=i))
+        got = [(await rt.receive("k", timeout=10)).seq for _ in range(300)]
+        assert got == list(range(300))
+
+
+async def test_priority_bands_are_served_first(tier: tuple[str, Any]) -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        await rt.deactivate("k")  # everything waits in the banded inbox
+        for i in range(10):
+            await rt.send("k", Job(seq=i, priority=10))  # LOW
+        for i in range(10, 20):
+            await rt.send("k", Job(seq=i, priority=250))  # SYSTEM
+        await rt.reactivate("k")
+        got = [(await rt.receive("k", timeout=10)).seq for _ in range(20)]
+        assert got == list(range(10, 20)) + list(range(10))
+
+
+async def test_graceful_terminate_loses_nothing(tier: tuple[str, Any]) -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        for i in range(200):
+            await rt.send("k", Job(seq=i))
+        left = await rt.terminate("k", timeout=10)
+        assert left == []
+        got = [(await rt.receive("k")).seq for _ in range(200)]
+        assert got == list(range(200))
+        with pytest.raises(KernelStateError, match="terminated and its outbox is drained"):
+            await rt.receive("k")
+        assert rt.get_kernel_state("k") is KernelState.TERMINATED
+
+
+async def test_bad_input_gets_clear_errors(tier: tuple[str, Any]) -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        with pytest.raises(TypeValidationError, match="kernel 'k' expects Job, got dict"):
+            await rt.send("k", {"seq": 1})
+        with pytest.raises(KernelNotFoundError, match="unknown kernel id 'nope'.*'k'"):
+            await rt.send("nope", Job(seq=1))
+        await rt.terminate("k")
+        with pytest.raises(KernelStateError, match="cannot send to kernel 'k'"):
+            await rt.send("k", Job(seq=1))
+
+
+async def test_actor_failure_is_reported(tier: tuple[str, Any]) -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        await rt.send("k", Job(seq=1))
+        assert (await rt.receive("k", timeout=10)).seq == 1
+        await rt.send("k", Job(seq=2, payload="boom"))
+        with pytest.raises(KernelFailedError, match="boom requested"):
+            await rt.receive("k", timeout=10)
+        assert rt.get_kernel_state("k") is KernelState.FAILED
+        with pytest.raises(KernelFailedError):
+            await rt.send("k", Job(seq=3))
+
+
+async def test_pipeline_between_tiers(tier: tuple[str, Any]) -> None:
+    async def relay(ctx: Any) -> None:
+        while not ctx.should_terminate:
+            done = await ctx.receive()
+            await ctx.send(done)
+
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier, "first")
+        await rt.launch("second", relay, input_type=Done, output_type=Done)
+        await rt.activate("second")
+        rt.connect("first", "second")
+        for i in range(50):
+            await rt.send("first", Job(seq=i))
+        got = [(await rt.receive("second", timeout=10)).seq for _ in range(50)]
+        assert got == list(range(50))

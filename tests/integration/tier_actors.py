@@ -1,0 +1,37 @@
+"""Actors shared by the cross-tier suite (module-level so a child process can import them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydotcompute import message
+
+
+@message
+class Job:
+    seq: int
+    payload: str = ""
+
+
+@message
+class Done:
+    seq: int
+    tier: str
+
+
+async def echo_async(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        if job.payload == "boom":
+            raise ValueError("boom requested")
+        await ctx.send(Done(seq=job.seq, tier="asyncio"))
+
+
+def echo_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = ctx.receive(timeout=0.05)
+        if job is None:
+            continue
+        if job.payload == "boom":
+            raise ValueError("boom requested")
+        ctx.send(Done(seq=job.seq, tier="worker"))
