@@ -1,0 +1,366 @@
+"""The child side of the process tier, and the spin-then-park waiting both sides share.
+
+Kept apart from :mod:`~pydotcompute.ring_kernels.cython_kernel` (the parent side) because
+this is the code a ``spawn`` child imports to run an actor: the doorbells, the waiting
+helpers, :class:`CythonKernelContext` and the child's entry point. See ``cython_kernel``
+for the design (transport, parking, liveness, shutdown).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from . import _cython
+from ._cython import SharedByteRing
+from .message import RingKernelMessage, deserialize_message
+
+__all__ = ("CythonKernelContext",)
+
+WRITE_WAKE = 2
+SLICE_S = 0.05  # longest single sleep; a safety net, doorbells and sentinels wake sooner
+_monotonic = time.monotonic
+
+
+# --- doorbells and parking (both processes) -------------------------------------------------
+
+
+def _ring_bell(fd: int) -> None:
+    try:
+        os.write(fd, b"\x00")
+    except (BlockingIOError, BrokenPipeError):
+        pass  # full: a wake-up is already pending; broken: the peer is gone (seen elsewhere)
+
+
+def _drain_bell(fd: int) -> None:
+    try:
+        os.read(fd, 4096)
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def _poll_ms(remaining: float | None) -> int:
+    if remaining is None or remaining > SLICE_S:
+        return int(SLICE_S * 1000)
+    return max(int(remaining * 1000 + 0.999), 0)
+
+
+class _Waiter:
+    """Parks one role (reader or writer of one ring) on its doorbell plus a liveness fd.
+
+    Returns from :meth:`park` when the bell rang, the liveness fd fired (child exited in
+    the parent, parent hung up in the child) or the slice ended; callers re-check.
+    """
+
+    __slots__ = ("bell_fd", "live_fd", "poller")
+
+    def __init__(self, bell_fd: int, live_fd: int | None) -> None:
+        self.bell_fd = bell_fd
+        self.live_fd = live_fd
+        self.poller = select.poll()
+        self.poller.register(bell_fd, select.POLLIN)
+        if live_fd is not None:
+            self.poller.register(live_fd, select.POLLIN)
+
+    def park(self, remaining: float | None) -> bool:
+        """Sleep; True when the liveness fd fired or the bell hung up (peer gone)."""
+        gone = False
+        for fd, events in self.poller.poll(_poll_ms(remaining)):
+            if fd == self.bell_fd:
+                if events & select.POLLIN:
+                    _drain_bell(fd)
+                if events & (select.POLLHUP | select.POLLERR) and not events & select.POLLIN:
+                    gone = True
+            else:
+                gone = True
+        return gone
+
+
+def read_wait(
+    ring: Any, waiter: _Waiter, spin_s: float, timeout: float | None, gone: Any
+) -> bytes | None:
+    """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
+
+    ``gone`` is consulted before each park; it returns True when the peer has exited (the
+    caller then drains what is committed and reports the error). Returns None on timeout
+    or when the writer closed the ring and it is empty.
+    """
+    deadline = None if timeout is None else _monotonic() + timeout
+    data: bytes | None = ring.spin_read(spin_s if timeout is None else min(spin_s, timeout))
+    while data is None:
+        if gone() or ring.writer_closed:
+            last: bytes | None = ring.try_read()
+            return last
+        remaining = None if deadline is None else deadline - _monotonic()
+        if remaining is not None and remaining <= 0:
+            return None
+        ring.set_reader_waiting(True)
+        data = ring.try_read()
+        if data is None:
+            if waiter.park(remaining):
+                gone(True)
+            data = ring.try_read()
+        ring.set_reader_waiting(False)
+    return data
+
+
+def write_wait(
+    ring: Any, data: bytes, waiter: _Waiter, spin_s: float, timeout: float | None, gone: Any
+) -> int:
+    """Spin, then park, until ``data`` fits (returns the write code) or the timeout ends (0).
+
+    Raises ``QueueClosedError`` through ``try_write`` when the reader has closed the ring;
+    returns 0 early when ``gone()`` says the peer exited.
+    """
+    deadline = None if timeout is None else _monotonic() + timeout
+    result: int = ring.spin_write(data, spin_s if timeout is None else min(spin_s, timeout))
+    while not result:
+        if gone():
+            return 0
+        remaining = None if deadline is None else deadline - _monotonic()
+        if remaining is not None and remaining <= 0:
+            return 0
+        ring.set_writer_waiting(True)
+        result = ring.try_write(data)
+        if not result:
+            if waiter.park(remaining):
+                gone(True)
+            result = ring.try_write(data)
+        ring.set_writer_waiting(False)
+    return result
+
+
+def check_message(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
+    if not isinstance(msg, RingKernelMessage):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r} runs in a child process and carries @message instances "
+            f"as MessagePack; got {type(msg).__name__}. Decorate the class with @message"
+        )
+    if expected is not None and not isinstance(msg, expected):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
+        )
+
+
+def _too_large(kernel_id: str, msg: object, size: int, ring: Any, which: str) -> Exception:
+    option = "input_ring_bytes" if which == "inbox" else "output_ring_bytes"
+    return InvalidConfigurationError(
+        f"{type(msg).__name__} message of {size} bytes can never fit the {which} of kernel "
+        f"{kernel_id!r} (largest message: {ring.max_record_size} bytes); raise "
+        f"CythonKernelConfig({option}=...) or send smaller messages"
+    )
+
+
+# --- the child side ------------------------------------------------------------------------
+
+
+@dataclass
+class _ChildSpec:
+    """Everything the child needs; pickled into it by multiprocessing."""
+
+    kernel_id: str
+    func: bytes
+    output_type: type | None
+    in_name: str
+    out_name: str
+    spin_s: float
+    in_data: Any  # Connection: read end, the parent rings it when the inbox has data
+    in_space: Any  # write end: we ring it when we freed inbox space
+    out_data: Any  # write end: we ring it when the outbox has data
+    out_space: Any  # read end: the parent rings it when it freed outbox space
+    status: Any  # write end: ready/error reports
+
+
+class CythonKernelContext:
+    """What a process actor sees, inside the child process.
+
+    Same methods as :class:`~pydotcompute.ring_kernels.threaded_kernel.ThreadedKernelContext`;
+    call them from the actor's own thread.
+    """
+
+    __slots__ = (
+        "_gone",
+        "_in",
+        "_in_space_fd",
+        "_out",
+        "_out_data_fd",
+        "_output_type",
+        "_read_waiter",
+        "_spin_s",
+        "_write_waiter",
+        "kernel_id",
+    )
+
+    def __init__(self, spec: _ChildSpec, in_ring: Any, out_ring: Any) -> None:
+        self.kernel_id = spec.kernel_id
+        self._in = in_ring
+        self._out = out_ring
+        self._spin_s = spec.spin_s
+        self._output_type = spec.output_type
+        self._in_space_fd = spec.in_space.fileno()
+        self._out_data_fd = spec.out_data.fileno()
+        self._read_waiter = _Waiter(spec.in_data.fileno(), None)
+        self._write_waiter = _Waiter(spec.out_space.fileno(), None)
+        self._gone = False
+
+    def _parent_gone(self, value: bool = False) -> bool:
+        if value:
+            self._gone = True
+        return self._gone
+
+    @property
+    def should_terminate(self) -> bool:
+        """True once a stop was requested *and* the inbox is drained (or the parent died)."""
+        return self._gone or (self._in.writer_closed and not self._in.readable())
+
+    @property
+    def is_active(self) -> bool:
+        """True until a stop is requested."""
+        return not (self._gone or self._in.writer_closed)
+
+    @property
+    def using_cython(self) -> bool:
+        """True when the compiled ring is in use in this process."""
+        return _cython.is_cython_available()
+
+    def _closed(self) -> QueueClosedError:
+        if self._gone:
+            return QueueClosedError(f"the parent process of kernel {self.kernel_id!r} has gone")
+        return QueueClosedError(f"kernel {self.kernel_id!r} is stopping and its inbox is drained")
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next message, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Returns:
+            The message, or None when the timeout expired.
+
+        Raises:
+            QueueClosedError: the kernel is stopping and the inbox is drained, or the parent
+                process died (letting it escape ends the actor cleanly).
+        """
+        ring = self._in
+        data = ring.try_read()
+        if data is None:
+            data = read_wait(ring, self._read_waiter, self._spin_s, timeout, self._parent_gone)
+            if data is None:
+                if self._gone or ring.writer_closed:
+                    raise self._closed()
+                return None
+        if ring.writer_waiting:
+            _ring_bell(self._in_space_fd)
+        return deserialize_message(data)
+
+    def receive_nowait(self) -> Any:
+        """The next message or None, without waiting."""
+        data = self._in.try_read()
+        if data is None:
+            if self._in.writer_closed and not self._in.readable():
+                raise self._closed()
+            return None
+        if self._in.writer_waiting:
+            _ring_bell(self._in_space_fd)
+        return deserialize_message(data)
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Serialize ``msg`` into the outbox, waiting while it is full.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            TypeValidationError: ``msg`` is not a message (or not the ``output_type``).
+            InvalidConfigurationError: the message can never fit the outbox ring.
+            QueueClosedError: the parent process has gone.
+        """
+        check_message(self.kernel_id, msg, self._output_type, "must send")
+        data = msg.serialize()
+        ring = self._out
+        if len(data) > ring.max_record_size:
+            raise _too_large(self.kernel_id, msg, len(data), ring, "outbox")
+        result = ring.try_write(data)
+        if not result:
+            result = write_wait(
+                ring, data, self._write_waiter, self._spin_s, timeout, self._parent_gone
+            )
+            if not result:
+                if self._gone:
+                    raise self._closed()
+                return False
+        if result == WRITE_WAKE:
+            _ring_bell(self._out_data_fd)
+        return True
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Serialize ``msg`` into the outbox if there is room; False when full."""
+        return self.send(msg, 0)
+
+    def wait_shutdown(self, timeout: float | None = None) -> bool:
+        """Block until a stop is requested (or the parent dies); False on timeout."""
+        deadline = None if timeout is None else _monotonic() + timeout
+        while not (self._gone or self._in.writer_closed):
+            remaining = None if deadline is None else deadline - _monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            time.sleep(min(SLICE_S, remaining if remaining is not None else SLICE_S))
+        return True
+
+
+def _error_report(exc: BaseException) -> tuple[Any, ...]:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        payload: bytes | None = pickle.dumps(exc)
+    except Exception:
+        payload = None
+    return ("error", payload, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text)
+
+
+def _child_main(spec: _ChildSpec) -> None:
+    """Entry point of the child process (module level so ``spawn`` can import it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space):
+        os.set_blocking(conn.fileno(), False)
+    status = spec.status
+    in_ring = out_ring = None
+    exit_code = 0
+    try:
+        func = pickle.loads(spec.func)
+        in_ring = SharedByteRing.attach(spec.in_name)
+        out_ring = SharedByteRing.attach(spec.out_name)
+        ctx = CythonKernelContext(spec, in_ring, out_ring)
+        status.send(("ready", os.getpid()))
+        try:
+            func(ctx)
+        except QueueClosedError:
+            if not (ctx._gone or in_ring.writer_closed):
+                raise
+    except BaseException as exc:  # reported to the parent, which raises it to callers
+        try:
+            status.send(_error_report(exc))
+        except OSError:
+            pass  # the parent is gone
+        exit_code = 1
+    finally:
+        if out_ring is not None:
+            out_ring.close_writer()
+            _ring_bell(spec.out_data.fileno())
+            out_ring.close()
+        if in_ring is not None:
+            in_ring.close_reader()
+            _ring_bell(spec.in_space.fileno())
+            in_ring.close()
+        for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space, status):
+            conn.close()
+    if exit_code:
+        sys.exit(exit_code)

@@ -1,0 +1,902 @@
+"""Tier 3: a ring kernel whose actor runs in a child process, fed through shared memory.
+
+Use it for CPU-heavy Python actors (a process of their own, no shared GIL) and for
+isolation (a crash cannot take the caller down). The actor is a plain, importable
+function taking a :class:`CythonKernelContext` (same methods as the threaded context)::
+
+    with CythonRingKernel("fast_worker", worker) as kernel:
+        kernel.send(Request(value=21))
+        print(kernel.receive(timeout=5.0).value)
+
+Design notes:
+- Transport: two :class:`~pydotcompute.ring_kernels._cython.SharedByteRing` segments
+  (inbox parent->child, outbox child->parent) carrying MessagePack bytes
+  (``msg.serialize()`` / ``deserialize_message``); the commit protocol of the ring means a
+  reader never sees a torn message. The parent creates both, the child attaches, and once
+  the child reports ready the parent unlinks both names: the mappings live on in the two
+  processes, so no segment can outlive them, whatever happens afterwards.
+- Waiting spins, then parks. Each side first polls its ring without the GIL for a spin
+  budget (``CythonKernelConfig.spin_us``, default 50 us), which keeps a ping-pong at a few
+  microseconds because neither side sleeps. Past the budget it sets its ``waiting`` flag,
+  re-checks, and sleeps in ``poll()`` on a doorbell pipe that the other side writes only
+  when it sees the flag (see ``_spsc_py`` for why no wake-up is lost). Spinning longer
+  was rejected: on a 2-core machine a spinning process that gets descheduled stalls its
+  peer for a scheduler tick (tens of milliseconds). ``docs/concepts/tiers.md`` has the
+  measured trade-off behind the default.
+- Four doorbells (one per waiting role: inbox data, inbox space, outbox data, outbox space)
+  so a sender and a receiver in different parent threads never steal each other's wake-up.
+- Liveness: every parent-side wait also polls the child's process sentinel, and a watcher
+  thread marks the kernel stopped/failed the moment the child exits, so a crash or a
+  ``kill -9`` reaches senders and receivers at once (not after a timeout). The child's
+  doorbell pipes hang up when the parent dies, and the child then exits. An exception in
+  the actor travels back pickled (with the child's traceback as a note) and becomes
+  ``error``; callers get ``KernelFailedError`` after the replies sent before it.
+- Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
+  is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
+  parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
+  Replies stay receivable after ``stop()``; messages the child never took are returned by
+  :meth:`CythonRingKernel.unprocessed`.
+- Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
+  :meth:`CythonRingKernel.wait_handles` gives the file descriptors to watch (with
+  ``loop.add_reader``) after arming the flag with :meth:`CythonRingKernel.arm_receive`.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+import pickle
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
+from multiprocessing import get_context
+from types import TracebackType
+from typing import Any
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    MessageDeserializationError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from . import _cython
+from ._cython import SharedByteRing
+from ._process_actor import (
+    SLICE_S,
+    WRITE_WAKE,
+    CythonKernelContext,
+    _child_main,
+    _ChildSpec,
+    _drain_bell,
+    _ring_bell,
+    _too_large,
+    _Waiter,
+    check_message,
+    read_wait,
+    write_wait,
+)
+from .message import deserialize_message
+from .sync_queue import _WakerSet
+
+__all__ = (
+    "CythonKernelConfig",
+    "CythonKernelContext",
+    "CythonKernelState",
+    "CythonRingKernel",
+    "is_cython_kernel_available",
+)
+
+_monotonic = time.monotonic
+
+
+def is_cython_kernel_available() -> bool:
+    """True when the compiled shared-memory ring is in use.
+
+    The process tier also works on the pure-Python twin (slower); this says whether the
+    fast path is there, the way the 0.2 API used it to choose between tiers.
+    """
+    return _cython.is_cython_available()
+
+
+class CythonKernelState(enum.Enum):
+    """Lifecycle of a process kernel: CREATED -> RUNNING -> STOPPING -> STOPPED.
+
+    A kernel whose actor raised, or whose child process died, is STOPPED with ``failed``
+    True and ``error`` set.
+    """
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass
+class CythonKernelConfig:
+    """Settings of a :class:`CythonRingKernel`.
+
+    Attributes:
+        kernel_id: The kernel's name.
+        input_queue_size: Most messages queued in the inbox ring (>= 1).
+        output_queue_size: Most messages queued in the outbox ring (>= 1).
+        input_ring_bytes: Inbox ring capacity; a message must serialize to at most this
+            minus 8 bytes.
+        output_ring_bytes: Outbox ring capacity.
+        spin_us: Microseconds a waiting side polls before parking on its doorbell (0 =
+            park at once). Higher lowers latency under bursty load and costs CPU.
+        start_method: ``"spawn"`` (default) or ``"forkserver"`` (faster starts on POSIX).
+        startup_timeout: Seconds to wait for the child to import the actor and report ready.
+        daemon: Kill the child when the parent exits without stopping it.
+        ring_bytes: Shorthand that sets both ring capacities.
+    """
+
+    kernel_id: str
+    input_queue_size: int = 4096
+    output_queue_size: int = 4096
+    input_ring_bytes: int = 1 << 20
+    output_ring_bytes: int = 1 << 20
+    spin_us: float = 50.0
+    start_method: str | None = None
+    startup_timeout: float = 30.0
+    daemon: bool = True
+    ring_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ring_bytes is not None:  # shorthand for both rings
+            self.input_ring_bytes = self.output_ring_bytes = self.ring_bytes
+        if not isinstance(self.kernel_id, str) or not self.kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel_id must be a non-empty string, got {self.kernel_id!r}"
+            )
+        for name in ("input_queue_size", "output_queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidConfigurationError(
+                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
+                )
+        for name in ("input_ring_bytes", "output_ring_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1024:
+                raise InvalidConfigurationError(
+                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1024, got {value!r}"
+                )
+        if not isinstance(self.spin_us, (int, float)) or self.spin_us < 0:
+            raise InvalidConfigurationError(
+                f"spin_us of kernel {self.kernel_id!r} must be >= 0, got {self.spin_us!r}"
+            )
+        if self.start_method not in (None, "spawn", "forkserver"):
+            raise InvalidConfigurationError(
+                f"start_method of kernel {self.kernel_id!r} must be 'spawn' or 'forkserver', "
+                f"got {self.start_method!r} ('fork' would copy the parent's threads and locks)"
+            )
+
+
+# --- the parent side -----------------------------------------------------------------------
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _rebuild_error(report: tuple[Any, ...], kernel_id: str, pid: int | None) -> BaseException:
+    _, payload, type_name, text, tb_text = report
+    exc: BaseException | None = None
+    if payload is not None:
+        try:
+            exc = pickle.loads(payload)
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(f"{type_name}: {text}")
+    note = f"raised in the child process (pid {pid}) of kernel {kernel_id!r}:\n{tb_text}"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    return exc
+
+
+def _ring_bell_byte(fd: int, byte: bytes) -> None:
+    try:
+        os.write(fd, byte)
+    except (BlockingIOError, BrokenPipeError):
+        pass
+
+
+def _call_wakers(wakers: tuple[Callable[[], None], ...]) -> None:
+    for wake in wakers:
+        wake()
+
+
+class _RingView:
+    """One ring as the parent sees it; the shape adapters expect of ``kernel.inbox``."""
+
+    __slots__ = ("_get", "_kernel", "_when")
+
+    def __init__(self, kernel: CythonRingKernel, when: str, get: Callable[[], Any]) -> None:
+        self._kernel = kernel
+        self._when = when
+        self._get = get
+
+    def add_waker(self, callback: Callable[[], None], *, when: str | None = None) -> None:
+        """Register ``callback`` for this ring's direction (see ``CythonRingKernel.add_waker``)."""
+        self._kernel.add_waker(callback, when=when or self._when)
+
+    def remove_waker(self, callback: Callable[[], None]) -> None:
+        self._kernel.remove_waker(callback)
+
+    def __len__(self) -> int:
+        ring = self._get()
+        return 0 if ring is None or ring.closed else len(ring)
+
+    def get_stats(self) -> dict[str, int]:
+        ring = self._get()
+        return {} if ring is None or ring.closed else dict(ring.stats())
+
+
+class CythonRingKernel:
+    """A persistent actor in a child process, driven with ``send``/``receive``.
+
+    Args:
+        kernel_id: The kernel's name.
+        kernel_func: ``fn(ctx)``, a plain function importable by module path (a module-level
+            ``def``): the child imports it.
+        config: Ring sizes, spin budget and start method; defaults to
+            ``CythonKernelConfig(kernel_id)``.
+        input_type: When given, ``send`` refuses other message types.
+        output_type: When given, ``ctx.send`` in the child refuses other types.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: Any,
+        *,
+        config: CythonKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+    ) -> None:
+        if config is None:
+            config = CythonKernelConfig(kernel_id)
+        elif config.kernel_id != kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel id {kernel_id!r} does not match its config's {config.kernel_id!r}"
+            )
+        if not callable(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
+                f"got {type(kernel_func).__name__}"
+            )
+        if inspect.iscoroutinefunction(kernel_func) or inspect.isasyncgenfunction(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r}: CythonRingKernel runs plain functions in a child "
+                f"process, but {getattr(kernel_func, '__qualname__', kernel_func)!r} is async"
+            )
+        try:
+            self._func_bytes = pickle.dumps(kernel_func)
+        except Exception as exc:
+            raise TypeValidationError(
+                f"kernel {kernel_id!r} runs its actor in a child process, so the function must "
+                f"be importable by module path (a module-level def); "
+                f"{getattr(kernel_func, '__qualname__', kernel_func)!r} is not ({exc}). Move it "
+                "to module level, or use ThreadedRingKernel"
+            ) from exc
+        if output_type is not None:
+            try:
+                pickle.dumps(output_type)
+            except Exception as exc:
+                raise TypeValidationError(
+                    f"kernel {kernel_id!r}: output_type {output_type.__qualname__} must be "
+                    f"importable by module path to reach the child process ({exc})"
+                ) from exc
+        self._kernel_id = kernel_id
+        self._config = config
+        self._input_type = input_type
+        self._output_type = output_type
+        self._spin_s = config.spin_us / 1e6
+        self._state = CythonKernelState.CREATED
+        self._error: BaseException | None = None
+        self._state_lock = threading.Lock()
+        self._exit_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._process: Any = None
+        self._in_ring: Any = None
+        self._out_ring: Any = None
+        self._conns: list[Any] = []
+        self._in_data_fd = -1
+        self._out_space_fd = -1
+        self._send_waiter: _Waiter | None = None
+        self._recv_waiter: _Waiter | None = None
+        self._watcher: threading.Thread | None = None
+        self._watch_stop: tuple[int, int] | None = None
+        self._wakers = _WakerSet()
+        self._space_armed = False
+        self._status: Any = None
+        self._child_exited = False
+        self._stop_requested = False
+        self._pending_out: deque[bytes] = deque()
+        self._unprocessed: list[Any] = []
+        self._started_at = 0.0
+        self._stopped_at = 0.0
+        self._exit_code: int | None = None
+        self._pid: int | None = None
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel's name."""
+        return self._kernel_id
+
+    @property
+    def config(self) -> CythonKernelConfig:
+        """The configuration it was created with."""
+        return self._config
+
+    @property
+    def state(self) -> CythonKernelState:
+        """Where the kernel is in its lifecycle."""
+        return self._state
+
+    @property
+    def is_running(self) -> bool:
+        """True while the child runs and no stop was requested."""
+        return self._state is CythonKernelState.RUNNING
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the kernel failed: the actor's exception, or the child's unexpected death."""
+        return self._error
+
+    @property
+    def failed(self) -> bool:
+        """True when the actor raised or the child process died unexpectedly."""
+        return self._error is not None
+
+    @property
+    def using_cython(self) -> bool:
+        """True when the compiled ring is in use (else the pure-Python twin)."""
+        return _cython.is_cython_available()
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id once started."""
+        return self._pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """The child's exit code once it ended (negative: killed by that signal)."""
+        return self._exit_code
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> CythonRingKernel:
+        """Start the child process and wait until it has imported the actor.
+
+        Raises:
+            KernelStateError: already started.
+            KernelFailedError: the child could not start (import error, bad pickle, timeout).
+        """
+        with self._state_lock:
+            if self._state is not CythonKernelState.CREATED:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "start",
+                    "a kernel runs once; create a new one to run again",
+                )
+            self._state = CythonKernelState.RUNNING
+        try:
+            self._launch()
+        except BaseException:
+            self._cleanup()
+            with self._state_lock:
+                self._state = CythonKernelState.STOPPED
+            raise
+        return self
+
+    def _launch(self) -> None:
+        cfg = self._config
+        ctx: Any = get_context(cfg.start_method or "spawn")
+        self._in_ring = SharedByteRing(cfg.input_ring_bytes, max_records=cfg.input_queue_size)
+        self._out_ring = SharedByteRing(cfg.output_ring_bytes, max_records=cfg.output_queue_size)
+        in_data_r, in_data_w = ctx.Pipe(duplex=False)
+        in_space_r, in_space_w = ctx.Pipe(duplex=False)
+        out_data_r, out_data_w = ctx.Pipe(duplex=False)
+        out_space_r, out_space_w = ctx.Pipe(duplex=False)
+        status_r, status_w = ctx.Pipe(duplex=False)
+        child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
+        self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
+        self._status = status_r
+        spec = _ChildSpec(
+            kernel_id=self._kernel_id,
+            func=self._func_bytes,
+            output_type=self._output_type,
+            in_name=self._in_ring.name,
+            out_name=self._out_ring.name,
+            spin_s=self._spin_s,
+            in_data=in_data_r,
+            in_space=in_space_w,
+            out_data=out_data_w,
+            out_space=out_space_r,
+            status=status_w,
+        )
+        process = ctx.Process(
+            target=_child_main,
+            args=(spec,),
+            name=f"pydotcompute-{self._kernel_id}",
+            daemon=cfg.daemon,
+        )
+        try:
+            process.start()
+        finally:
+            for conn in child_ends:
+                conn.close()
+        self._process = process
+        self._pid = process.pid
+        self._started_at = _monotonic()
+        for conn in self._conns[:4]:
+            os.set_blocking(conn.fileno(), False)
+        self._in_data_fd = in_data_w.fileno()
+        self._out_space_fd = out_space_w.fileno()
+        self._send_waiter = _Waiter(in_space_r.fileno(), process.sentinel)
+        self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel)
+        # wait for "ready" (or an early death / error report)
+        ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
+        report = status_r.recv() if status_r in ready and status_r.poll() else None
+        if report is None or report[0] != "ready":
+            if report is None and not ready:
+                process.kill()
+            process.join(5.0)
+            self._exit_code = process.exitcode
+            if report is not None and report[0] == "error":
+                cause = _rebuild_error(report, self._kernel_id, process.pid)
+            else:
+                cause = ChildProcessError(
+                    f"the child process of kernel {self._kernel_id!r} "
+                    f"{_describe_exit(process.exitcode)} before reporting ready"
+                    + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
+                )
+            self._error = cause
+            self._child_exited = True
+            err = KernelFailedError(self._kernel_id, cause)
+            raise err from cause
+        # both processes have mapped the rings: drop the names so nothing can leak
+        self._in_ring.unlink()
+        self._out_ring.unlink()
+        stop_r, stop_w = os.pipe()
+        self._watch_stop = (stop_r, stop_w)
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"pydotcompute-{self._kernel_id}-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Watcher thread: notices the child's exit at once and runs the wakers.
+
+        With readable wakers registered it keeps the outbox's ``reader_waiting`` flag armed,
+        so the child rings the doorbell on every reply; writable wakers are armed by
+        ``send_nowait`` when it finds the inbox full.
+        """
+        assert self._watch_stop is not None
+        stop_r = self._watch_stop[0]
+        sentinel = self._process.sentinel
+        out_fd = self._conns[2].fileno()
+        space_fd = self._conns[1].fileno()
+        while True:
+            fds = [sentinel, stop_r]
+            readable, writable = self._wakers.readable, self._wakers.writable
+            if readable:
+                fds.append(out_fd)
+                self._out_ring.set_reader_waiting(True)
+                if self._out_ring.readable():
+                    _call_wakers(readable)
+            if writable:
+                fds.append(space_fd)
+            ready = mp_connection.wait(fds)
+            if stop_r in ready and os.read(stop_r, 1) != b"r":
+                return  # stop; b"r" means "the wakers changed"
+            if out_fd in ready:
+                _drain_bell(out_fd)
+                _call_wakers(readable)
+            if space_fd in ready:
+                _drain_bell(space_fd)
+                _call_wakers(writable)
+            if sentinel in ready:
+                self._on_child_exit()
+                _call_wakers(self._wakers.readable + self._wakers.writable)
+                return
+
+    def add_waker(self, callback: Callable[[], None], *, when: str = "readable") -> None:
+        """Call ``callback()`` from the watcher thread when a reply may be ready.
+
+        ``when="writable"``: when the inbox may have room again after ``send_nowait``
+        returned False. Both also fire when the child exits. Callbacks must be quick and
+        must not raise (an event loop adapter wraps ``loop.call_soon_threadsafe``).
+        """
+        self._wakers.add(callback, when)  # type: ignore[arg-type]
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"r")
+
+    def remove_waker(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback`` (no error if it was not registered)."""
+        self._wakers.remove(callback)
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"r")
+
+    @property
+    def inbox(self) -> _RingView:
+        """The inbox seen from the parent: ``len()``, ``get_stats()``, ``add_waker``."""
+        return _RingView(self, "writable", lambda: self._in_ring)
+
+    @property
+    def outbox(self) -> _RingView:
+        """The outbox seen from the parent: ``len()``, ``get_stats()``, ``add_waker``."""
+        return _RingView(self, "readable", lambda: self._out_ring)
+
+    def _on_child_exit(self, _flag: bool = True) -> bool:
+        """Record that the child ended (idempotent, any thread); returns True."""
+        if self._child_exited:
+            return True
+        with self._exit_lock:
+            if self._child_exited:
+                return True
+            process = self._process
+            process.join(5.0)
+            self._exit_code = process.exitcode
+            error: BaseException | None = None
+            try:
+                while self._status.poll():
+                    report = self._status.recv()
+                    if report[0] == "error":
+                        error = _rebuild_error(report, self._kernel_id, process.pid)
+            except (EOFError, OSError):
+                pass
+            if error is None and self._exit_code != 0 and not self._stop_requested:
+                error = ChildProcessError(
+                    f"the child process of kernel {self._kernel_id!r} (pid {process.pid}) "
+                    f"{_describe_exit(self._exit_code)} without reporting an error"
+                )
+            with self._state_lock:
+                if error is not None:
+                    self._error = error
+                self._state = CythonKernelState.STOPPED
+                self._stopped_at = _monotonic()
+            self._child_exited = True
+        return True
+
+    def _child_gone(self, value: bool = False) -> bool:
+        """``gone`` callback for the wait helpers: checks (or records) the child's exit."""
+        if value or self._child_exited:
+            return self._on_child_exit()
+        return False
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop gracefully: close the inbox, let the child drain it and exit, collect replies.
+
+        Args:
+            timeout: Seconds to wait for the child to finish; then it is terminated (and
+                killed if it ignores that), and unread inbox messages move to
+                :meth:`unprocessed`.
+
+        Returns:
+            True when the child exited by itself (also if it had already ended or never
+            started); False when it had to be terminated.
+        """
+        with self._state_lock:
+            if self._state is CythonKernelState.CREATED:
+                self._state = CythonKernelState.STOPPED
+                return True
+            if self._state is CythonKernelState.RUNNING:
+                self._state = CythonKernelState.STOPPING
+            self._stop_requested = True
+        if self._process is None or self._in_ring is None:
+            return True  # start() failed and already cleaned up
+        graceful = True
+        if not self._child_exited:
+            deadline = _monotonic() + max(timeout, 0.0)
+            got_send = self._send_lock.acquire(True, max(timeout, 0.0))
+            try:
+                self._in_ring.close_writer()
+            finally:
+                if got_send:
+                    self._send_lock.release()
+            _ring_bell(self._in_data_fd)
+            graceful = self._await_exit(deadline)
+        self._collect_leftovers()
+        self._cleanup()
+        return graceful
+
+    def _await_exit(self, deadline: float) -> bool:
+        """Wait for the child to exit, draining the outbox so it cannot block on it."""
+        process = self._process
+        out_ring = self._out_ring
+        out_fd = self._conns[2].fileno()
+        while True:
+            if self._recv_lock.acquire(False):
+                try:
+                    out_ring.set_reader_waiting(True)
+                    self._pending_out.extend(out_ring.read_all())
+                    if out_ring.writer_waiting:
+                        _ring_bell(self._out_space_fd)
+                finally:
+                    self._recv_lock.release()
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                break
+            ready = mp_connection.wait([process.sentinel, out_fd], min(remaining, SLICE_S))
+            if out_fd in ready:
+                _drain_bell(out_fd)
+            if process.sentinel in ready:
+                self._on_child_exit()
+                return True
+        process.terminate()
+        process.join(1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+        self._on_child_exit()
+        return False
+
+    def _collect_leftovers(self) -> None:
+        with self._recv_lock:
+            if self._out_ring is not None and not self._out_ring.closed:
+                self._pending_out.extend(self._out_ring.read_all())
+        if self._in_ring is not None and not self._in_ring.closed:
+            for data in self._in_ring.read_all():  # the child has exited: we may read
+                try:
+                    self._unprocessed.append(deserialize_message(data))
+                except MessageDeserializationError:
+                    self._unprocessed.append(data)
+
+    def _cleanup(self) -> None:
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"x")
+            if self._watcher is not None and self._watcher is not threading.current_thread():
+                self._watcher.join(5.0)
+            for fd in self._watch_stop:
+                os.close(fd)
+            self._watch_stop = None
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join(5.0)
+        if self._process is not None:
+            self._on_child_exit()
+            self._process.close()
+        with self._recv_lock, self._send_lock:
+            for ring in (self._in_ring, self._out_ring):
+                if ring is not None:
+                    ring.unlink()
+                    ring.close()
+            for conn in self._conns:
+                conn.close()
+            self._conns = []
+        with self._state_lock:
+            self._state = CythonKernelState.STOPPED
+            if not self._stopped_at:
+                self._stopped_at = _monotonic()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the child to exit without asking it to; True if it has."""
+        if self._process is None:
+            return self._state is CythonKernelState.STOPPED
+        if self._child_exited:
+            return True
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            return False
+        self._on_child_exit()
+        return True
+
+    def unprocessed(self) -> list[Any]:
+        """Messages sent but never taken by the child (stop timeout, crash), after stop()."""
+        return list(self._unprocessed)
+
+    # -- caller side ------------------------------------------------------------------
+
+    def _state_error(self, operation: str) -> KernelStateError:
+        if self._error is not None:
+            err = KernelFailedError(self._kernel_id, self._error)
+            err.__cause__ = self._error
+            return err
+        hint = {
+            CythonKernelState.CREATED: "call start() first or use it as a context manager",
+            CythonKernelState.STOPPING: "it is stopping",
+            CythonKernelState.STOPPED: "it has stopped",
+        }.get(self._state, "")
+        return KernelStateError(self._kernel_id, self._state, operation, hint)
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Serialize ``msg`` into the child's inbox, waiting while it is full.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            KernelStateError: the kernel is not running (``KernelFailedError`` if it failed
+                or its child died).
+            TypeValidationError: ``msg`` is not a message (or not the ``input_type``).
+            InvalidConfigurationError: the message can never fit the inbox ring.
+        """
+        if self._state is not CythonKernelState.RUNNING:
+            raise self._state_error("send to")
+        check_message(self._kernel_id, msg, self._input_type, "expects")
+        data = msg.serialize()
+        ring = self._in_ring
+        if len(data) > ring.max_record_size:
+            raise _too_large(self._kernel_id, msg, len(data), ring, "inbox")
+        lock = self._send_lock
+        if not lock.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+            return False
+        try:
+            if self._state is not CythonKernelState.RUNNING:
+                raise self._state_error("send to")
+            try:
+                result = ring.try_write(data)
+                if not result:
+                    assert self._send_waiter is not None
+                    result = write_wait(
+                        ring, data, self._send_waiter, self._spin_s, timeout, self._child_gone
+                    )
+                    if not result and self._wakers.writable and not self._child_exited:
+                        # arm the writable wakers: the child rings after its next read
+                        self._space_armed = True
+                        ring.set_writer_waiting(True)
+                        result = ring.try_write(data)
+                if result and self._space_armed:
+                    self._space_armed = False
+                    ring.set_writer_waiting(False)
+            except QueueClosedError:  # the child closed its inbox: it is exiting
+                self._await_child_briefly()
+                raise self._state_error("send to") from None
+            if not result:
+                if self._child_exited:
+                    raise self._state_error("send to")
+                return False
+        finally:
+            lock.release()
+        if result == WRITE_WAKE:
+            _ring_bell(self._in_data_fd)
+        return True
+
+    def _await_child_briefly(self) -> None:
+        if self._process is not None and not self._child_exited:
+            self._process.join(1.0)
+            if self._process.exitcode is not None:
+                self._on_child_exit()
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
+        return self.send(msg, 0)
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Replies already sent stay receivable after the kernel stopped or failed.
+
+        Returns:
+            The reply, or None when the timeout expired.
+
+        Raises:
+            KernelFailedError: the actor raised (or the child died) and every earlier reply
+                has been received.
+            KernelStateError: the kernel never started, or stopped and is drained.
+        """
+        lock = self._recv_lock
+        if not lock.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+            return None
+        try:
+            if self._pending_out:
+                return deserialize_message(self._pending_out.popleft())
+            ring = self._out_ring
+            if ring is None or ring.closed:
+                raise self._state_error("receive from")
+            data = ring.try_read()
+            if data is None:
+                assert self._recv_waiter is not None
+                data = read_wait(ring, self._recv_waiter, self._spin_s, timeout, self._child_gone)
+                if self._wakers.readable:
+                    ring.set_reader_waiting(True)  # parking cleared the watcher's arming
+                if data is None:
+                    if self._child_exited or ring.writer_closed:
+                        self._await_child_briefly()
+                        if self._child_exited:
+                            raise self._state_error("receive from")
+                    return None
+            if ring.writer_waiting:
+                _ring_bell(self._out_space_fd)
+        finally:
+            lock.release()
+        return deserialize_message(data)
+
+    def receive_nowait(self) -> Any:
+        """The next reply or None, without waiting (same errors as ``receive``)."""
+        return self.receive(0)
+
+    # -- event-loop hosting -------------------------------------------------------------
+
+    def wait_handles(self) -> tuple[int, int]:
+        """File descriptors an event loop can watch: (outbox doorbell, child sentinel).
+
+        Call :meth:`arm_receive` first, re-check with :meth:`receive_nowait`, then wait for
+        either descriptor to become readable; :meth:`disarm_receive` afterwards.
+        """
+        if self._process is None or not self._conns:
+            raise self._state_error("wait on")
+        return self._conns[2].fileno(), self._process.sentinel
+
+    def arm_receive(self) -> None:
+        """Ask the child to ring the outbox doorbell on its next reply."""
+        if self._out_ring is not None and not self._out_ring.closed:
+            self._out_ring.set_reader_waiting(True)
+
+    def disarm_receive(self) -> None:
+        """Withdraw :meth:`arm_receive` and empty the doorbell."""
+        if self._out_ring is not None and not self._out_ring.closed:
+            self._out_ring.set_reader_waiting(False)
+            _drain_bell(self._conns[2].fileno())
+
+    def statistics(self) -> dict[str, Any]:
+        """State, error, child and ring counters in one dictionary."""
+        end = self._stopped_at or _monotonic()
+        rings: dict[str, Any] = {}
+        for name, ring in (("inbox", self._in_ring), ("outbox", self._out_ring)):
+            if ring is not None and not ring.closed:
+                rings[name] = ring.stats()
+        return {
+            "kernel_id": self._kernel_id,
+            "state": self._state.value,
+            "failed": self.failed,
+            "error": repr(self._error) if self._error is not None else None,
+            "pid": self.pid,
+            "exit_code": self._exit_code,
+            "implementation": _cython.IMPLEMENTATION,
+            "uptime_seconds": end - self._started_at if self._started_at else 0.0,
+            "unprocessed": len(self._unprocessed),
+            "pending_replies": len(self._pending_out),
+            **rings,
+        }
+
+    # -- context manager --------------------------------------------------------------
+
+    def __enter__(self) -> CythonRingKernel:
+        if self._state is CythonKernelState.CREATED:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        process = getattr(self, "_process", None)
+        if process is not None and getattr(self, "_conns", None):
+            try:
+                self._cleanup()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        extra = f" failed: {self._error!r}" if self._error is not None else ""
+        return (
+            f"<CythonRingKernel {self._kernel_id!r} {self._state.name} pid={self.pid} "
+            f"({_cython.IMPLEMENTATION}){extra}>"
+        )
