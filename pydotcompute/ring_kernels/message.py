@@ -395,7 +395,7 @@ def _dec_hook(tp: Any, obj: Any) -> Any:
             type(obj) is float
             and issubclass(origin, np.floating)
             and abs(obj) > _float_max(origin)
-            and obj != _INF
+            and abs(obj) != _INF
         ):
             # numpy would only warn and store inf: a value that does not fit is an error
             raise ValueError(f"{obj!r} does not fit a {origin.__name__} field")

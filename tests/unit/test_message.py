@@ -315,8 +315,11 @@ def test_bytes_are_readable_by_the_msgpack_package() -> None:
     assert body[1] == 9
     assert body[2] is None
     fields = dict(
-        zip(("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table", "inner", "arr"),
-            body[3:], strict=True)
+        zip(
+            ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table", "inner", "arr"),
+            body[3:],
+            strict=True,
+        )
     )
     for name in ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table"):
         assert fields[name] == getattr(msg, name), name
@@ -449,6 +452,13 @@ def test_out_of_range_numpy_scalar_in_bytes_is_refused() -> None:
     data = msgpack.packb([f"{__name__}.Sample", body])
     with pytest.raises(MessageDeserializationError, match="cannot decode Sample"):
         deserialize_message(data)
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan, 3.4028234663852886e38, -1e-45])
+def test_infinities_and_extremes_of_a_float32_field_round_trip(value: float) -> None:
+    s = Sample(seq=1, value=np.float32(value), vec=np.ones(4, np.float32), ok=True, count=1)
+    back = Sample.deserialize(s.serialize()).value
+    np.testing.assert_equal(back, np.float32(value))
 
 
 @pytest.mark.parametrize("data", [None, 5, "text", [1, 2]], ids=type)

@@ -1,0 +1,461 @@
+"""FastMessageQueue (four bands, O(1)), PriorityBand and RingBuffer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+from pydotcompute.ring_kernels.fast_queue import (
+    BackpressureStrategy,
+    FastMessageQueue,
+    PriorityBand,
+    QueueStats,
+    RingBuffer,
+    get_priority_band,
+)
+from pydotcompute.ring_kernels.message import message
+
+
+@message
+class Item:
+    seq: int
+
+
+def item(seq: int, priority: int = 128) -> Item:
+    return Item(seq=seq, priority=priority)
+
+
+def seqs(items: list[Item]) -> list[int]:
+    return [i.seq for i in items]
+
+
+# --- bands -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("priority", "band"),
+    [
+        (255, PriorityBand.SYSTEM),
+        (224, PriorityBand.SYSTEM),
+        (223, PriorityBand.HIGH),
+        (160, PriorityBand.HIGH),
+        (159, PriorityBand.NORMAL),
+        (128, PriorityBand.NORMAL),
+        (64, PriorityBand.NORMAL),
+        (63, PriorityBand.LOW),
+        (0, PriorityBand.LOW),
+    ],
+)
+def test_priority_bands(priority: int, band: PriorityBand) -> None:
+    assert get_priority_band(priority) is band
+
+
+@pytest.mark.parametrize("bad", [-1, 256])
+def test_priority_band_out_of_range(bad: int) -> None:
+    with pytest.raises(ValueError, match=r"priority must be in 0\.\.255, got"):
+        get_priority_band(bad)
+
+
+def test_band_enum_values() -> None:
+    assert [(b.name, int(b)) for b in PriorityBand] == [
+        ("SYSTEM", 0),
+        ("HIGH", 1),
+        ("NORMAL", 2),
+        ("LOW", 3),
+    ]
+
+
+def test_strict_band_order_fifo_within_band() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    prios = [10, 200, 128, 250, 170, 64, 0, 230, 63, 159]
+    for i, p in enumerate(prios):
+        q.put_nowait(item(i, p))
+    out = q.get_batch(100)
+    # SYSTEM 3, 7; HIGH 1, 4; NORMAL 2, 5, 9; LOW 0, 6, 8 (each band in arrival order)
+    assert seqs(out) == [3, 7, 1, 4, 2, 5, 9, 0, 6, 8]
+
+
+def test_objects_without_priority_go_to_normal() -> None:
+    q: FastMessageQueue[object] = FastMessageQueue(0)
+    q.put_nowait("plain")
+    q.put_nowait(item(1, 255))
+    assert q.get_nowait().seq == 1  # type: ignore[union-attr]
+    assert q.get_nowait() == "plain"
+    assert q.statistics().band_counts == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("bad", [-1, 256, 1.5, "7"])
+def test_put_with_out_of_range_priority_is_refused(bad: object) -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(4)
+    msg = item(0)
+    msg.priority = bad  # type: ignore[assignment]  # bypasses the constructor's check
+    with pytest.raises(ValueError, match=r"priority must be an int in 0\.\.255"):
+        q.put_nowait(msg)
+    assert len(q) == 0
+
+
+# --- properties and statistics ---------------------------------------------------------
+
+
+def test_properties() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(2, kernel_id="k")
+    assert (q.maxsize, q.qsize, q.empty, q.full, len(q)) == (2, 0, True, False, 0)
+    assert q.backpressure is BackpressureStrategy.BLOCK
+    q.put_nowait(item(0))
+    q.put_nowait(item(1))
+    assert (q.qsize, q.empty, q.full, len(q)) == (2, False, True, 2)
+    assert "kernel='k'" in repr(q)
+
+
+def test_unbounded_queue_is_never_full() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    assert q.put_batch(item(i) for i in range(10_000)) == 10_000
+    assert not q.full
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8", None])
+def test_bad_maxsize(bad: object) -> None:
+    with pytest.raises(InvalidConfigurationError, match=r"queue maxsize must be an int >= 0"):
+        FastMessageQueue(bad)  # type: ignore[arg-type]
+
+
+def test_bad_backpressure_lists_the_choices() -> None:
+    with pytest.raises(
+        InvalidConfigurationError, match=r"unknown backpressure strategy 'sometimes'; choose"
+    ):
+        FastMessageQueue(4, backpressure="sometimes")
+
+
+def test_backpressure_accepts_enum_and_any_case() -> None:
+    assert FastMessageQueue(1, backpressure="REJECT").backpressure is BackpressureStrategy.REJECT
+    assert (
+        FastMessageQueue(1, backpressure=BackpressureStrategy.DROP_OLDEST).backpressure
+        is BackpressureStrategy.DROP_OLDEST
+    )
+
+
+def test_statistics_count_everything() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(3, backpressure="drop_oldest")
+    for i, p in enumerate([250, 200, 100, 10]):
+        q.put_nowait(item(i, p))
+    assert q.get_nowait().seq == 0  # type: ignore[union-attr]
+    stats = q.statistics()
+    assert isinstance(stats, QueueStats)
+    assert stats == QueueStats(
+        max_size=3,
+        current_size=2,
+        peak_size=3,
+        total_enqueued=4,
+        total_dequeued=1,
+        total_dropped=1,  # the NORMAL one: the oldest of the lowest band present
+        band_counts=(0, 1, 0, 1),
+        closed=False,
+    )
+    d = q.get_stats()
+    assert d["band_counts"] == {"SYSTEM": 0, "HIGH": 1, "NORMAL": 0, "LOW": 1}
+    assert d["current_size"] == 2
+    assert d["peak_size"] == 3
+    with pytest.raises(AttributeError):
+        stats.current_size = 0  # type: ignore[misc]  # frozen
+
+
+# --- nowait and batch ------------------------------------------------------------------
+
+
+def test_get_nowait_on_empty_returns_none() -> None:
+    assert FastMessageQueue(1).get_nowait() is None
+
+
+def test_put_batch_stops_at_capacity_under_block_and_reject() -> None:
+    for strategy in ("block", "reject"):
+        q: FastMessageQueue[Item] = FastMessageQueue(3, backpressure=strategy)
+        assert q.put_batch(item(i) for i in range(5)) == 3
+        assert seqs(q.get_batch(10)) == [0, 1, 2]
+
+
+def test_put_batch_under_drop_oldest_keeps_the_newest() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(3, backpressure="drop_oldest")
+    assert q.put_batch(item(i) for i in range(5)) == 5
+    assert seqs(q.get_batch(10)) == [2, 3, 4]
+    assert q.statistics().total_dropped == 2
+
+
+def test_get_batch_respects_max_count_and_order() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    q.put_batch([item(0, 0), item(1, 255), item(2, 128)])
+    assert seqs(q.get_batch(2)) == [1, 2]
+    assert seqs(q.get_batch(0)) == []
+    assert seqs(q.get_batch(5)) == [0]
+
+
+def test_clear_counts_dropped() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    q.put_batch(item(i) for i in range(7))
+    assert q.clear() == 7
+    assert q.empty
+    assert q.statistics().total_dropped == 7
+    assert q.clear() == 0
+
+
+def test_drain_returns_everything_in_order_without_counting_drops() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    q.put_batch([item(0, 1), item(1, 240), item(2, 1)])
+    assert seqs(q.drain()) == [1, 0, 2]
+    assert q.statistics().total_dropped == 0
+
+
+# --- backpressure ----------------------------------------------------------------------
+
+
+def test_reject_raises_queue_full_naming_the_kernel() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(2, kernel_id="ingest", backpressure="reject")
+    q.put_nowait(item(0))
+    q.put_nowait(item(1))
+    with pytest.raises(
+        QueueFullError,
+        match=r"queue of kernel 'ingest' is full \(2/2 messages\) and its backpressure is "
+        r"'reject'; receive faster, raise queue_size",
+    ):
+        q.put_nowait(item(2))
+    assert len(q) == 2
+
+
+async def test_reject_put_raises_at_once_even_with_a_timeout() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1, backpressure="reject")
+    await q.put(item(0))
+    with pytest.raises(QueueFullError, match="is full"):
+        await q.put(item(1), timeout=10.0)
+
+
+async def test_drop_oldest_drops_the_oldest_of_the_lowest_band() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(3, backpressure="drop_oldest")
+    for i, p in enumerate([10, 200, 20]):
+        await q.put(item(i, p))
+    assert await q.put(item(3, 250), timeout=0.0) is True
+    assert seqs(q.get_batch(10)) == [3, 1, 2]
+    assert q.statistics().total_dropped == 1
+
+
+def test_block_put_nowait_raises_when_full() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    q.put_nowait(item(0))
+    with pytest.raises(QueueFullError, match="backpressure is 'block'"):
+        q.put_nowait(item(1))
+
+
+async def test_block_put_times_out() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1, kernel_id="k")
+    await q.put(item(0))
+    with pytest.raises(
+        QueueTimeoutError,
+        match=r"timed out after 0\.01s waiting for space in queue of kernel 'k' \(1/1",
+    ):
+        await q.put(item(1), timeout=0.01)
+    with pytest.raises(TimeoutError):
+        await q.put(item(1), timeout=0)
+    assert seqs(q.get_batch(5)) == [0]
+
+
+async def test_block_put_waits_for_space() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    await q.put(item(0))
+    putter = asyncio.ensure_future(q.put(item(1)))
+    await asyncio.sleep(0)
+    assert not putter.done()
+    assert q.get_nowait().seq == 0  # type: ignore[union-attr]
+    assert await putter is True
+    assert q.get_nowait().seq == 1  # type: ignore[union-attr]
+
+
+async def test_blocked_putters_are_served_in_order() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    q.put_nowait(item(0))
+    putters = [asyncio.ensure_future(q.put(item(i))) for i in range(1, 5)]
+    await asyncio.sleep(0)
+    got = [(await q.get(timeout=1.0)).seq for _ in range(5)]
+    await asyncio.gather(*putters)
+    assert got == [0, 1, 2, 3, 4]
+
+
+async def test_clear_wakes_blocked_putters() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    q.put_nowait(item(0))
+    putter = asyncio.ensure_future(q.put(item(1)))
+    await asyncio.sleep(0)
+    assert q.clear() == 1
+    assert await asyncio.wait_for(putter, 1.0) is True
+    assert seqs(q.get_batch(5)) == [1]
+
+
+# --- get -------------------------------------------------------------------------------
+
+
+async def test_get_times_out_with_a_timeout_error() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1, kernel_id="k")
+    with pytest.raises(QueueTimeoutError, match=r"no message arrived within 0\.01s on queue of"):
+        await q.get(timeout=0.01)
+    with pytest.raises(TimeoutError):
+        await q.get(timeout=0)
+
+
+async def test_get_waits_for_a_put() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    getter = asyncio.ensure_future(q.get())
+    await asyncio.sleep(0)
+    assert not getter.done()
+    q.put_nowait(item(42))
+    assert (await asyncio.wait_for(getter, 1.0)).seq == 42
+
+
+async def test_a_cancelled_getter_passes_its_wake_up_on() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    first = asyncio.ensure_future(q.get())
+    second = asyncio.ensure_future(q.get())
+    await asyncio.sleep(0)
+    q.put_nowait(item(7))  # wakes `first`...
+    first.cancel()  # ...which never takes it
+    assert (await asyncio.wait_for(second, 1.0)).seq == 7
+    assert first.cancelled()
+    assert len(q) == 0
+
+
+async def test_a_timed_out_getter_does_not_swallow_a_later_message() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    with pytest.raises(QueueTimeoutError):
+        await q.get(timeout=0.001)
+    q.put_nowait(item(1))
+    assert (await q.get(timeout=1.0)).seq == 1
+
+
+async def test_wait_for_around_get_leaves_the_queue_consistent() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.get(), 0.001)
+    q.put_nowait(item(3))
+    assert (await q.get(timeout=1.0)).seq == 3
+
+
+async def test_many_getters_each_get_one_message() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+    getters = [asyncio.ensure_future(q.get(timeout=5.0)) for _ in range(50)]
+    await asyncio.sleep(0)
+    q.put_batch(item(i) for i in range(50))
+    got = await asyncio.gather(*getters)
+    assert sorted(seqs(got)) == list(range(50))
+
+
+# --- close -----------------------------------------------------------------------------
+
+
+async def test_close_refuses_puts_and_drains_to_getters() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(4, kernel_id="k")
+    q.put_batch([item(0), item(1)])
+    q.close()
+    assert q.closed
+    with pytest.raises(QueueClosedError, match="queue of kernel 'k' is closed"):
+        q.put_nowait(item(2))
+    with pytest.raises(QueueClosedError):
+        await q.put(item(2))
+    with pytest.raises(QueueClosedError):
+        q.put_batch([item(2)])
+    assert (await q.get()).seq == 0
+    assert q.get_nowait().seq == 1  # type: ignore[union-attr]
+    with pytest.raises(QueueClosedError):
+        await q.get()
+    with pytest.raises(QueueClosedError):
+        q.get_nowait()
+
+
+async def test_close_wakes_blocked_getters_and_putters_with_the_reason() -> None:
+    full: FastMessageQueue[Item] = FastMessageQueue(1)
+    full.put_nowait(item(0))
+    empty: FastMessageQueue[Item] = FastMessageQueue(1)
+    putter = asyncio.ensure_future(full.put(item(1)))
+    getter = asyncio.ensure_future(empty.get())
+    await asyncio.sleep(0)
+    reason = RuntimeError("shutting down")
+    full.close()
+    empty.close(reason)
+    with pytest.raises(QueueClosedError):
+        await asyncio.wait_for(putter, 1.0)
+    with pytest.raises(RuntimeError, match="shutting down"):
+        await asyncio.wait_for(getter, 1.0)
+    assert full.statistics().closed
+
+
+async def test_close_is_idempotent_and_a_later_reason_wins() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(1)
+    q.close()
+    q.close(KeyError("later"))
+    q.close()
+    with pytest.raises(KeyError, match="later"):
+        await q.get()
+
+
+# --- serialize=True --------------------------------------------------------------------
+
+
+async def test_serializing_queue_stores_bytes_and_returns_messages() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(4, serialize=True)
+    a, b = item(1, 10), item(2, 250)
+    q.put_nowait(a)
+    await q.put(b)
+    stored = [x for band in q._bands if band for x in band]
+    assert all(type(x) is bytes for x in stored)
+    assert q.statistics().band_counts == (1, 0, 0, 1)
+    out = [await q.get(), q.get_nowait()]
+    assert out == [b, a]
+    assert out[0] is not b  # a decoded copy, as across a process
+
+
+# --- RingBuffer ------------------------------------------------------------------------
+
+
+def test_ring_buffer_rounds_capacity_up_to_a_power_of_two() -> None:
+    assert RingBuffer(3).capacity == 4
+    assert RingBuffer(4).capacity == 4
+    assert RingBuffer(1000).capacity == 1024
+    assert RingBuffer().capacity == 4096
+    with pytest.raises(InvalidConfigurationError, match="ring capacity must be an int > 0"):
+        RingBuffer(0)
+
+
+def test_ring_buffer_fifo_and_full() -> None:
+    rb: RingBuffer[int] = RingBuffer(4)
+    assert rb.empty
+    assert [rb.put_nowait(i) for i in range(5)] == [True, True, True, True, False]
+    assert rb.full
+    assert (rb.size, len(rb)) == (4, 4)
+    assert [rb.get_nowait() for _ in range(5)] == [0, 1, 2, 3, None]
+    for i in range(10):  # wraps around
+        assert rb.put_nowait(i)
+        assert rb.get_nowait() == i
+
+
+async def test_ring_buffer_timeouts_return_false_and_none() -> None:
+    rb: RingBuffer[int] = RingBuffer(1)
+    assert await rb.put(1, timeout=0.01) is True
+    assert await rb.put(2, timeout=0.01) is False
+    assert await rb.get(timeout=0.01) == 1
+    assert await rb.get(timeout=0.01) is None
+
+
+async def test_ring_buffer_wakes_waiters() -> None:
+    rb: RingBuffer[int] = RingBuffer(1)
+    getter = asyncio.ensure_future(rb.get(timeout=5.0))
+    await asyncio.sleep(0)
+    await rb.put(9)
+    assert await getter == 9
+    rb.put_nowait(1)
+    putter = asyncio.ensure_future(rb.put(2, timeout=5.0))
+    await asyncio.sleep(0)
+    assert rb.get_nowait() == 1
+    assert await putter is True
+    assert rb.get_nowait() == 2
