@@ -1,0 +1,170 @@
+"""The host's half of a GPU actor's rings: publish requests, take replies, read counters.
+
+Everything here runs on the event loop thread and never blocks: it is NumPy slicing over
+mapped memory plus one fence per publish. The ordering argument is in ``gpu_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from . import layout as L
+
+__all__ = ("HostRings", "Replies", "fence")
+
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full host memory barrier (a locked instruction on x86-64), as close as Python gets."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+class HostRings:
+    """Host views of one kernel's inbox, outbox, status, latency and control arrays.
+
+    Args:
+        views: ``inbox``, ``outbox`` (ring + scratch slot), ``ostat``, ``lat``, ``ctl``.
+    """
+
+    __slots__ = ("ctl", "in_tail", "inbox", "lat", "ostat", "out_bytes", "out_head", "outbox")
+
+    def __init__(self, views: dict[str, np.ndarray[Any, Any]]) -> None:
+        self.inbox = views["inbox"]
+        self.outbox = views["outbox"]
+        self.ostat = views["ostat"]
+        self.lat = views["lat"]
+        self.ctl = views["ctl"]
+        out = self.outbox
+        self.out_bytes = out.view(np.uint8).reshape(len(out), out.dtype.itemsize)
+        self.in_tail = 0  # requests published (the host's copy of ctl[IN_TAIL])
+        self.out_head = 0  # replies taken (the host's copy of ctl[OUT_HEAD])
+
+    @property
+    def capacity_in(self) -> int:
+        return len(self.inbox)
+
+    @property
+    def capacity_out(self) -> int:
+        return len(self.outbox) - 1
+
+    def word(self, index: int) -> int:
+        """One control-block word (a device counter or flag)."""
+        return int(self.ctl[index])
+
+    def set_word(self, index: int, value: int) -> None:
+        fence()
+        self.ctl[index] = value
+
+    # -- inbox --------------------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        """Requests published and not yet taken by the kernel."""
+        return self.in_tail - int(self.ctl[L.IN_HEAD])
+
+    def room(self) -> int:
+        """Free inbox slots."""
+        return len(self.inbox) - (self.in_tail - int(self.ctl[L.IN_HEAD]))
+
+    def publish(self, recs: np.ndarray[Any, Any]) -> None:
+        """Copy records into free slots, then publish them with one tail store.
+
+        The caller checked ``room()``.
+        """
+        ring = self.inbox
+        cap = len(ring)
+        n = len(recs)
+        i = self.in_tail % cap
+        first = min(n, cap - i)
+        ring[i : i + first] = recs[:first]
+        if n > first:
+            ring[: n - first] = recs[first:]
+        self.in_tail += n
+        fence()
+        self.ctl[L.IN_TAIL] = self.in_tail
+
+    def unconsumed(self) -> np.ndarray[Any, Any]:
+        """Copies of the requests the kernel never took (call once it stopped), and forget
+        them."""
+        head = int(self.ctl[L.IN_HEAD])
+        n = self.in_tail - head
+        if n <= 0:
+            return self.inbox[:0].copy()
+        recs = _take(self.inbox, head, n, len(self.inbox))
+        self.in_tail = head
+        return recs
+
+    # -- outbox -------------------------------------------------------------------------
+
+    def ready(self) -> int:
+        """Replies published by the kernel and not yet taken."""
+        return int(self.ctl[L.OUT_TAIL]) - self.out_head
+
+    def take(self, n: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Copy ``n`` replies and their statuses out, zero the slots and hand them back."""
+        cap = len(self.outbox) - 1
+        start = self.out_head
+        recs = _take(self.outbox, start, n, cap)
+        stats = _take(self.ostat, start, n, cap)
+        i = start % cap
+        first = min(n, cap - i)
+        self.out_bytes[i : i + first] = 0
+        if n > first:
+            self.out_bytes[: n - first] = 0
+        self.out_head = start + n
+        fence()
+        self.ctl[L.OUT_HEAD] = self.out_head
+        return recs, stats
+
+    def latencies(self, since: int, upto: int) -> np.ndarray[Any, Any]:
+        """Per-message device latencies (ns) of messages ``since..upto`` still in the ring."""
+        nlat = len(self.lat)
+        since = max(since, upto - nlat)
+        if upto <= since:
+            return self.lat[:0].copy()
+        return _take(self.lat, since, upto - since, nlat)
+
+
+def _take(ring: np.ndarray[Any, Any], start: int, n: int, cap: int) -> np.ndarray[Any, Any]:
+    i = start % cap
+    if i + n <= cap:
+        return ring[i : i + n].copy()
+    return np.concatenate((ring[i:cap], ring[: n - (cap - i)]))
+
+
+class Replies:
+    """Reply records waiting for ``receive``: a deque of structured-array chunks."""
+
+    __slots__ = ("chunks", "count")
+
+    def __init__(self) -> None:
+        self.chunks: deque[list[Any]] = deque()  # [records, next index]
+        self.count = 0
+
+    def push(self, records: np.ndarray[Any, Any]) -> None:
+        if len(records):
+            self.chunks.append([records, 0])
+            self.count += len(records)
+
+    def pop(self, n: int) -> np.ndarray[Any, Any]:
+        """Up to ``n`` records, oldest first."""
+        parts = []
+        while n > 0 and self.chunks:
+            chunk = self.chunks[0]
+            recs, i = chunk
+            take = min(n, len(recs) - i)
+            parts.append(recs[i : i + take])
+            n -= take
+            self.count -= take
+            if i + take == len(recs):
+                self.chunks.popleft()
+            else:
+                chunk[1] = i + take
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[no-any-return]
+        return np.concatenate(parts)

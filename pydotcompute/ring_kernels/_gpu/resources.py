@@ -1,0 +1,468 @@
+"""The device side of one GPU actor: memory, compilation, launch, liveness, release.
+
+Three flavours share this interface:
+
+* ``simulator`` — NumPy arrays stand in for mapped memory and the kernel runs in threads
+  (``simlaunch``);
+* ``numba`` — rings in mapped pinned memory (``cuda.mapped_array``), state in device
+  memory, the Numba kernel launched once on a non-blocking stream;
+* ``cuda_c`` — the same memory, a CUDA C kernel compiled by NVRTC and launched through a
+  CuPy ``RawModule`` on a non-blocking CuPy stream.
+
+A persistent kernel never finishes on its own, so it must not sit on a stream that
+synchronizes with the legacy default stream (every synchronous copy would wait for it):
+streams are created non-blocking. Freeing device or pinned memory is implicitly
+device-synchronizing in CUDA, and would wait for *every* running persistent kernel, so
+released memory is parked in a graveyard and freed only when no GPU actor is running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from ...exceptions import (
+    BackendNotAvailableError,
+    CUDAError,
+    KernelCompilationError,
+    TypeValidationError,
+)
+from . import layout as L
+
+__all__ = ("DeviceActor", "live_actor_count")
+
+logger = logging.getLogger("pydotcompute")
+
+_graveyard: list[Any] = []
+_live = 0
+_live_lock = threading.Lock()
+
+
+def live_actor_count() -> int:
+    """How many GPU actors of this process have a kernel that may still be running."""
+    return _live
+
+
+def _actor_started() -> None:
+    global _live
+    with _live_lock:
+        _live += 1
+
+
+def _actor_released(keep: list[Any]) -> None:
+    global _live
+    with _live_lock:
+        _live -= 1
+        _graveyard.extend(keep)
+        if _live == 0:
+            _graveyard.clear()
+
+
+class DeviceActor:
+    """Memory and kernel of one GPU actor (see the module docstring).
+
+    Args:
+        name: Thread / log name (``pydotcompute-gpu:<kernel id>``).
+        handler: The Python handler (a function or a Numba device dispatcher); unused
+            when ``cuda_source`` is given.
+        cuda_source, handler_name, in_name, out_name: The CUDA C flavour's handler.
+        in_dtype, out_dtype: Slot layouts.
+        state: Initial state: a NumPy array, or an object with ``.device`` (a
+            ``UnifiedBuffer``) whose device array the kernel then updates in place.
+        cooperative, block_size: One thread, or a block that calls the handler together.
+        ring_in, ring_out: Slot counts of the inbox and outbox rings.
+        max_backoff_ns, drop_when_full: Copied into the control block.
+        device_id: The CUDA device.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        handler: Any,
+        cuda_source: str | None,
+        handler_name: str,
+        in_name: str,
+        out_name: str,
+        in_dtype: np.dtype[Any],
+        out_dtype: np.dtype[Any],
+        state: Any,
+        cooperative: bool,
+        block_size: int,
+        ring_in: int,
+        ring_out: int,
+        max_backoff_ns: int,
+        drop_when_full: bool,
+        device_id: int,
+    ) -> None:
+        from . import build
+
+        self.name = name
+        self.handler = handler
+        self.cuda_source = cuda_source
+        self.handler_name = handler_name
+        self.in_name = in_name
+        self.out_name = out_name
+        self.cooperative = cooperative
+        self.nthreads = block_size if cooperative else 1
+        self.device_id = device_id
+        self.simulator = build.SIMULATOR
+        if self.simulator:
+            if cuda_source is not None:
+                raise BackendNotAvailableError(
+                    f"{name}: a CUDA C handler needs a real GPU (NVRTC and CuPy); the CUDA "
+                    "simulator runs only handlers written in Python"
+                )
+            self.flavour = "simulator"
+        else:
+            self.flavour = "cuda_c" if cuda_source is not None else "numba"
+            _require_gpu(device_id)
+        self._state_owner = state if hasattr(state, "ensure_on_device") else None
+        self._kernel: Any = None
+        self._launch: Any = None
+        self._event: Any = None
+        self._stream: Any = None
+        self._keep: list[Any] = []
+        self._started = False
+        self._released = False
+        self._abandoned = False
+        with self._device():
+            self.inbox = self._mapped(ring_in, in_dtype)
+            self.outbox = self._mapped(ring_out + 1, out_dtype)  # + the scratch slot
+            self.ostat = self._mapped(ring_out + 1, np.dtype(np.int64))
+            self.lat = self._mapped(ring_in, np.dtype(np.int64))
+            self.ctl = self._mapped(L.CTL_WORDS, np.dtype(np.int64))
+            self.state_dev = self._state_array(state)
+        h = self.host
+        h["ctl"][L.MAX_BACKOFF_NS] = max_backoff_ns
+        h["ctl"][L.OUTBOX_POLICY] = 1 if drop_when_full else 0
+
+    # -- memory --------------------------------------------------------------------------
+
+    def _device(self) -> Any:
+        if self.simulator:
+            import contextlib
+
+            return contextlib.nullcontext()
+        from numba import cuda
+
+        return cuda.gpus[self.device_id]
+
+    def _mapped(self, n: int, dtype: np.dtype[Any]) -> Any:
+        if self.simulator:
+            return np.zeros(n, dtype=dtype)
+        from numba import cuda
+
+        arr = cuda.mapped_array(n, dtype=dtype)
+        np.asarray(arr).view(np.uint8)[...] = 0
+        return arr
+
+    @property
+    def host(self) -> dict[str, np.ndarray[Any, Any]]:
+        """Plain NumPy views of the mapped arrays (what the host reads and writes)."""
+        views = getattr(self, "_host_views", None)
+        if views is None:
+            views = {
+                k: np.asarray(getattr(self, k)).view(np.ndarray)
+                for k in ("inbox", "outbox", "ostat", "lat", "ctl")
+            }
+            self._host_views = views
+        return views
+
+    def _state_array(self, state: Any) -> Any:
+        owner = self._state_owner
+        if owner is not None:
+            if not getattr(owner, "is_allocated", True):
+                owner.allocate()
+            dev = owner.device
+            if self.simulator:
+                return np.asarray(getattr(dev, "_ary", dev))
+            if not hasattr(dev, "__cuda_array_interface__"):
+                raise TypeValidationError(
+                    f"{self.name}: the state buffer's device side is {type(dev).__name__}, not "
+                    "CUDA memory; create the UnifiedBuffer with backend='cuda'"
+                )
+            return dev
+        if self.simulator:
+            return np.array(state, copy=True)
+        from numba import cuda
+
+        return cuda.to_device(np.ascontiguousarray(state))
+
+    def read_state(self) -> np.ndarray[Any, Any]:
+        """A host copy of the actor's state (may be mid-update while the kernel runs)."""
+        dev = self.state_dev
+        if self.simulator or isinstance(dev, np.ndarray):
+            return np.array(dev, copy=True)
+        if hasattr(dev, "copy_to_host"):
+            return dev.copy_to_host()  # type: ignore[no-any-return]
+        import cupy
+
+        return cupy.asnumpy(dev)  # type: ignore[no-any-return]
+
+    # -- compile and launch --------------------------------------------------------------
+
+    def _args(self) -> tuple[Any, ...]:
+        if self.simulator:
+            h = self.host
+            return (
+                h["inbox"].view(np.recarray),
+                h["outbox"].view(np.recarray),
+                h["ostat"],
+                h["lat"],
+                h["ctl"],
+                self.state_dev,
+            )
+        return (self.inbox, self.outbox, self.ostat, self.lat, self.ctl, self.state_dev)
+
+    def compile(self) -> None:
+        """Compile the kernel (slow; the caller runs it in a worker thread). No-op simulated."""
+        if self.flavour == "simulator":
+            from . import build, device
+
+            self._kernel = device.make_ring_kernel(
+                build.python_handler(self.handler), cooperative=self.cooperative
+            )
+            return
+        with self._device():
+            if self.flavour == "numba":
+                self._compile_numba()
+            else:
+                self._compile_c()
+
+    def _compile_numba(self) -> None:
+        import numba
+
+        from . import build
+
+        disp = build.build_kernel(self.handler, cooperative=self.cooperative)
+        argtypes = tuple(numba.typeof(a) for a in self._args())
+        try:
+            disp.compile(argtypes)
+        except Exception as exc:
+            raise KernelCompilationError(
+                f"{self.name}: the handler "
+                f"{build.python_handler(self.handler).__name__!r} does not compile for the "
+                f"GPU: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._kernel = disp
+
+    def _compile_c(self) -> None:
+        import cupy
+
+        from . import cuda_c
+
+        src = cuda_c.generate_source(
+            self.cuda_source or "",
+            self.handler_name,
+            self.in_name,
+            self.host["inbox"].dtype,
+            self.out_name,
+            self.host["outbox"].dtype,
+            np.dtype(self.state_dev.dtype),
+            int(np.prod(self.state_dev.shape)),
+            cooperative=self.cooperative,
+        )
+        try:
+            module = cupy.RawModule(code=src, options=("-std=c++17",))
+            self._kernel = module.get_function(cuda_c.KERNEL_NAME)
+        except Exception as exc:
+            raise KernelCompilationError(
+                f"{self.name}: the CUDA C handler does not compile: {exc}"
+            ) from exc
+        self._keep.append(module)
+
+    def start(self) -> None:
+        """Launch the persistent kernel; returns at once (the kernel keeps running)."""
+        if self._kernel is None:
+            self.compile()
+        if self.flavour == "simulator":
+            from . import build, simlaunch
+
+            self._launch = simlaunch.start(
+                self._kernel,
+                self._args(),
+                nthreads=self.nthreads,
+                name=self.name,
+                swap=(build.python_handler(self.handler),),
+            )
+        else:
+            with self._device():
+                if self.flavour == "numba":
+                    self._start_numba()
+                else:
+                    self._start_c()
+        self._started = True
+        _actor_started()
+
+    def _start_numba(self) -> None:
+        from numba import cuda
+
+        self._stream = _nonblocking_stream(self._keep)
+        try:
+            self._kernel[1, self.nthreads, self._stream](*self._args())
+            self._event = cuda.event(timing=False)
+            self._event.record(self._stream)
+        except Exception as exc:
+            raise CUDAError(f"{self.name}: launching the persistent kernel failed: {exc}") from exc
+
+    def _start_c(self) -> None:
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream = stream
+        ptr = _device_pointer
+        h = self.host
+        args = (
+            np.uint64(ptr(self.inbox)),
+            np.uint64(ptr(self.outbox)),
+            np.uint64(ptr(self.ostat)),
+            np.uint64(ptr(self.lat)),
+            np.uint64(ptr(self.ctl)),
+            np.uint64(ptr(self.state_dev)),
+            np.int64(len(h["inbox"])),
+            np.int64(len(h["outbox"]) - 1),
+            np.int64(len(h["lat"])),
+        )
+        try:
+            self._kernel((1,), (self.nthreads,), args, stream=stream)
+            self._event = cupy.cuda.Event(disable_timing=True)
+            self._event.record(stream)
+        except Exception as exc:
+            raise CUDAError(f"{self.name}: launching the persistent kernel failed: {exc}") from exc
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def finished(self) -> bool:
+        """True once the kernel is no longer running (ended cleanly or not)."""
+        if not self._started:
+            return True
+        if self.flavour == "simulator":
+            return not self._launch.is_alive()  # type: ignore[no-any-return]
+        try:
+            if self.flavour == "numba":
+                return bool(self._event.query())
+            return bool(self._event.done)
+        except Exception:  # a faulted context: the kernel is gone
+            return True
+
+    def failure(self) -> BaseException | None:
+        """The error that ended the kernel, if it ended badly (None while it runs)."""
+        if not self._started:
+            return None
+        if self.flavour == "simulator":
+            err = self._launch.error
+            return err if isinstance(err, BaseException) else None
+        try:
+            if self.flavour == "numba":
+                self._event.query()
+            else:
+                _ = self._event.done
+        except Exception as exc:
+            return CUDAError(f"{self.name}: the persistent kernel faulted: {exc}")
+        return None
+
+    def join(self, timeout: float) -> bool:
+        """Wait (blocking) up to ``timeout`` for the simulated threads to end."""
+        if self.flavour == "simulator" and self._launch is not None:
+            return self._launch.join(timeout)  # type: ignore[no-any-return]
+        return self.finished()
+
+    def release(self) -> None:
+        """Give the memory back: now if no GPU actor runs, else when the last one ends.
+
+        A kernel that may still be running (it did not acknowledge TERMINATE) keeps its
+        memory for the life of the process instead: freeing it would let a hung kernel
+        write into reused memory. A later ``release`` frees it once the kernel ended.
+        """
+        if self._released:
+            return
+        if self._started and not self.finished():
+            if not self._abandoned:
+                self._abandoned = True
+                with _live_lock:
+                    _graveyard.append(self)
+                logger.error("%s: the kernel is still running; its memory is kept alive", self.name)
+            return
+        self._released = True
+        if self._state_owner is not None and hasattr(self._state_owner, "mark_device_dirty"):
+            try:
+                self._state_owner.mark_device_dirty()
+            except Exception as exc:  # the owner may have been freed by the user
+                logger.debug("%s: could not mark the state buffer device-dirty: %r", self.name, exc)
+        keep = [*self._keep, self.inbox, self.outbox, self.ostat, self.lat, self.ctl]
+        keep += [self.state_dev, self._stream, self._event, self._kernel]
+        if self._abandoned:
+            with _live_lock:
+                if self in _graveyard:
+                    _graveyard.remove(self)
+        if self._started:
+            _actor_released(keep if not self.simulator else [])
+
+
+def _device_pointer(arr: Any) -> int:
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return int(arr.device_ctypes_pointer.value)
+
+
+def _nonblocking_stream(keep: list[Any]) -> Any:
+    """A Numba stream that does not synchronize with the legacy default stream."""
+    from numba import cuda
+
+    try:
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=True)
+        keep.append(stream)
+        return cuda.external_stream(stream.ptr)
+    except Exception as exc:
+        logger.debug("CuPy non-blocking stream unavailable (%r); trying Numba's driver", exc)
+    try:
+        from numba.cuda.cudadrv import driver as drv
+
+        flags = drv.binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value
+        handle = drv.driver.cuStreamCreate(flags)
+        ctx = cuda.current_context()
+        return drv.Stream(handle, finalizer=drv._stream_finalizer(ctx.deallocations, handle))
+    except Exception as exc:
+        logger.warning(
+            "could not create a non-blocking CUDA stream (%r); the persistent kernel runs on a "
+            "default stream, so synchronous copies on the legacy stream may wait for it",
+            exc,
+        )
+        return cuda.stream()
+
+
+def _require_gpu(device_id: int) -> None:
+    try:
+        from numba import cuda
+    except ImportError as exc:  # pragma: no cover - numba is part of the cuda extra
+        raise BackendNotAvailableError(
+            f'GPU ring kernels need numba-cuda ({exc}); pip install "pydotcompute[cuda]"'
+        ) from exc
+    try:
+        available = cuda.is_available()
+        count = len(cuda.gpus) if available else 0
+    except Exception as exc:
+        available, count = False, 0
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        reason = "no CUDA GPU is visible to Numba"
+    if not available or device_id >= count:
+        if available:
+            reason = f"asked for CUDA device {device_id} but {count} device(s) exist"
+        raise BackendNotAvailableError(
+            f"GPU ring kernels need an NVIDIA GPU: {reason}. Set NUMBA_ENABLE_CUDASIM=1 (before "
+            "importing numba) to run them on the Numba CUDA simulator instead"
+        )
+    cc = cuda.gpus[device_id].compute_capability
+    if tuple(cc) < (7, 0):
+        raise BackendNotAvailableError(
+            f"GPU ring kernels need compute capability 7.0+ (system-scope acquire/release and "
+            f"__nanosleep); device {device_id} is {cc[0]}.{cc[1]}"
+        )
