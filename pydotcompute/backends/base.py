@@ -17,6 +17,7 @@ after checking that shapes and dtypes match; a mismatch raises
 from __future__ import annotations
 
 import enum
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ __all__ = (
     "KernelExecutionResult",
     "check_copy_compatible",
     "describe_array",
+    "error_text",
     "normalize_grid",
     "numpy_dtype_of",
 )
@@ -89,6 +91,14 @@ def describe_array(a: Any) -> str:
     shape = getattr(a, "shape", None)
     kind = f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
     return f"{dtype} {tuple(shape) if shape is not None else '?'} {kind}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)`` without terminal colour codes (Numba colours its messages)."""
+    return _ANSI.sub("", str(exc)).strip()
 
 
 def numpy_dtype_of(a: Any) -> np.dtype[Any] | None:

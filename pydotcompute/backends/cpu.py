@@ -79,10 +79,12 @@ class CPUBackend(Backend):
 
     def allocate(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> np.ndarray[Any, Any]:
         """A zero-filled NumPy array."""
+        self.require()
         return np.zeros(as_shape(shape), dtype=dtype)
 
     def empty(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> np.ndarray[Any, Any]:
         """An uninitialised NumPy array."""
+        self.require()
         return np.empty(as_shape(shape), dtype=dtype)
 
     def copy_to_device(self, a: Any, *, out: Any | None = None, stream: Any | None = None) -> Any:

@@ -33,6 +33,7 @@ from .base import (
     Shape,
     as_shape,
     check_copy_compatible,
+    error_text,
     normalize_grid,
     numpy_dtype_of,
 )
@@ -450,7 +451,8 @@ class CUDABackend(Backend):
                 if _is_numba_typing_error(exc):
                     raise KernelCompilationError(
                         f"Numba could not compile CUDA kernel {self._kernel_name(fn)!r} for "
-                        f"arguments ({', '.join(type(a).__name__ for a in args)}): {exc}"
+                        f"arguments ({', '.join(type(a).__name__ for a in args)}): "
+                        f"{error_text(exc)}"
                     ) from exc
                 raise
             return None
@@ -531,7 +533,9 @@ class CUDABackend(Backend):
 
         if isinstance(exc, BufferMismatchError):
             return exc
-        return CUDAError(f"CUDA {what} failed on {self.name}: {type(exc).__name__}: {exc}")
+        return CUDAError(
+            f"CUDA {what} failed on {self.name}: {type(exc).__name__}: {error_text(exc)}"
+        )
 
 
 def _is_numba_typing_error(exc: BaseException) -> bool:

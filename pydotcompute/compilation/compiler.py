@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..backends.base import error_text
 from ..backends.cuda import numba_cuda
 from ..exceptions import BackendNotAvailableError, InvalidConfigurationError, KernelCompilationError
 
@@ -238,7 +239,7 @@ class CompiledKernel:
             if _numba_error(exc):
                 raise KernelCompilationError(
                     f"Numba could not compile kernel {self.name!r} for arguments "
-                    f"({', '.join(type(a).__name__ for a in args)}): {exc}"
+                    f"({', '.join(type(a).__name__ for a in args)}): {error_text(exc)}"
                 ) from exc
             raise
 
@@ -473,7 +474,8 @@ class KernelCompiler:
             except Exception as exc:
                 if _numba_error(exc):
                     raise KernelCompilationError(
-                        f"Numba could not compile {name!r} for signature {signature!r}: {exc}"
+                        f"Numba could not compile {name!r} for signature {signature!r}: "
+                        f"{error_text(exc)}"
                     ) from exc
                 raise
         self._compilations += 1
@@ -509,7 +511,9 @@ class KernelCompiler:
         try:
             kernel = mx.compile(func)
         except Exception as exc:
-            raise KernelCompilationError(f"mx.compile failed for {name!r}: {exc}") from exc
+            raise KernelCompilationError(
+                f"mx.compile failed for {name!r}: {error_text(exc)}"
+            ) from exc
         self._compilations += 1
         return CompiledKernel(
             name=name,
@@ -594,7 +598,7 @@ class KernelCompiler:
                 return module.get_function(name)
             except Exception as exc:
                 raise KernelCompilationError(
-                    f"CuPy could not load PTX of CUDA C kernel {name!r}: {exc}"
+                    f"CuPy could not load PTX of CUDA C kernel {name!r}: {error_text(exc)}"
                 ) from exc
 
         return CompiledKernel(
@@ -655,7 +659,8 @@ class KernelCompiler:
             except Exception as exc:
                 if _numba_error(exc):
                     raise KernelCompilationError(
-                        f"Numba CUDA could not compile {name!r} for {signature!r}: {exc}"
+                        f"Numba CUDA could not compile {name!r} for {signature!r}: "
+                        f"{error_text(exc)}"
                     ) from exc
                 raise
 
@@ -711,7 +716,7 @@ def numba_compile_ptx(
     except Exception as exc:
         raise KernelCompilationError(
             f"Numba could not compile CUDA kernel {name!r} for {signature!r} "
-            f"(cc {cc[0]}.{cc[1]}): {exc}"
+            f"(cc {cc[0]}.{cc[1]}): {error_text(exc)}"
         ) from exc
     return str(ptx)
 

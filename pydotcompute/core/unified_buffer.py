@@ -605,13 +605,14 @@ class UnifiedBuffer:
         """
         with self._lock:
             self._check_alive()
-            check_copy_compatible(self, dst, what="copy_to")
-            if self._is_foreign_device_array(dst):
-                return self.backend.copy_device_to_device(self._device_array(), dst)
-            if not isinstance(dst, np.ndarray):
+            foreign = self._is_foreign_device_array(dst)
+            if not foreign and not isinstance(dst, np.ndarray):
                 raise BufferMismatchError(
                     f"copy_to needs a NumPy or device array, got {type(dst).__name__}"
                 )
+            check_copy_compatible(self, dst, what="copy_to")
+            if foreign:
+                return self.backend.copy_device_to_device(self._device_array(), dst)
             np.copyto(dst, self._host_array())
             return dst
 

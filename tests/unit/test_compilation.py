@@ -1,0 +1,357 @@
+"""KernelCompiler and KernelCache: compile once per key, PTX persisted on disk across processes,
+and every shipped CUDA kernel compile-checked to PTX without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pydotcompute.backends._cuda_kernels import VECTOR_ADD_CU, VECTOR_ADD_CU_NAME
+from pydotcompute.backends.cuda import cuda_simulator_enabled
+from pydotcompute.compilation import (
+    CompilationOptions,
+    KernelCache,
+    KernelCompiler,
+    check_ptx,
+    compile_kernel,
+    cuda_ptx_check,
+    get_compiler,
+    get_kernel_cache,
+)
+from pydotcompute.compilation.compiler import source_hash
+from pydotcompute.compilation.ptx_check import ShippedKernel, shipped_kernels
+from pydotcompute.exceptions import (
+    BackendNotAvailableError,
+    InvalidConfigurationError,
+    KernelCompilationError,
+)
+
+HAS_NVRTC = importlib.util.find_spec("cupy") is not None
+HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None or (
+    importlib.util.find_spec("numba") is not None
+)
+needs_nvrtc = pytest.mark.skipif(not HAS_NVRTC, reason="CuPy (NVRTC) is not installed")
+needs_ptx = pytest.mark.skipif(
+    not HAS_NUMBA_CUDA or cuda_simulator_enabled(),
+    reason="needs numba-cuda and a process without the CUDA simulator",
+)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> KernelCache:
+    return KernelCache(tmp_path / "kc", max_entries=8, max_size_mb=1)
+
+
+@pytest.fixture
+def compiler(cache: KernelCache) -> KernelCompiler:
+    return KernelCompiler(cache=cache)
+
+
+# --- KernelCache ------------------------------------------------------------------------------
+
+
+def test_cache_round_trip(cache: KernelCache) -> None:
+    assert cache.load("abc") is None
+    assert not cache.contains("abc")
+    path = cache.store("abc", "ptx text", kind="ptx", metadata={"name": "k"})
+    assert path.read_bytes() == b"ptx text"
+    assert "abc" in cache
+    assert cache.load_text("abc") == "ptx text"
+    assert cache.metadata("abc")["metadata"] == {"name": "k"}  # type: ignore[index]
+    s = cache.get_stats()
+    assert (s.entries, s.hits, s.misses, s.stores, s.size_bytes) == (1, 1, 1, 1, 8)
+    assert s.hit_rate == 0.5
+    [entry] = cache.entries()
+    assert (entry.key, entry.kind, entry.size_bytes) == ("abc", "ptx", 8)
+    assert cache.remove("abc")
+    assert not cache.remove("abc")
+    assert cache.load("abc") is None
+
+
+def test_cache_binary_and_clear(cache: KernelCache) -> None:
+    cache.store("a", b"\x00\x01", kind="cubin")
+    cache.store("b", b"\x02")
+    assert cache.clear() == 2
+    assert cache.entries() == []
+    assert not any(p.name.startswith(".tmp-") for p in cache.cache_dir.iterdir())
+
+
+def test_cache_lru_eviction_by_count(cache: KernelCache) -> None:
+    for i in range(8):
+        cache.store(f"k{i}", b"x")
+        os.utime(cache.cache_dir / f"k{i}.bin", (1000 + i, 1000 + i))
+    cache.load("k0")  # k0 becomes the most recently used
+    cache.store("k8", b"x")
+    keys = {e.key for e in cache.entries()}
+    assert len(keys) == 8
+    assert "k0" in keys
+    assert "k1" not in keys  # the least recently used went
+    assert cache.get_stats().evictions == 1
+
+
+def test_cache_eviction_by_size(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path, max_entries=100, max_size_mb=1)
+    half = b"x" * (600 * 1024)
+    cache.store("one", half)
+    os.utime(tmp_path / "one.bin", (1000, 1000))
+    cache.store("two", half)
+    assert [e.key for e in cache.entries()] == ["two"]
+    cache.store("big", b"x" * (2 * 2**20))  # larger than the limit on its own: kept, others go
+    assert [e.key for e in cache.entries()] == ["big"]
+
+
+def test_cache_rejects_bad_keys_and_limits(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path)
+    with pytest.raises(
+        InvalidConfigurationError, match=r"cache keys are 1-128 characters.*'\.\./x'"
+    ):
+        cache.store("../x", b"")
+    with pytest.raises(InvalidConfigurationError, match="max_entries must be an int >= 1"):
+        KernelCache(tmp_path, max_entries=0)
+    with pytest.raises(InvalidConfigurationError, match="max_size_mb must be > 0"):
+        KernelCache(tmp_path, max_size_mb=0)
+
+
+def test_default_cache_dir_honours_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PYDOTCOMPUTE_CACHE_DIR", str(tmp_path / "here"))
+    assert KernelCache().cache_dir == tmp_path / "here"
+    monkeypatch.delenv("PYDOTCOMPUTE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert KernelCache().cache_dir == tmp_path / "xdg" / "pydotcompute" / "kernels"
+    assert get_kernel_cache() is get_kernel_cache()
+
+
+# --- source hashing ----------------------------------------------------------------------------
+
+
+def test_source_hash_sees_closures_and_source() -> None:
+    def make(k: int) -> Callable[[int], int]:
+        def f(x: int) -> int:
+            return x * k
+
+        return f
+
+    assert source_hash(make(2)) == source_hash(make(2))
+    assert source_hash(make(2)) != source_hash(make(3))
+    assert source_hash("a") != source_hash("b")
+    assert source_hash(len)  # builtins hash by identity
+
+
+# --- KernelCompiler: CPU ------------------------------------------------------------------------
+
+
+def add_one(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.shape[0]):
+        out[i] = x[i] + 1
+
+
+def test_compiles_once_per_key(compiler: KernelCompiler) -> None:
+    k1 = compiler.compile(add_one, device="cpu")
+    k2 = compiler.compile(add_one, device="cpu")
+    k3 = compiler.compile(add_one, device="cpu", signature="void(float64[:], float64[:])")
+    k4 = compiler.compile(add_one, device="cpu", fastmath=True)
+    assert k1 is k2
+    assert len({id(k1), id(k3), id(k4)}) == 3
+    s = compiler.get_stats()
+    assert (s.hits, s.misses, s.compilations, s.entries) == (1, 3, 3, 3)
+    out = np.empty(3)
+    k3(np.arange(3.0), out)
+    np.testing.assert_array_equal(out, [1, 2, 3])
+    assert k1.device == "cpu"
+    assert k1.py_func is add_one
+    assert "add_one" in repr(k1)
+    info = compiler.get_cache_stats()
+    assert (info["hits"], info["size"]) == (1, 3)
+    compiler.clear()
+    assert compiler.get_stats().entries == 0
+
+
+def test_compile_option_and_device_validation(compiler: KernelCompiler) -> None:
+    with pytest.raises(InvalidConfigurationError, match=r"unknown compile option.*turbo"):
+        compiler.compile(add_one, device="cpu", turbo=True)
+    with pytest.raises(
+        InvalidConfigurationError, match="device must be one of auto, cpu, cuda, metal"
+    ):
+        compiler.compile(add_one, device="tpu")
+    with pytest.raises(KernelCompilationError, match="source strings are CUDA C"):
+        compiler.compile("int x;", device="cpu")
+    with pytest.raises(
+        KernelCompilationError, match="must be a Python function or CUDA C source, got int"
+    ):
+        compiler.compile(42, device="cpu")  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfigurationError, match="needs name="):
+        compiler.compile(VECTOR_ADD_CU, device="cuda")
+
+
+def test_options_are_part_of_the_key() -> None:
+    a = CompilationOptions(fastmath=True).cache_key()
+    b = CompilationOptions(fastmath=False).cache_key()
+    assert a != b
+    assert CompilationOptions(name="x").cache_key() == CompilationOptions(name="y").cache_key()
+
+
+def test_auto_device_and_module_helpers() -> None:
+    k = compile_kernel(add_one)
+    assert k.device in ("cpu", "cuda", "metal")
+    assert get_compiler() is get_compiler()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="MLX is not installed")
+def test_metal_compile(compiler: KernelCompiler) -> None:
+    import mlx.core as mx
+
+    k = compiler.compile(lambda x: x * 2 + 1, device="metal")
+    assert np.array(k(mx.array([1.0, 2.0]))).tolist() == [3.0, 5.0]
+    with pytest.raises(KernelCompilationError, match="compile only for device='cuda'"):
+        compiler.compile("src", device="metal")
+
+
+# --- KernelCompiler: CUDA without a GPU ------------------------------------------------------
+
+
+@needs_nvrtc
+def test_cuda_c_compiles_to_ptx_and_persists(compiler: KernelCompiler, cache: KernelCache) -> None:
+    k = compiler.compile(VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(8, 0))
+    assert k.ptx is not None
+    assert f".entry {VECTOR_ADD_CU_NAME}" in k.ptx
+    assert ".target sm_80" in k.ptx
+    assert not k.from_disk_cache
+    assert compiler.get_stats().nvrtc_compilations == 1
+    assert cache.get_stats().entries == 1
+    [entry] = cache.entries()
+    assert entry.metadata["tool"] == "nvrtc"
+    # a second compiler (a fresh process, as far as memory goes) reads the PTX from disk
+    other = KernelCompiler(cache=cache)
+    k2 = other.compile(VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(8, 0))
+    assert k2.from_disk_cache
+    assert k2.ptx == k.ptx
+    s = other.get_stats()
+    assert (s.disk_hits, s.nvrtc_compilations, s.compilations) == (1, 0, 0)
+    # another target is another entry
+    other.compile(VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(9, 0))
+    assert cache.get_stats().entries == 2
+
+
+@needs_nvrtc
+def test_cuda_c_errors_carry_the_nvrtc_log(compiler: KernelCompiler) -> None:
+    bad = 'extern "C" __global__ void broken(float* x) { x[0] = missing_symbol; }'
+    with pytest.raises(
+        KernelCompilationError, match=r"(?s)NVRTC failed.*'broken'.*missing_symbol.*undefined"
+    ):
+        compiler.compile(bad, name="broken", device="cuda")
+    assert compiler.get_stats().errors == 1
+
+
+@needs_nvrtc
+def test_disk_cache_is_shared_across_processes(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from pydotcompute.compilation import KernelCache, KernelCompiler
+        from pydotcompute.backends._cuda_kernels import VECTOR_ADD_CU, VECTOR_ADD_CU_NAME
+        c = KernelCompiler(cache=KernelCache({str(tmp_path)!r}))
+        k = c.compile(VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(8, 0))
+        s = c.get_stats()
+        print(json.dumps([k.from_disk_cache, s.nvrtc_compilations, len(k.ptx)]))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+
+    def run() -> list[Any]:
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    first, second = run(), run()
+    assert first[:2] == [False, 1]
+    assert second[:2] == [True, 0]
+    assert first[2] == second[2]
+
+
+@needs_ptx
+def test_python_cuda_kernel_with_signature_gets_ptx_without_gpu(
+    compiler: KernelCompiler, cache: KernelCache
+) -> None:
+    from pydotcompute.backends._cuda_kernel_defs import vector_add
+
+    sig = "void(float32[::1], float32[::1], float32[::1])"
+    k = compiler.compile(vector_add, signature=sig, device="cuda", cc=(8, 0))
+    assert k.ptx is not None
+    assert ".entry" in k.ptx
+    assert compiler.get_stats().ptx_compilations == 1
+    again = KernelCompiler(cache=cache).compile(vector_add, signature=sig, device="cuda", cc=(8, 0))
+    assert again.from_disk_cache
+    lazy = compiler.compile(vector_add, device="cuda")
+    assert lazy.ptx is None  # no signature: compiled per argument types at launch
+
+
+@needs_ptx
+def test_python_cuda_kernel_error_is_reported(compiler: KernelCompiler) -> None:
+    def broken(x: Any) -> None:
+        x[0] = not_defined_anywhere  # type: ignore[name-defined]  # noqa: F821
+
+    with pytest.raises(KernelCompilationError, match=r"(?s)'broken'.*not_defined_anywhere"):
+        compiler.compile(broken, signature="void(float32[:])", device="cuda", cc=(8, 0))
+
+
+# --- the PTX check of every shipped kernel ---------------------------------------------------
+
+
+def test_shipped_kernels_are_listed() -> None:
+    names = {k.name for k in shipped_kernels()}
+    assert {
+        "backends.cuda.vector_add",
+        "backends.cuda.matmul_f32",
+        "backends.cuda.vector_add_cu",
+    } <= names
+    assert shipped_kernels(["no.such.module"]) == []
+
+
+@needs_ptx
+@needs_nvrtc
+def test_every_shipped_cuda_kernel_compiles_to_ptx() -> None:
+    results = cuda_ptx_check(cc=(8, 0))
+    assert results
+    assert all(r.ok and r.ptx_bytes > 0 for r in results)
+    kinds = {r.signature is None for r in results}
+    assert kinds == {True, False}  # both NVRTC (no signature) and Numba kernels were checked
+
+
+@needs_ptx
+@needs_nvrtc
+def test_ptx_check_reports_failures() -> None:
+    bad = [
+        ShippedKernel("bad.cu", "cuda-c", lambda: "this is not C", entry="nope"),
+        ShippedKernel(
+            "bad.py", "numba", lambda: lambda x: x.nope(), signatures=("void(int32[:])",)
+        ),
+    ]
+    results = check_ptx((8, 0), bad)
+    assert [r.ok for r in results] == [False, False]
+    assert "NVRTC failed" in (results[0].error or "")
+
+
+def test_ptx_check_inside_simulator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydotcompute.compilation import compiler as compiler_mod
+
+    monkeypatch.setattr("pydotcompute.backends.cuda.cuda_simulator_enabled", lambda: True)
+    with pytest.raises(
+        BackendNotAvailableError, match="PTX cannot be produced while the Numba CUDA simulator"
+    ):
+        compiler_mod.numba_compile_ptx(add_one, "void(float64[:], float64[:])", (8, 0))

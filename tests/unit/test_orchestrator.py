@@ -1,0 +1,160 @@
+"""ComputeOrchestrator: registration, launches off the event loop, history, streams, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pydotcompute.backends import CPUBackend
+from pydotcompute.core import ComputeOrchestrator, KernelExecution, KernelLaunchConfig
+from pydotcompute.exceptions import (
+    BackendNotAvailableError,
+    InvalidConfigurationError,
+    KernelAlreadyExistsError,
+    KernelNotFoundError,
+    KernelStateError,
+)
+
+
+def vector_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.add(a, b, out=out)
+
+
+def failing(x: Any) -> None:
+    raise ArithmeticError("bad math")
+
+
+def test_launch_config_validation() -> None:
+    cfg = KernelLaunchConfig(grid_size=(2, 3), block_size=128)
+    assert cfg.total_threads == 768
+    with pytest.raises(InvalidConfigurationError, match="grid_size must be a positive int"):
+        KernelLaunchConfig(grid_size=0)
+    with pytest.raises(InvalidConfigurationError, match="shared_memory_bytes must be an int >= 0"):
+        KernelLaunchConfig(shared_memory_bytes=-1)
+
+
+async def test_register_launch_and_history() -> None:
+    async with ComputeOrchestrator("cpu") as orch:
+        assert orch.is_initialized
+        orch.register_kernel("vector_add", vector_add)
+        assert orch.get_kernel("vector_add") is vector_add
+        assert orch.kernel_names == ["vector_add"]
+        a = np.arange(5.0)
+        out = np.empty(5)
+        execution = await orch.launch_kernel("vector_add", KernelLaunchConfig(1, 5), a, a, out)
+        np.testing.assert_array_equal(out, 2 * a)
+        assert isinstance(execution, KernelExecution)
+        assert execution.success
+        assert execution.kernel_name == "vector_add"
+        assert execution.backend == "cpu:0"
+        assert execution.duration_ms >= 0
+        assert execution.device_time_ms is not None
+        assert execution.end_time >= execution.start_time
+        direct = await orch.launch_kernel(vector_add, (1, 5), a, a, out)
+        assert direct.kernel_name == "vector_add"
+        assert [e.execution_id for e in orch.get_execution_history()] == [1, 2]
+    assert not orch.is_initialized
+
+
+async def test_failures_are_raised_and_recorded() -> None:
+    async with ComputeOrchestrator("cpu") as orch:
+        orch.register_kernel("failing", failing)
+        with pytest.raises(ArithmeticError, match="bad math"):
+            await orch.launch_kernel("failing", None, 1)
+        [record] = orch.get_execution_history()
+        assert not record.success
+        assert record.error == "ArithmeticError: bad math"
+        assert record.result is None
+        assert orch.statistics()["failures"] == 1
+
+
+async def test_registry_errors() -> None:
+    orch = ComputeOrchestrator("cpu")
+    orch.register_kernel("a", vector_add)
+    with pytest.raises(KernelAlreadyExistsError, match="'a' is already registered"):
+        orch.register_kernel("a", vector_add)
+    with pytest.raises(
+        KernelNotFoundError, match=r"unknown kernel id 'b' in the orchestrator; known ids: 'a'"
+    ):
+        orch.get_kernel("b")
+    with pytest.raises(KeyError):
+        await orch.launch_kernel("b")
+    with pytest.raises(InvalidConfigurationError, match="must be callable, got int"):
+        orch.register_kernel("c", 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfigurationError, match="non-empty str"):
+        orch.register_kernel("", vector_add)
+    orch.unregister_kernel("a")
+    with pytest.raises(KernelNotFoundError):
+        orch.unregister_kernel("a")
+    with pytest.raises(InvalidConfigurationError, match="max_history must be an int >= 1"):
+        ComputeOrchestrator(max_history=0)
+
+
+async def test_bad_config_argument() -> None:
+    async with ComputeOrchestrator("cpu") as orch:
+        with pytest.raises(InvalidConfigurationError, match="config must be a KernelLaunchConfig"):
+            await orch.launch_kernel(vector_add, "big")  # type: ignore[arg-type]
+
+
+async def test_history_filters_limits_and_bounds() -> None:
+    async with ComputeOrchestrator("cpu", max_history=3, run_in_thread=False) as orch:
+        orch.register_kernel("f", lambda: None)
+        orch.register_kernel("g", lambda: None)
+        for name in ("f", "g", "f", "g"):
+            await orch.launch_kernel(name)
+        history = orch.get_execution_history()
+        assert [e.execution_id for e in history] == [2, 3, 4]  # bounded: the oldest dropped
+        assert [e.kernel_name for e in orch.get_execution_history(kernel_name="g")] == ["g", "g"]
+        assert [e.execution_id for e in orch.get_execution_history(limit=1)] == [4]
+        assert orch.get_execution_history(limit=0) == []
+        with pytest.raises(InvalidConfigurationError, match="limit must be >= 0"):
+            orch.get_execution_history(limit=-1)
+        stats = orch.statistics()
+        assert stats["kernels"]["g"]["launches"] == 2
+        orch.clear_execution_history()
+        assert orch.get_execution_history() == []
+
+
+async def test_launches_do_not_block_the_event_loop() -> None:
+    release = threading.Event()
+
+    def waits_for_the_loop() -> bool:
+        # only the event loop can set the event: if the launch blocked the loop, this waits
+        # out its timeout and returns False
+        return release.wait(timeout=10)
+
+    async with ComputeOrchestrator("cpu") as orch:
+        launch = asyncio.create_task(orch.launch_kernel(waits_for_the_loop))
+        await asyncio.sleep(0)
+        release.set()
+        execution = await launch
+        assert execution.result is not None
+        assert execution.result.output is True
+
+
+async def test_launch_after_shutdown() -> None:
+    orch = ComputeOrchestrator("cpu")
+    orch.initialize()  # works without await too
+    await orch.shutdown()
+    with pytest.raises(KernelStateError, match="cannot launch kernel 'x': it is SHUT_DOWN"):
+        await orch.launch_kernel("x")
+
+
+async def test_streams_on_cpu_and_sync_context() -> None:
+    with ComputeOrchestrator(CPUBackend()) as orch:
+        assert orch.create_stream() is None
+        with orch.stream_context() as stream:
+            assert stream is None
+            await orch.launch_kernel(lambda: None)
+        orch.synchronize()
+
+
+async def test_unavailable_backend_is_reported_on_initialize() -> None:
+    orch = ComputeOrchestrator(CPUBackend(device_id=3))
+    with pytest.raises(BackendNotAvailableError, match="the cpu backend is not available"):
+        await orch.initialize()
+    assert "new" in repr(orch)
