@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba import cuda, float32
+from numba import cuda as _numba_cuda
+from numba import float32 as _float32
+
+# Typed Any: Numba ships no type hints. Still module globals, as the simulator requires.
+cuda: Any = _numba_cuda
+float32: Any = _float32
 
 from ._cuda_kernels import MATMUL_TILE
 
