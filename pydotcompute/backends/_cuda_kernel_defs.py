@@ -13,11 +13,11 @@ from typing import Any
 from numba import cuda as _numba_cuda
 from numba import float32 as _float32
 
+from ._cuda_kernels import MATMUL_TILE
+
 # Typed Any: Numba ships no type hints. Still module globals, as the simulator requires.
 cuda: Any = _numba_cuda
 float32: Any = _float32
-
-from ._cuda_kernels import MATMUL_TILE
 
 
 def vector_add(a: Any, b: Any, out: Any) -> None:
