@@ -43,7 +43,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
-from .message import raw_correlation_get as _raw_cid_get
+from .message import _raw_cid_slot_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
 from .telemetry import RingKernelTelemetry
@@ -224,9 +224,13 @@ class KernelContext:
             validate_message(msg, out_t, k.kernel_id, "must send")
         cur = self._current
         if cur is not None:
+            # No correlation yet: stamp the current request (resolved to its message_id
+            # on first read, so no id is made unless someone looks).
             try:
                 if _raw_cid_get(msg) is None:
-                    _raw_cid_set(msg, cur)  # resolved to cur.message_id on first read
+                    _raw_cid_set(msg, cur)
+            except AttributeError:  # slot never set
+                _raw_cid_set(msg, cur)
             except TypeError:  # not a RingKernelMessage: nothing to stamp
                 pass
         if self._tel is not None:
@@ -243,7 +247,7 @@ class KernelContext:
         k = self._kernel
         waiters = k._waiters
         if waiters:
-            fut = waiters.pop(msg.correlation_id, None)
+            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
             if fut is not None:
                 if not fut.done():
                     fut.set_result(msg)
@@ -263,7 +267,7 @@ class KernelContext:
         msg = self._prepare_reply(msg)
         k = self._kernel
         if k._waiters:
-            fut = k._waiters.pop(msg.correlation_id, None)
+            fut = k._waiters.pop(getattr(msg, "correlation_id", None), None)
             if fut is not None:
                 if not fut.done():
                     fut.set_result(msg)
@@ -278,7 +282,9 @@ class KernelContext:
         runtime = self._kernel._runtime
         if runtime is None:
             raise KernelStateError(
-                self.kernel_id, self._kernel._state, "send_to",
+                self.kernel_id,
+                self._kernel._state,
+                "send_to",
                 "the kernel is not managed by a RingKernelRuntime",
             )
         if self._tel is not None:
@@ -379,6 +385,28 @@ class RingKernel:
     def outbox(self) -> FastMessageQueue[Any] | None:
         return self._outbox
 
+    @property
+    def is_idle(self) -> bool:
+        """True when this kernel cannot make progress without a new message (read-only).
+
+        An ACTIVE kernel is idle when its inbox is empty and its actor is parked in
+        ``ctx.receive()`` (or has returned); a kernel in any other state is idle because
+        nothing is delivered to it. Used by ``pydotcompute.testing.wait_until_idle``; tiers
+        that run the actor elsewhere override it.
+        """
+        if self._state is not KernelState.ACTIVE:
+            return True
+        inbox = self._inbox
+        if inbox is None or inbox._count:
+            return False
+        task = self._task
+        if task is None:  # the actor runs elsewhere (a hosted tier that does not say)
+            return False
+        if task.done():
+            return True
+        getters = inbox._getters
+        return bool(getters) and any(not fut.done() for fut in getters)
+
     def __repr__(self) -> str:
         return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
 
@@ -441,6 +469,15 @@ class RingKernel:
         readable until drained.
         """
         self._check("terminate")
+        if self._task is not None and self._task is asyncio.current_task():
+            # refused before anything changes: the kernel keeps running
+            raise KernelStateError(
+                self.kernel_id,
+                self._state,
+                "terminate",
+                "an actor cannot await its own termination; return from the actor function "
+                "instead",
+            )
         if timeout is None:
             timeout = self.config.drain_timeout
         self._state = KernelState.TERMINATING
@@ -453,11 +490,6 @@ class RingKernel:
         self._open_gate()
         task = self._task
         if task is not None and not task.done():
-            if task is asyncio.current_task():
-                raise KernelStateError(
-                    self.kernel_id, self._state, "terminate", "an actor cannot await its own "
-                    "termination; return from the actor function instead"
-                )
             _, pending = await asyncio.wait({task}, timeout=timeout)
             if pending:
                 task.cancel()
@@ -473,13 +505,16 @@ class RingKernel:
             self.telemetry.record_drop(len(left))
             logger.warning(
                 "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
-                self.kernel_id, len(left),
+                self.kernel_id,
+                len(left),
             )
         self._fail_waiters(stop_error)
         if self._outbox is not None:
             self._outbox.close(
                 KernelStateError(
-                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
                     "it was terminated and its outbox is drained",
                 )
             )
@@ -515,8 +550,12 @@ class RingKernel:
                     self.telemetry.restarts = restarts
                     logger.warning(
                         "kernel %r raised %r; restart %d of %d",
-                        self.kernel_id, exc, restarts, self.config.max_restarts,
+                        self.kernel_id,
+                        exc,
+                        restarts,
+                        self.config.max_restarts,
                     )
+                    self._fail_request(ctx._current, exc, restarts)
                     ctx._current = None
                     ctx._t_recv = 0
                     continue
@@ -544,7 +583,7 @@ class RingKernel:
         self._fail_waiters(err)
         if self._outbox is not None:
             self._outbox.close(err)
-        if self._forward is None and self._runtime is not None:
+        if self._runtime is not None:
             self._runtime._on_kernel_failed(self)
 
     def _finished(self) -> None:
@@ -562,17 +601,36 @@ class RingKernel:
                 self.telemetry.record_drop(len(left))
                 logger.warning(
                     "kernel %r returned with %d queued message(s) (counted as dropped)",
-                    self.kernel_id, len(left),
+                    self.kernel_id,
+                    len(left),
                 )
         self._fail_waiters(err)
         if self._outbox is not None:
             self._outbox.close(
                 KernelStateError(
-                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
                     "its actor function returned and its outbox is drained",
                 )
             )
         self._state = KernelState.TERMINATED
+
+    def _fail_request(self, request: Any, exc: BaseException, restarts: int) -> None:
+        """The actor raised on ``request`` and restarts: its correlated caller learns why."""
+        if request is None or not self._waiters:
+            return
+        fut = self._waiters.pop(getattr(request, "message_id", None), None)
+        if fut is not None and not fut.done():
+            err = KernelFailedError(
+                self.kernel_id,
+                exc,
+                state=KernelState.ACTIVE,
+                note=f"while handling this request and was restarted "
+                f"(restart {restarts} of {self.config.max_restarts})",
+            )
+            err.__cause__ = exc
+            fut.set_exception(err)
 
     def _fail_waiters(self, err: BaseException) -> None:
         waiters, self._waiters = self._waiters, {}
@@ -647,7 +705,13 @@ class RingKernel:
         Safe with concurrent callers: each waits on its own future.
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        key = msg.message_id
+        try:
+            key = msg.message_id
+        except AttributeError:
+            raise TypeValidationError(
+                f"kernel {self.kernel_id!r}: send_and_receive needs a message (an @message "
+                f"instance with a message_id), got {type(msg).__name__}"
+            ) from None
         self._waiters[key] = fut
         try:
             await self._accept(msg, timeout)

@@ -224,7 +224,10 @@ class _LazyMessageId:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        value = self._get(obj)
+        try:
+            value = self._get(obj)
+        except AttributeError:  # never set: made on first read
+            value = None
         if type(value) is not uuid.UUID:
             if value is None:
                 value = new_message_id()
@@ -254,7 +257,10 @@ class _LazyCorrelationId:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        value = self._get(obj)
+        try:
+            value = self._get(obj)
+        except AttributeError:  # never set: no correlation
+            return None
         if value is not None and type(value) is not uuid.UUID and not isinstance(value, uuid.UUID):
             if isinstance(value, (bytes, bytearray)):  # 16 bytes from the wire
                 value = uuid.UUID(bytes=bytes(value))
@@ -272,7 +278,18 @@ _cid_slot = RingKernelMessage.__dict__["correlation_id"]
 RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment]
 RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore[assignment]
 #: Raw slot access for the runtime's hot path (no id is created, no request resolved).
-raw_correlation_get = _cid_slot.__get__
+_raw_cid_slot_get = _cid_slot.__get__
+
+
+def raw_correlation_get(obj: Any) -> Any:
+    """The correlation slot as stored (None when unset); no request is resolved."""
+    try:
+        return _raw_cid_slot_get(obj)
+    except AttributeError:
+        return None
+
+
+
 raw_correlation_set = _cid_slot.__set__
 _id_set = _id_slot.__set__
 _cid_raw_set = _cid_slot.__set__
@@ -496,7 +513,7 @@ class _Codec:
             "_s2": _cid_raw_set, "_post": self.post_init,
         }
         lines = ["def build(v):", "    o = _new(_cls)", "    _s0(o, v[0])", "    _s1(o, v[1])",
-                 "    _s2(o, v[2])"]
+                 "    if v[2] is not None:", "        _s2(o, v[2])"]
         for i, setter in enumerate(self.setters):
             env[f"_f{i}"] = setter
             lines.append(f"    _f{i}(o, v[{i + 3}])")
@@ -664,12 +681,81 @@ def _make_message_class(cls: type[_T], base: type[RingKernelMessage]) -> type[_T
         new_cls = dataclass(slots=True)(new_cls)
     if base is ArrayMessage:
         new_cls._pdc_by_reference = True
+    _install_fast_init(new_cls)
     _finalize(new_cls)
     dtype = _compute_dtype(new_cls)
     new_cls._pdc_dtype = dtype
     if dtype is not None and "dtype" not in {f.name for f in dataclasses.fields(new_cls)}:
         new_cls.dtype = dtype
     return new_cls
+
+
+_HAS_FACTORY = object()
+_HEADER_DEFAULTS = {"message_id": "None", "priority": "128", "correlation_id": "None"}
+
+
+def _bad_priority(value: object) -> None:
+    _check_priority(value)
+
+
+def _install_fast_init(cls: type) -> None:
+    """Replace the dataclass ``__init__`` with an equivalent generated one.
+
+    Same signature and semantics (defaults, factories, keyword-only header, ``init=False``
+    fields, a user ``__post_init__``), but the header goes straight into its slots and the
+    priority check is inline: building a message is the hot path of every actor.
+    """
+    env: dict[str, Any] = {
+        "_id_set": _id_set, "_cid_set": _cid_raw_set, "_bad_priority": _bad_priority,
+        "_HAS_FACTORY": _HAS_FACTORY,
+    }
+    positional: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    for f in dataclasses.fields(cls):
+        name = f.name
+        if name in _HEADER_DEFAULTS:
+            keyword.append(f"{name}={_HEADER_DEFAULTS[name]}")
+            continue
+        has_factory = f.default_factory is not dataclasses.MISSING
+        if has_factory:
+            env[f"_fact_{name}"] = f.default_factory
+        if f.default is not dataclasses.MISSING:
+            env[f"_dflt_{name}"] = f.default
+        if not f.init:
+            if has_factory:
+                body.append(f"    self.{name} = _fact_{name}()")
+            elif f.default is not dataclasses.MISSING:
+                body.append(f"    self.{name} = _dflt_{name}")
+            continue
+        if has_factory:
+            param = f"{name}=_HAS_FACTORY"
+            body.append(f"    self.{name} = _fact_{name}() if {name} is _HAS_FACTORY else {name}")
+        else:
+            param = name if f.default is dataclasses.MISSING else f"{name}=_dflt_{name}"
+            body.append(f"    self.{name} = {name}")
+        (keyword if f.kw_only else positional).append(param)
+    body += [
+        # header slots left unset read as None through the lazy descriptors
+        "    if message_id is not None:",
+        "        _id_set(self, message_id)",
+        "    if priority.__class__ is not int or priority < 0 or priority > 255:",
+        "        _bad_priority(priority)",
+        "    self.priority = priority",
+        "    if correlation_id is not None:",
+        "        _cid_set(self, correlation_id)",
+    ]
+    post = cls.__post_init__  # type: ignore[attr-defined]
+    if post is not RingKernelMessage.__post_init__:
+        body.append("    self.__post_init__()")
+    params = ", ".join(["self", *positional, "*", *keyword])
+    src = f"def __init__({params}) -> None:\n" + "\n".join(body or ["    pass"])
+    exec(src, env)  # noqa: S102 - generated from the class's own field list
+    init = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__doc__ = cls.__init__.__doc__  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[misc]
 
 
 @overload
