@@ -338,6 +338,10 @@ def as_shape(shape: int | Sequence[int]) -> Shape:
     Raises:
         InvalidConfigurationError: a dimension is negative or not an int.
     """
+    if type(shape) is int and shape >= 0:  # fast paths for the common cases
+        return (shape,)
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape
     from ..exceptions import InvalidConfigurationError
 
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

@@ -22,6 +22,7 @@ never; explicit ``release``/``pooled_buffer`` is clearer).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -256,7 +257,7 @@ class MemoryPool:
             )
         dims = as_shape(shape)
         np_dtype = np.dtype(dtype)
-        nbytes = int(np.prod(dims, dtype=np.int64)) * np_dtype.itemsize
+        nbytes = math.prod(dims) * np_dtype.itemsize
         dev = self._device_backend(backend) if location != "host" else None
         if dev is not None and location == "device":
             dev.require()
@@ -280,7 +281,11 @@ class MemoryPool:
             else:
                 self._misses += 1
                 block = _Block(self._allocate_raw(location, cls, dev), cls, key)
-            view = block.raw[:nbytes].view(np_dtype).reshape(dims)
+            raw = block.raw
+            if type(raw) is np.ndarray:  # host and pinned blocks: one constructor call
+                view = np.ndarray(dims, np_dtype, buffer=raw)
+            else:
+                view = raw[:nbytes].view(np_dtype).reshape(dims)
             self._leases[id(view)] = _Lease(block, view)
             self._bytes_in_use += block.nbytes
             self._evict_locked()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -156,6 +157,9 @@ class UnifiedBuffer:
                 f"UnifiedBuffer holds plain numeric data; dtype {self._dtype} contains Python "
                 "objects, which cannot live on a device"
             )
+        self._size = math.prod(self._shape)
+        self._nbytes = self._size * self._dtype.itemsize
+        self._kind: BackendType | None = None
         self._requested_pinned = bool(pinned)
         self._pinned = False
         self._backend_spec = backend
@@ -186,12 +190,12 @@ class UnifiedBuffer:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self._shape, dtype=np.int64))
+        return self._size
 
     @property
     def nbytes(self) -> int:
         """Size in bytes of one side."""
-        return self.size * self._dtype.itemsize
+        return self._nbytes
 
     @property
     def state(self) -> BufferState:
@@ -300,7 +304,9 @@ class UnifiedBuffer:
         return self.backend.empty(self._shape, self._dtype)
 
     def _backend_kind(self) -> BackendType:
-        return self.backend.backend_type
+        if self._kind is None:
+            self._kind = self.backend.backend_type
+        return self._kind
 
     def free(self) -> None:
         """Release both sides (back to the pool, if any); the buffer becomes UNINITIALIZED.
@@ -343,7 +349,7 @@ class UnifiedBuffer:
         if self._backend_kind() is BackendType.METAL:
             self._metal_valid = False
         self._h2d += 1
-        self._bytes_h2d += self.nbytes
+        self._bytes_h2d += self._nbytes
 
     def _copy_d2h(self) -> None:
         if self._host is None:
@@ -351,12 +357,12 @@ class UnifiedBuffer:
         self.backend.copy_to_host(self._device, out=self._host)
         self._metal_valid = False
         self._d2h += 1
-        self._bytes_d2h += self.nbytes
+        self._bytes_d2h += self._nbytes
 
     def _host_array(self) -> np.ndarray[Any, Any]:
         with self._lock:
-            self._check_alive()
             if self._state not in _HOST_CURRENT:
+                self._check_alive()
                 self._copy_d2h()
                 self._state = BufferState.SYNCHRONIZED
             assert self._host is not None
@@ -364,8 +370,8 @@ class UnifiedBuffer:
 
     def _device_array(self) -> Any:
         with self._lock:
-            self._check_alive()
             if self._state not in _DEVICE_CURRENT:
+                self._check_alive()
                 self.backend.require()
                 self._copy_h2d()
                 self._state = BufferState.SYNCHRONIZED
