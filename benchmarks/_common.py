@@ -22,7 +22,7 @@ def percentiles(samples_ns: Sequence[int], qs: Sequence[float] = (50, 95, 99)) -
     s = sorted(samples_ns)
     out = {}
     for q in qs:
-        k = min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))
+        k = min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))
         out[f"p{int(q)}_us"] = s[k] / 1000
     out["max_us"] = s[-1] / 1000
     return out

@@ -96,8 +96,12 @@ async def idle_memory(n: int) -> dict[str, float]:
     tracemalloc.stop()
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
     await rt.shutdown()
-    return {"actors": n, "bytes_per_actor": grown / n, "launch_activate_s": elapsed,
-            "bare_tasks_s": floor_s}
+    return {
+        "actors": n,
+        "bytes_per_actor": grown / n,
+        "launch_activate_s": elapsed,
+        "bare_tasks_s": floor_s,
+    }
 
 
 async def _measure(quick: bool) -> dict[str, Any]:
@@ -136,10 +140,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     m = r["idle"]
     print_table(
         "10,000 idle actors (launched + active)",
-        [{"what": "bytes per actor (target <= 8192)", "value": m["bytes_per_actor"]},
-         {"what": "launch + activate 10,000 actors, s (target <= 0.5)", "value": m["launch_activate_s"]},
-         {"what": "floor: 10,000 bare tasks on asyncio.Queue, s", "value": m["bare_tasks_s"]},
-         {"what": "ratio launch / floor", "value": m["launch_activate_s"] / max(m["bare_tasks_s"], 1e-9)}],
+        [
+            {"what": "bytes per actor (target <= 8192)", "value": m["bytes_per_actor"]},
+            {
+                "what": "launch + activate 10,000 actors, s (target <= 0.5)",
+                "value": m["launch_activate_s"],
+            },
+            {"what": "floor: 10,000 bare tasks on asyncio.Queue, s", "value": m["bare_tasks_s"]},
+            {
+                "what": "ratio launch / floor",
+                "value": m["launch_activate_s"] / max(m["bare_tasks_s"], 1e-9),
+            },
+        ],
         ["what", "value"],
     )
     save_json("actor_scaling", {"loop": name, **r}, args.json)

@@ -173,10 +173,17 @@ async def measure(quick: bool) -> dict[str, Any]:
     tp_ours = await actor_pipeline(n_tp)
     tp_ser = await actor_pipeline(n_tp, serialize=True)
     return {
-        "round_trip": {"floor": floor, "actor": ours, "actor_no_telemetry": ours_nt,
-                        "actor_serialized": ours_ser},
-        "throughput": {"floor_msgs_per_s": tp_floor, "actor_msgs_per_s": tp_ours,
-                       "actor_serialized_msgs_per_s": tp_ser},
+        "round_trip": {
+            "floor": floor,
+            "actor": ours,
+            "actor_no_telemetry": ours_nt,
+            "actor_serialized": ours_ser,
+        },
+        "throughput": {
+            "floor_msgs_per_s": tp_floor,
+            "actor_msgs_per_s": tp_ours,
+            "actor_serialized_msgs_per_s": tp_ser,
+        },
     }
 
 
@@ -193,31 +200,63 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = run_on(factory, measure(args.quick))
         results["loops"][name] = r
         floor = r["round_trip"]["floor"]
-        for label, key in (("asyncio.Queue floor", "floor"), ("actor", "actor"),
-                           ("actor, telemetry off", "actor_no_telemetry"),
-                           ("actor, serialize=True", "actor_serialized")):
+        for label, key in (
+            ("asyncio.Queue floor", "floor"),
+            ("actor", "actor"),
+            ("actor, telemetry off", "actor_no_telemetry"),
+            ("actor, serialize=True", "actor_serialized"),
+        ):
             p = r["round_trip"][key]
-            rt_rows.append({"loop": name, "path": label, "p50 us": p["p50_us"],
-                            "p95 us": p["p95_us"], "p99 us": p["p99_us"], "max us": p["max_us"],
-                            "p50 ratio": p["p50_us"] / floor["p50_us"]})
+            rt_rows.append(
+                {
+                    "loop": name,
+                    "path": label,
+                    "p50 us": p["p50_us"],
+                    "p95 us": p["p95_us"],
+                    "p99 us": p["p99_us"],
+                    "max us": p["max_us"],
+                    "p50 ratio": p["p50_us"] / floor["p50_us"],
+                }
+            )
         t = r["throughput"]
-        for label, key in (("asyncio.Queue floor", "floor_msgs_per_s"),
-                           ("actor", "actor_msgs_per_s"),
-                           ("actor, serialize=True", "actor_serialized_msgs_per_s")):
-            tp_rows.append({"loop": name, "path": label, "msg/s": t[key],
-                            "ratio": t[key] / t["floor_msgs_per_s"]})
+        for label, key in (
+            ("asyncio.Queue floor", "floor_msgs_per_s"),
+            ("actor", "actor_msgs_per_s"),
+            ("actor, serialize=True", "actor_serialized_msgs_per_s"),
+        ):
+            tp_rows.append(
+                {
+                    "loop": name,
+                    "path": label,
+                    "msg/s": t[key],
+                    "ratio": t[key] / t["floor_msgs_per_s"],
+                }
+            )
     q = queue_put_get(20_000 if args.quick else 200_000)
     results["queue_put_get"] = q
 
-    print_table("Round trip (send -> actor -> receive); ratio = ours / floor (target <= 1.2)",
-                rt_rows, ["loop", "path", "p50 us", "p95 us", "p99 us", "max us", "p50 ratio"])
-    print_table("Pipelined throughput; ratio = ours / floor (target >= 0.7; serialized >= 250k/s)",
-                tp_rows, ["loop", "path", "msg/s", "ratio"])
-    print_table("Queue put_nowait + get_nowait in one task (target <= 0.5 us)",
-                [{"queue": "FastMessageQueue", "us": q["fast_queue_us"],
-                  "ratio": q["fast_queue_us"] / q["asyncio_queue_us"]},
-                 {"queue": "asyncio.Queue", "us": q["asyncio_queue_us"], "ratio": 1.0}],
-                ["queue", "us", "ratio"])
+    print_table(
+        "Round trip (send -> actor -> receive); ratio = ours / floor (target <= 1.2)",
+        rt_rows,
+        ["loop", "path", "p50 us", "p95 us", "p99 us", "max us", "p50 ratio"],
+    )
+    print_table(
+        "Pipelined throughput; ratio = ours / floor (target >= 0.7; serialized >= 250k/s)",
+        tp_rows,
+        ["loop", "path", "msg/s", "ratio"],
+    )
+    print_table(
+        "Queue put_nowait + get_nowait in one task (target <= 0.5 us)",
+        [
+            {
+                "queue": "FastMessageQueue",
+                "us": q["fast_queue_us"],
+                "ratio": q["fast_queue_us"] / q["asyncio_queue_us"],
+            },
+            {"queue": "asyncio.Queue", "us": q["asyncio_queue_us"], "ratio": 1.0},
+        ],
+        ["queue", "us", "ratio"],
+    )
     save_json("queue_latency", results, args.json)
     return results
 

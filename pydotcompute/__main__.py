@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("info", help="print versions, loop, tiers and backends")
     sub.add_parser("demo", help="run the quick-start actor")
-    sub.add_parser("bench", help="run the benchmark suite (see benchmarks/run_all.py --help)",
-                   add_help=False)
+    sub.add_parser(
+        "bench", help="run the benchmark suite (see benchmarks/run_all.py --help)", add_help=False
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "info" or args.command is None:
         from . import show_config

@@ -84,7 +84,11 @@ def show_config(file: TextIO | None = None) -> None:
     w("libraries     :\n")
     for name, info in cfg["libraries"].items():
         status = info["version"] or ("installed" if info["installed"] else "missing")
-        hint = f'  (pip install "pydotcompute[{info["extra"]}]")' if info["extra"] and not info["installed"] else ""
+        hint = (
+            f'  (pip install "pydotcompute[{info["extra"]}]")'
+            if info["extra"] and not info["installed"]
+            else ""
+        )
         w(f"  {name:<12} {status}{hint}\n")
     tiers = cfg["tiers"]
     w("tiers         : " + ", ".join(f"{k}={v}" for k, v in tiers.items()) + "\n")

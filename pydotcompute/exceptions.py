@@ -78,14 +78,28 @@ class KernelStateError(KernelError, RuntimeError):
 
 
 class KernelFailedError(KernelStateError):
-    """Raised to callers waiting on a kernel whose actor raised; ``__cause__`` is the error."""
+    """Raised to callers waiting on a kernel whose actor raised; ``__cause__`` is the error.
 
-    def __init__(self, kernel_id: str, error: BaseException | None) -> None:
+    ``state`` is FAILED when no restart was left. Under ``restart="on_failure"`` the caller
+    of ``send_and_receive`` whose request made the actor raise gets this error too, with
+    the state the restarted kernel is in (ACTIVE).
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        error: BaseException | None,
+        *,
+        state: object = None,
+        note: str = "",
+    ) -> None:
         from .ring_kernels.lifecycle import KernelState
 
         self.error = error
         hint = f"the actor raised {type(error).__name__}: {error}" if error else "it failed"
-        super().__init__(kernel_id, KernelState.FAILED, "use", hint)
+        if note:
+            hint += f" {note}"
+        super().__init__(kernel_id, KernelState.FAILED if state is None else state, "use", hint)
 
 
 class KernelCompilationError(PyDotComputeError, RuntimeError):

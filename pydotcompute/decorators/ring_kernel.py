@@ -154,7 +154,10 @@ def ring_kernel(
             ) from exc
         if auto_register:
             register_ring_kernel(
-                kid, fn, input_type=input_type, output_type=output_type,
+                kid,
+                fn,
+                input_type=input_type,
+                output_type=output_type,
                 **meta.launch_options(),
             )
         return fn
@@ -176,7 +179,7 @@ def is_ring_kernel(fn: Any) -> bool:
 class RingKernelBuilder:
     """Fluent construction of a ring kernel declaration::
 
-        RingKernelBuilder("compute").input(Req).output(Resp).queue_size(1024).build(actor)
+    RingKernelBuilder("compute").input(Req).output(Resp).queue_size(1024).build(actor)
     """
 
     def __init__(self, kernel_id: str) -> None:

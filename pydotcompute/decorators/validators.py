@@ -66,7 +66,7 @@ def validate_block_size(size: object) -> int:
 
 def validate_priority(priority: object) -> int:
     """Priorities are ints in 0..255."""
-    if not _is_int(priority) or not 0 <= priority <= 255:  # type: ignore[operator]  # noqa: PLR2004
+    if not _is_int(priority) or not 0 <= priority <= 255:  # type: ignore[operator]
         raise ValueError(f"message priority must be an int in 0..255, got {priority!r}")
     return priority  # type: ignore[return-value]
 
@@ -95,8 +95,9 @@ def _type_name(tp: object) -> str:
     return getattr(tp, "__name__", repr(tp))
 
 
-def validate_message(msg: object, expected: type | None, kernel_id: str = "",
-                     direction: str = "expects") -> Any:
+def validate_message(
+    msg: object, expected: type | None, kernel_id: str = "", direction: str = "expects"
+) -> Any:
     """Check ``msg`` is an instance of ``expected`` (None accepts anything).
 
     Raises:

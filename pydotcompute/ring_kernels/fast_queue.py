@@ -51,7 +51,7 @@ class PriorityBand(enum.IntEnum):
     LOW = 3  # 0..63
 
 
-class BackpressureStrategy(str, enum.Enum):
+class BackpressureStrategy(enum.StrEnum):
     """What a full bounded queue does with one more message."""
 
     BLOCK = "block"  # wait for space (honouring the timeout)
@@ -66,8 +66,7 @@ class BackpressureStrategy(str, enum.Enum):
             return cls(value.value if isinstance(value, cls) else str(value).lower())
         except ValueError:
             raise InvalidConfigurationError(
-                f"unknown backpressure strategy {value!r}; "
-                f"choose one of {[s.value for s in cls]}"
+                f"unknown backpressure strategy {value!r}; choose one of {[s.value for s in cls]}"
             ) from None
 
 
@@ -79,7 +78,7 @@ _BAND_OF: dict[int, int] = {
 
 def get_priority_band(priority: int) -> PriorityBand:
     """The band of a 0..255 priority."""
-    if not 0 <= priority <= 255:  # noqa: PLR2004
+    if not 0 <= priority <= 255:
         raise ValueError(f"priority must be in 0..255, got {priority!r}")
     return PriorityBand(_BAND_OF[priority])
 
@@ -112,7 +111,7 @@ class QueueStats:
 
 def _priority_of(item: object) -> int:
     p = getattr(item, "priority", 128)
-    if type(p) is not int or not 0 <= p <= 255:  # noqa: PLR2004
+    if type(p) is not int or not 0 <= p <= 255:
         raise ValueError(f"message priority must be an int in 0..255, got {p!r}")
     return p
 
@@ -471,8 +470,7 @@ def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
             return
 
 
-def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None],
-            pass_on: bool) -> None:
+def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None], pass_on: bool) -> None:
     """Clean up after an abandoned wait; a wake-up we received but will not use moves on."""
     woken = fut.done() and not fut.cancelled()
     fut.cancel()
@@ -484,8 +482,9 @@ def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None],
         _wake_one(waiters)
 
 
-async def _wait(fut: asyncio.Future[None], deadline: float | None,
-                loop: asyncio.AbstractEventLoop) -> None:
+async def _wait(
+    fut: asyncio.Future[None], deadline: float | None, loop: asyncio.AbstractEventLoop
+) -> None:
     """Await ``fut``; past ``deadline`` the future fails with TimeoutError instead."""
     if deadline is None:
         await fut

@@ -99,7 +99,8 @@ class _HostedKernel(RingKernel):
 
     async def _run_pump(self) -> None:
         inbox = self._inbox
-        assert inbox is not None and self._writable is not None
+        assert inbox is not None
+        assert self._writable is not None
         worker = self._worker
         writable = self._writable
         while True:
@@ -218,13 +219,16 @@ class _HostedKernel(RingKernel):
             self.telemetry.record_drop(len(left))
             logger.warning(
                 "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
-                self.kernel_id, len(left),
+                self.kernel_id,
+                len(left),
             )
         self._fail_waiters(stop_error)
         if self._outbox is not None:
             self._outbox.close(
                 KernelStateError(
-                    self.kernel_id, KernelState.TERMINATED, "receive from",
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
                     "it was terminated and its outbox is drained",
                 )
             )
@@ -266,8 +270,11 @@ class ThreadHostedKernel(_HostedKernel):
             thread_name=self.config.extra.get("thread_name"),
         )
         return ThreadedRingKernel(
-            self.kernel_id, self._func, config=cfg,  # type: ignore[arg-type]
-            input_type=self.input_type, output_type=self.output_type,
+            self.kernel_id,
+            self._func,
+            config=cfg,  # type: ignore[arg-type]
+            input_type=self.input_type,
+            output_type=self.output_type,
         )
 
 
@@ -292,8 +299,11 @@ class ProcessHostedKernel(_HostedKernel):
         worker_kwargs: dict[str, Any] = {"config": cfg}
         try:
             return CythonRingKernel(
-                self.kernel_id, self._func, input_type=self.input_type,  # type: ignore[arg-type]
-                output_type=self.output_type, **worker_kwargs,
+                self.kernel_id,
+                self._func,
+                input_type=self.input_type,  # type: ignore[arg-type]
+                output_type=self.output_type,
+                **worker_kwargs,
             )
         except TypeError:
             return CythonRingKernel(self.kernel_id, self._func, **worker_kwargs)  # type: ignore[arg-type]

@@ -475,8 +475,7 @@ class RingKernel:
                 self.kernel_id,
                 self._state,
                 "terminate",
-                "an actor cannot await its own termination; return from the actor function "
-                "instead",
+                "an actor cannot await its own termination; return from the actor function instead",
             )
         if timeout is None:
             timeout = self.config.drain_timeout

@@ -25,11 +25,10 @@ import operator
 import os
 import re
 import struct
-import sys
 import threading
 import typing
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, TypeVar, overload
 
@@ -106,7 +105,7 @@ new_message_id: Callable[[], uuid.UUID] = _ids.next_uuid
 
 
 def _check_priority(value: object) -> None:
-    if type(value) is not int or not 0 <= value <= 255:  # noqa: PLR2004 - byte range
+    if type(value) is not int or not 0 <= value <= 255:
         raise ValueError(
             f"message priority must be an int in 0..255, got {value!r}; "
             "use 224..255 for SYSTEM, 160..223 HIGH, 64..159 NORMAL, 0..63 LOW"
@@ -137,7 +136,7 @@ class RingKernelMessage:
 
     def __post_init__(self) -> None:
         p = self.priority
-        if type(p) is not int or p < 0 or p > 255:  # noqa: PLR2004
+        if type(p) is not int or p < 0 or p > 255:
             _check_priority(p)
 
     # -- wire format --------------------------------------------------------------------
@@ -229,10 +228,8 @@ class _LazyMessageId:
         except AttributeError:  # never set: made on first read
             value = None
         if type(value) is not uuid.UUID:
-            if value is None:
-                value = new_message_id()
-            else:  # 16 bytes from the wire
-                value = uuid.UUID(bytes=bytes(value))
+            # None: never made; otherwise 16 bytes from the wire
+            value = new_message_id() if value is None else uuid.UUID(bytes=bytes(value))
             self._set(obj, value)
         return value
 
@@ -289,7 +286,6 @@ def raw_correlation_get(obj: Any) -> Any:
         return None
 
 
-
 raw_correlation_set = _cid_slot.__set__
 _id_set = _id_slot.__set__
 _cid_raw_set = _cid_slot.__set__
@@ -305,7 +301,7 @@ def _encode_ndarray(arr: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
     if arr.dtype.hasobject:
         raise TypeError(f"arrays of dtype {arr.dtype} (Python objects) cannot be serialized")
     header = _RAW_ENCODER.encode((_dtype_to_spec(arr.dtype), arr.shape))
-    if len(header) > 255:  # noqa: PLR2004
+    if len(header) > 255:
         raise TypeError(f"array header too large ({len(header)} bytes)")
     # a flat byte view: the buffer protocol refuses datetime64/timedelta64 items
     payload = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
@@ -395,7 +391,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _EXT_NDARRAY:
         return _decode_ndarray(data)
     if code == _EXT_BUFFER_REF:
-        if len(data) != 8:  # noqa: PLR2004
+        if len(data) != 8:
             raise ValueError("malformed buffer reference")
         return _registry.take(int.from_bytes(data, "little"))
     raise ValueError(f"unknown MessagePack extension type {code}")
@@ -439,9 +435,9 @@ _RAW_DECODER: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder()
 def _pack_str(s: str) -> bytes:
     raw = s.encode()
     n = len(raw)
-    if n < 32:  # noqa: PLR2004
+    if n < 32:
         return bytes((0xA0 | n,)) + raw
-    if n < 256:  # noqa: PLR2004
+    if n < 256:
         return b"\xd9" + bytes((n,)) + raw
     return b"\xda" + n.to_bytes(2, "big") + raw
 
@@ -470,7 +466,15 @@ class _Codec:
     """
 
     __slots__ = (
-        "build", "by_ref", "cls", "decoder", "getter", "names", "post_init", "prefix", "setters",
+        "build",
+        "by_ref",
+        "cls",
+        "decoder",
+        "getter",
+        "names",
+        "post_init",
+        "prefix",
+        "setters",
     )
 
     def __init__(self, cls: type[RingKernelMessage], prefix: bytes) -> None:
@@ -509,18 +513,28 @@ class _Codec:
     def _make_builder(self) -> Callable[[Any], RingKernelMessage]:
         """An unrolled ``values -> message`` function for this class (no loop, no kwargs)."""
         env: dict[str, Any] = {
-            "_new": _new_object, "_cls": self.cls, "_s0": _id_set, "_s1": _prio_set,
-            "_s2": _cid_raw_set, "_post": self.post_init,
+            "_new": _new_object,
+            "_cls": self.cls,
+            "_s0": _id_set,
+            "_s1": _prio_set,
+            "_s2": _cid_raw_set,
+            "_post": self.post_init,
         }
-        lines = ["def build(v):", "    o = _new(_cls)", "    _s0(o, v[0])", "    _s1(o, v[1])",
-                 "    if v[2] is not None:", "        _s2(o, v[2])"]
+        lines = [
+            "def build(v):",
+            "    o = _new(_cls)",
+            "    _s0(o, v[0])",
+            "    _s1(o, v[1])",
+            "    if v[2] is not None:",
+            "        _s2(o, v[2])",
+        ]
         for i, setter in enumerate(self.setters):
             env[f"_f{i}"] = setter
             lines.append(f"    _f{i}(o, v[{i + 3}])")
         if self.post_init is not None:
             lines.append("    _post(o)")
         lines.append("    return o")
-        exec("\n".join(lines), env)  # noqa: S102 - generated from field positions only
+        exec("\n".join(lines), env)
         return env["build"]  # type: ignore[no-any-return]
 
     def encode(self, msg: RingKernelMessage) -> bytes:
@@ -570,17 +584,17 @@ def _finalize(cls: type[RingKernelMessage]) -> None:
 
 
 def _read_tag(data: memoryview) -> tuple[str, int]:
-    if len(data) < 2 or data[0] != 0x92:  # noqa: PLR2004
+    if len(data) < 2 or data[0] != 0x92:
         raise MessageDeserializationError(
             f"not a pydotcompute message: expected a 2-element MessagePack array, "
-            f"got {bytes(data[:8])!r}{'...' if len(data) > 8 else ''}"  # noqa: PLR2004
+            f"got {bytes(data[:8])!r}{'...' if len(data) > 8 else ''}"
         )
     b = data[1]
     if 0xA0 <= b <= 0xBF:
         n, start = b & 0x1F, 2
-    elif b == 0xD9 and len(data) >= 3:  # noqa: PLR2004
+    elif b == 0xD9 and len(data) >= 3:
         n, start = data[2], 3
-    elif b == 0xDA and len(data) >= 4:  # noqa: PLR2004
+    elif b == 0xDA and len(data) >= 4:
         n, start = int.from_bytes(data[2:4], "big"), 4
     else:
         raise MessageDeserializationError("malformed message: the type tag is not a string")
@@ -706,7 +720,9 @@ def _install_fast_init(cls: type) -> None:
     priority check is inline: building a message is the hot path of every actor.
     """
     env: dict[str, Any] = {
-        "_id_set": _id_set, "_cid_set": _cid_raw_set, "_bad_priority": _bad_priority,
+        "_id_set": _id_set,
+        "_cid_set": _cid_raw_set,
+        "_bad_priority": _bad_priority,
         "_HAS_FACTORY": _HAS_FACTORY,
     }
     positional: list[str] = []
@@ -750,7 +766,7 @@ def _install_fast_init(cls: type) -> None:
         body.append("    self.__post_init__()")
     params = ", ".join(["self", *positional, "*", *keyword])
     src = f"def __init__({params}) -> None:\n" + "\n".join(body or ["    pass"])
-    exec(src, env)  # noqa: S102 - generated from the class's own field list
+    exec(src, env)
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__

@@ -77,7 +77,9 @@ class MessageQueue(FastMessageQueue[T]):
     def _drop_oldest(self) -> None:
         if self._use_priority:
             # the oldest entry among the lowest priority present
-            victim = max(range(len(self._heap)), key=lambda i: (self._heap[i][0], -self._heap[i][1]))
+            victim = max(
+                range(len(self._heap)), key=lambda i: (self._heap[i][0], -self._heap[i][1])
+            )
             self._heap[victim] = self._heap[-1]
             self._heap.pop()
             heapq.heapify(self._heap)

@@ -52,7 +52,9 @@ _TIER_ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", 
 
 def register_tier(name: str, target: str | type) -> None:
     """Make ``tier=name`` build kernels with ``target`` (a class or ``"module:Class"``)."""
-    _TIERS[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    _TIERS[name] = (
+        target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    )
 
 
 def _tier_class(tier: str) -> type[RingKernel]:
@@ -107,6 +109,7 @@ class RingKernelRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_time = time.monotonic()
         self._failures: list[tuple[str, BaseException | None]] = []
+        self._terminating: dict[str, asyncio.Future[None]] = {}
 
     # -- lifecycle of the runtime -------------------------------------------------------
 
@@ -160,12 +163,23 @@ class RingKernelRuntime:
     async def terminate_all(self, timeout: float = 10.0) -> dict[str, int]:
         """Terminate every running kernel in parallel; returns undelivered counts (non-zero)."""
         kernels = [k for k in self._kernels.values() if k.state is not KernelState.TERMINATED]
-        if not kernels:
+        # a runtime.terminate() already under way is waited for, not started again
+        under_way = [k for k in kernels if k.kernel_id in self._terminating]
+        kernels = [k for k in kernels if k.kernel_id not in self._terminating]
+        if not kernels and not under_way:
             return {}
         results = await asyncio.gather(
             *(k.terminate(timeout=timeout) for k in kernels), return_exceptions=True
         )
         report: dict[str, int] = {}
+        if under_way:
+            await asyncio.wait([self._terminating[k.kernel_id] for k in under_way], timeout=timeout)
+            for k in under_way:
+                if k.state is not KernelState.TERMINATED:
+                    logger.error("kernel %r did not finish terminating in time", k.kernel_id)
+                    report[k.kernel_id] = -1
+                elif k.undelivered:
+                    report[k.kernel_id] = len(k.undelivered)
         for k, res in zip(kernels, results, strict=True):
             if isinstance(res, BaseException):
                 logger.error("terminating kernel %r raised %r", k.kernel_id, res)
@@ -223,17 +237,21 @@ class RingKernelRuntime:
                 f"(state {self._kernels[kernel_id].state.name}); terminate it first or "
                 "choose another kernel_id"
             )
-        opts: dict[str, Any] = {}
+        registered: dict[str, Any] = {}
         if kernel_func is None:
             spec = get_registered_kernel(kernel_id)
             kernel_func = spec.func
             input_type = input_type if input_type is not None else spec.input_type
             output_type = output_type if output_type is not None else spec.output_type
-            opts.update(spec.options)
-        opts.update(options)
+            registered = spec.options
+        opts = dict(options)
         if tier is not None:
             opts["tier"] = tier
-        cls = _tier_class(opts.get("tier") or (config.tier if config else "asyncio"))
+        cls = _tier_class(
+            opts.get("tier") or registered.get("tier") or (config.tier if config else "asyncio")
+        )
+        if registered:  # the decorator's options first: an alias given here (queue_size) wins
+            config = _build_config(kernel_id, config, registered, cls.EXTRA_OPTIONS)
         config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
         kernel = cls(
             kernel_id,
@@ -265,12 +283,20 @@ class RingKernelRuntime:
         kernel = self._kernel(kernel_id)
         for other in self._kernels.values():
             if other._forward is kernel and other.state not in (
-                KernelState.TERMINATED, KernelState.FAILED
+                KernelState.TERMINATED,
+                KernelState.FAILED,
             ):
                 logger.warning(
                     "kernel %r forwards into %r, which is terminating", other.kernel_id, kernel_id
                 )
-        return await kernel.terminate(timeout=timeout)
+        done = asyncio.get_running_loop().create_future()
+        self._terminating.setdefault(kernel_id, done)
+        try:
+            return await kernel.terminate(timeout=timeout)
+        finally:
+            if self._terminating.get(kernel_id) is done:
+                del self._terminating[kernel_id]
+            done.set_result(None)
 
     def remove(self, kernel_id: str) -> None:
         """Forget a TERMINATED kernel so its id can be launched again."""

@@ -132,9 +132,7 @@ class RingKernelTelemetry:
 
     def record_error(self, error: BaseException | str) -> None:
         self.error_count += 1
-        self.last_error = (
-            error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        )
+        self.last_error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
     def reset(self) -> None:
         """Zero every counter and restart the uptime clock."""

@@ -92,7 +92,7 @@ async def test_bad_input_gets_clear_errors(tier: tuple[str, Any]) -> None:
         await _launch(rt, tier)
         with pytest.raises(TypeValidationError, match="kernel 'k' expects Job, got dict"):
             await rt.send("k", {"seq": 1})
-        with pytest.raises(KernelNotFoundError, match="unknown kernel id 'nope'.*'k'"):
+        with pytest.raises(KernelNotFoundError, match=r"unknown kernel id 'nope'.*'k'"):
             await rt.send("nope", Job(seq=1))
         await rt.terminate("k")
         with pytest.raises(KernelStateError, match="cannot send to kernel 'k'"):
