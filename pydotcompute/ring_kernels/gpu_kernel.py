@@ -354,6 +354,8 @@ class GPURingKernel(RingKernel):
         self._lat_seen = processed
         tel.messages_processed = processed
         tel.messages_sent = self._replies_received
+        # dropped: replies discarded on the device, messages the staging queue dropped
+        # (drop_oldest), and messages never handled (returned by terminate / failure)
         staged_drops = 0 if self._inbox is None else self._inbox.statistics().total_dropped
         tel.messages_dropped = r.word(L.DROPPED) + staged_drops + len(self.undelivered)
         tel.error_count = r.word(L.ERRORS) + (0 if self.error is None else 1)
@@ -598,7 +600,6 @@ class GPURingKernel(RingKernel):
                 left = list(self.input_type.from_records(recs))  # type: ignore[union-attr]
         if self._inbox is not None:
             staged = self._inbox.drain()
-            self._inbox.count_dropped(len(staged))
             left.extend(staged)
         return left
 
@@ -616,10 +617,7 @@ class GPURingKernel(RingKernel):
             self._rings.set_word(L.TERMINATE, 1)  # a live kernel leaves its loop
         if self._inbox is not None:
             self._inbox.close(err)
-            left = self._inbox.drain()
-            if left:
-                self._inbox.count_dropped(len(left))
-                self.undelivered.extend(left)
+            self.undelivered.extend(self._inbox.drain())
         self._fail_waiters(err)
         self._replies_closed = err
         self._wake_all(self._recv_waiters)

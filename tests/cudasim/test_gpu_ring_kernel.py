@@ -1,0 +1,225 @@
+"""GPU ring kernels on the Numba CUDA simulator: the shared behavioural suite plus faults.
+
+Run alone (the simulator must be on before Numba is imported)::
+
+    NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cudasim -p no:cacheprovider
+
+The persistent kernel runs in simulated device threads (``pydotcompute-gpu:<id>:<tid>``)
+while the test's event loop feeds and drains its rings, exactly as on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.decorators.ring_kernel import ring_kernel
+from pydotcompute.exceptions import (
+    BackendNotAvailableError,
+    KernelFailedError,
+    KernelStateError,
+)
+from pydotcompute.ring_kernels import KernelState
+from pydotcompute.ring_kernels._gpu import layout
+from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
+from pydotcompute.ring_kernels.registry import unregister_ring_kernel
+from tests import gpu_ring_kernel_suite as suite
+from tests.gpu_ring_kernel_suite import SIM, Add, Seq, SeqOut, Sum, launch_gpu, poke_state
+
+cuda = pytest.importorskip("numba.cuda")
+
+
+def _device_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pydotcompute-gpu")]
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[RingKernelRuntime]:
+    """A runtime shut down after the test; no simulated device thread may outlive it."""
+    before = set(_device_threads())
+    runtime = RingKernelRuntime()
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.shutdown(timeout=10.0)
+        deadline = time.monotonic() + 5.0
+        while set(_device_threads()) - before and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        leaked = set(_device_threads()) - before
+        assert not leaked, f"simulated device threads outlived the test: {leaked}"
+        pending = [
+            t
+            for t in asyncio.all_tasks()
+            if t.get_name().startswith("pydotcompute:") and not t.done()
+        ]
+        assert not pending, f"pump tasks outlived the test: {pending}"
+
+
+# --- the shared suite ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", sorted(suite.SCENARIOS))
+async def test_behaviour(rt: RingKernelRuntime, scenario: str) -> None:
+    await suite.SCENARIOS[scenario](rt, SIM)
+
+
+# --- simulator specifics ---------------------------------------------------------------------
+
+
+async def test_kernel_runs_in_named_device_threads(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert k.flavour == "simulator"
+    assert [t.name for t in _device_threads()] == ["pydotcompute-gpu:add:0"]
+    await rt.terminate("add")
+    assert _device_threads() == []
+
+
+async def test_cooperative_block_has_one_thread_per_lane(rt: RingKernelRuntime) -> None:
+    await launch_gpu(
+        rt, "vec", suite.vec_handler, suite.Vec, suite.VecOut, cooperative=True, block_size=3
+    )
+    assert sorted(t.name for t in _device_threads()) == [
+        f"pydotcompute-gpu:vec:{i}" for i in range(3)
+    ]
+
+
+async def test_decorated_kernel_launches_from_the_registry(rt: RingKernelRuntime) -> None:
+    @ring_kernel(
+        kernel_id="gpu_registered_adder",
+        input_type=Add,
+        output_type=Sum,
+        backend="cuda",
+        queue_size=64,
+        state=np.array([41], np.int64),
+    )
+    def adder(inp: Any, out: Any, state: Any) -> int:
+        state[0] += 1
+        out.total = inp.a + inp.b
+        out.count = state[0]
+        return 0
+
+    try:
+        k = await rt.launch("gpu_registered_adder")
+        assert isinstance(k, GPURingKernel)
+        assert k.config.tier == "gpu"
+        assert k.ring_size == 64
+        await rt.activate("gpu_registered_adder")
+        reply = await rt.send_and_receive("gpu_registered_adder", Add(a=2.0, b=3.0), timeout=20)
+        assert (reply.total, reply.count) == (5.0, 42)
+    finally:
+        unregister_ring_kernel("gpu_registered_adder")
+
+
+async def test_unified_buffer_state_is_updated_in_place(rt: RingKernelRuntime) -> None:
+    core = pytest.importorskip("pydotcompute.core")
+    buf = core.UnifiedBuffer((1,), np.int64, backend="cuda").allocate()
+    buf.host[:] = 7
+    buf.mark_host_dirty()
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum, state=buf)
+    for _ in range(3):
+        await rt.send_and_receive("add", Add(a=0.0, b=0.0), timeout=20)
+    await rt.terminate("add")
+    assert buf.host.tolist() == [10]  # terminate marked the device side dirty
+
+
+async def test_cuda_c_handler_needs_a_real_gpu(rt: RingKernelRuntime) -> None:
+    src = "__device__ int handle(const Add* in, Sum* out, pdc_state_t* s) { return 0; }"
+    with pytest.raises(BackendNotAvailableError, match="CUDA C handler needs a real GPU"):
+        await rt.launch(
+            "c", lambda *a: 0, input_type=Add, output_type=Sum, tier="gpu", cuda_source=src
+        )
+    assert "c" not in rt
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def _crashing_handler(inp: Any, out: Any, state: Any) -> int:
+    if inp.seq == 3:
+        return int(state[100])  # out of bounds: the simulator raises IndexError
+    out.seq = inp.seq
+    return 0
+
+
+async def test_a_handler_fault_fails_the_kernel(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(rt, "crash", _crashing_handler, Seq, SeqOut)
+    for i in range(3):
+        assert (await rt.send_and_receive("crash", Seq(seq=i), timeout=20)).seq == i
+    pending = asyncio.ensure_future(rt.send_and_receive("crash", Seq(seq=3)))
+    with pytest.raises(KernelFailedError, match="IndexError") as info:
+        await asyncio.wait_for(pending, 20)
+    assert isinstance(info.value.__cause__, IndexError)
+    assert k.state is KernelState.FAILED
+    assert isinstance(k.error, IndexError)
+    with pytest.raises(KernelFailedError):
+        await rt.send("crash", Seq(seq=4))
+    with pytest.raises(KernelFailedError):
+        await rt.receive("crash", timeout=1)
+    assert rt.get_summary()["failures"][0][0] == "crash"
+    assert rt.get_telemetry("crash").error_count >= 1
+    await rt.terminate("crash")
+    assert k.state is KernelState.TERMINATED
+
+
+async def test_watchdog_reports_a_hung_kernel_as_failed(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(
+        rt,
+        "stuck",
+        suite.stuck_handler,
+        Add,
+        Sum,
+        state=np.array([0, 1], np.int64),
+        watchdog_timeout=0.3,
+    )
+    pending = asyncio.ensure_future(rt.send_and_receive("stuck", Add(a=1.0, b=0.0)))
+    with pytest.raises(KernelFailedError, match="made no progress for 0.3s with 1 message"):
+        await asyncio.wait_for(pending, 20)
+    assert k.state is KernelState.FAILED
+    assert isinstance(k.error, TimeoutError)
+    poke_state(k, 1, 0)  # let the handler return so the device thread can end
+    await rt.terminate("stuck")
+    assert k.state is KernelState.TERMINATED
+
+
+async def test_terminate_times_out_on_a_kernel_that_does_not_acknowledge(
+    rt: RingKernelRuntime,
+) -> None:
+    k = await launch_gpu(
+        rt,
+        "stuck",
+        suite.stuck_handler,
+        Add,
+        Sum,
+        state=np.array([0, 1], np.int64),
+        watchdog_timeout=None,
+        terminate_timeout=0.3,
+    )
+    await rt.send("stuck", Add(a=1.0, b=0.0))
+    await asyncio.sleep(0.3)  # the kernel took it and spins in the handler
+    assert k.statistics().processed == 0
+    with pytest.raises(KernelStateError, match=r"did not acknowledge termination within 0\.3s"):
+        await rt.terminate("stuck", timeout=0.2)
+    assert k.state is KernelState.FAILED
+    assert _device_threads()  # still spinning in the handler
+    poke_state(k, 1, 0)
+    await suite.wait_for(lambda: not _device_threads())
+    await rt.terminate("stuck")
+    assert k.state is KernelState.TERMINATED
+
+
+async def test_activate_fails_fast_when_the_kernel_died(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(rt, "crash", _crashing_handler, Seq, SeqOut, activate=False)
+    assert k.state is KernelState.LAUNCHED
+    k._rings.set_word(layout.TERMINATE, 1)  # type: ignore[union-attr]
+    await suite.wait_for(lambda: not _device_threads())
+    with pytest.raises(KernelFailedError, match="exited on its own"):
+        await rt.activate("crash")
+    await rt.terminate("crash")
