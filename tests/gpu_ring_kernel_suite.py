@@ -421,7 +421,7 @@ async def bad_input_is_refused(rt: RingKernelRuntime, env: Env) -> None:
     assert isinstance(k, GPURingKernel)
     with pytest.raises(TypeValidationError, match=r"expects records of Add\.dtype"):
         await k.send_records(np.zeros(3, dtype=Seq.dtype))
-    with pytest.raises(QueueTimeoutError, match="no reply from GPU kernel 'add' within 0.05s"):
+    with pytest.raises(QueueTimeoutError, match=r"no reply from GPU kernel 'add' within 0\.05s"):
         await rt.receive("add", timeout=0.05)
 
 

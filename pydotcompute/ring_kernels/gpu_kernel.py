@@ -484,7 +484,7 @@ class GPURingKernel(RingKernel):
             await asyncio.sleep(delay)
             delay = min(delay * 2 or 1e-5, 2e-3)
 
-    async def terminate(self, timeout: float | None = None) -> list[Any]:  # noqa: ASYNC109
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
         """Drain, stop the kernel and wait for its acknowledgement; returns what was left.
 
         An active (or deactivated) kernel first processes what is queued, for up to
@@ -807,7 +807,7 @@ class GPURingKernel(RingKernel):
             raise self._refuse("send to")
         return inbox, r
 
-    async def _accept(self, msg: Any, timeout: float | None) -> None:  # noqa: ASYNC109
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
         """Validate ``msg``; publish it now when nothing is staged ahead of it, else stage."""
         self._validate_in(msg)
         inbox, r = self._sendable()
@@ -829,7 +829,7 @@ class GPURingKernel(RingKernel):
             inbox.put_nowait(msg)
         self._kick()
 
-    async def send_batch(self, msgs: Sequence[Any], timeout: float | None = None) -> int:  # noqa: ASYNC109
+    async def send_batch(self, msgs: Sequence[Any], timeout: float | None = None) -> int:
         """Send many messages; those that fit in the ring are published with one tail store.
 
         Returns:
@@ -852,7 +852,7 @@ class GPURingKernel(RingKernel):
     async def send_records(
         self,
         records: np.ndarray[Any, Any],
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> int:
         """Send a structured array in ``input_type.dtype`` layout straight into the ring.
 
@@ -907,7 +907,7 @@ class GPURingKernel(RingKernel):
         self._kick()  # room for more replies
         return recs
 
-    async def _wait_reply(self, timeout: float | None) -> None:  # noqa: ASYNC109
+    async def _wait_reply(self, timeout: float | None) -> None:
         """Wait until a reply is buffered (or raise the close reason or a timeout)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -933,7 +933,7 @@ class GPURingKernel(RingKernel):
                 if handle is not None:
                     handle.cancel()
 
-    async def receive(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+    async def receive(self, timeout: float | None = None) -> Any:
         """The next reply, waiting up to ``timeout`` seconds.
 
         Raises:
@@ -955,7 +955,7 @@ class GPURingKernel(RingKernel):
             raise self._refuse("receive from")
         return None
 
-    async def receive_batch(self, max_count: int, timeout: float | None = None) -> list[Any]:  # noqa: ASYNC109
+    async def receive_batch(self, max_count: int, timeout: float | None = None) -> list[Any]:
         """Up to ``max_count`` replies: waits for the first, then takes what is buffered."""
         if not self._replies.count:
             await self._wait_reply(timeout)
@@ -964,7 +964,7 @@ class GPURingKernel(RingKernel):
     async def receive_records(
         self,
         max_count: int,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> np.ndarray[Any, Any]:
         """Up to ``max_count`` replies as a structured array (``output_type.dtype``)."""
         if not self._replies.count:

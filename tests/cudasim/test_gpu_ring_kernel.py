@@ -180,7 +180,7 @@ async def test_watchdog_reports_a_hung_kernel_as_failed(rt: RingKernelRuntime) -
         watchdog_timeout=0.3,
     )
     pending = asyncio.ensure_future(rt.send_and_receive("stuck", Add(a=1.0, b=0.0)))
-    with pytest.raises(KernelFailedError, match="made no progress for 0.3s with 1 message"):
+    with pytest.raises(KernelFailedError, match=r"made no progress for 0\.3s with 1 message"):
         await asyncio.wait_for(pending, 20)
     assert k.state is KernelState.FAILED
     assert isinstance(k.error, TimeoutError)
