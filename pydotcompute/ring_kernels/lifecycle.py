@@ -405,7 +405,9 @@ class RingKernel:
         if task.done():
             return True
         getters = inbox._getters
-        return bool(getters) and any(not fut.done() for fut in getters)
+        if not getters:
+            return False
+        return any(not fut.done() for fut in getters)
 
     def __repr__(self) -> str:
         return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
