@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ..exceptions import InvalidConfigurationError
 from ..ring_kernels.registry import register_ring_kernel
@@ -65,6 +65,31 @@ class RingKernelMeta:
             "tier": self.tier,
             **self.extra,
         }
+
+
+@overload
+def ring_kernel(func: F, /) -> F: ...
+@overload
+def ring_kernel(
+    func: None = None,
+    *,
+    kernel_id: str | None = None,
+    input_type: type | None = None,
+    output_type: type | None = None,
+    queue_size: int = 4096,
+    input_queue_size: int | None = None,
+    output_queue_size: int | None = None,
+    grid_size: int = 1,
+    block_size: int = 256,
+    backpressure: str = "block",
+    auto_register: bool = True,
+    backend: str = "cpu",
+    serialize: bool = False,
+    restart: str = "never",
+    max_restarts: int = 3,
+    tier: str | None = None,
+    **extra: Any,
+) -> Callable[[F], F]: ...
 
 
 def ring_kernel(
@@ -229,6 +254,5 @@ class RingKernelBuilder:
 
     def build(self, func: F, *, register: bool = True) -> F:
         """Apply ``@ring_kernel`` with the collected options to ``func``."""
-        return ring_kernel(  # type: ignore[no-any-return]
-            func, kernel_id=self._kernel_id, auto_register=register, **self._opts
-        )
+        decorate = ring_kernel(kernel_id=self._kernel_id, auto_register=register, **self._opts)
+        return decorate(func)

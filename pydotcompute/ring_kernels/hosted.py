@@ -271,7 +271,7 @@ class ThreadHostedKernel(_HostedKernel):
         )
         return ThreadedRingKernel(
             self.kernel_id,
-            self._func,
+            self._func,  # type: ignore[arg-type]
             config=cfg,  # type: ignore[arg-type]
             input_type=self.input_type,
             output_type=self.output_type,

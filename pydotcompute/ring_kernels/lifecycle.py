@@ -49,8 +49,6 @@ from .queue import MessageQueue
 from .telemetry import RingKernelTelemetry
 
 if TYPE_CHECKING:
-    from uuid import UUID
-
     from .runtime import RingKernelRuntime
 
 __all__ = (
@@ -360,7 +358,7 @@ class RingKernel:
         self._task: asyncio.Task[None] | None = None
         self._gate: asyncio.Future[None] | None = None
         self._stopping = False
-        self._waiters: dict[UUID, asyncio.Future[Any]] = {}
+        self._waiters: dict[Any, asyncio.Future[Any]] = {}
         self._forward: RingKernel | None = None
         self.telemetry = RingKernelTelemetry(kernel_id)
         self.error: BaseException | None = None
@@ -405,7 +403,7 @@ class RingKernel:
         if task.done():
             return True
         getters = inbox._getters
-        if not getters:
+        if getters is None or not getters:
             return False
         return any(not fut.done() for fut in getters)
 

@@ -272,8 +272,8 @@ class _LazyCorrelationId:
 
 _id_slot = RingKernelMessage.__dict__["message_id"]
 _cid_slot = RingKernelMessage.__dict__["correlation_id"]
-RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment]
-RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore[assignment]
+RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment,misc]
+RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore[assignment,misc]
 #: Raw slot access for the runtime's hot path (no id is created, no request resolved).
 _raw_cid_slot_get = _cid_slot.__get__
 
@@ -407,7 +407,7 @@ def _dec_hook(tp: Any, obj: Any) -> Any:
         if (
             type(obj) is float
             and issubclass(origin, np.floating)
-            and abs(obj) > _float_max(origin)
+            and abs(obj) > _float_max(origin)  # type: ignore[arg-type]
             and abs(obj) != _INF
         ):
             # numpy would only warn and store inf: a value that does not fit is an error
@@ -775,11 +775,14 @@ def _install_fast_init(cls: type) -> None:
 
 
 @overload
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, field))
 def message(cls: type[_T], /) -> type[_T]: ...
 @overload
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, field))
 def message(cls: None = None, /) -> Callable[[type[_T]], type[_T]]: ...
 
 
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, field))
 def message(cls: type[_T] | None = None, /) -> type[_T] | Callable[[type[_T]], type[_T]]:
     """Turn a class with annotated fields into a message (bare ``@message`` or ``@message()``).
 
@@ -1046,6 +1049,7 @@ class ArrayMessage(RingKernelMessage):
     _pdc_by_reference: ClassVar[bool] = True
 
 
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, field))
 def array_message(cls: type[_T] | None = None, /) -> Any:
     """Like :func:`message`, but the class inherits :class:`ArrayMessage`."""
     if cls is None:
