@@ -715,6 +715,8 @@ class GPURingKernel(RingKernel):
                 batch = inbox.get_batch(room)
                 r.publish(self.input_type.to_records(batch))  # type: ignore[union-attr]
                 progressed = True
+        if self._space_waiters and r is not None and r.room() > 0:
+            self._wake_all(self._space_waiters)  # send_records waits for free slots
         return progressed
 
     def _collect(self, limit: int | None) -> bool:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda as _numba_cuda
+from numba import types as _numba_types
 from numba.np.numpy_support import from_dtype
 
 from ...exceptions import KernelCompilationError, TypeValidationError
@@ -20,6 +21,8 @@ from . import device
 __all__ = ("SIMULATOR", "build_kernel", "compile_ptx", "python_handler", "record_types")
 
 SIMULATOR = device.SIMULATOR
+cuda: Any = _numba_cuda  # Numba ships no type stubs
+types: Any = _numba_types
 _cache: dict[tuple[Any, ...], Any] = {}
 _cache_lock = threading.Lock()
 

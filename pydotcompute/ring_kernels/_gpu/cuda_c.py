@@ -170,13 +170,13 @@ extern "C" __global__ void {kernel}(
     const pdc_i64 max_backoff = ctl[PDC_MAX_BACKOFF_NS];
     const bool drop_when_full = ctl[PDC_OUTBOX_POLICY] != 0;
     pdc_i64 head = 0, tail_seen = 0, out_tail = 0, out_head_seen = 0, active_seen = -1;
-    pdc_i64 processed = 0, errors = 0, dropped = 0, full_events = 0, beat = 0;
-    pdc_i64 total_lat = 0, max_lat = 0, min_lat = 0, idle = 0, backoff = 0;
+    pdc_i64 processed = 0, errors = 0, dropped = 0, full_events = 0, beat = 0, last_bad = 0;
+    pdc_i64 total_lat = 0, max_lat = 0, min_lat = 0, dt = 0, idle = 0, backoff = 0;
     bool stalled = false;
     if (tid == 0) pdc_store_release(ctl + PDC_STARTED, 1);
     for (;;) {{
         if (tid == 0) {{
-            pdc_i64 cmd = PDC_CMD_IDLE;
+            pdc_i64 cmd = PDC_CMD_IDLE, count = 0;
             if (pdc_load_acquire(ctl + PDC_TERMINATE) != 0) {{
                 cmd = PDC_CMD_EXIT;
             }} else {{
@@ -187,63 +187,86 @@ extern "C" __global__ void {kernel}(
                 }}
                 if (active != 0) {{
                     if (tail_seen == head) tail_seen = pdc_load_acquire(ctl + PDC_IN_TAIL);
-                    if (tail_seen != head) {{
-                        if (out_tail - out_head_seen >= cap_out)
+                    const pdc_i64 avail = tail_seen - head;
+                    if (avail > 0) {{
+                        pdc_i64 space = cap_out - (out_tail - out_head_seen);
+                        if (space < avail) {{
                             out_head_seen = pdc_load_acquire(ctl + PDC_OUT_HEAD);
-                        if (out_tail - out_head_seen < cap_out) {{
+                            space = cap_out - (out_tail - out_head_seen);
+                        }}
+                        if (space > 0) {{
                             cmd = PDC_CMD_PROCESS;
+                            count = min(min(avail, space), (pdc_i64)PDC_BATCH);
                             stalled = false;
                         }} else {{
                             if (!stalled) {{
                                 stalled = true;
                                 pdc_store_relaxed(ctl + PDC_OUTBOX_FULL, ++full_events);
                             }}
-                            cmd = drop_when_full ? PDC_CMD_PROCESS_DROP : PDC_CMD_STALL;
+                            if (drop_when_full) {{
+                                cmd = PDC_CMD_PROCESS_DROP;
+                                count = min(avail, (pdc_i64)PDC_BATCH);
+                            }} else {{
+                                cmd = PDC_CMD_STALL;
+                            }}
                         }}
                     }}
                 }}
             }}
             sh[0] = cmd;
-            sh[1] = head % cap_in;
-            sh[2] = cmd == PDC_CMD_PROCESS ? out_tail % cap_out : cap_out;
+            sh[1] = head;
+            sh[2] = out_tail;
+            sh[3] = count;
         }}
         __syncthreads();
         const pdc_i64 cmd = sh[0];
         if (cmd == PDC_CMD_EXIT) break;
         if (cmd == PDC_CMD_PROCESS || cmd == PDC_CMD_PROCESS_DROP) {{
-            const pdc_i64 i = sh[1], o = sh[2];
-            const pdc_i64 t0 = pdc_now_ns();
-            int status = 0;
-            if ({cooperative} || tid == 0) status = {handler}(&inbox[i], &outbox[o], state);
-            __threadfence_system();
-            __syncthreads();
-            if (tid == 0) {{
-                outbox[o]._mid_hi = 0;
-                outbox[o]._mid_lo = 0;
-                outbox[o]._cid_hi = inbox[i]._mid_hi;
-                outbox[o]._cid_lo = inbox[i]._mid_lo;
-                outbox[o]._priority = inbox[i]._priority;
-                ostat[o] = status;
-                const pdc_i64 dt = pdc_now_ns() - t0;
-                lat[processed % nlat] = dt;
-                processed += 1;
-                total_lat += dt;
-                if (dt > max_lat) max_lat = dt;
-                if (processed == 1 || dt < min_lat) min_lat = dt;
-                if (status != 0) {{
-                    pdc_store_relaxed(ctl + PDC_ERRORS, ++errors);
-                    pdc_store_relaxed(ctl + PDC_LAST_STATUS, status);
+            const pdc_i64 count = sh[3];
+            for (pdc_i64 j = 0; j < count; ++j) {{
+                const pdc_i64 i = (sh[1] + j) % cap_in;
+                const pdc_i64 o = cmd == PDC_CMD_PROCESS ? (sh[2] + j) % cap_out : cap_out;
+                const pdc_i64 t0 = pdc_now_ns();
+                int status = 0;
+                if ({cooperative} || tid == 0) status = {handler}(&inbox[i], &outbox[o], state);
+                if ({cooperative}) {{
+                    __threadfence_system();
+                    __syncthreads();
                 }}
+                if (tid == 0) {{
+                    outbox[o]._mid_hi = 0;
+                    outbox[o]._mid_lo = 0;
+                    outbox[o]._cid_hi = inbox[i]._mid_hi;
+                    outbox[o]._cid_lo = inbox[i]._mid_lo;
+                    outbox[o]._priority = inbox[i]._priority;
+                    ostat[o] = status;
+                    dt = pdc_now_ns() - t0;
+                    lat[processed % nlat] = dt;
+                    processed += 1;
+                    total_lat += dt;
+                    if (dt > max_lat) max_lat = dt;
+                    if (processed == 1 || dt < min_lat) min_lat = dt;
+                    if (status != 0) {{
+                        errors += 1;
+                        last_bad = status;
+                    }}
+                }}
+            }}
+            if (tid == 0) {{
                 pdc_store_relaxed(ctl + PDC_PROCESSED, processed);
+                pdc_store_relaxed(ctl + PDC_ERRORS, errors);
+                pdc_store_relaxed(ctl + PDC_LAST_STATUS, last_bad);
                 pdc_store_relaxed(ctl + PDC_LAST_LATENCY, dt);
                 pdc_store_relaxed(ctl + PDC_TOTAL_LATENCY, total_lat);
                 pdc_store_relaxed(ctl + PDC_MAX_LATENCY, max_lat);
                 pdc_store_relaxed(ctl + PDC_MIN_LATENCY, min_lat);
-                head += 1;
+                head += count;
                 if (cmd == PDC_CMD_PROCESS) {{
-                    pdc_store_release(ctl + PDC_OUT_TAIL, ++out_tail);
+                    out_tail += count;
+                    pdc_store_release(ctl + PDC_OUT_TAIL, out_tail);
                 }} else {{
-                    pdc_store_relaxed(ctl + PDC_DROPPED, ++dropped);
+                    dropped += count;
+                    pdc_store_relaxed(ctl + PDC_DROPPED, dropped);
                 }}
                 pdc_store_release(ctl + PDC_IN_HEAD, head);
             }}

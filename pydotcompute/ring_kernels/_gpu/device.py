@@ -27,14 +27,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numba
 import numpy as np
-from numba import config, cuda, types
+from numba import cuda as _numba_cuda
+from numba import types
 
 from . import layout as L
 
+cuda: Any = _numba_cuda  # the name the simulator swaps; typed Any (Numba has no stubs)
+
 __all__ = ("SIMULATOR", "load_acquire", "make_ring_kernel", "now_ns", "store_release")
 
-SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+SIMULATOR: bool = bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
 
 # Layout constants as module globals: Numba freezes them into the kernel as literals.
 IN_TAIL, OUT_HEAD, ACTIVE, TERMINATE = L.IN_TAIL, L.OUT_HEAD, L.ACTIVE, L.TERMINATE
@@ -43,7 +47,7 @@ IN_HEAD, OUT_TAIL, STARTED, TERMINATED = L.IN_HEAD, L.OUT_TAIL, L.STARTED, L.TER
 ACTIVE_ACK, HEARTBEAT, PROCESSED, DROPPED = L.ACTIVE_ACK, L.HEARTBEAT, L.PROCESSED, L.DROPPED
 ERRORS, LAST_LATENCY, TOTAL_LATENCY = L.ERRORS, L.LAST_LATENCY, L.TOTAL_LATENCY
 MAX_LATENCY, MIN_LATENCY, LAST_STATUS = L.MAX_LATENCY, L.MIN_LATENCY, L.LAST_STATUS
-OUTBOX_FULL, SPIN_ITERATIONS = L.OUTBOX_FULL, L.SPIN_ITERATIONS
+OUTBOX_FULL, SPIN_ITERATIONS, BATCH = L.OUTBOX_FULL, L.SPIN_ITERATIONS, L.BATCH
 CMD_IDLE, CMD_PROCESS, CMD_PROCESS_DROP = L.CMD_IDLE, L.CMD_PROCESS, L.CMD_PROCESS_DROP
 CMD_STALL, CMD_EXIT = L.CMD_STALL, L.CMD_EXIT
 
@@ -68,9 +72,12 @@ if SIMULATOR:
         return time.perf_counter_ns()
 
 else:  # pragma: no cover - compiled for the device; checked by the PTX tests
+    import importlib
+
     from llvmlite import ir
-    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
+
+    cgutils: Any = importlib.import_module("numba.cuda.cgutils")
 
     _I64 = ir.IntType(64)
 
@@ -152,9 +159,12 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     ``ctl`` (the control block, ``layout.py``) and ``state`` (the actor's device array).
 
     Thread 0 polls and decides; the decision reaches the block through shared memory and
-    ``syncthreads``. With ``cooperative`` every thread of the block calls the handler on the
-    same message (splitting an array payload by ``cuda.threadIdx.x``); otherwise the kernel
-    runs with one thread.
+    ``syncthreads``. When several messages wait, up to ``BATCH`` are handled one after the
+    other (actor semantics: in order, one at a time) and published with one release store,
+    so a burst pays for one system-scope fence instead of one per message. With
+    ``cooperative`` every thread of the block calls the handler on the same message
+    (splitting an array payload by ``cuda.threadIdx.x``); otherwise the kernel runs with one
+    thread.
     """
 
     def pdc_ring_kernel(
@@ -182,6 +192,8 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         total_lat = 0
         max_lat = 0
         min_lat = 0
+        last_bad = 0
+        dt = 0
         idle = 0
         backoff = 0
         if tid == 0:
@@ -189,6 +201,7 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         while True:
             if tid == 0:
                 cmd = CMD_IDLE
+                count = 0
                 if load_acquire(ctl, TERMINATE) != 0:
                     cmd = CMD_EXIT
                 else:
@@ -199,66 +212,81 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                     if active != 0:
                         if tail_seen == head:
                             tail_seen = load_acquire(ctl, IN_TAIL)
-                        if tail_seen != head:
-                            if out_tail - out_head_seen >= cap_out:
+                        avail = tail_seen - head
+                        if avail > 0:
+                            space = cap_out - (out_tail - out_head_seen)
+                            if space < avail:
                                 out_head_seen = load_acquire(ctl, OUT_HEAD)
-                            if out_tail - out_head_seen < cap_out:
+                                space = cap_out - (out_tail - out_head_seen)
+                            if space > 0:
                                 cmd = CMD_PROCESS
+                                count = min(avail, space, BATCH)
                                 stalled = False
                             else:
                                 if not stalled:
                                     stalled = True
                                     full_events += 1
                                     store_relaxed(ctl, OUTBOX_FULL, full_events)
-                                cmd = CMD_PROCESS_DROP if drop_when_full else CMD_STALL
+                                if drop_when_full:
+                                    cmd = CMD_PROCESS_DROP
+                                    count = min(avail, BATCH)
+                                else:
+                                    cmd = CMD_STALL
                 sh[0] = cmd
-                sh[1] = head % cap_in
-                sh[2] = out_tail % cap_out if cmd == CMD_PROCESS else cap_out
+                sh[1] = head
+                sh[2] = out_tail
+                sh[3] = count
             cuda.syncthreads()
             cmd = sh[0]
             if cmd == CMD_EXIT:
                 break
             if cmd == CMD_PROCESS or cmd == CMD_PROCESS_DROP:  # noqa: SIM109 - Numba
-                i = sh[1]
-                o = sh[2]
-                t0 = now_ns()
-                status = 0
-                if cooperative or tid == 0:
-                    status = handler(inbox[i], outbox[o], state)
-                cuda.threadfence_system()
-                cuda.syncthreads()
+                count = sh[3]
+                for j in range(count):
+                    i = (sh[1] + j) % cap_in
+                    o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS else cap_out
+                    t0 = now_ns()
+                    status = 0
+                    if cooperative or tid == 0:
+                        status = handler(inbox[i], outbox[o], state)
+                    if cooperative:
+                        cuda.threadfence_system()
+                        cuda.syncthreads()
+                    if tid == 0:
+                        rin = inbox[i]
+                        rout = outbox[o]
+                        rout._mid_hi = 0
+                        rout._mid_lo = 0
+                        rout._cid_hi = rin._mid_hi
+                        rout._cid_lo = rin._mid_lo
+                        rout._priority = rin._priority
+                        ostat[o] = status
+                        dt = now_ns() - t0
+                        lat[processed % nlat] = dt
+                        processed += 1
+                        total_lat += dt
+                        if dt > max_lat:
+                            max_lat = dt
+                        if processed == 1 or dt < min_lat:
+                            min_lat = dt
+                        if status != 0:
+                            errors += 1
+                            last_bad = status
                 if tid == 0:
-                    rin = inbox[i]
-                    rout = outbox[o]
-                    rout._mid_hi = 0
-                    rout._mid_lo = 0
-                    rout._cid_hi = rin._mid_hi
-                    rout._cid_lo = rin._mid_lo
-                    rout._priority = rin._priority
-                    ostat[o] = status
-                    dt = now_ns() - t0
-                    lat[processed % nlat] = dt
-                    processed += 1
-                    total_lat += dt
-                    if dt > max_lat:
-                        max_lat = dt
-                    if processed == 1 or dt < min_lat:
-                        min_lat = dt
-                    if status != 0:
-                        errors += 1
-                        store_relaxed(ctl, ERRORS, errors)
-                        store_relaxed(ctl, LAST_STATUS, status)
+                    # one publication per batch: counters first, then the release stores
                     store_relaxed(ctl, PROCESSED, processed)
+                    store_relaxed(ctl, ERRORS, errors)
+                    store_relaxed(ctl, LAST_STATUS, last_bad)
                     store_relaxed(ctl, LAST_LATENCY, dt)
                     store_relaxed(ctl, TOTAL_LATENCY, total_lat)
                     store_relaxed(ctl, MAX_LATENCY, max_lat)
                     store_relaxed(ctl, MIN_LATENCY, min_lat)
-                    head += 1
+                    head += count
                     if cmd == CMD_PROCESS:
-                        out_tail += 1
+                        out_tail += count
                         store_release(ctl, OUT_TAIL, out_tail)
                     else:
-                        dropped += 1
+                        dropped += count
                         store_relaxed(ctl, DROPPED, dropped)
                     store_release(ctl, IN_HEAD, head)
                 idle = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = (
     "ACTIVE",
     "ACTIVE_ACK",
+    "BATCH",
     "CMD_EXIT",
     "CMD_IDLE",
     "CMD_PROCESS",
@@ -77,6 +78,9 @@ CMD_EXIT = 4
 
 #: Idle iterations spent polling without sleeping before the back-off starts.
 SPIN_ITERATIONS = 64
+
+#: Most messages handled between two publications (one release store per batch).
+BATCH = 64
 
 
 def constants() -> dict[str, int]:

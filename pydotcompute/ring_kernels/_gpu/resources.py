@@ -18,6 +18,7 @@ released memory is parked in a graveyard and freed only when no GPU actor is run
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from typing import Any
@@ -39,6 +40,11 @@ logger = logging.getLogger("pydotcompute")
 _graveyard: list[Any] = []
 _live = 0
 _live_lock = threading.Lock()
+
+
+def _numba_cuda() -> Any:
+    """``numba.cuda``, typed ``Any`` (Numba ships no type stubs), imported on first use."""
+    return importlib.import_module("numba.cuda")
 
 
 def live_actor_count() -> int:
@@ -147,14 +153,14 @@ class DeviceActor:
             import contextlib
 
             return contextlib.nullcontext()
-        from numba import cuda
+        cuda = _numba_cuda()
 
         return cuda.gpus[self.device_id]
 
     def _mapped(self, n: int, dtype: np.dtype[Any]) -> Any:
         if self.simulator:
             return np.zeros(n, dtype=dtype)
-        from numba import cuda
+        cuda = _numba_cuda()
 
         arr = cuda.mapped_array(n, dtype=dtype)
         np.asarray(arr).view(np.uint8)[...] = 0
@@ -188,7 +194,7 @@ class DeviceActor:
             return dev
         if self.simulator:
             return np.array(state, copy=True)
-        from numba import cuda
+        cuda = _numba_cuda()
 
         return cuda.to_device(np.ascontiguousarray(state))
 
@@ -234,9 +240,9 @@ class DeviceActor:
                 self._compile_c()
 
     def _compile_numba(self) -> None:
-        import numba
-
         from . import build
+
+        numba: Any = importlib.import_module("numba")
 
         disp = build.build_kernel(self.handler, cooperative=self.cooperative)
         argtypes = tuple(numba.typeof(a) for a in self._args())
@@ -299,7 +305,7 @@ class DeviceActor:
         _actor_started()
 
     def _start_numba(self) -> None:
-        from numba import cuda
+        cuda = _numba_cuda()
 
         self._stream = _nonblocking_stream(self._keep)
         try:
@@ -412,7 +418,7 @@ def _device_pointer(arr: Any) -> int:
 
 def _nonblocking_stream(keep: list[Any]) -> Any:
     """A Numba stream that does not synchronize with the legacy default stream."""
-    from numba import cuda
+    cuda = _numba_cuda()
 
     try:
         import cupy
@@ -423,7 +429,7 @@ def _nonblocking_stream(keep: list[Any]) -> Any:
     except Exception as exc:
         logger.debug("CuPy non-blocking stream unavailable (%r); trying Numba's driver", exc)
     try:
-        from numba.cuda.cudadrv import driver as drv
+        drv: Any = importlib.import_module("numba.cuda.cudadrv.driver")
 
         flags = drv.binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value
         handle = drv.driver.cuStreamCreate(flags)
@@ -440,7 +446,7 @@ def _nonblocking_stream(keep: list[Any]) -> Any:
 
 def _require_gpu(device_id: int) -> None:
     try:
-        from numba import cuda
+        cuda = _numba_cuda()
     except ImportError as exc:  # pragma: no cover - numba is part of the cuda extra
         raise BackendNotAvailableError(
             f'GPU ring kernels need numba-cuda ({exc}); pip install "pydotcompute[cuda]"'

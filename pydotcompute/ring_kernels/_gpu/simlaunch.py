@@ -20,18 +20,18 @@ several actors may run at once, so this module starts the block's threads itself
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from numba.cuda.simulator import kernel as _simkernel
-from numba.cuda.simulator.kernelapi import (
-    Dim3,
-    FakeCUDAModule,
-    FakeCUDAShared,
-    swapped_cuda_module,
-)
+_simkernel: Any = importlib.import_module("numba.cuda.simulator.kernel")
+_api: Any = importlib.import_module("numba.cuda.simulator.kernelapi")
+Dim3: Any = _api.Dim3
+FakeCUDAModule: Any = _api.FakeCUDAModule
+FakeCUDAShared: Any = _api.FakeCUDAShared
+swapped_cuda_module: Any = _api.swapped_cuda_module
 
 __all__ = ("SimLaunch", "start")
 

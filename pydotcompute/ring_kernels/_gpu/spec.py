@@ -194,8 +194,13 @@ def _unfit_fields(cls: type) -> list[str]:
             continue
         tp = hints.get(f.name)
         if f.name in _HEADER_NAMES or _field_layout(tp) is None:
-            shown = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
-            out.append(f"{f.name}: {shown or tp!r}".replace("typing.", ""))
+            if isinstance(tp, str):
+                shown = tp
+            elif isinstance(tp, type) and not typing.get_args(tp):
+                shown = tp.__name__
+            else:
+                shown = repr(tp).replace("typing.", "")
+            out.append(f"{f.name}: {shown}")
     return out
 
 
@@ -211,7 +216,11 @@ def _check_message_type(kernel_id: str, role: str, tp: Any) -> np.dtype[Any]:
     dtype = fixed_layout_dtype(tp)
     if dtype is None:
         bad = _unfit_fields(tp)
-        which = f" (field {', '.join(repr(b) for b in bad)} has no fixed size)" if bad else ""
+        which = ""
+        if bad:
+            listed = ", ".join(repr(b) for b in bad)
+            which = f" (field {listed} has" if len(bad) == 1 else f" (fields {listed} have"
+            which += " no fixed size)"
         raise _fail(
             kernel_id,
             f"{role} {tp.__name__} is not a fixed-layout message{which}; {_FIXED_LAYOUT_HINT}",
