@@ -127,9 +127,9 @@ def test_option_values_are_checked(option: str, value: Any, text: str) -> None:
 
 
 def test_state_must_be_numeric() -> None:
-    with pytest.raises(TypeValidationError, match="state must hold numbers.*got dtype <U3"):
+    with pytest.raises(TypeValidationError, match=r"state must hold numbers.*got dtype <U3"):
         _decorate(state=np.array(["abc"]))
-    with pytest.raises(TypeValidationError, match="state must be a NumPy array.*got list"):
+    with pytest.raises(TypeValidationError, match=r"state must be a NumPy array.*got list"):
         _decorate(state=[1, 2])
     with pytest.raises(InvalidConfigurationError, match=r"state must be a non-empty array"):
         _decorate(state=np.zeros(0))
