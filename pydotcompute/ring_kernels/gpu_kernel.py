@@ -45,9 +45,14 @@ Memory-ordering argument (inbox; the outbox is the mirror image with roles swapp
    handler's loads precede the release), so the host reuses a slot only when the kernel is
    done with it.
 5. Every index is a monotonic 64-bit count (slot = count % size): no ABA, no wrap bit.
-6. The inline-asm loads carry a ``memory`` clobber and side effects, so the compiler cannot
+6. ``ACTIVE`` and ``TERMINATE`` carry no data, so the kernel reads them with
+   ``ld.relaxed.sys``, issued together with the acquire load of ``IN_TAIL``: an idle poll
+   costs one round trip to host memory, not three. ``ACTIVE_ACK`` is a release store, so
+   when ``deactivate`` sees it, no message is being taken any more.
+7. The inline-asm loads carry a ``memory`` clobber and side effects, so the compiler cannot
    hoist a poll out of the loop or move a slot access across it (what ``volatile`` would
-   give, plus the hardware ordering).
+   give, plus the hardware ordering). A burst of up to ``BATCH`` messages is handled in
+   order and published with one release store.
 
 Under the Numba CUDA simulator the kernel runs in Python threads (``_gpu/simlaunch.py``)
 over plain NumPy arrays; the GIL orders every read and write, and the device polls with

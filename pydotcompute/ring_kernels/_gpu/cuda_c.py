@@ -147,6 +147,11 @@ __device__ __forceinline__ pdc_i64 pdc_load_acquire(const pdc_i64* p) {
     asm volatile("ld.acquire.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+__device__ __forceinline__ pdc_i64 pdc_load_relaxed(const pdc_i64* p) {
+    pdc_i64 v;
+    asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ void pdc_store_release(pdc_i64* p, pdc_i64 v) {
     asm volatile("st.release.sys.global.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
@@ -177,16 +182,17 @@ extern "C" __global__ void {kernel}(
     for (;;) {{
         if (tid == 0) {{
             pdc_i64 cmd = PDC_CMD_IDLE, count = 0;
-            if (pdc_load_acquire(ctl + PDC_TERMINATE) != 0) {{
+            const pdc_i64 terminate = pdc_load_relaxed(ctl + PDC_TERMINATE);
+            const pdc_i64 active = pdc_load_relaxed(ctl + PDC_ACTIVE);
+            if (tail_seen == head) tail_seen = pdc_load_acquire(ctl + PDC_IN_TAIL);
+            if (terminate != 0) {{
                 cmd = PDC_CMD_EXIT;
             }} else {{
-                const pdc_i64 active = pdc_load_acquire(ctl + PDC_ACTIVE);
                 if (active != active_seen) {{
                     active_seen = active;
                     pdc_store_release(ctl + PDC_ACTIVE_ACK, active);
                 }}
                 if (active != 0) {{
-                    if (tail_seen == head) tail_seen = pdc_load_acquire(ctl + PDC_IN_TAIL);
                     const pdc_i64 avail = tail_seen - head;
                     if (avail > 0) {{
                         pdc_i64 space = cap_out - (out_tail - out_head_seen);

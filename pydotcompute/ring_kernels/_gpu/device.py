@@ -12,6 +12,7 @@ primitive                 on a GPU (sm_70+)                            simulator
 ========================  ===========================================  ======================
 ``load_acquire``          ``ld.acquire.sys.global.b64`` + memory       plain read (the GIL
                           clobber (never hoisted out of the loop)      orders threads)
+``load_relaxed``          ``ld.relaxed.sys.global.b64`` (flags)        plain read
 ``store_release``         ``st.release.sys.global.b64``                plain write
 ``store_relaxed``         ``st.relaxed.sys.global.b64``                plain write
 ``now_ns``                ``%globaltimer``                             ``perf_counter_ns``
@@ -52,6 +53,7 @@ CMD_IDLE, CMD_PROCESS, CMD_PROCESS_DROP = L.CMD_IDLE, L.CMD_PROCESS, L.CMD_PROCE
 CMD_STALL, CMD_EXIT = L.CMD_STALL, L.CMD_EXIT
 
 load_acquire: Any
+load_relaxed: Any
 store_release: Any
 store_relaxed: Any
 now_ns: Any
@@ -60,6 +62,9 @@ if SIMULATOR:
 
     def load_acquire(arr: Any, idx: int) -> int:
         """Plain read: simulated threads are ordered by the GIL (no weaker-kind atomics)."""
+        return int(arr[idx])
+
+    def load_relaxed(arr: Any, idx: int) -> int:
         return int(arr[idx])
 
     def store_release(arr: Any, idx: int, value: int) -> None:
@@ -92,23 +97,30 @@ else:  # pragma: no cover - compiled for the device; checked by the PTX tests
         if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.int64):
             raise TypeError(f"expected a 1-D int64 array, got {arr}")
 
-    @intrinsic
-    def load_acquire(typingctx: Any, arr: Any, idx: Any) -> Any:
-        """``ld.acquire.sys``: later loads see everything published before the store read."""
-        _check_word_array(arr)
-        sig = types.int64(arr, idx)
+    def _load(order: str) -> Any:
+        @intrinsic
+        def load(typingctx: Any, arr: Any, idx: Any) -> Any:
+            _check_word_array(arr)
+            sig = types.int64(arr, idx)
 
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            ptr = _slot_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            asm = ir.InlineAsm(
-                ir.FunctionType(_I64, [_I64.as_pointer()]),
-                "ld.acquire.sys.global.b64 $0, [$1];",
-                "=l,l,~{memory}",
-                side_effect=True,
-            )
-            return builder.call(asm, [ptr])
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                ptr = _slot_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+                asm = ir.InlineAsm(
+                    ir.FunctionType(_I64, [_I64.as_pointer()]),
+                    f"ld.{order}.sys.global.b64 $0, [$1];",
+                    "=l,l,~{memory}",
+                    side_effect=True,
+                )
+                return builder.call(asm, [ptr])
 
-        return sig, codegen
+            return sig, codegen
+
+        return load
+
+    # acquire: later loads see everything published before the store that was read
+    load_acquire = _load("acquire")
+    # relaxed: a flag that carries no data; may be in flight together with an acquire
+    load_relaxed = _load("relaxed")
 
     def _store(order: str) -> Any:
         @intrinsic
@@ -202,16 +214,19 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
             if tid == 0:
                 cmd = CMD_IDLE
                 count = 0
-                if load_acquire(ctl, TERMINATE) != 0:
+                # the flags carry no data (relaxed); the three loads overlap, so an idle poll
+                # costs one round trip to host memory
+                terminate = load_relaxed(ctl, TERMINATE)
+                active = load_relaxed(ctl, ACTIVE)
+                if tail_seen == head:
+                    tail_seen = load_acquire(ctl, IN_TAIL)
+                if terminate != 0:
                     cmd = CMD_EXIT
                 else:
-                    active = load_acquire(ctl, ACTIVE)
                     if active != active_seen:
                         active_seen = active
                         store_release(ctl, ACTIVE_ACK, active)
                     if active != 0:
-                        if tail_seen == head:
-                            tail_seen = load_acquire(ctl, IN_TAIL)
                         avail = tail_seen - head
                         if avail > 0:
                             space = cap_out - (out_tail - out_head_seen)
