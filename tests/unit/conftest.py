@@ -52,11 +52,14 @@ def _policy_loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_event_loop_policy().new_event_loop()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:
     if Path(str(item.path)).name in BOTH_LOOPS:
         return loop_factories()
+    if config.pluginmanager.has_plugin("pydotcompute-loop-factories"):
+        return None  # the project's pytest plugin decides for everything else
     return {"default": _policy_loop}
 
 

@@ -1,0 +1,577 @@
+"""RingKernelRuntime: launching, lookup, messaging, failures, telemetry, scopes, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from conftest import running_loop_kind
+from foundation_helpers import Other, Req, Resp, crash_on_negative, doubler, echo, until
+
+from pydotcompute import ring_kernel
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    KernelAlreadyExistsError,
+    KernelFailedError,
+    KernelNotFoundError,
+    KernelStateError,
+    QueueFullError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
+from pydotcompute.ring_kernels.lifecycle import KernelContext, KernelState, RingKernelConfig
+from pydotcompute.ring_kernels.registry import get_registered_kernel, register_ring_kernel
+from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+from pydotcompute.ring_kernels.telemetry import RingKernelTelemetry
+
+S = KernelState
+
+
+async def test_runs_on_the_parametrized_loop(request: pytest.FixtureRequest) -> None:
+    assert running_loop_kind() == request.node.callspec.id
+
+
+async def quick(rt: RingKernelRuntime, kid: str = "compute", **kw: Any) -> None:
+    kw.setdefault("input_type", Req)
+    kw.setdefault("output_type", Resp)
+    await rt.launch(kid, kw.pop("func", doubler), **kw)
+    await rt.activate(kid)
+
+
+# --- the runtime itself ----------------------------------------------------------------
+
+
+async def test_context_manager_starts_and_shuts_down() -> None:
+    async with RingKernelRuntime() as rt:
+        assert rt.is_active
+        await quick(rt)
+        await rt.send("compute", Req(x=3))
+        assert (await rt.receive("compute", timeout=5)).y == 6
+        kernel = rt.get_kernel("compute")
+    assert not rt.is_active
+    assert kernel.state is S.TERMINATED
+    assert kernel._task is not None
+    assert kernel._task.done()
+
+
+async def test_start_is_idempotent_and_launch_starts_it() -> None:
+    rt = RingKernelRuntime()
+    assert not rt.is_active
+    await rt.launch("k", doubler)
+    assert rt.is_active
+    assert await rt.start() is rt
+    await rt.shutdown()
+
+
+async def test_a_shut_down_runtime_cannot_restart() -> None:
+    rt = RingKernelRuntime()
+    await rt.start()
+    assert await rt.shutdown() == {}
+    assert await rt.shutdown() == {}  # idempotent
+    with pytest.raises(KernelStateError, match="create a new runtime"):
+        await rt.start()
+    with pytest.raises(KernelStateError, match="create a new runtime"):
+        await rt.launch("late", doubler)
+
+
+async def test_kernel_ids_contains_and_len(rt: RingKernelRuntime) -> None:
+    await rt.launch("a", doubler)
+    await rt.launch("b", doubler)
+    assert rt.kernel_ids == ["a", "b"]
+    assert "a" in rt
+    assert "zz" not in rt
+    assert len(rt) == 2
+
+
+def test_constructor_defaults() -> None:
+    rt = RingKernelRuntime()
+    assert rt.enable_telemetry
+    assert rt.use_uvloop
+    assert rt.use_eager_tasks
+    assert rt.kernel_ids == []
+
+
+# --- launching -------------------------------------------------------------------------
+
+
+async def test_two_phase_launch(rt: RingKernelRuntime) -> None:
+    kernel = await rt.launch("k", doubler, input_type=Req)
+    assert rt.get_kernel_state("k") is S.LAUNCHED
+    await rt.send("k", Req(x=1))  # queued until activation
+    assert len(kernel.inbox) == 1  # type: ignore[arg-type]
+    await rt.activate("k")
+    assert rt.get_kernel_state("k") is S.ACTIVE
+    assert (await rt.receive("k", timeout=5)).y == 2
+
+
+async def test_launch_takes_a_registered_kernel(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    @ring_kernel(
+        kernel_id="registered", input_type=Req, output_type=Resp, queue_size=16, restart="never"
+    )
+    async def registered(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            await ctx.send(Resp(y=msg.x + 1))
+
+    kernel = await rt.launch("registered")
+    assert kernel.input_type is Req
+    assert kernel.output_type is Resp
+    assert kernel.config.input_queue_size == 16
+    assert kernel.config.output_queue_size == 16
+    await rt.activate("registered")
+    assert (await rt.send_and_receive("registered", Req(x=1), timeout=5)).y == 2
+    with pytest.raises(TypeValidationError, match="kernel 'registered' expects Req, got Other"):
+        await rt.send("registered", Other(z="x"))
+
+
+async def test_launch_overrides_registered_options(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    register_ring_kernel("opt", doubler, input_type=Req, input_queue_size=8, output_queue_size=8)
+    kernel = await rt.launch("opt", queue_size=3, output_queue_size=5)
+    assert (kernel.config.input_queue_size, kernel.config.output_queue_size) == (3, 5)
+
+
+async def test_launch_unregistered_without_function(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    register_ring_kernel("known_one", doubler)
+    with pytest.raises(
+        KernelNotFoundError,
+        match=r"unknown kernel id 'ghost' in the @ring_kernel registry; known ids: .*'known_one'",
+    ):
+        await rt.launch("ghost")
+    with pytest.raises(KeyError):
+        get_registered_kernel("ghost")
+
+
+async def test_duplicate_launch(rt: RingKernelRuntime) -> None:
+    await rt.launch("dup", doubler)
+    with pytest.raises(
+        KernelAlreadyExistsError,
+        match=r"kernel 'dup' is already launched in this runtime \(state LAUNCHED\); terminate "
+        r"it first or choose another kernel_id",
+    ):
+        await rt.launch("dup", echo)
+    assert rt.get_kernel("dup")._func is doubler
+
+
+async def test_remove_frees_the_id(rt: RingKernelRuntime) -> None:
+    await rt.launch("x", doubler)
+    with pytest.raises(KernelStateError, match=r"cannot remove kernel 'x': it is LAUNCHED"):
+        rt.remove("x")
+    await rt.terminate("x")
+    rt.remove("x")
+    assert "x" not in rt
+    await rt.launch("x", echo)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"colour": "red"}, r"unknown option 'colour' for kernel 'k' on tier 'asyncio'; known:"),
+        ({"queue_size": 0}, r"input_queue_size must be an int in 1\.\."),
+        ({"backpressure": "nope"}, r"unknown backpressure strategy 'nope'"),
+        ({"restart": "sometimes"}, r"restart must be one of"),
+        ({"tier": "quantum"}, r"unknown execution tier 'quantum'; choose one of"),
+    ],
+)
+async def test_bad_launch_options(
+    rt: RingKernelRuntime, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(InvalidConfigurationError, match=match):
+        await rt.launch("k", doubler, **options)
+    assert "k" not in rt
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 3])
+async def test_bad_kernel_id(rt: RingKernelRuntime, bad: Any) -> None:
+    with pytest.raises(InvalidConfigurationError, match="kernel_id must be a non-empty string"):
+        await rt.launch(bad, doubler)
+
+
+async def test_launch_with_a_config_object(rt: RingKernelRuntime) -> None:
+    cfg = RingKernelConfig("ignored", input_queue_size=5, backpressure_strategy="reject")
+    kernel = await rt.launch("cfg", doubler, config=cfg)
+    assert kernel.config.kernel_id == "cfg"
+    assert kernel.config.input_queue_size == 5
+    assert cfg.kernel_id == "ignored"  # the caller's object is not modified
+
+
+# --- unknown ids -----------------------------------------------------------------------
+
+LOOKUPS = {
+    "activate": lambda rt: rt.activate("nope"),
+    "deactivate": lambda rt: rt.deactivate("nope"),
+    "reactivate": lambda rt: rt.reactivate("nope"),
+    "terminate": lambda rt: rt.terminate("nope"),
+    "send": lambda rt: rt.send("nope", Req(x=1)),
+    "send_nowait": lambda rt: rt.send_nowait("nope", Req(x=1)),
+    "receive": lambda rt: rt.receive("nope"),
+    "receive_nowait": lambda rt: rt.receive_nowait("nope"),
+    "send_and_receive": lambda rt: rt.send_and_receive("nope", Req(x=1)),
+    "get_kernel_state": lambda rt: rt.get_kernel_state("nope"),
+    "get_telemetry": lambda rt: rt.get_telemetry("nope"),
+    "connect": lambda rt: rt.connect("alpha", "nope"),
+    "remove": lambda rt: rt.remove("nope"),
+}
+
+
+@pytest.mark.parametrize("op", list(LOOKUPS))
+async def test_unknown_kernel_id_lists_the_known_ids(rt: RingKernelRuntime, op: str) -> None:
+    await rt.launch("alpha", doubler)
+    await rt.launch("beta", doubler)
+
+    async def call() -> None:
+        result = LOOKUPS[op](rt)
+        if asyncio.iscoroutine(result):
+            await result
+
+    with pytest.raises(
+        KernelNotFoundError,
+        match=r"^unknown kernel id 'nope' in the runtime; known ids: 'alpha', 'beta'$",
+    ) as info:
+        await call()
+    assert isinstance(info.value, KeyError)
+
+
+async def test_unhashable_kernel_id_is_not_found(rt: RingKernelRuntime) -> None:
+    with pytest.raises(KernelNotFoundError, match=r"unknown kernel id \"\['x'\]\""):
+        await rt.send(["x"], Req(x=1))  # type: ignore[arg-type]
+
+
+# --- messaging -------------------------------------------------------------------------
+
+
+async def test_wrong_message_type_on_send(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    with pytest.raises(TypeValidationError, match=r"^kernel 'compute' expects Req, got Other$"):
+        await rt.send("compute", Other(z="?"))
+    with pytest.raises(TypeValidationError, match=r"kernel 'compute' expects Req, got dict"):
+        await rt.send("compute", {"x": 1})
+    with pytest.raises(TypeValidationError, match=r"kernel 'compute' expects Req, got int \(5\)"):
+        rt.send_nowait("compute", 5)
+    with pytest.raises(TypeValidationError, match="expects Req, got Other"):
+        await rt.send_and_receive("compute", Other(z="?"), timeout=1)
+
+
+async def test_subclass_instances_are_accepted(rt: RingKernelRuntime) -> None:
+    from pydotcompute import message
+
+    @message
+    class SpecialReq(Req):
+        note: str = ""
+
+    await quick(rt)
+    await rt.send("compute", SpecialReq(x=4, note="sub"))
+    assert (await rt.receive("compute", timeout=5)).y == 8
+
+
+async def test_send_nowait_and_receive_nowait(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    assert rt.receive_nowait("compute") is None
+    assert rt.send_nowait("compute", Req(x=5)) is True
+    await until(lambda: len(rt.get_kernel("compute").outbox) == 1, "reply")  # type: ignore[arg-type]
+    assert rt.receive_nowait("compute").y == 10
+
+
+async def test_queue_full_under_reject(rt: RingKernelRuntime) -> None:
+    await rt.launch("r", doubler, queue_size=2, backpressure="reject")
+    await rt.send("r", Req(x=0))
+    rt.send_nowait("r", Req(x=1))
+    with pytest.raises(
+        QueueFullError,
+        match=r"queue of kernel 'r' is full \(2/2 messages\) and its backpressure is 'reject'",
+    ):
+        await rt.send("r", Req(x=2))
+    with pytest.raises(QueueFullError, match="is full"):
+        rt.send_nowait("r", Req(x=2))
+
+
+async def test_queue_full_under_block_times_out(rt: RingKernelRuntime) -> None:
+    await rt.launch("b", doubler, queue_size=1)
+    await rt.send("b", Req(x=0))
+    with pytest.raises(QueueTimeoutError, match="waiting for space in queue of kernel 'b'"):
+        await rt.send("b", Req(x=1), timeout=0.01)
+    with pytest.raises(QueueFullError, match="backpressure is 'block'"):
+        rt.send_nowait("b", Req(x=1))
+
+
+async def test_drop_oldest_counts_drops(rt: RingKernelRuntime) -> None:
+    kernel = await rt.launch("d", doubler, queue_size=2, backpressure="drop_oldest")
+    for i in range(5):
+        await rt.send("d", Req(x=i))
+    assert [m.x for m in kernel.inbox.drain()] == [3, 4]  # type: ignore[union-attr]
+    assert kernel.inbox.statistics().total_dropped == 3  # type: ignore[union-attr]
+
+
+async def test_receive_timeout(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    with pytest.raises(
+        QueueTimeoutError, match=r"no message arrived within 0\.01s on queue of kernel 'compute'"
+    ):
+        await rt.receive("compute", timeout=0.01)
+
+
+async def test_send_to_a_terminated_kernel(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    await rt.terminate("compute")
+    assert rt.get_kernel_state("compute") is S.TERMINATED
+    with pytest.raises(
+        KernelStateError, match=r"^cannot send to kernel 'compute': it is TERMINATED"
+    ):
+        await rt.send("compute", Req(x=1))
+    with pytest.raises(KernelStateError, match="it is TERMINATED"):
+        rt.send_nowait("compute", Req(x=1))
+    with pytest.raises(KernelStateError, match="it is TERMINATED"):
+        await rt.send_and_receive("compute", Req(x=1), timeout=1)
+
+
+async def test_send_while_deactivated_is_queued(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    await rt.deactivate("compute")
+    assert rt.get_kernel_state("compute") is S.DEACTIVATED
+    for i in range(3):
+        await rt.send("compute", Req(x=i))
+    with pytest.raises(QueueTimeoutError):
+        await rt.receive("compute", timeout=0.01)
+    await rt.reactivate("compute")
+    assert [(await rt.receive("compute", timeout=5)).y for _ in range(3)] == [0, 2, 4]
+
+
+async def test_serialize_kernel_passes_copies(rt: RingKernelRuntime) -> None:
+    kernel = await rt.launch("ser", echo, serialize=True)
+    req = Req(x=9, priority=200)
+    await rt.send("ser", req)
+    stored = next(x for band in kernel.inbox._bands if band for x in band)  # type: ignore[union-attr]
+    assert type(stored) is bytes
+    await rt.activate("ser")
+    back = await rt.receive("ser", timeout=5)
+    assert back is not req  # it crossed as bytes, twice
+    assert (back.message_id, back.priority, back.x) == (req.message_id, 200, 9)
+
+
+async def test_send_and_receive_with_100_concurrent_callers(rt: RingKernelRuntime) -> None:
+    async def slow_square(ctx: KernelContext) -> None:
+        i = 0
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            i += 1
+            if i % 2:
+                await asyncio.sleep(0)
+            await ctx.send(Resp(y=msg.x * msg.x))
+
+    await quick(rt, "sq", func=slow_square)
+    replies = await asyncio.gather(
+        *(rt.send_and_receive("sq", Req(x=i), timeout=10) for i in range(100))
+    )
+    assert [r.y for r in replies] == [i * i for i in range(100)]
+    assert rt.receive_nowait("sq") is None
+
+
+async def test_send_and_receive_mixed_with_plain_sends(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    plain = [rt.send("compute", Req(x=100 + i)) for i in range(5)]
+    correlated = [rt.send_and_receive("compute", Req(x=i), timeout=10) for i in range(5)]
+    results = await asyncio.gather(*plain, *correlated)
+    assert [r.y for r in results[5:]] == [0, 2, 4, 6, 8]
+    uncorrelated = sorted([(await rt.receive("compute", timeout=5)).y for _ in range(5)])
+    assert uncorrelated == [200, 202, 204, 206, 208]
+
+
+# --- failures --------------------------------------------------------------------------
+
+
+async def test_actor_failure_is_visible_to_callers(rt: RingKernelRuntime) -> None:
+    await quick(rt, "c", func=crash_on_negative)
+    receiver = asyncio.ensure_future(rt.receive("c"))
+    await rt.send("c", Req(x=-1))
+    with pytest.raises(
+        KernelFailedError,
+        match=r"cannot use kernel 'c': it is FAILED; the actor raised ValueError: negative "
+        r"input -1",
+    ):
+        await asyncio.wait_for(receiver, 5)
+    assert rt.get_kernel_state("c") is S.FAILED
+    with pytest.raises(KernelFailedError, match="negative input -1"):
+        await rt.send("c", Req(x=1))
+    with pytest.raises(KernelFailedError, match="negative input -1"):
+        await rt.send_and_receive("c", Req(x=1), timeout=1)
+    summary = rt.get_summary()
+    assert summary["total_errors"] == 1
+    assert summary["failures"] == [("c", "ValueError('negative input -1')")]
+    assert rt.get_telemetry("c").last_error == "ValueError: negative input -1"
+
+
+async def test_restart_policy_from_launch_options(rt: RingKernelRuntime) -> None:
+    await quick(rt, "c", func=crash_on_negative, restart="on_failure", max_restarts=1)
+    await rt.send("c", Req(x=-1))
+    await rt.send("c", Req(x=1))
+    assert (await rt.receive("c", timeout=5)).y == 2
+    assert rt.get_kernel_state("c") is S.ACTIVE
+    assert rt.get_telemetry("c").restarts == 1
+    await rt.send("c", Req(x=-2))
+    with pytest.raises(KernelFailedError, match="negative input -2"):
+        await rt.receive("c", timeout=5)
+    assert rt.get_kernel_state("c") is S.FAILED
+
+
+async def test_restarted_request_fails_its_send_and_receive_caller(rt: RingKernelRuntime) -> None:
+    await quick(rt, "c", func=crash_on_negative, restart="on_failure", max_restarts=5)
+    with pytest.raises(KernelFailedError, match="negative input -4 while handling this request"):
+        await asyncio.wait_for(rt.send_and_receive("c", Req(x=-4)), 5)
+    assert (await rt.send_and_receive("c", Req(x=4), timeout=5)).y == 8
+
+
+async def test_a_failed_kernel_can_be_terminated_and_relaunched(rt: RingKernelRuntime) -> None:
+    await quick(rt, "c", func=crash_on_negative)
+    await rt.send("c", Req(x=-1))
+    await until(lambda: rt.get_kernel_state("c") is S.FAILED, "failed")
+    assert await rt.terminate("c") == []
+    rt.remove("c")
+    await quick(rt, "c", func=crash_on_negative)
+    assert (await rt.send_and_receive("c", Req(x=3), timeout=5)).y == 6
+
+
+# --- telemetry and introspection -------------------------------------------------------
+
+
+async def test_telemetry_counts_messages(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    for i in range(10):
+        await rt.send("compute", Req(x=i))
+    for _ in range(10):
+        await rt.receive("compute", timeout=5)
+    tel = rt.get_telemetry("compute")
+    assert isinstance(tel, RingKernelTelemetry)
+    assert tel.kernel_id == "compute"
+    assert tel.messages_processed == 10
+    assert tel.messages_sent == 10
+    assert tel.error_count == 0
+    assert tel.histogram.count >= 9  # a message is timed when the actor asks for the next
+    assert tel.p50_latency_ns <= tel.p99_latency_ns <= max(tel.max_latency_ns * 2, 1)
+    assert rt.get_all_telemetry() == {"compute": tel}
+
+
+async def test_telemetry_queue_depth(rt: RingKernelRuntime) -> None:
+    await rt.launch("q", doubler)
+    for i in range(4):
+        await rt.send("q", Req(x=i))
+    assert rt.get_telemetry("q").queue_depth == 4
+
+
+async def test_summary_keys(rt: RingKernelRuntime) -> None:
+    await quick(rt)
+    await rt.send_and_receive("compute", Req(x=1), timeout=5)
+    summary = rt.get_summary()
+    for key in (
+        "kernel_count",
+        "total_messages_processed",
+        "total_messages_dropped",
+        "total_errors",
+        "uptime_seconds",
+        "gpu_utilization",
+    ):
+        assert key in summary
+    assert summary["kernel_count"] == 1
+    assert summary["total_messages_processed"] == 1
+    assert summary["gpu_utilization"] is None  # no GPU on this machine
+    assert summary["uptime_seconds"] >= 0
+
+
+async def test_get_loop_info_reports_the_running_loop(rt: RingKernelRuntime) -> None:
+    info = rt.get_loop_info()
+    assert info["running"] is True
+    kind = running_loop_kind()
+    assert info["loop_module"].startswith("uvloop" if kind == "uvloop" else "asyncio")
+
+
+# --- scopes, terminate_all, shutdown ---------------------------------------------------
+
+
+async def test_kernel_scope(rt: RingKernelRuntime) -> None:
+    async with rt.kernel_scope("scoped", doubler, input_type=Req) as kernel:
+        assert kernel.state is S.ACTIVE
+        await rt.send("scoped", Req(x=2))
+        assert (await rt.receive("scoped", timeout=5)).y == 4
+    assert kernel.state is S.TERMINATED
+    assert "scoped" not in rt
+    async with rt.kernel_scope("scoped", doubler):  # the id is free again
+        pass
+
+
+async def test_kernel_scope_from_the_registry(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    register_ring_kernel("reg_scope", doubler, input_type=Req)
+    async with rt.kernel_scope("reg_scope") as kernel:
+        assert kernel.input_type is Req
+        assert (await rt.send_and_receive("reg_scope", Req(x=1), timeout=5)).y == 2
+
+
+async def test_kernel_scope_terminates_on_error(rt: RingKernelRuntime) -> None:
+    with pytest.raises(ZeroDivisionError):
+        async with rt.kernel_scope("boom", doubler) as kernel:
+            1 / 0  # noqa: B018
+    assert kernel.state is S.TERMINATED
+    assert "boom" not in rt
+
+
+async def test_terminate_all(rt: RingKernelRuntime) -> None:
+    await quick(rt, "a")
+    await quick(rt, "b")
+    await rt.launch("c", doubler)
+    await rt.send("c", Req(x=1))  # never activated: undelivered
+    report = await rt.terminate_all()
+    assert report == {"c": 1}
+    assert {rt.get_kernel_state(k) for k in "abc"} == {S.TERMINATED}
+    assert await rt.terminate_all() == {}
+    assert rt.get_summary()["total_messages_dropped"] == 1
+
+
+async def test_shutdown_reports_undelivered(rt: RingKernelRuntime) -> None:
+    hold = asyncio.Event()
+
+    async def stuck(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            await ctx.receive()
+            await hold.wait()
+
+    kernel = await rt.launch("s", stuck)
+    for i in range(4):
+        await rt.send("s", Req(x=i))
+    await rt.activate("s")
+    await until(lambda: len(kernel.inbox) == 3, "first taken")  # type: ignore[arg-type]
+    report = await rt.shutdown(timeout=0.01)
+    assert report == {"s": 3}
+    assert [m.x for m in kernel.undelivered] == [1, 2, 3]
+    assert not rt.is_active
+
+
+async def test_shutdown_waits_for_a_termination_in_progress() -> None:
+    rt = RingKernelRuntime()
+    release = asyncio.Event()
+
+    async def slow(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            await ctx.receive()
+            await release.wait()
+
+    kernel = await rt.launch("slow", slow)
+    await rt.activate("slow")
+    await rt.send("slow", Req(x=1))
+    await rt.send("slow", Req(x=2))
+    terminating = asyncio.ensure_future(rt.terminate("slow", timeout=10.0))
+    await until(lambda: kernel.state is S.TERMINATING, "terminating")
+    shutdown = asyncio.ensure_future(rt.shutdown(timeout=10.0))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not shutdown.done()  # it waits for the drain already under way
+    release.set()
+    assert await asyncio.wait_for(shutdown, 5) == {}
+    assert kernel.state is S.TERMINATED
+    assert await terminating == []
+    assert kernel.telemetry.messages_processed == 2
