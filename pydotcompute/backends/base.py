@@ -295,8 +295,13 @@ class Backend(ABC):
         block_size: int | Sequence[int],
         *args: Any,
         stream: Any | None = None,
+        shared_mem: int = 0,
     ) -> KernelExecutionResult:
-        """Run ``kernel`` over ``args`` and wait for it; see each backend for launch rules."""
+        """Run ``kernel`` over ``args`` and wait for it; see each backend for launch rules.
+
+        ``shared_mem`` is the dynamic shared memory per block in bytes (CUDA only; other
+        backends ignore it).
+        """
 
     @abstractmethod
     def compile_kernel(
@@ -306,11 +311,12 @@ class Backend(ABC):
 
     @abstractmethod
     def get_vector_add_kernel(self) -> Callable[..., Any]:
-        """A kernel ``(a, b, out)`` writing ``a + b`` into ``out``."""
+        """A vector add: ``(a, b, out)`` on the CPU and CUDA; ``(a, b) -> a + b`` on Metal,
+        whose arrays are immutable."""
 
     @abstractmethod
     def get_matrix_multiply_kernel(self) -> Callable[..., Any]:
-        """A kernel ``(a, b, out)`` writing ``a @ b`` into ``out``."""
+        """A matrix product: ``(a, b, out)`` on the CPU and CUDA; ``(a, b) -> a @ b`` on Metal."""
 
     # --- helpers for subclasses -------------------------------------------------------------
 

@@ -138,6 +138,7 @@ class CPUBackend(Backend):
         block_size: int | Sequence[int],
         *args: Any,
         stream: Any | None = None,
+        shared_mem: int = 0,
     ) -> KernelExecutionResult:
         """Call ``kernel(*args)`` once and time it.
 

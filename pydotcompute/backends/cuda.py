@@ -368,6 +368,7 @@ class CUDABackend(Backend):
         block_size: int | Sequence[int],
         *args: Any,
         stream: Any | None = None,
+        shared_mem: int = 0,
     ) -> KernelExecutionResult:
         """Launch ``kernel`` on ``grid_size`` blocks of ``block_size`` threads and wait for it.
 
@@ -387,10 +388,10 @@ class CUDABackend(Backend):
         try:
             with self._device_ctx():
                 if self._mode == "cupy":
-                    elapsed, output = self._run_cupy(fn, grid, block, args, stream)
+                    elapsed, output = self._run_cupy(fn, grid, block, args, stream, shared_mem)
                 else:
                     start = self._now()
-                    output = self._launch(fn, grid, block, args, stream)
+                    output = self._launch(fn, grid, block, args, stream, shared_mem)
                     if stream is not None and hasattr(stream, "synchronize"):
                         stream.synchronize()
                     else:
@@ -418,6 +419,7 @@ class CUDABackend(Backend):
         block: tuple[int, ...],
         args: tuple[Any, ...],
         stream: Any | None,
+        shared_mem: int,
     ) -> tuple[float, Any]:
         import cupy
 
@@ -425,7 +427,7 @@ class CUDABackend(Backend):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         with launch_stream:
             start.record(launch_stream)
-            output = self._launch(fn, grid, block, args, launch_stream)
+            output = self._launch(fn, grid, block, args, launch_stream, shared_mem)
             end.record(launch_stream)
         end.synchronize()
         return float(cupy.cuda.get_elapsed_time(start, end)), output
@@ -437,16 +439,17 @@ class CUDABackend(Backend):
         block: tuple[int, ...],
         args: tuple[Any, ...],
         stream: Any | None,
+        shared_mem: int = 0,
     ) -> Any:
         if self._mode == "cupy":
             import cupy
 
             if isinstance(fn, cupy.RawKernel):
-                fn(grid, block, args)
+                fn(grid, block, args, shared_mem=shared_mem)
                 return None
         if hasattr(fn, "py_func") and hasattr(fn, "__getitem__"):  # a Numba CUDA kernel
             try:
-                fn[grid, block, self._numba_stream(stream)](*args)
+                fn[grid, block, self._numba_stream(stream), shared_mem](*args)
             except Exception as exc:
                 if _is_numba_typing_error(exc):
                     raise KernelCompilationError(

@@ -235,6 +235,7 @@ class MetalBackend(Backend):
         block_size: int | Sequence[int],
         *args: Any,
         stream: Any | None = None,
+        shared_mem: int = 0,
     ) -> KernelExecutionResult:
         """Call ``kernel(*args)`` and evaluate its result with ``mx.eval``.
 

@@ -124,6 +124,9 @@ def _probe_cuda() -> tuple[list[DeviceProperties], str | None]:
     try:
         import cupy
     except Exception as exc:
+        numba_devices = _probe_cuda_numba()
+        if numba_devices:
+            return numba_devices, None
         return [], f'CuPy is not installed ({exc}); pip install "pydotcompute[cuda]"'
     try:
         runtime = cupy.cuda.runtime
@@ -150,6 +153,33 @@ def _probe_cuda() -> tuple[list[DeviceProperties], str | None]:
     if not devices:
         return [], "CuPy found no CUDA GPU"
     return devices, None
+
+
+def _probe_cuda_numba() -> list[DeviceProperties]:
+    """CUDA devices seen by Numba (used when CuPy is missing); empty on any failure."""
+    try:
+        cuda = numba_cuda()
+        if not cuda.is_available():
+            return []
+        devices = []
+        for i, gpu in enumerate(cuda.gpus):
+            cc = tuple(gpu.compute_capability)
+            name = getattr(gpu, "name", f"cuda:{i}")
+            devices.append(
+                DeviceProperties(
+                    device_id=i,
+                    device_type=DeviceType.CUDA,
+                    name=_text(name),
+                    compute_capability=(int(cc[0]), int(cc[1])),
+                    max_threads_per_block=1024,
+                    max_block_dims=(1024, 1024, 64),
+                    max_grid_dims=(2**31 - 1, 65535, 65535),
+                    warp_size=32,
+                )
+            )
+        return devices
+    except Exception:
+        return []
 
 
 def _probe_metal() -> tuple[list[DeviceProperties], str | None, bool]:

@@ -298,7 +298,13 @@ class ComputeOrchestrator:
         stream = cfg.stream if cfg.stream is not None else self._current_stream
         backend = self.backend
         call = functools.partial(
-            backend.execute_kernel, fn, cfg.grid_size, cfg.block_size, *args, stream=stream
+            backend.execute_kernel,
+            fn,
+            cfg.grid_size,
+            cfg.block_size,
+            *args,
+            stream=stream,
+            shared_mem=cfg.shared_memory_bytes,
         )
         start_wall, start = time.time(), time.perf_counter()
         try:

@@ -20,6 +20,7 @@ from pydotcompute.exceptions import (
 # Kernels refer to ``cuda`` as a module global: the simulator swaps module globals that are
 # ``numba.cuda`` for its per-thread emulation (it cannot see a local import or a closure).
 cuda = pytest.importorskip("numba.cuda")
+float32 = pytest.importorskip("numba").float32
 
 
 def square(x: Any) -> None:
@@ -31,6 +32,15 @@ def square(x: Any) -> None:
 def out_of_bounds(x: Any) -> None:
     i = cuda.grid(1)
     x[i + 100] = 1.0
+
+
+def reverse_in_block(x: Any) -> None:
+    # dynamic shared memory: its size comes from the launch (shared_mem bytes)
+    tmp = cuda.shared.array(0, dtype=float32)
+    i = cuda.threadIdx.x
+    tmp[i] = x[i]
+    cuda.syncthreads()
+    x[i] = tmp[cuda.blockDim.x - 1 - i]
 
 
 @pytest.fixture
@@ -135,6 +145,22 @@ def test_compile_kernel_from_python(backend: CUDABackend) -> None:
     np.testing.assert_array_equal(backend.copy_to_host(d), [0, 1, 4, 9, 16])
     k[1, 8](d)  # CompiledKernel forwards launch configurations
     np.testing.assert_array_equal(backend.copy_to_host(d), [0, 1, 16, 81, 256])
+
+
+def test_dynamic_shared_memory_through_the_orchestrator(backend: CUDABackend) -> None:
+    import asyncio
+
+    from pydotcompute.core import ComputeOrchestrator, KernelLaunchConfig
+
+    d = backend.copy_to_device(np.arange(8, dtype=np.float32))
+
+    async def run() -> None:
+        async with ComputeOrchestrator(backend) as orch:
+            cfg = KernelLaunchConfig(grid_size=1, block_size=8, shared_memory_bytes=8 * 4)
+            await orch.launch_kernel(backend.compile_kernel(reverse_in_block), cfg, d)
+
+    asyncio.run(run())
+    np.testing.assert_array_equal(backend.copy_to_host(d), np.arange(8)[::-1])
 
 
 def test_kernel_fault_is_a_cuda_error(backend: CUDABackend) -> None:
