@@ -20,7 +20,7 @@ install: $(STAMP)
 ## The main job: the quick start, a streaming pipeline and the quick benchmark suite.
 demo: install
 	$(BIN)/python -m pydotcompute demo
-	@if [ -f examples/streaming_pipeline.py ]; then $(BIN)/python examples/streaming_pipeline.py; fi
+	$(BIN)/python examples/streaming_pipeline.py
 	$(BIN)/python -m pydotcompute bench --quick
 
 bench: install
