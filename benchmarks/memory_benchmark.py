@@ -43,38 +43,40 @@ from pydotcompute.core import MemoryPool, UnifiedBuffer
 KiB, MiB = 1 << 10, 1 << 20
 
 
-def batch_size(fn: Callable[[], Any], budget_s: float) -> int:
-    """How many calls of ``fn`` take about ``budget_s`` (at least 1)."""
+def batch_size(fn: Callable[[], Any], target_s: float = 20e-6) -> int:
+    """Calls of ``fn`` per sample so that one sample lasts at least ``target_s``."""
     fn()  # warm up
     start = time.perf_counter()
     fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    return max(1, int(budget_s / once))
+    once = max(time.perf_counter() - start, 1e-8)
+    return max(1, int(target_s / once) + 1)
 
 
 def interleaved(
-    a: Callable[[], Any],
-    b: Callable[[], Any],
-    rounds: int,
-    budget_s: float,
-    timer: Callable[[], float] = time.process_time,
+    a: Callable[[], Any], b: Callable[[], Any], rounds: int, budget_s: float
 ) -> tuple[float, float]:
-    """Seconds per call of ``a`` and ``b``: batches alternate A, B, A, B, ... and the fastest
-    batch of each counts. On a shared machine other work only ever adds time, so the minimum
-    is the estimate least disturbed by it; alternating makes drift hit both sides alike.
-    Synchronous work is timed in process CPU time (time spent descheduled does not count);
-    async work in wall time, since waiting for the worker thread is part of its cost."""
-    n_a, n_b = batch_size(a, budget_s / 10), batch_size(b, budget_s / 10)
+    """Seconds per call of ``a`` and ``b``, sampled alternately (A, B, A, B, ...).
+
+    Each sample is one call (or a few, for calls under 20 us); the fastest sample of each side
+    is the estimate. On a shared machine, other processes only ever add time — preemption,
+    cache and memory-bandwidth contention — so the minimum is the figure least disturbed by
+    them, and alternating single samples exposes both sides to the same conditions.
+    """
+    n_a, n_b = batch_size(a), batch_size(b)
     best_a = best_b = float("inf")
-    for _ in range(rounds * 5):
-        start = timer()
+    clock = time.perf_counter
+    deadline = clock() + rounds * budget_s
+    samples = 0
+    while samples < 20 or (clock() < deadline and samples < 5000):
+        start = clock()
         for _ in range(n_a):
             a()
-        best_a = min(best_a, (timer() - start) / n_a)
-        start = timer()
+        best_a = min(best_a, (clock() - start) / n_a)
+        start = clock()
         for _ in range(n_b):
             b()
-        best_b = min(best_b, (timer() - start) / n_b)
+        best_b = min(best_b, (clock() - start) / n_b)
+        samples += 1
     return best_a, best_b
 
 
@@ -114,9 +116,7 @@ def cpu_round_trip(nbytes: int, rounds: int, budget: float) -> list[dict[str, An
         loop.run_until_complete(async_trip())
 
     t_hand, t_buf = interleaved(by_hand, with_buffer, rounds, budget)
-    t_hand2, t_async = interleaved(
-        by_hand, with_buffer_async, rounds, budget, timer=time.perf_counter
-    )
+    t_hand2, t_async = interleaved(by_hand, with_buffer_async, rounds, budget)
     loop.run_until_complete(loop.shutdown_default_executor())
     loop.close()
     before = buf.transfer_stats
@@ -206,8 +206,7 @@ def gpu_round_trip(backend: CUDABackend, nbytes: int, rounds: int, budget: float
         buf.mark_device_dirty()
         _ = buf.host
 
-    # GPU copies wait on the device: wall time is the honest clock here
-    t_hand, t_buf = interleaved(by_hand, with_buffer, rounds, budget, timer=time.perf_counter)
+    t_hand, t_buf = interleaved(by_hand, with_buffer, rounds, budget)
     buf.free()
     bw_hand = 2 * nbytes / t_hand / 1e9
     bw_buf = 2 * nbytes / t_buf / 1e9
@@ -246,7 +245,6 @@ def gpu_section(sizes: list[int], rounds: int, budget: float) -> dict[str, Any]:
             lambda n=n: pool.release(pool.acquire(n, np.float32, location="device")),
             rounds,
             budget,
-            timer=time.perf_counter,
         )
         pool_rows.append(
             {
@@ -273,11 +271,11 @@ def main() -> None:
     if args.quick:
         trip_sizes = [64 * KiB, 1 * MiB, 8 * MiB]
         pool_sizes = [4 * KiB, 256 * KiB, 4 * MiB]
-        rounds, budget = 3, 0.05
+        rounds, budget = 2, 0.25
     else:
         trip_sizes = [64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
         pool_sizes = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB]
-        rounds, budget = 7, 0.2
+        rounds, budget = 4, 0.5
 
     trips = [row for nbytes in trip_sizes for row in cpu_round_trip(nbytes, rounds, budget)]
     print_table(
