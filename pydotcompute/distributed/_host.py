@@ -1,0 +1,527 @@
+"""The inside of a Ray actor that hosts one ring kernel.
+
+Each ring kernel placed on a Ray cluster lives in its own asyncio Ray actor
+(:class:`KernelHost`), which runs an ordinary tier-1 :class:`RingKernelRuntime` on the
+actor's event loop. The driver-side runtime (``pydotcompute.distributed.ray``) only ever
+calls the coroutine methods below; Ray runs them concurrently on that one loop, so a
+long-poll ``fetch`` or ``watch`` never blocks a ``push``.
+
+Design notes:
+- Batches, not messages, cross the network: ``push`` takes a list of MessagePack byte
+  strings, ``fetch`` returns up to ``n`` replies at once. One Ray call costs about a
+  millisecond here, decoding a message about a microsecond.
+- Kernel-to-kernel traffic goes actor to actor. ``connect`` installs a :class:`RemotePeer`
+  as the tier-1 kernel's forward target, and ``ctx.send_to(other_id, ...)`` resolves other
+  kernels of the same runtime by their Ray actor name. A peer coalesces whatever the actor
+  sends while the previous batch is in flight into the next ``push`` (one call in flight
+  per peer keeps the order), and pushes back on the actor once ``limit`` messages wait.
+- Every method answers ``(value, packed_error)`` (see ``_wire``): expected failures are
+  data, so the driver can rebuild the exact pydotcompute error.
+- Nothing here imports Ray at module level (the package must import without Ray); the Ray
+  API is reached through ``importlib`` on the rare paths that need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import (
+    KernelNotFoundError,
+    KernelStateError,
+    PyDotComputeError,
+    QueueFullError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
+from ..ring_kernels.lifecycle import KernelState, RingKernel
+from ..ring_kernels.message import RingKernelMessage, deserialize_message
+from ..ring_kernels.runtime import RingKernelRuntime
+from ._wire import PackedError, pack_cause, pack_error, unpack_error
+
+if TYPE_CHECKING:
+    from ..ring_kernels.lifecycle import RingKernelConfig
+
+__all__ = ("KernelHost", "RemotePeer", "actor_name")
+
+logger = logging.getLogger("pydotcompute")
+
+Answer = tuple[Any, PackedError | None]
+
+
+def actor_name(prefix: str, kernel_id: str) -> str:
+    """The Ray actor name of ``kernel_id`` in the runtime whose names start with ``prefix``."""
+    return f"{prefix}{kernel_id}"
+
+
+def _ray() -> Any:
+    return importlib.import_module("ray")
+
+
+def _ray_actor_error() -> type[BaseException]:
+    err: type[BaseException] = importlib.import_module("ray.exceptions").RayActorError
+    return err
+
+
+def _register_message_type(cls: type | None) -> None:
+    """Make sure ``deserialize_message`` knows ``cls`` in this worker.
+
+    Classes imported by reference registered themselves when their module was imported;
+    classes Ray shipped by value (defined in ``__main__``) did not run ``@message`` here.
+    """
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, RingKernelMessage):
+        return
+    message_module = importlib.import_module("pydotcompute.ring_kernels.message")
+    tag = f"{cls.__module__}.{cls.__qualname__}"
+    if message_module.registered_message_types().get(tag) is not cls:
+        message_module._finalize(cls)
+
+
+class RemotePeer:
+    """Stand-in for a kernel in another Ray actor: what ``ctx.send`` / ``send_to`` reach.
+
+    It has the two methods the tier-1 kernel calls on a forward target (``_accept`` and
+    ``_accept_nowait``). Runs on the hosting actor's event loop.
+    """
+
+    def __init__(self, kernel_id: str, handle: Any, *, limit: int, max_batch: int) -> None:
+        self.kernel_id = kernel_id
+        self.input_type: type | None = None
+        self._handle = handle
+        self._push = handle.push
+        self._limit = max(1, limit)
+        self._max_batch = max(1, max_batch)
+        self._pending: list[bytes] = []
+        self._pump: asyncio.Task[None] | None = None
+        self._space: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.delivered = 0
+        self.dropped = 0
+
+    def _encode(self, msg: Any) -> bytes:
+        if self.error is not None:
+            raise self.error
+        serialize = getattr(msg, "serialize", None)
+        if serialize is None:
+            raise TypeValidationError(
+                f"kernel {self.kernel_id!r} runs in another Ray actor, so messages to it "
+                f"must be @message objects (they cross as MessagePack); got "
+                f"{type(msg).__name__}"
+            )
+        data: bytes = serialize()
+        return data
+
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
+        data = self._encode(msg)
+        if len(self._pending) >= self._limit:
+            await self._wait_for_space(timeout)
+        self._pending.append(data)
+        self._kick()
+
+    def _accept_nowait(self, msg: Any) -> None:
+        data = self._encode(msg)
+        if len(self._pending) >= self._limit:
+            raise QueueFullError(
+                f"{len(self._pending)} messages already wait to cross to kernel "
+                f"{self.kernel_id!r} in another Ray actor; use send() to wait for room"
+            )
+        self._pending.append(data)
+        self._kick()
+
+    async def _wait_for_space(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while len(self._pending) >= self._limit:
+            if self.error is not None:
+                raise self.error
+            if self._space is None:
+                self._space = asyncio.Event()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise QueueTimeoutError(
+                    f"timed out after {timeout}s waiting to send to kernel {self.kernel_id!r} "
+                    f"in another Ray actor ({len(self._pending)} messages waiting)"
+                )
+            try:
+                await asyncio.wait_for(self._space.wait(), remaining)
+            except TimeoutError:
+                continue
+        if self.error is not None:
+            raise self.error
+
+    def _kick(self) -> None:
+        if self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(
+                self._run(), name=f"pydotcompute:peer:{self.kernel_id}"
+            )
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                n = self._max_batch
+                batch = self._pending[:n]
+                del self._pending[:n]
+                try:
+                    answer = await self._push.remote(batch)
+                    accepted, err = (answer, None) if type(answer) is int else answer
+                except _ray_actor_error() as exc:
+                    accepted, err = 0, None
+                    self._set_error(
+                        KernelStateError(
+                            self.kernel_id,
+                            "UNREACHABLE",
+                            "send to",
+                            f"its Ray actor is gone ({type(exc).__name__})",
+                        ),
+                        exc,
+                    )
+                self.delivered += accepted
+                if err is not None:
+                    self._set_error(unpack_error(err), None)
+                if accepted < len(batch):
+                    self.dropped += len(batch) - accepted
+                    if self.error is not None and self._pending:
+                        self.dropped += len(self._pending)
+                        self._pending.clear()
+                if self._space is not None:
+                    self._space.set()
+                    self._space = None
+        finally:
+            self._pump = None
+            if self._space is not None:
+                self._space.set()
+                self._space = None
+
+    def _set_error(self, error: BaseException, cause: BaseException | None) -> None:
+        if cause is not None:
+            error.__cause__ = cause
+        if self.error is None:
+            self.error = error
+            logger.error("forwarding to kernel %r failed: %s", self.kernel_id, error)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every pending message has been pushed (or refused)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._pump is not None:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait({self._pump}, timeout=remaining)
+            if not done:
+                return
+
+
+class _HostRuntime(RingKernelRuntime):
+    """The tier-1 runtime inside the actor; unknown ids resolve to kernels in other actors."""
+
+    def __init__(self, host: KernelHost, enable_telemetry: bool) -> None:
+        # Ray owns this loop: leave its task factory alone.
+        super().__init__(enable_telemetry=enable_telemetry, use_eager_tasks=False)
+        self._host = host
+
+    def _kernel(self, kernel_id: str) -> RingKernel:
+        kernel = self._kernels.get(kernel_id) if isinstance(kernel_id, str) else None
+        if kernel is not None:
+            return kernel
+        return self._host.peer(kernel_id)  # type: ignore[return-value]
+
+
+class KernelHost:
+    """A Ray actor's body: one tier-1 ring kernel plus the calls the driver makes.
+
+    Constructed by Ray in the worker with the kernel's function and types (shipped by
+    reference when they live in an importable module) and its launch options.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: Any,
+        input_type: type | None,
+        output_type: type | None,
+        config: RingKernelConfig | None,
+        options: dict[str, Any],
+        name_prefix: str,
+        settings: dict[str, Any],
+    ) -> None:
+        self._kernel_id = kernel_id
+        self._func = kernel_func
+        self._input_type = input_type
+        self._output_type = output_type
+        self._config = config
+        self._options = options
+        self._prefix = name_prefix
+        self._settings = settings
+        self._runtime: _HostRuntime | None = None
+        self._kernel: RingKernel | None = None
+        self._ended: asyncio.Event | None = None
+        self._peers: dict[str, RemotePeer] = {}
+        self._forward: RemotePeer | None = None
+        _register_message_type(input_type)
+        _register_message_type(output_type)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _require(self, operation: str) -> RingKernel:
+        if self._kernel is None:
+            raise KernelStateError(
+                self._kernel_id, KernelState.CREATED, operation, "launch it first"
+            )
+        return self._kernel
+
+    def peer(self, kernel_id: str) -> RemotePeer:
+        """The stand-in for another kernel of the same runtime (resolved by actor name)."""
+        peer = self._peers.get(kernel_id)
+        if peer is not None:
+            return peer
+        if not isinstance(kernel_id, str):
+            raise KernelNotFoundError(repr(kernel_id), [self._kernel_id], where="Ray runtime")
+        ray = _ray()
+        try:
+            handle = ray.get_actor(actor_name(self._prefix, kernel_id))
+        except ValueError:
+            raise KernelNotFoundError(kernel_id, self._known_ids(), where="Ray runtime") from None
+        return self._add_peer(kernel_id, handle)
+
+    def _add_peer(self, kernel_id: str, handle: Any) -> RemotePeer:
+        peer = RemotePeer(
+            kernel_id,
+            handle,
+            limit=int(self._settings.get("peer_limit", 4096)),
+            max_batch=int(self._settings.get("max_batch", 1024)),
+        )
+        self._peers[kernel_id] = peer
+        return peer
+
+    def _known_ids(self) -> list[str]:
+        try:
+            names = _ray().util.list_named_actors()
+        except Exception:
+            return [self._kernel_id]
+        n = len(self._prefix)
+        return sorted(name[n:] for name in names if name.startswith(self._prefix))
+
+    def _watch_task(self, kernel: RingKernel) -> None:
+        task = kernel._task
+        if task is not None and self._ended is not None:
+            ended = self._ended
+            task.add_done_callback(lambda _t: ended.set())
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def launch(self) -> Answer:
+        """Phase 1: build the tier-1 runtime and the kernel (LAUNCHED)."""
+        try:
+            if self._kernel is not None:
+                raise KernelStateError(
+                    self._kernel_id, self._kernel.state, "launch", "it is already launched"
+                )
+            runtime = _HostRuntime(self, bool(self._settings.get("enable_telemetry", True)))
+            await runtime.start()
+            self._ended = asyncio.Event()
+            self._kernel = await runtime.launch(
+                self._kernel_id,
+                self._func,
+                config=self._config,
+                input_type=self._input_type,
+                output_type=self._output_type,
+                **self._options,
+            )
+            self._runtime = runtime
+            return self._kernel.state.name, None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def restore(self, state: str, forward: tuple[str, Any] | None) -> Answer:
+        """After Ray restarted this actor: launch again and return to ``state``.
+
+        Returns ``"alive"`` when the actor was not restarted after all (the kernel exists).
+        """
+        if self._kernel is not None:
+            return "alive", None
+        value, err = await self.launch()
+        if err is not None:
+            return value, err
+        if forward is not None:
+            await self.connect(*forward)
+        if state in ("ACTIVE", "DEACTIVATED"):
+            value, err = await self.activate()
+            if err is None and state == "DEACTIVATED":
+                value, err = await self.deactivate()
+        return ("restored" if err is None else value), err
+
+    async def activate(self) -> Answer:
+        try:
+            kernel = self._require("activate")
+            await kernel.activate()
+            self._watch_task(kernel)
+            return kernel.state.name, None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def deactivate(self) -> Answer:
+        try:
+            kernel = self._require("deactivate")
+            await kernel.deactivate()
+            return kernel.state.name, None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def reactivate(self) -> Answer:
+        try:
+            kernel = self._require("reactivate")
+            await kernel.reactivate()
+            return kernel.state.name, None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def terminate(self, timeout: float | None) -> Answer:
+        """Drain and stop the kernel; hand back what is left in its inbox and outbox.
+
+        Messages the kernel forwarded to other actors are pushed before this returns, so a
+        graceful stop of a pipeline stage loses nothing downstream.
+        """
+        try:
+            kernel = self._require("terminate")
+            assert self._runtime is not None
+            left = await self._runtime.terminate(self._kernel_id, timeout)
+            for peer in list(self._peers.values()):
+                await peer.flush(timeout)
+            rest = kernel._outbox.drain() if kernel._outbox is not None else []
+            if self._ended is not None:
+                self._ended.set()
+            forward_dropped = sum(p.dropped for p in self._peers.values())
+            return (
+                _encode_all(left),
+                _encode_all(rest),
+                kernel.state.name,
+                forward_dropped,
+            ), None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def watch(self) -> Answer:
+        """Wait until the kernel stops on its own account (its function returned or
+        raised) or is terminated; answer its final state and error."""
+        if self._ended is None:
+            self._ended = asyncio.Event()
+        await self._ended.wait()
+        kernel = self._kernel
+        if kernel is None:
+            return "CREATED", None
+        return (kernel.state.name, pack_cause(kernel.error)), None
+
+    async def state(self) -> Answer:
+        return (self._kernel.state.name if self._kernel is not None else "CREATED"), None
+
+    # -- routing ------------------------------------------------------------------------
+
+    async def connect(self, target_id: str, handle: Any) -> Answer:
+        """Forward everything this kernel sends to ``target_id``'s actor (actor to actor)."""
+        try:
+            kernel = self._require("connect")
+            peer = self._peers.get(target_id)
+            if peer is None or peer._handle != handle:
+                peer = self._add_peer(target_id, handle)
+            kernel._forward = peer  # type: ignore[assignment]
+            self._forward = peer
+            return True, None
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def disconnect(self) -> Answer:
+        if self._kernel is not None:
+            self._kernel._forward = None
+        if self._forward is not None:
+            await self._forward.flush()
+        self._forward = None
+        return True, None
+
+    # -- messaging ----------------------------------------------------------------------
+
+    async def push(self, batch: list[bytes], timeout: float | None = None) -> Any:
+        """Decode a batch and put it into the inbox in order.
+
+        Answers the number accepted, or ``(accepted, packed_error)`` on the first refusal
+        (full queue under ``reject``, a timeout under ``block``, a terminated kernel, bad
+        bytes); the rest of the batch is not taken.
+        """
+        accepted = 0
+        try:
+            kernel = self._require("send to")
+            accept = kernel._accept
+            for data in batch:
+                await accept(deserialize_message(data), timeout)
+                accepted += 1
+            return accepted
+        except PyDotComputeError as exc:
+            return accepted, pack_error(exc)
+
+    async def request(self, data: bytes, timeout: float | None = None) -> Any:
+        """One correlated request/reply (``send_and_receive``) in a single Ray call.
+
+        Answers the reply's bytes, or ``(None, packed_error)``.
+        """
+        try:
+            kernel = self._require("send to")
+            reply = await kernel.send_and_receive(deserialize_message(data), timeout)
+            return reply.serialize()
+        except PyDotComputeError as exc:
+            return None, pack_error(exc)
+
+    async def fetch(self, n: int, wait: float | None = None) -> Any:
+        """Up to ``n`` replies from the outbox, waiting up to ``wait`` seconds for the first.
+
+        Answers a list of bytes (empty when nothing came in time), or ``(replies,
+        packed_error)`` once the outbox is closed and drained (a terminated or failed
+        kernel) or a reply cannot be encoded.
+        """
+        items: list[Any] = []
+        try:
+            kernel = self._require("receive from")
+            out = kernel._outbox
+            assert out is not None
+            if out._count:
+                items = out.get_batch(n)
+            else:
+                try:
+                    first = await out.get(timeout=wait)
+                except QueueTimeoutError:
+                    return []
+                items = [first]
+                if n > 1 and out._count:
+                    items.extend(out.get_batch(n - 1))
+            return _encode_all(items)
+        except PyDotComputeError as exc:
+            if items:  # a reply that cannot be encoded: deliver the others, report it
+                return _encode_good(items), pack_error(exc)
+            return [], pack_error(exc)
+
+    async def telemetry(self) -> Answer:
+        kernel = self._kernel
+        if kernel is None:
+            return None, None
+        tel = kernel.telemetry
+        tel.queue_depth = len(kernel._inbox) if kernel._inbox is not None else 0
+        return tel, None
+
+    async def shutdown(self) -> Answer:
+        """Terminate the tier-1 runtime (used before the actor is killed)."""
+        if self._runtime is not None:
+            with contextlib.suppress(Exception):
+                await self._runtime.shutdown(timeout=1.0)
+        return True, None
+
+
+def _encode_all(items: list[Any]) -> list[bytes]:
+    return [item if type(item) is bytes else item.serialize() for item in items]
+
+
+def _encode_good(items: list[Any]) -> list[bytes]:
+    out: list[bytes] = []
+    for item in items:
+        with contextlib.suppress(PyDotComputeError):
+            out.append(item if type(item) is bytes else item.serialize())
+    return out

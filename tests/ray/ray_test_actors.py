@@ -1,0 +1,92 @@
+"""Messages and ring kernels the Ray tests launch.
+
+Ray workers import this module by name (the session fixture ships it with
+``runtime_env={"py_modules": [...]}``), so every actor here is a module-level function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pydotcompute import message, ring_kernel
+
+
+@message
+class Num:
+    value: int
+
+
+@message
+class Doubled:
+    value: int
+
+
+@message
+class Text:
+    text: str
+
+
+@ring_kernel(kernel_id="rt_double", input_type=Num, output_type=Doubled)
+async def double_actor(ctx):
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send(Doubled(value=msg.value * 2))
+
+
+@ring_kernel(kernel_id="rt_inc", input_type=Doubled, output_type=Num)
+async def inc_actor(ctx):
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send(Num(value=msg.value + 1))
+
+
+async def slow_double(ctx):
+    """Doubles, taking a little time per message (to build queues)."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await asyncio.sleep(0.002)
+        await ctx.send(Doubled(value=msg.value * 2))
+
+
+async def fail_on_negative(ctx):
+    """Raises ValueError on a negative number."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        if msg.value < 0:
+            raise ValueError(f"negative value {msg.value}")
+        await ctx.send(Doubled(value=msg.value * 2))
+
+
+async def crash_on_negative(ctx):
+    """Takes the whole worker process down on a negative number (a lost node)."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        if msg.value < 0:
+            os._exit(3)
+        await ctx.send(Doubled(value=msg.value * 2))
+
+
+async def relay_to_sink(ctx):
+    """Sends every Num on to the kernel called 'sink' with ctx.send_to."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send_to("sink", Num(value=msg.value + 1000))
+
+
+async def return_after_one(ctx):
+    """Answers one message, then returns."""
+    msg = await ctx.receive()
+    await ctx.send(Doubled(value=msg.value * 2))
+
+
+async def where_am_i(ctx):
+    """Replies with the Ray node id, the worker's pid and the resources Ray assigned."""
+    import ray
+
+    context = ray.get_runtime_context()
+    node = context.get_node_id()
+    while not ctx.should_terminate:
+        await ctx.receive()
+        assigned = dict(sorted(context.get_assigned_resources().items()))
+        await ctx.send(Text(text=f"{node}|{os.getpid()}|{assigned}"))

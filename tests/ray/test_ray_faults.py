@@ -1,0 +1,139 @@
+"""Faults through RayRingKernelRuntime: a killed actor, a crashed worker, an actor that
+raises, Ray's restart policy, and kernels Ray cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+from ray_test_actors import Doubled, Num, crash_on_negative, fail_on_negative
+
+from pydotcompute import KernelState
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+)
+
+pytestmark = pytest.mark.ray
+
+
+async def _until(predicate, timeout=10.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_killed_actor_is_failed_and_waiting_callers_get_an_error(ray_runtime):
+    await ray_runtime.launch("rt_double")
+    await ray_runtime.activate("rt_double")
+    kernel = ray_runtime.get_kernel("rt_double")
+    waiting = asyncio.ensure_future(ray_runtime.receive("rt_double"))  # no timeout
+    await asyncio.sleep(0.3)
+    ray.kill(kernel.actor)
+    with pytest.raises(KernelFailedError, match="its Ray actor died") as info:
+        await asyncio.wait_for(waiting, 30)
+    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    assert "ray.kill" in str(info.value)
+    await _until(lambda: kernel.state is KernelState.FAILED)
+    assert isinstance(kernel.error, ray.exceptions.RayActorError)
+    with pytest.raises(KernelFailedError, match="cannot use kernel 'rt_double': it is FAILED"):
+        await ray_runtime.send("rt_double", Num(value=1))
+    with pytest.raises(KernelFailedError):
+        await ray_runtime.send_and_receive("rt_double", Num(value=1))
+    assert ray_runtime.get_summary()["failures"][0][0] == "rt_double"
+    assert await ray_runtime.terminate("rt_double") == []
+    assert kernel.state is KernelState.TERMINATED
+
+
+async def test_idle_killed_actor_is_noticed_without_a_call(ray_runtime):
+    await ray_runtime.launch("rt_double")
+    kernel = ray_runtime.get_kernel("rt_double")
+    ray.kill(kernel.actor)
+    await _until(lambda: kernel.state is KernelState.FAILED, timeout=30)
+    assert "killed by `ray.kill`" in str(kernel.error)
+
+
+async def test_crashed_worker_fails_the_pending_request(ray_runtime):
+    await ray_runtime.launch("crashy", crash_on_negative, input_type=Num, output_type=Doubled)
+    await ray_runtime.activate("crashy")
+    assert (await ray_runtime.send_and_receive("crashy", Num(value=2))).value == 4
+    with pytest.raises(KernelFailedError, match="its Ray actor died") as info:
+        await asyncio.wait_for(ray_runtime.send_and_receive("crashy", Num(value=-1)), 30)
+    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    assert ray_runtime.get_kernel_state("crashy") is KernelState.FAILED
+
+
+async def test_actor_that_raises_is_failed_with_its_exception(ray_runtime):
+    await ray_runtime.launch("picky", fail_on_negative, input_type=Num, output_type=Doubled)
+    await ray_runtime.activate("picky")
+    await ray_runtime.send_batch("picky", [Num(value=1), Num(value=2), Num(value=-3)])
+    assert (await ray_runtime.receive("picky", timeout=10)).value == 2  # replies made first
+    assert (await ray_runtime.receive("picky", timeout=10)).value == 4
+    with pytest.raises(
+        KernelFailedError, match="the actor raised ValueError: negative value -3"
+    ) as info:
+        await ray_runtime.receive("picky", timeout=10)
+    assert isinstance(info.value.__cause__, ValueError)
+    kernel = ray_runtime.get_kernel("picky")
+    await _until(lambda: kernel.state is KernelState.FAILED)
+    assert isinstance(kernel.error, ValueError)
+    with pytest.raises(KernelFailedError, match="negative value -3"):
+        await ray_runtime.send("picky", Num(value=1))
+
+
+async def test_actor_restart_policy_inside_the_actor(ray_runtime):
+    await ray_runtime.launch(
+        "picky",
+        fail_on_negative,
+        input_type=Num,
+        output_type=Doubled,
+        restart="on_failure",
+        max_restarts=2,
+    )
+    await ray_runtime.activate("picky")
+    await ray_runtime.send("picky", Num(value=-1))  # raises once; the actor restarts it
+    assert (await ray_runtime.send_and_receive("picky", Num(value=5), timeout=10)).value == 10
+    tel = await ray_runtime.refresh_telemetry("picky")
+    assert tel.restarts == 1
+    assert ray_runtime.get_kernel_state("picky") is KernelState.ACTIVE
+
+
+async def test_ray_restarts_a_killed_actor_under_on_failure(ray_runtime):
+    await ray_runtime.launch("rt_double", restart="on_failure", max_restarts=1)
+    await ray_runtime.activate("rt_double")
+    kernel = ray_runtime.get_kernel("rt_double")
+    assert (await ray_runtime.send_and_receive("rt_double", Num(value=1))).value == 2
+    waiting = asyncio.ensure_future(ray_runtime.receive("rt_double"))
+    await asyncio.sleep(0.3)
+    ray.kill(kernel.actor, no_restart=False)
+    with pytest.raises(KernelStateError, match="Ray is restarting it") as info:
+        await asyncio.wait_for(waiting, 30)
+    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    reply = await asyncio.wait_for(ray_runtime.send_and_receive("rt_double", Num(value=3)), 60)
+    assert reply.value == 6
+    assert kernel.restarts == 1
+    assert kernel.state is KernelState.ACTIVE
+    # the restart budget is spent: the next death is final
+    ray.kill(kernel.actor, no_restart=False)
+    await _until(lambda: kernel.state is KernelState.FAILED, timeout=30)
+
+
+async def test_function_the_workers_cannot_import_is_reported_at_launch(ray_runtime):
+    # this test module is not shipped to the Ray workers (only ray_test_actors is)
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=r"its Ray actor could not start .*every Ray worker must be able to import "
+        r"'test_ray_faults'",
+    ):
+        await ray_runtime.launch("local", _local_actor, input_type=Num, output_type=Doubled)
+    assert "local" not in ray_runtime
+
+
+async def _local_actor(ctx):
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send(Doubled(value=msg.value))
