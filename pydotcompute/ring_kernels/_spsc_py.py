@@ -215,6 +215,20 @@ class SharedSegment:
             resource_tracker.unregister(path, "shared_memory")
 
 
+class _ClosedView:
+    """Stands in for the released views of a closed ring: any use says so clearly."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _fail(self, *args: object) -> Any:
+        raise ValueError(f"shared ring {self.name!r} is closed in this process")
+
+    __getitem__ = __setitem__ = _fail
+
+
 class SharedByteRing:
     """SPSC ring of variable-length byte records in shared memory (pure-Python twin).
 
@@ -504,10 +518,12 @@ class SharedByteRing:
         }
 
     def _release(self) -> None:
+        closed = _ClosedView(self._segment.name)
         for view in ("_words", "_data", "_q"):
             v = getattr(self, view, None)
-            if v is not None:
+            if isinstance(v, memoryview):
                 v.release()
+            setattr(self, view, closed)
         self._segment.close()
 
     def close(self) -> None:

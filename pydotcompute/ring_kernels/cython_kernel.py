@@ -325,6 +325,7 @@ class CythonRingKernel:
         self._watch_stop: tuple[int, int] | None = None
         self._wakers = _WakerSet()
         self._space_armed = False
+        self._cleaned = False
         self._status: Any = None
         self._child_exited = False
         self._stop_requested = False
@@ -604,8 +605,8 @@ class CythonRingKernel:
             if self._state is CythonKernelState.RUNNING:
                 self._state = CythonKernelState.STOPPING
             self._stop_requested = True
-        if self._process is None or self._in_ring is None:
-            return True  # start() failed and already cleaned up
+        if self._cleaned or self._process is None or self._in_ring is None:
+            return True  # stopped before, or start() failed and cleaned up
         graceful = True
         if not self._child_exited:
             deadline = _monotonic() + max(timeout, 0.0)
@@ -664,6 +665,9 @@ class CythonRingKernel:
                     self._unprocessed.append(data)
 
     def _cleanup(self) -> None:
+        if self._cleaned:
+            return
+        self._cleaned = True
         if self._watch_stop is not None:
             _ring_bell_byte(self._watch_stop[1], b"x")
             if self._watcher is not None and self._watcher is not threading.current_thread():
@@ -761,7 +765,7 @@ class CythonRingKernel:
                     self._space_armed = False
                     ring.set_writer_waiting(False)
             except QueueClosedError:  # the child closed its inbox: it is exiting
-                self._await_child_briefly()
+                self._await_child()
                 raise self._state_error("send to") from None
             if not result:
                 if self._child_exited:
@@ -773,9 +777,10 @@ class CythonRingKernel:
             _ring_bell(self._in_data_fd)
         return True
 
-    def _await_child_briefly(self) -> None:
-        if self._process is not None and not self._child_exited:
-            self._process.join(1.0)
+    def _await_child(self, timeout: float | None = 5.0) -> None:
+        """Wait for a child that is known to be exiting (it closed a ring), then record it."""
+        if self._process is not None and not self._child_exited and not self._cleaned:
+            self._process.join(timeout)
             if self._process.exitcode is not None:
                 self._on_child_exit()
 
@@ -813,7 +818,8 @@ class CythonRingKernel:
                     ring.set_reader_waiting(True)  # parking cleared the watcher's arming
                 if data is None:
                     if self._child_exited or ring.writer_closed:
-                        self._await_child_briefly()
+                        # the child wrote its last reply and is exiting: wait, then report
+                        self._await_child(timeout)
                         if self._child_exited:
                             raise self._state_error("receive from")
                     return None

@@ -1,0 +1,452 @@
+"""FastSPSCQueue and SharedByteRing, on the extension and on its pure-Python twin.
+
+Both implementations are tested in every run (the extension when it is built); the suite
+also runs once more with ``PYDOTCOMPUTE_PUREPYTHON=1``, which changes what
+``pydotcompute.ring_kernels._cython`` exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import multiprocessing
+import os
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    MessageDeserializationError,
+    QueueClosedError,
+)
+from pydotcompute.ring_kernels import _cython, _spsc_py
+
+
+def _extension() -> Any:
+    try:
+        return importlib.import_module("pydotcompute.ring_kernels._cython.fast_spsc")
+    except ImportError:
+        return None
+
+
+EXT = _extension()
+IMPLS = [pytest.param(_spsc_py, id="python")]
+if EXT is not None:
+    IMPLS.append(pytest.param(EXT, id="cython"))
+else:  # keep the id visible in the report
+    IMPLS.append(pytest.param(None, id="cython", marks=pytest.mark.skip("extension not built")))
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+@pytest.fixture
+def ring_pair(impl: Any) -> Any:
+    """(writer, reader) over one fresh segment; both closed and unlinked afterwards."""
+    writer = impl.SharedByteRing(256)
+    reader = impl.SharedByteRing.attach(writer.name)
+    yield writer, reader
+    reader.close()
+    writer.close()
+    writer.unlink()
+
+
+def _shm_names() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("pdc_")}
+    except OSError:
+        return set()
+
+
+# --- selection ------------------------------------------------------------------------------
+
+
+def test_selection_follows_the_environment() -> None:
+    forced = os.environ.get("PYDOTCOMPUTE_PUREPYTHON", "") not in ("", "0")
+    assert _cython.is_cython_available() is _cython.CYTHON_AVAILABLE
+    if forced or EXT is None:
+        assert not _cython.CYTHON_AVAILABLE
+        assert _cython.FastSPSCQueue is _spsc_py.FastSPSCQueue
+        assert _cython.extension_import_error()
+    else:
+        assert _cython.CYTHON_AVAILABLE
+        assert _cython.FastSPSCQueue is EXT.FastSPSCQueue
+        assert _cython.SharedByteRing is EXT.SharedByteRing
+        assert _cython.extension_import_error() is None
+
+
+def test_purepython_env_forces_the_twin() -> None:
+    code = (
+        "import pydotcompute.ring_kernels._cython as c;"
+        "print(c.CYTHON_AVAILABLE, c.IMPLEMENTATION, c.SharedByteRing.implementation)"
+    )
+    env = {**os.environ, "PYDOTCOMPUTE_PUREPYTHON": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "python", "python"]
+
+
+# --- FastSPSCQueue --------------------------------------------------------------------------
+
+
+def test_fast_queue_fifo_and_bounds(impl: Any) -> None:
+    q = impl.FastSPSCQueue(3)
+    assert q.capacity == 3
+    assert q.empty
+    assert len(q) == 0
+    assert q.get() is None
+    assert [q.put(i) for i in range(4)] == [True, True, True, False]
+    assert q.full
+    assert q.qsize() == 3
+    assert [q.get() for _ in range(4)] == [0, 1, 2, None]
+
+
+def test_fast_queue_batches_and_clear(impl: Any) -> None:
+    q = impl.FastSPSCQueue(5)
+    assert q.put_batch(range(10)) == 5
+    assert q.get_batch(2) == [0, 1]
+    assert q.clear() == 3
+    assert q.empty
+
+
+def test_fast_queue_refuses_none_and_bad_capacity(impl: Any) -> None:
+    q = impl.FastSPSCQueue(2)
+    with pytest.raises(TypeError, match="cannot hold None"):
+        q.put(None)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(InvalidConfigurationError, match="capacity must be an int >= 1"):
+            impl.FastSPSCQueue(bad)
+
+
+def test_fast_queue_releases_references(impl: Any) -> None:
+    import gc
+    import weakref
+
+    class Box:
+        pass
+
+    q = impl.FastSPSCQueue(4)
+    b = Box()
+    ref = weakref.ref(b)
+    q.put(b)
+    del b
+    assert ref() is not None  # the queue holds it
+    got = q.get()
+    assert got is ref()
+    del got
+    gc.collect()
+    assert ref() is None
+    q.put(Box())
+    del q  # dropping a queue with items must free them too
+    gc.collect()
+
+
+def test_fast_queue_two_threads(impl: Any) -> None:
+    import time
+
+    q = impl.FastSPSCQueue(64)
+    n = 20_000
+    got: list[int] = []
+
+    def consume() -> None:
+        while len(got) < n:
+            item = q.get()
+            if item is None:
+                time.sleep(0)  # let the producer have the GIL
+            else:
+                got.append(item)
+
+    t = threading.Thread(target=consume, name="test-consumer")
+    t.start()
+    i = 0
+    while i < n:
+        if q.put(i):
+            i += 1
+        else:
+            time.sleep(0)
+    t.join(30)
+    assert got == list(range(n))
+
+
+# --- SharedByteRing basics ------------------------------------------------------------------
+
+
+def test_ring_roundtrip(ring_pair: Any) -> None:
+    w, r = ring_pair
+    assert r.try_read() is None
+    assert w.try_write(b"hello") == 1
+    assert w.try_write(bytearray(b"")) == 1  # empty records are records too
+    assert w.try_write(memoryview(b"world")) == 1
+    assert len(r) == 3
+    assert [r.try_read(), r.try_read(), r.try_read(), r.try_read()] == [
+        b"hello",
+        b"",
+        b"world",
+        None,
+    ]
+    assert r.stats()["records_read"] == 3
+
+
+def test_ring_capacity_error_names_sizes(ring_pair: Any) -> None:
+    w, _ = ring_pair
+    assert w.capacity == 256
+    assert w.max_record_size == 248
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=r"a record of 249 bytes can never fit shared ring .* of 256 bytes "
+        r"\(largest record: 248 bytes\)",
+    ):
+        w.try_write(b"x" * 249)
+    assert w.try_write(b"y" * 248) == 1  # the largest record fits an empty ring
+
+
+def test_ring_full_then_space(ring_pair: Any) -> None:
+    w, r = ring_pair
+    n = 0
+    while w.try_write(b"z" * 20):  # 8 + 24 bytes each
+        n += 1
+    assert n == 8
+    assert not w.writable(20)
+    assert r.try_read() == b"z" * 20
+    assert w.writable(20)
+    assert w.try_write(b"z" * 20) == 1
+
+
+def test_ring_wraps_around_with_split_payloads(ring_pair: Any) -> None:
+    w, r = ring_pair
+    for i in range(2000):
+        data = struct.pack("<I", i) * (1 + i % 13)  # 4..52 bytes: offsets drift, payloads split
+        assert w.try_write(data), i
+        assert r.try_read() == data
+    assert w.stats()["records_written"] == 2000
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 200), min_size=1, max_size=60), seed=st.integers(0, 10**6))
+def test_ring_matches_a_fifo_model(sizes: list[int], seed: int) -> None:
+    impls = [_spsc_py] + ([EXT] if EXT is not None else [])
+    for mod in impls:
+        w = mod.SharedByteRing(256)
+        r = mod.SharedByteRing.attach(w.name)
+        try:
+            model: list[bytes] = []
+            for k, size in enumerate(sizes):
+                data = bytes((seed + k + j) % 251 for j in range(size))
+                if w.try_write(data):
+                    model.append(data)
+                elif model:
+                    assert r.try_read() == model.pop(0)
+                if (seed >> (k % 16)) & 1 and model:
+                    assert r.try_read() == model.pop(0)
+            while model:
+                assert r.try_read() == model.pop(0)
+            assert r.try_read() is None
+        finally:
+            r.close()
+            w.close()
+            w.unlink()
+
+
+def test_ring_max_records(impl: Any) -> None:
+    w = impl.SharedByteRing(4096, max_records=2)
+    r = impl.SharedByteRing.attach(w.name)
+    try:
+        assert r.max_records == 2
+        assert w.try_write(b"a")
+        assert w.try_write(b"b")
+        assert w.try_write(b"c") == 0
+        assert r.try_read() == b"a"
+        assert w.try_write(b"c") == 1
+    finally:
+        r.close()
+        w.close()
+        w.unlink()
+
+
+def test_ring_parking_flags_and_wake_code(ring_pair: Any) -> None:
+    w, r = ring_pair
+    assert not w.reader_waiting
+    r.set_reader_waiting(True)
+    assert w.reader_waiting
+    assert w.try_write(b"x") == 2  # written, and the reader is parked: ring its bell
+    r.set_reader_waiting(False)
+    assert w.try_write(b"y") == 1
+    w.set_writer_waiting(True)
+    assert r.writer_waiting
+    w.set_writer_waiting(False)
+    assert not r.writer_waiting
+
+
+def test_ring_close_writer_and_reader(ring_pair: Any) -> None:
+    w, r = ring_pair
+    w.try_write(b"last")
+    w.close_writer()
+    assert r.writer_closed
+    assert r.spin_read(1.0) == b"last"  # drains first
+    assert r.spin_read(5.0) is None  # then returns at once: the writer is gone
+    r.close_reader()
+    with pytest.raises(QueueClosedError, match="the reader has closed it"):
+        w.try_write(b"more")
+
+
+def test_spin_read_and_write_give_up_after_the_budget(ring_pair: Any) -> None:
+    w, r = ring_pair
+    assert r.spin_read(0.002) is None
+    while w.try_write(b"q" * 100):
+        pass
+    assert w.spin_write(b"q" * 100, 0.002) == 0
+
+
+def test_spin_read_sees_a_record_from_another_thread(ring_pair: Any) -> None:
+    w, r = ring_pair
+    timer = threading.Timer(0.02, lambda: w.try_write(b"late"))
+    timer.start()
+    try:
+        assert r.spin_read(5.0) == b"late"
+    finally:
+        timer.join()
+
+
+def test_corrupt_length_is_detected(ring_pair: Any) -> None:
+    w, r = ring_pair
+    w.try_write(b"abc")
+    seg = _spsc_py.SharedSegment(w.name, create=False)
+    try:
+        struct.pack_into("<Q", seg.buf, _spsc_py.HEADER_BYTES, 10_000)  # forge the length word
+    finally:
+        seg.close()
+    with pytest.raises(MessageDeserializationError, match="is corrupt: a record at position 0"):
+        r.try_read()
+
+
+def test_attach_errors(impl: Any) -> None:
+    with pytest.raises(FileNotFoundError, match="no shared-memory segment named 'pdc_nope'"):
+        impl.SharedByteRing.attach("pdc_nope")
+    seg = _spsc_py.SharedSegment(None, 4096, create=True)
+    try:
+        with pytest.raises(InvalidConfigurationError, match="is not a pydotcompute ring"):
+            impl.SharedByteRing.attach(seg.name)
+    finally:
+        seg.close()
+        seg.unlink()
+    with pytest.raises(InvalidConfigurationError, match="between 64 bytes and 1 TiB"):
+        impl.SharedByteRing(8)
+
+
+def test_closed_ring_refuses_use(impl: Any) -> None:
+    w = impl.SharedByteRing(256)
+    w.close()
+    w.unlink()
+    assert w.closed
+    with pytest.raises(ValueError, match="closed"):
+        w.try_write(b"x")
+
+
+def test_context_manager_unlinks(impl: Any) -> None:
+    before = _shm_names()
+    with impl.SharedByteRing(256) as ring:
+        assert ring.name in _shm_names()
+        name = ring.name
+    assert name not in _shm_names()
+    assert _shm_names() == before
+
+
+@pytest.mark.skipif(EXT is None, reason="extension not built")
+@pytest.mark.parametrize("writer_mod", ["python", "cython"])
+def test_implementations_share_the_layout(writer_mod: str) -> None:
+    assert EXT is not None
+    wmod, rmod = (_spsc_py, EXT) if writer_mod == "python" else (EXT, _spsc_py)
+    w = wmod.SharedByteRing(512)
+    r = rmod.SharedByteRing.attach(w.name)
+    try:
+        for i in range(500):
+            data = os.urandom(i % 61)
+            assert w.try_write(data)
+            assert r.try_read() == data
+    finally:
+        r.close()
+        w.close()
+        w.unlink()
+
+
+# --- two processes: a reader never sees a torn record --------------------------------------
+
+
+def _produce(name: str, count: int, pure: bool) -> None:
+    mod = _spsc_py if pure else _cython
+    ring = mod.SharedByteRing.attach(name)
+    try:
+        for i in range(count):
+            size = 8 + (i * 7919) % 900
+            body = (struct.pack("<I", i) * (size // 4 + 1))[:size]
+            record = hashlib.blake2b(body, digest_size=8).digest() + body
+            while not ring.spin_write(record, 0.01):
+                pass
+        ring.close_writer()
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["python", "cython"])
+def test_two_processes_never_see_a_torn_record(pure: bool) -> None:
+    if not pure and EXT is None:
+        pytest.skip("extension not built")
+    mod = _spsc_py if pure else _cython
+    count = 2000 if not pure else 800
+    ring = mod.SharedByteRing(4096)  # small: constant wrap-around and full-ring waits
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_produce, args=(ring.name, count, pure), name="pydotcompute-test")
+    proc.start()
+    try:
+        seen = 0
+        while True:
+            rec = ring.spin_read(0.01)
+            if rec is None:
+                if ring.writer_closed and not ring.readable():
+                    break
+                if not proc.is_alive() and not ring.readable():
+                    break
+                continue
+            digest, body = rec[:8], rec[8:]
+            assert hashlib.blake2b(body, digest_size=8).digest() == digest, f"torn record {seen}"
+            assert struct.unpack_from("<I", body)[0] == seen
+            seen += 1
+        assert seen == count
+    finally:
+        proc.join(30)
+        ring.close()
+        ring.unlink()
+    assert proc.exitcode == 0
+
+
+def test_segment_created_in_a_process_is_removed_by_its_tracker_on_crash(tmp_path: Path) -> None:
+    # A creator killed before unlink(): the resource tracker removes the segment.
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, sys\n"
+        "from pydotcompute.ring_kernels._cython import SharedByteRing\n"
+        "r = SharedByteRing(4096)\n"
+        "print(r.name, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    name = out.stdout.strip()
+    assert name.startswith("pdc_")
+    import time
+
+    deadline = time.monotonic() + 10
+    while name in _shm_names() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert name not in _shm_names()

@@ -1,0 +1,325 @@
+"""SyncQueue and SPSCQueue: the blocking queues of the threaded tier."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
+
+QUEUES = [pytest.param(SyncQueue, id="sync"), pytest.param(SPSCQueue, id="spsc")]
+
+
+@pytest.fixture(params=QUEUES)
+def qtype(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+def _run(target: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``target`` in a thread; the list receives its result or exception."""
+    out: list[Any] = []
+
+    def body() -> None:
+        try:
+            out.append(target(*args))
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=body, name="test-helper")
+    t.start()
+    return t, out
+
+
+def test_fifo_and_sizes(qtype: Any) -> None:
+    q = qtype(4)
+    assert q.empty
+    assert not q.full
+    assert len(q) == 0
+    for i in range(4):
+        assert q.put(i)
+    assert q.full
+    assert len(q) == 4
+    assert [q.get() for _ in range(4)] == [0, 1, 2, 3]
+    assert q.empty
+
+
+def test_nowait_variants(qtype: Any) -> None:
+    q = qtype(1)
+    assert q.get_nowait() is None
+    assert q.put_nowait("a") is True
+    assert q.put_nowait("b") is False  # full: nothing queued
+    assert q.get_nowait() == "a"
+    assert q.get_nowait() is None
+
+
+def test_timeouts_return_false_and_none(qtype: Any) -> None:
+    q = qtype(1)
+    t0 = time.monotonic()
+    assert q.get(timeout=0.05) is None
+    assert time.monotonic() - t0 >= 0.04
+    q.put(1)
+    assert q.put(2, timeout=0.05) is False
+    assert q.get() == 1
+
+
+def test_blocked_get_wakes_on_put(qtype: Any) -> None:
+    q = qtype(4)
+    t, out = _run(q.get, 5.0)
+    time.sleep(0.05)
+    q.put("x")
+    t.join(5)
+    assert out == ["x"]
+
+
+def test_blocked_put_wakes_on_get(qtype: Any) -> None:
+    q = qtype(1)
+    q.put("first")
+    t, out = _run(q.put, "second", 5.0)
+    time.sleep(0.05)
+    assert q.get() == "first"
+    t.join(5)
+    assert out == [True]
+    assert q.get() == "second"
+
+
+def test_shutdown_lets_consumers_drain_then_raises(qtype: Any) -> None:
+    q = qtype(8)
+    q.put(1)
+    q.put(2)
+    q.shutdown()
+    assert q.is_shutdown
+    with pytest.raises(QueueClosedError, match="has been shut down"):
+        q.put(3)
+    assert [q.get(), q.get()] == [1, 2]
+    with pytest.raises(QueueClosedError, match="shut down and drained"):
+        q.get(timeout=1)
+    with pytest.raises(QueueClosedError):
+        q.get_nowait()
+
+
+def test_shutdown_wakes_a_blocked_getter(qtype: Any) -> None:
+    q = qtype(8)
+    t, out = _run(q.get)  # no timeout: only the shutdown can end it
+    time.sleep(0.05)
+    q.shutdown()
+    t.join(5)
+    assert not t.is_alive()
+    assert isinstance(out[0], QueueClosedError)
+
+
+def test_shutdown_wakes_a_blocked_putter(qtype: Any) -> None:
+    q = qtype(1)
+    q.put(0)
+    t, out = _run(q.put, 1)
+    time.sleep(0.05)
+    q.shutdown()
+    t.join(5)
+    assert isinstance(out[0], QueueClosedError)
+    assert q.get() == 0  # what was queued still drains
+
+
+def test_shutdown_reason_is_raised_once_drained(qtype: Any) -> None:
+    q = qtype(8)
+    q.put("last")
+    reason = RuntimeError("the actor failed")
+    q.shutdown(reason=reason)
+    assert q.get() == "last"
+    with pytest.raises(RuntimeError, match="the actor failed"):
+        q.get()
+
+
+def test_immediate_shutdown_discards_and_counts(qtype: Any) -> None:
+    q = qtype(8)
+    for i in range(3):
+        q.put(i)
+    q.shutdown(immediate=True)
+    with pytest.raises(QueueClosedError):
+        q.get_nowait()
+    stats = q.get_stats()
+    assert stats["total_dropped"] == 3
+    assert stats["current_size"] == 0
+
+
+def test_clear_and_drain(qtype: Any) -> None:
+    q = qtype(8)
+    for i in range(3):
+        q.put(i)
+    assert q.drain() == [0, 1, 2]
+    q.put(9)
+    assert q.clear() == 1
+    assert q.empty
+
+
+def test_stats(qtype: Any) -> None:
+    q = qtype(8)
+    for i in range(5):
+        q.put(i)
+    q.get()
+    stats = q.get_stats()
+    assert stats == {
+        "current_size": 4,
+        "max_size": 8,
+        "peak_size": 5,
+        "total_enqueued": 5,
+        "total_dequeued": 1,
+        "total_dropped": 0,
+    }
+
+
+def test_none_is_refused(qtype: Any) -> None:
+    q = qtype(4)
+    with pytest.raises(TypeValidationError, match="cannot hold None"):
+        q.put(None)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8", True])
+def test_bad_sizes_are_refused(qtype: Any, bad: Any) -> None:
+    with pytest.raises(InvalidConfigurationError, match="must be an int"):
+        qtype(bad)
+
+
+def test_spsc_refuses_zero_capacity() -> None:
+    with pytest.raises(InvalidConfigurationError, match=r"capacity must be an int >= 1, got 0"):
+        SPSCQueue(0)
+
+
+def test_sync_queue_zero_means_unbounded() -> None:
+    q: SyncQueue[int] = SyncQueue(0)
+    for i in range(10_000):
+        assert q.put_nowait(i)
+    assert not q.full
+    assert q.maxsize == 0
+    assert len(q) == 10_000
+
+
+def test_wakers_run_after_changes(qtype: Any) -> None:
+    q = qtype(4)
+    events: list[str] = []
+    q.add_waker(lambda: events.append("readable"))
+    q.add_waker(lambda: events.append("writable"), when="writable")
+    q.put(1)
+    assert events == ["readable"]
+    q.get()
+    assert events == ["readable", "writable"]
+    q.shutdown()
+    assert events[-2:] == ["readable", "writable"]
+
+
+def test_remove_waker(qtype: Any) -> None:
+    q = qtype(4)
+    calls: list[int] = []
+
+    def waker() -> None:
+        calls.append(1)
+
+    q.add_waker(waker)
+    q.remove_waker(waker)
+    q.put(1)
+    assert calls == []
+    with pytest.raises(InvalidConfigurationError, match="'readable' or 'writable'"):
+        q.add_waker(waker, when="sometimes")  # type: ignore[arg-type]
+
+
+def test_spsc_threads_keep_order_without_loss() -> None:
+    q: SPSCQueue[int] = SPSCQueue(16)
+    n = 20_000
+    got: list[int] = []
+
+    def consume() -> None:
+        for _ in range(n):
+            item = q.get(timeout=10)
+            assert item is not None
+            got.append(item)
+
+    t = threading.Thread(target=consume, name="test-consumer")
+    t.start()
+    for i in range(n):
+        assert q.put(i, timeout=10)
+    t.join(30)
+    assert got == list(range(n))
+
+
+def test_sync_queue_many_producers_and_consumers() -> None:
+    q: SyncQueue[tuple[int, int]] = SyncQueue(8)
+    producers, consumers, per = 4, 3, 2_000
+    results: list[list[tuple[int, int]]] = [[] for _ in range(consumers)]
+
+    def produce(p: int) -> None:
+        for i in range(per):
+            q.put((p, i), timeout=10)
+
+    def consume(c: int) -> None:
+        while True:
+            try:
+                item = q.get(timeout=10)
+            except QueueClosedError:
+                return
+            assert item is not None
+            results[c].append(item)
+
+    cs = [threading.Thread(target=consume, args=(c,), name="test-c") for c in range(consumers)]
+    ps = [threading.Thread(target=produce, args=(p,), name="test-p") for p in range(producers)]
+    for t in cs + ps:
+        t.start()
+    for t in ps:
+        t.join(30)
+    q.shutdown()
+    for t in cs:
+        t.join(30)
+    everything = [x for r in results for x in r]
+    assert sorted(everything) == sorted((p, i) for p in range(producers) for i in range(per))
+    for r in results:  # each producer's items reach any one consumer in order
+        for p in range(producers):
+            mine = [i for (pp, i) in r if pp == p]
+            assert mine == sorted(mine)
+
+
+def test_sync_queue_timed_out_getter_does_not_swallow_a_wakeup() -> None:
+    # Two getters wait; one times out right as an item arrives. The item must not be lost.
+    for _ in range(100):
+        q: SyncQueue[int] = SyncQueue(4)
+        t1, out1 = _run(q.get, 0.001)
+        t2, out2 = _run(q.get)  # no timeout
+        time.sleep(0.0005)
+        q.put(7)
+        t1.join(5)
+        if out1 == [7]:
+            q.shutdown()  # t2 must now wake with QueueClosedError
+        t2.join(5)
+        assert not t2.is_alive()
+        got = [x for x in out1 + out2 if x == 7]
+        assert got == [7]
+        assert q.empty
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.one_of(st.integers(0, 1000), st.just("get")), max_size=80),
+    cap=st.integers(1, 8),
+    kind=st.sampled_from(["sync", "spsc"]),
+)
+def test_matches_a_bounded_fifo_model(ops: list[Any], cap: int, kind: str) -> None:
+    q: Any = SyncQueue(cap) if kind == "sync" else SPSCQueue(cap)
+    model: deque[int] = deque()
+    for op in ops:
+        if op == "get":
+            expected = model.popleft() if model else None
+            assert q.get_nowait() == expected
+        else:
+            accepted = q.put_nowait(op)
+            assert accepted == (len(model) < cap)
+            if accepted:
+                model.append(op)
+        assert len(q) == len(model)
+    assert q.drain() == list(model)

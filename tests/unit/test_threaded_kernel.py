@@ -1,0 +1,295 @@
+"""Tier 2 specifics: ThreadedRingKernel, its context, and ThreadedKernelPool.
+
+Behaviour shared with the process tier (ordering, drain on stop, failures, bad input) lives
+in ``test_tier_behaviour.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    TypeValidationError,
+)
+from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
+from pydotcompute.ring_kernels.threaded_kernel import (
+    ThreadedKernelConfig,
+    ThreadedKernelPool,
+    ThreadedKernelState,
+    ThreadedRingKernel,
+)
+
+
+def doubler(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        msg = ctx.receive(timeout=0.1)
+        if msg is None:
+            continue
+        if msg == "boom":
+            raise ValueError("boom requested")
+        ctx.send(msg * 2)
+
+
+def tagger(ctx: Any) -> None:
+    while True:
+        msg = ctx.receive()  # no timeout: the stop must wake it
+        ctx.send((ctx.kernel_id, msg))
+
+
+def test_seed_style_context_manager() -> None:
+    with ThreadedRingKernel("worker", doubler) as kernel:
+        assert kernel.is_running
+        assert kernel.state is ThreadedKernelState.RUNNING
+        assert kernel.thread is not None
+        assert kernel.thread.name == "pydotcompute-worker"
+        kernel.send(21)
+        assert kernel.receive(timeout=5) == 42
+    assert kernel.state is ThreadedKernelState.STOPPED
+    assert not kernel.failed
+    assert kernel.error is None
+
+
+@pytest.mark.parametrize("use_spsc", [True, False], ids=["spsc", "sync"])
+def test_queue_kind_follows_config(use_spsc: bool) -> None:
+    cfg = ThreadedKernelConfig("q", input_queue_size=8, output_queue_size=16, use_spsc=use_spsc)
+    kernel = ThreadedRingKernel("q", doubler, config=cfg)
+    kind = SPSCQueue if use_spsc else SyncQueue
+    assert isinstance(kernel.inbox, kind)
+    assert isinstance(kernel.outbox, kind)
+    assert kernel.inbox.maxsize == 8
+    assert kernel.outbox.maxsize == 16
+    with kernel:
+        for i in range(50):
+            kernel.send(i, timeout=5)
+            assert kernel.receive(timeout=5) == 2 * i
+
+
+def test_receive_blocked_without_timeout_is_woken_by_a_stop() -> None:
+    kernel = ThreadedRingKernel("t", tagger).start()
+    out: list[Any] = []
+
+    def waiter() -> None:
+        try:
+            out.append(kernel.receive())
+        except KernelStateError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=waiter, name="test-waiter")
+    t.start()
+    time.sleep(0.05)
+    assert kernel.stop(timeout=5)
+    t.join(5)
+    assert not t.is_alive()
+    assert isinstance(out[0], KernelStateError)
+    assert "it has stopped" in str(out[0])
+
+
+def test_ctx_helpers() -> None:
+    seen: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def actor(ctx: Any) -> None:
+        seen["active_before"] = ctx.is_active
+        assert ctx.send_nowait("hello")
+        assert ctx.receive_nowait() is None
+        ready.set()
+        seen["shutdown"] = ctx.wait_shutdown(timeout=10)
+        seen["active_after"] = ctx.is_active
+        seen["terminate"] = ctx.should_terminate
+
+    with ThreadedRingKernel("h", actor) as kernel:
+        assert kernel.receive(timeout=5) == "hello"
+        assert ready.wait(5)
+    assert seen == {
+        "active_before": True,
+        "shutdown": True,
+        "active_after": False,
+        "terminate": True,
+    }
+
+
+def test_stop_timeout_moves_queued_messages_to_unprocessed() -> None:
+    release = threading.Event()
+
+    def stuck(ctx: Any) -> None:
+        ctx.receive()
+        release.wait(10)  # ignores the stop until released
+
+    kernel = ThreadedRingKernel("stuck", stuck).start()
+    for i in range(4):
+        kernel.send(i)
+    time.sleep(0.05)
+    assert kernel.stop(timeout=0.1) is False  # still in user code
+    assert kernel.state is ThreadedKernelState.STOPPING
+    assert kernel.unprocessed() == [1, 2, 3]  # message 0 is with the actor
+    release.set()
+    assert kernel.join(5)
+    assert kernel.state is ThreadedKernelState.STOPPED
+
+
+def test_stop_is_idempotent_and_a_kernel_runs_once() -> None:
+    kernel = ThreadedRingKernel("once", doubler)
+    assert kernel.stop() is True  # never started: nothing to wait for
+    assert kernel.state is ThreadedKernelState.STOPPED
+    with pytest.raises(KernelStateError, match="a kernel runs once"):
+        kernel.start()
+    k2 = ThreadedRingKernel("twice", doubler).start()
+    assert k2.stop()
+    assert k2.stop()
+    with pytest.raises(KernelStateError, match=r"cannot start kernel 'twice': it is STOPPED"):
+        k2.start()
+
+
+def test_stop_from_inside_the_actor() -> None:
+    holder: list[ThreadedRingKernel] = []
+
+    def self_stopping(ctx: Any) -> None:
+        holder[0].stop()
+        ctx.send("bye")
+
+    kernel = ThreadedRingKernel("self", self_stopping)
+    holder.append(kernel)
+    kernel.start()
+    assert kernel.join(5)
+    assert kernel.receive(timeout=5) == "bye"
+    assert kernel.state is ThreadedKernelState.STOPPED
+
+
+def test_actor_returning_on_its_own_stops_the_kernel() -> None:
+    kernel = ThreadedRingKernel("short", lambda ctx: ctx.send("only"))
+    with kernel:
+        assert kernel.receive(timeout=5) == "only"
+        assert kernel.join(5)
+        with pytest.raises(KernelStateError, match="it has stopped"):
+            kernel.send(1)
+        with pytest.raises(KernelStateError, match=r"outbox|stopped"):
+            kernel.receive(timeout=1)
+
+
+def test_failure_reports_the_cause_and_keeps_earlier_replies() -> None:
+    kernel = ThreadedRingKernel("f", doubler).start()
+    kernel.send(1)
+    kernel.send("boom")
+    assert kernel.receive(timeout=5) == 2
+    with pytest.raises(KernelFailedError, match="ValueError: boom requested") as info:
+        kernel.receive(timeout=5)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert kernel.failed
+    assert isinstance(kernel.error, ValueError)
+    assert kernel.state is ThreadedKernelState.STOPPED
+    with pytest.raises(KernelFailedError):
+        kernel.send(3)
+    assert kernel.stop()
+    assert kernel.statistics()["failed"] is True
+
+
+def test_output_type_is_checked_in_the_actor() -> None:
+    kernel = ThreadedRingKernel("typed", doubler, output_type=str).start()
+    kernel.send(2)  # the actor sends 4, an int
+    with pytest.raises(KernelFailedError, match=r"kernel 'typed' must send str, got int"):
+        kernel.receive(timeout=5)
+    kernel.stop()
+
+
+def test_async_actor_is_refused() -> None:
+    async def actor(ctx: Any) -> None:
+        pass
+
+    with pytest.raises(TypeValidationError, match=r"runs plain functions, but .* is async"):
+        ThreadedRingKernel("a", actor)
+    with pytest.raises(TypeValidationError, match="needs a callable actor"):
+        ThreadedRingKernel("a", 42)  # type: ignore[arg-type]
+
+
+def test_config_validation() -> None:
+    with pytest.raises(InvalidConfigurationError, match="input_queue_size of kernel 'c'"):
+        ThreadedKernelConfig("c", input_queue_size=0)
+    with pytest.raises(InvalidConfigurationError, match="kernel_id must be a non-empty string"):
+        ThreadedKernelConfig("")
+    with pytest.raises(InvalidConfigurationError, match="does not match its config's 'other'"):
+        ThreadedRingKernel("c", doubler, config=ThreadedKernelConfig("other"))
+
+
+def test_wakers_let_an_adapter_wait_without_polling() -> None:
+    arrived = threading.Event()
+    kernel = ThreadedRingKernel("w", doubler)
+    kernel.outbox.add_waker(arrived.set)
+    with kernel:
+        assert kernel.receive_nowait() is None
+        kernel.send_nowait(5)
+        assert arrived.wait(5)
+        assert kernel.receive_nowait() == 10
+
+
+# --- pool ------------------------------------------------------------------------------------
+
+
+def test_pool_round_robin_and_receive_any() -> None:
+    with ThreadedKernelPool("p", tagger, num_workers=3) as pool:
+        assert len(pool) == 3
+        assert [w.kernel_id for w in pool] == ["p_0", "p_1", "p_2"]
+        for i in range(9):
+            assert pool.send(i, timeout=5)
+        got = [pool.receive_any(timeout=5) for _ in range(9)]
+        assert sorted(m for _, m in got) == list(range(9))
+        per_worker: dict[str, list[int]] = {}
+        for wid, m in got:
+            per_worker.setdefault(wid, []).append(m)
+        assert {k: sorted(v) for k, v in per_worker.items()} == {
+            "p_0": [0, 3, 6],
+            "p_1": [1, 4, 7],
+            "p_2": [2, 5, 8],
+        }
+    assert all(w.state is ThreadedKernelState.STOPPED for w in pool)
+
+
+def test_pool_receive_any_waits_on_every_worker() -> None:
+    gate = threading.Event()
+
+    def late_last_worker(ctx: Any) -> None:
+        msg = ctx.receive()
+        if ctx.kernel_id == "late_2":
+            gate.wait(10)
+            ctx.send(("late", msg))
+        ctx.wait_shutdown()
+
+    with ThreadedKernelPool("late", late_last_worker, num_workers=3) as pool:
+        for i in range(3):
+            pool.send(i)
+        assert pool.receive_any(timeout=0.1) is None  # nobody replied yet
+        timer = threading.Timer(0.1, gate.set)
+        timer.start()
+        assert pool.receive_any(timeout=5) == ("late", 2)  # woken by the third worker
+        timer.join()
+
+
+def test_pool_reports_a_failed_worker_once_and_keeps_serving() -> None:
+    with ThreadedKernelPool("fp", doubler, num_workers=2) as pool:
+        pool.send("boom")  # worker fp_0 fails
+        with pytest.raises(KernelFailedError, match="kernel 'fp_0'"):
+            pool.receive_any(timeout=5)
+        for i in range(4):
+            pool.send(i)  # the failed worker is skipped
+        assert sorted(pool.receive_any(timeout=5) for _ in range(4)) == [0, 2, 4, 6]
+
+
+def test_pool_after_stop_and_bad_options() -> None:
+    pool = ThreadedKernelPool("s", doubler, num_workers=2, input_queue_size=4)
+    assert all(w.config.input_queue_size == 4 for w in pool)
+    with pytest.raises(KernelStateError, match="no worker is running"):
+        pool.send(1)
+    pool.start_all()
+    assert pool.stop_all(timeout=5)
+    with pytest.raises(KernelStateError, match="every worker has stopped"):
+        pool.receive_any(timeout=1)
+    with pytest.raises(InvalidConfigurationError, match=r"unknown option\(s\) \['queue'\]"):
+        ThreadedKernelPool("s", doubler, queue=3)
+    with pytest.raises(InvalidConfigurationError, match="num_workers >= 1"):
+        ThreadedKernelPool("s", doubler, num_workers=0)
