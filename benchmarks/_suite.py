@@ -29,6 +29,7 @@ def summary_row(
     baseline_name: str | None = None,
     target: str | None = None,
     note: str | None = None,
+    compare: bool = True,
 ) -> dict[str, Any]:
     """One line of the suite summary.
 
@@ -41,6 +42,8 @@ def summary_row(
         baseline_name: What the baseline is (``asyncio.Queue``, ``scipy SpMV``...).
         target: The goal in words, e.g. ``ratio <= 1.2``.
         note: Why a value is missing, or anything a reader must know.
+        compare: False for rows that are checks rather than speeds (an error bound):
+            ``run_all.py --compare`` then reports them without a regression verdict.
     """
     ratio = None
     if value is not None and baseline:
@@ -55,6 +58,7 @@ def summary_row(
         "ratio": ratio,
         "target": target,
         "note": note,
+        "compare": compare,
     }
 
 
@@ -110,3 +114,145 @@ def sibling(module: str) -> Any:
     if not (Path(here) / f"{module}.py").exists():
         return None
     return importlib.import_module(module)
+
+
+def json_flag(script: Path) -> str:
+    """The option a benchmark script takes for its JSON output path."""
+    text = script.read_text(errors="replace")
+    return "--json" if '"--json"' in text else "--out"
+
+
+def adapt_summary(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Summary rows for scripts whose JSON predates the ``summary`` convention."""
+    rows: list[dict[str, Any]] = []
+    try:
+        if name == "queue_latency":
+            for loop, r in data["loops"].items():
+                rt, tp = r["round_trip"], r["throughput"]
+                rows.append(
+                    summary_row(
+                        f"{loop}: actor round trip p50",
+                        rt["actor"]["p50_us"],
+                        "us",
+                        higher_is_better=False,
+                        baseline=rt["floor"]["p50_us"],
+                        baseline_name="asyncio.Queue",
+                        target="ratio <= 1.2",
+                    )
+                )
+                rows.append(
+                    summary_row(
+                        f"{loop}: pipelined throughput",
+                        tp["actor_msgs_per_s"],
+                        "msg/s",
+                        higher_is_better=True,
+                        baseline=tp["floor_msgs_per_s"],
+                        baseline_name="asyncio.Queue",
+                        target="ratio >= 0.7",
+                    )
+                )
+        elif name == "actor_scaling":
+            tp = data["throughput"]
+            one = tp.get("1") or tp.get(1)
+            top = max(tp, key=lambda k: int(k))
+            rows.append(
+                summary_row(
+                    f"{int(top):,} actors: aggregate throughput",
+                    tp[top],
+                    "msg/s",
+                    higher_is_better=True,
+                    baseline=one,
+                    baseline_name="one actor",
+                    target="ratio >= 0.8",
+                )
+            )
+            idle = data["idle"]
+            rows.append(
+                summary_row(
+                    "bytes per idle actor",
+                    idle["bytes_per_actor"],
+                    "B",
+                    higher_is_better=False,
+                    target="<= 8192",
+                )
+            )
+            rows.append(
+                summary_row(
+                    "launch + activate 10,000 actors",
+                    idle["launch_activate_s"],
+                    "s",
+                    higher_is_better=False,
+                    baseline=idle.get("bare_tasks_s"),
+                    baseline_name="bare tasks",
+                    target="<= 0.5 s",
+                )
+            )
+        elif name == "memory":
+            trips = [r for r in data["round_trips"] if r["api"] == "sync"]
+            big = max(trips, key=lambda r: r["bytes"])
+            rows.append(
+                summary_row(
+                    f"UnifiedBuffer round trip, {big['size']}",
+                    big["buffer_us"],
+                    "us",
+                    higher_is_better=False,
+                    baseline=big["numpy_copies_us"],
+                    baseline_name="two np.copyto",
+                    target="ratio <= 1.1",
+                )
+            )
+            pool = max((r for r in data["pool"] if "pool_fill_us" in r), key=lambda r: r["bytes"])
+            rows.append(
+                summary_row(
+                    f"MemoryPool acquire+fill+release, {pool['size']}",
+                    pool["pool_fill_us"],
+                    "us",
+                    higher_is_better=False,
+                    baseline=pool["fresh_fill_us"],
+                    baseline_name="np.empty + fill",
+                )
+            )
+        elif name == "ray":
+            for r in data["round_trip"]:
+                if "p50_us" not in r:
+                    continue
+                plain = next(x for x in data["round_trip"] if x["path"].startswith("plain"))
+                rows.append(
+                    summary_row(
+                        f"{r['path']}, round trip p50",
+                        r["p50_us"],
+                        "us",
+                        higher_is_better=False,
+                        baseline=plain["p50_us"],
+                        baseline_name=plain["path"],
+                        target="ratio <= 1.2" if r["path"] == "send_and_receive" else None,
+                    )
+                )
+            best = max(
+                (r for r in data["throughput"] if "batch" in r),
+                key=lambda r: r["msgs_per_s"],
+                default=None,
+            )
+            pipe = next(
+                (
+                    r
+                    for r in data["throughput"]
+                    if "in flight" in r["path"] and r["path"].startswith("plain")
+                ),
+                None,
+            )
+            if best is not None and pipe is not None:
+                rows.append(
+                    summary_row(
+                        f"{best['path']}, throughput",
+                        best["msgs_per_s"],
+                        "msg/s",
+                        higher_is_better=True,
+                        baseline=pipe["msgs_per_s"],
+                        baseline_name=pipe["path"],
+                        target="ratio >= 20",
+                    )
+                )
+    except (KeyError, TypeError, ValueError, StopIteration):
+        return []
+    return rows

@@ -43,7 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgspec
 from _common import loop_factories, percentiles, print_table, run_on, save_json
-from _suite import chart_path, cuda_device_reason, pyplot, save_figure, sibling, summary_row
+from _suite import (
+    adapt_summary,
+    chart_path,
+    cuda_device_reason,
+    json_flag,
+    pyplot,
+    save_figure,
+    sibling,
+    summary_row,
+)
 from queue_latency_benchmark import (
     Ping,
     Pong,
@@ -305,13 +314,15 @@ def _from_sibling(script: str, quick: bool, unit: str = "us") -> tuple[list[dict
         return [], f"not available: benchmarks/{script}.py is not in this tree"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        args = [sys.executable, str(path), "--json", str(out)] + (["--quick"] if quick else [])
+        args = [sys.executable, str(path), json_flag(path), str(out)]
+        args += ["--quick"] if quick else []
         proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             return [], f"not available: {script} exited {proc.returncode}: {tail[0]}"[:160]
         data = json.loads(out.read_text())
-    rows = [r for r in data.get("summary", []) if r.get("unit") == unit]
+    summary = data.get("summary") or adapt_summary(script.removesuffix("_benchmark"), data)
+    rows = [r for r in summary if r.get("unit") == unit]
     return rows, "" if rows else f"not available: {script} reported no round-trip rows"
 
 

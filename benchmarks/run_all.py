@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _common import _fmt, machine_info, print_table  # noqa: E402
+from _suite import adapt_summary, json_flag  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,7 @@ def _discover() -> list[Script]:
     extra = []
     for path in sorted(HERE.glob("*_benchmark.py")):
         if path.name not in known:
-            text = path.read_text(errors="replace")
-            flag = "--json" if '"--json"' in text else "--out"
+            flag = json_flag(path)
             extra.append(
                 Script(
                     path.stem.removesuffix("_benchmark"),
@@ -177,6 +178,7 @@ def run_script(
         deadline = time.monotonic() + timeout
         for line in proc.stdout:
             log.write(line)
+            log.flush()
             if verbose:
                 print(f"    {line}", end="", flush=True)
             if time.monotonic() > deadline:
@@ -194,89 +196,19 @@ def run_script(
     }
     if status == "ok" and rc != 0:
         record["status"] = "failed"
-        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        record["note"] = f"exit code {rc}: {tail[-1] if tail else 'no output'}"[:200]
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln.strip())]
+        last = (errors or lines or ["no output"])[-1].strip()
+        record["note"] = f"exit code {rc}: {last}"[:200]
     if json_path.exists():
         data = json.loads(json_path.read_text())
         record["json"] = str(json_path)
-        record["summary"] = data.get("summary") or _adapt(script.name, data)
+        record["summary"] = data.get("summary") or adapt_summary(script.name, data)
         record["machine"] = data.get("machine")
     chart = json_path.with_suffix(".png")
     if chart.exists():
         record["charts"].append(str(chart))
     return record
-
-
-def _adapt(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Summary rows for scripts whose JSON predates the ``summary`` convention."""
-    from _suite import summary_row
-
-    rows: list[dict[str, Any]] = []
-    try:
-        if name == "queue_latency":
-            for loop, r in data["loops"].items():
-                rt, tp = r["round_trip"], r["throughput"]
-                rows.append(
-                    summary_row(
-                        f"{loop}: actor round trip p50",
-                        rt["actor"]["p50_us"],
-                        "us",
-                        higher_is_better=False,
-                        baseline=rt["floor"]["p50_us"],
-                        baseline_name="asyncio.Queue",
-                        target="ratio <= 1.2",
-                    )
-                )
-                rows.append(
-                    summary_row(
-                        f"{loop}: pipelined throughput",
-                        tp["actor_msgs_per_s"],
-                        "msg/s",
-                        higher_is_better=True,
-                        baseline=tp["floor_msgs_per_s"],
-                        baseline_name="asyncio.Queue",
-                        target="ratio >= 0.7",
-                    )
-                )
-        elif name == "actor_scaling":
-            tp = data["throughput"]
-            one = tp.get("1") or tp.get(1)
-            top = max(tp, key=lambda k: int(k))
-            rows.append(
-                summary_row(
-                    f"{int(top):,} actors: aggregate throughput",
-                    tp[top],
-                    "msg/s",
-                    higher_is_better=True,
-                    baseline=one,
-                    baseline_name="one actor",
-                    target="ratio >= 0.8",
-                )
-            )
-            idle = data["idle"]
-            rows.append(
-                summary_row(
-                    "bytes per idle actor",
-                    idle["bytes_per_actor"],
-                    "B",
-                    higher_is_better=False,
-                    target="<= 8192",
-                )
-            )
-            rows.append(
-                summary_row(
-                    "launch + activate 10,000 actors",
-                    idle["launch_activate_s"],
-                    "s",
-                    higher_is_better=False,
-                    baseline=idle.get("bare_tasks_s"),
-                    baseline_name="bare tasks",
-                    target="<= 0.5 s",
-                )
-            )
-    except (KeyError, TypeError, ValueError):
-        return []
-    return rows
 
 
 # --- reporting -------------------------------------------------------------------------------
@@ -386,6 +318,10 @@ def compare(
         field = "ratio" if use_ratio else "value"
         ov, nv = o.get(field), n.get(field)
         row.update({"compared": field, "old": ov, "new": nv})
+        if not n.get("compare", True):
+            row["verdict"] = "a check, not compared (see its target)"
+            rows.append(row)
+            continue
         if not _number(ov) or not _number(nv) or ov == 0 or nv == 0:
             row["verdict"] = "not comparable"
             rows.append(row)
@@ -463,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown", default=None, metavar="FILE", help="write the summary as a Markdown table"
     )
     ap.add_argument(
+        "--show",
+        default=None,
+        metavar="FILE",
+        help="print the summary of a saved run (and --markdown) without running anything",
+    )
+    ap.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -476,6 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in scripts:
             there = "" if (HERE / s.file).exists() else "  (not in this tree)"
             print(f"{s.name:<18} {'quick+full' if s.quick else 'full':<11} {s.question}{there}")
+        return 0
+
+    if args.show:
+        saved = json.loads(Path(args.show).read_text())
+        print_summary(saved)
+        if args.markdown:
+            Path(args.markdown).write_text(markdown(saved))
+            print(f"wrote {args.markdown}")
         return 0
 
     if args.compare and len(args.compare) > 2:
@@ -538,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_comparison(old: dict[str, Any], new: dict[str, Any], args: Any) -> int:
     rows, regressions = compare(old, new, args.tolerance, args.compare_by)
+    if old.get("quick") != new.get("quick"):
+        print("\nnote: comparing a quick run with a full run: sizes differ, rows may not match")
     o, n = old.get("machine", {}), new.get("machine", {})
     print_table(
         f"Comparison: old {o.get('time', '?')} ({o.get('cpu', '?')}) -> new {n.get('time', '?')} "
