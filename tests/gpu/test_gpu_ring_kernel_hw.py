@@ -1,0 +1,150 @@
+"""GPU ring kernels on real NVIDIA hardware: the behavioural suite, CUDA C handlers, a soak.
+
+Skipped with a reason when no GPU is usable (or when the CUDA simulator is switched on). Run::
+
+    python -m pytest tests/gpu/test_gpu_ring_kernel_hw.py -m cuda -p no:cacheprovider
+
+The same scenarios run on the simulator in ``tests/cudasim/test_gpu_ring_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.exceptions import KernelError
+
+
+def _gpu_reason() -> str | None:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1); this suite needs a real GPU"
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        return f'numba-cuda is not installed ({exc}); pip install "pydotcompute[cuda]"'
+    try:
+        if not cuda.is_available():
+            return "needs an NVIDIA GPU: none is visible to Numba"
+        cc = cuda.get_current_device().compute_capability
+    except Exception as exc:
+        return f"needs an NVIDIA GPU: CUDA is not usable ({type(exc).__name__}: {exc})"
+    if tuple(cc) < (7, 0):
+        return f"needs compute capability 7.0+, the GPU is {cc[0]}.{cc[1]}"
+    return None
+
+
+REASON = _gpu_reason()
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+if REASON is None:
+    from pydotcompute.ring_kernels._gpu.resources import live_actor_count
+    from tests import gpu_ring_kernel_suite as suite
+    from tests.gpu_ring_kernel_suite import HW, Add, Seq, SeqOut, Sum, launch_gpu
+else:  # keep collection cheap and importable without a GPU
+    suite = None  # type: ignore[assignment]
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[RingKernelRuntime]:
+    """A runtime shut down after the test; no persistent kernel may outlive it."""
+    before = live_actor_count()
+    runtime = RingKernelRuntime()
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.shutdown(timeout=30.0)
+        assert live_actor_count() == before, "a persistent kernel outlived the test"
+
+
+SCENARIOS = sorted(suite.SCENARIOS) if suite is not None else ["(no GPU)"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+async def test_behaviour(rt: RingKernelRuntime, scenario: str) -> None:
+    await suite.SCENARIOS[scenario](rt, HW)
+
+
+async def test_runs_as_a_real_kernel(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert k.flavour == "numba"
+    assert live_actor_count() >= 1
+
+
+C_ADD = r"""
+__device__ int handle(const Add* in, Sum* out, pdc_state_t* state) {
+    if (in->a < 0) return 4;
+    state[0] += 1;
+    out->total = in->a + in->b;
+    out->count = state[0];
+    return 0;
+}
+"""
+
+
+async def test_cuda_c_handler_round_trip(rt: RingKernelRuntime) -> None:
+    k = await rt.launch(
+        "c_add",
+        lambda *a: 0,
+        input_type=Add,
+        output_type=Sum,
+        tier="gpu",
+        cuda_source=C_ADD,
+        state=np.array([5], np.int64),
+    )
+    await rt.activate("c_add")
+    assert k.flavour == "cuda_c"
+    replies = [
+        await rt.send_and_receive("c_add", Add(a=float(i), b=1.0), timeout=30) for i in range(5)
+    ]
+    assert [r.total for r in replies] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [r.count for r in replies] == [6, 7, 8, 9, 10]
+    with pytest.raises(KernelError, match="status 4"):
+        await rt.send_and_receive("c_add", Add(a=-1.0, b=0.0), timeout=30)
+    await rt.terminate("c_add")
+    assert k.final_state.tolist() == [10]  # type: ignore[union-attr]
+
+
+async def test_terminating_one_actor_leaves_the_others_running(rt: RingKernelRuntime) -> None:
+    a = await launch_gpu(rt, "a", suite.seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64))
+    await launch_gpu(rt, "b", suite.add_handler, Add, Sum, state=np.zeros(1, np.int64))
+    assert (await rt.send_and_receive("a", Seq(seq=3), timeout=30)).running == 3
+    await asyncio.wait_for(rt.terminate("b"), 30)  # frees nothing while "a" runs
+    assert (await rt.send_and_receive("a", Seq(seq=4), timeout=30)).running == 7
+    await rt.terminate("a")
+    assert a.final_state.tolist() == [7]  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_soak_a_million_messages(rt: RingKernelRuntime) -> None:
+    """>= 1,000,000 messages: nothing lost, order kept, state exact, clean terminate."""
+    n = 1_000_000
+    k = await launch_gpu(
+        rt, "soak", suite.seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64), queue_size=1 << 16
+    )
+    recs = np.zeros(n, dtype=Seq.dtype)
+    recs["seq"] = np.arange(n)
+    sender = asyncio.ensure_future(k.send_records(recs, timeout=600))
+    parts = []
+    got = 0
+    while got < n:
+        chunk = await k.receive_records(1 << 16, timeout=120)
+        parts.append(chunk["seq"].copy())
+        got += len(chunk)
+    assert await sender == n
+    seqs = np.concatenate(parts)
+    np.testing.assert_array_equal(seqs, np.arange(n))  # nothing lost, nothing reordered
+    stats = k.statistics()
+    assert (stats.processed, stats.errors, stats.dropped, stats.in_flight) == (n, 0, 0, 0)
+    left = await rt.terminate("soak", timeout=60)
+    assert left == []
+    assert k.final_state.tolist() == [n * (n - 1) // 2]  # type: ignore[union-attr]
+    tel = rt.get_telemetry("soak")
+    assert tel.messages_processed == n
+    assert tel.messages_dropped == 0
