@@ -648,3 +648,32 @@ def test_unified_buffer_fixture(unified_buffer: Any) -> None:
     assert unified_buffer.shape == (4, 4)
     assert unified_buffer.dtype == np.int32
     assert unified_buffer.is_allocated
+
+
+def test_importing_the_toolkit_loads_no_test_runner_or_gpu_library() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pydotcompute.testing as t; t.LeakGuard; "
+        "print(sorted(m for m in ('pytest', 'cupy', 'numba', 'mlx', 'ray', 'pynvml') "
+        "if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_gpu_reason_combines_both_backends() -> None:
+    from pydotcompute.testing import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if cuda_unavailable_reason() is None or metal_unavailable_reason() is None:
+        assert reason is None
+    else:
+        assert reason is not None
+        assert reason.startswith("needs a GPU: no CUDA (")
+        assert "and no Metal (" in reason
