@@ -263,7 +263,11 @@ def networkx_ranks(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | Non
 
 def measure(quick: bool) -> dict[str, Any]:
     sizes = [1_000, 10_000, 100_000] if quick else [1_000, 10_000, 100_000, 1_000_000, 2_000_000]
-    dense_sizes = [100, 250, 500, 1_000, 2_000] if quick else [100, 250, 500, 1_000, 2_000, 4_000]
+    dense_sizes = (
+        [25, 50, 100, 250, 500, 1_000, 2_000]
+        if quick
+        else [25, 50, 100, 250, 500, 1_000, 2_000, 4_000]
+    )
     check_sizes = [1_000] if quick else [1_000, 10_000]
     workers = max(2, min(4, os.cpu_count() or 2))
     gpu_reason = cuda_device_reason()
@@ -393,17 +397,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     dense_x = crossover(rows, "CPU sparse", "CPU dense")
     gpu_x = crossover(rows, "GPU sparse", "CPU sparse")
-    print(
-        f"\ncrossover: CPU sparse beats dense from {dense_x:,} nodes"
-        if dense_x
-        else "\ncrossover: dense was never overtaken by sparse in the sizes measured"
-    )
-    if r["gpu"] == "available":
-        print(
-            f"crossover: GPU beats CPU sparse from {gpu_x:,} nodes"
-            if gpu_x
-            else "crossover: the GPU did not overtake CPU sparse in the sizes measured"
-        )
+    smallest = min(row["nodes"] for row in rows)
+    for label, x, fast, slow in (
+        ("dense", dense_x, "CPU sparse", "CPU dense"),
+        ("gpu", gpu_x, "GPU sparse", "CPU sparse"),
+    ):
+        if label == "gpu" and r["gpu"] != "available":
+            continue
+        if x is None:
+            print(f"crossover: {fast} did not overtake {slow} in the sizes measured")
+        elif x == smallest:
+            print(
+                f"crossover: {fast} is faster than {slow} at every size measured (from {x:,} nodes)"
+            )
+        else:
+            print(f"crossover: {fast} is faster than {slow} from {x:,} nodes on")
 
     largest = max(row["nodes"] for row in rows)
     at = {row["impl"]: row for row in rows if row["nodes"] == largest}
