@@ -30,29 +30,29 @@ Design notes:
   it back, the driver relaunches the kernel in it and returns it to its previous state.
 - Ray is imported lazily (``importlib``) so that ``import pydotcompute`` never loads it, and
   because this module is itself called ``ray``.
+
+Layout: this module is the public surface (one method per verb of ``RingKernelRuntime``);
+``_kernel`` holds the per-kernel batching, prefetching and fault handling on the driver,
+``_host`` the Ray actor that hosts a kernel, ``_wire`` how errors cross, ``_support`` the
+lazy access to Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import itertools
 import logging
 import os
-import re
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..decorators.validators import validate_kernel_id, validate_message
+from ..decorators.validators import validate_kernel_id
 from ..exceptions import (
-    BackendNotAvailableError,
     InvalidConfigurationError,
     KernelAlreadyExistsError,
-    KernelFailedError,
     KernelNotFoundError,
     KernelStateError,
     QueueFullError,
@@ -60,11 +60,13 @@ from ..exceptions import (
     TypeValidationError,
 )
 from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
-from ..ring_kernels.message import RingKernelMessage, deserialize_message
+from ..ring_kernels.message import deserialize_message
 from ..ring_kernels.registry import get_registered_kernel
 from ..ring_kernels.telemetry import RingKernelTelemetry
-from ._host import KernelHost, actor_name
-from ._wire import unpack_cause, unpack_error
+from ._host import actor_name
+from ._kernel import RayKernel
+from ._support import errors, host_class, is_ray_available, ray_module, reason
+from ._wire import unpack_error
 
 if TYPE_CHECKING:
     from ..ring_kernels.lifecycle import KernelFunc
@@ -91,202 +93,9 @@ _OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
     "backpressure": ("backpressure_strategy",),
 }
-_RUNNING = (KernelState.LAUNCHED, KernelState.ACTIVE, KernelState.DEACTIVATED)
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
 _REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
 _runtime_ids = itertools.count(1)
-
-
-# --- Ray, lazily ---------------------------------------------------------------------------
-
-
-def is_ray_available() -> bool:
-    """True when the ``ray`` package can be imported (``pip install "pydotcompute[ray]"``)."""
-    try:
-        importlib.import_module("ray")
-    except ImportError:
-        return False
-    return True
-
-
-def _ray() -> Any:
-    try:
-        return importlib.import_module("ray")
-    except ImportError as exc:
-        raise BackendNotAvailableError(
-            f"the Ray runtime needs the 'ray' package ({exc}); "
-            'install it with: pip install "pydotcompute[ray]"'
-        ) from exc
-
-
-class _RayErrors:
-    """The Ray exception classes this module catches, looked up once."""
-
-    actor: type[BaseException]
-    unavailable: tuple[type[BaseException], ...]
-
-    def __init__(self) -> None:
-        mod = importlib.import_module("ray.exceptions")
-        self.actor = mod.RayActorError
-        unavailable = getattr(mod, "ActorUnavailableError", None)
-        self.unavailable = (unavailable,) if unavailable is not None else ()
-
-
-_ERRORS: _RayErrors | None = None
-
-
-def _errors() -> _RayErrors:
-    global _ERRORS
-    if _ERRORS is None:
-        _ERRORS = _RayErrors()
-    return _ERRORS
-
-
-_HOST_CLASS: Any = None
-
-
-def _host_class() -> Any:
-    """``ray.remote(KernelHost)``, built once per process."""
-    global _HOST_CLASS
-    if _HOST_CLASS is None:
-        _HOST_CLASS = _ray().remote(KernelHost)
-    return _HOST_CLASS
-
-
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
-
-
-def _reason(exc: BaseException) -> str:
-    """The telling line of a Ray actor error: the exception that broke it, or why it died."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if _ERROR_LINE.match(line) and not line.startswith("ray."):
-            return line
-    for line in reversed(lines):
-        if line.lower().startswith(("the actor is dead because", "the actor died because")):
-            return line
-    return lines[0] if lines else type(exc).__name__
-
-
-# --- the driver-side kernel ----------------------------------------------------------------
-
-
-class _Batch:
-    """Messages that will cross in one ``push`` call."""
-
-    __slots__ = ("accepted", "done", "error", "items", "sent", "timeout", "unwaited")
-
-    def __init__(self, timeout: float | None) -> None:
-        self.items: list[bytes] = []
-        self.timeout = timeout
-        self.sent = False
-        self.unwaited = False
-        self.accepted: int | None = None
-        self.error: BaseException | None = None
-        self.done: asyncio.Future[None] | None = None
-
-
-class RayKernel:
-    """The driver's handle on a ring kernel that runs in a Ray actor.
-
-    Attributes:
-        kernel_id: The kernel's id.
-        actor: The Ray actor handle (``ray.kill(kernel.actor)`` simulates a lost node).
-        actor_name: The Ray actor's name (unique per runtime).
-        config: The :class:`RingKernelConfig` the kernel was launched with.
-        error: Why the kernel FAILED (the actor's exception, or the Ray error when the
-            actor died).
-        undelivered: Messages that were sent but never processed (left in the inbox at
-            terminate, or refused on their way).
-        restarts: How many times Ray restarted the actor.
-        telemetry: The last snapshot fetched with ``runtime.refresh_telemetry(id)``, plus
-            the driver's own counts of refused messages, errors and restarts.
-    """
-
-    def __init__(
-        self,
-        kernel_id: str,
-        actor: Any,
-        name: str,
-        config: RingKernelConfig,
-        input_type: type | None,
-        output_type: type | None,
-        ray_options: dict[str, Any],
-    ) -> None:
-        self.kernel_id = kernel_id
-        self.actor = actor
-        self.actor_name = name
-        self.config = config
-        self.input_type = input_type
-        self.output_type = output_type
-        self.ray_options = ray_options
-        self.error: BaseException | None = None
-        self.undelivered: list[Any] = []
-        self.restarts = 0
-        self.telemetry = RingKernelTelemetry(kernel_id)
-        self._state = KernelState.CREATED
-        self._push = actor.push
-        self._request = actor.request
-        self._fetch_method = actor.fetch
-        # outbound
-        self._batches: deque[_Batch] = deque()
-        self._queued = 0
-        self._pump: asyncio.Task[None] | None = None
-        self._async_error: BaseException | None = None
-        # inbound
-        self._replies: deque[Any] = deque()
-        self._fetch: asyncio.Task[None] | None = None
-        self._fetch_error: BaseException | None = None
-        self._end_error: BaseException | None = None
-        # control
-        self._watch: asyncio.Task[None] | None = None
-        self._restoring: asyncio.Task[None] | None = None
-        self._stopping: asyncio.Future[None] | None = None
-        self._setup: asyncio.Task[None] | None = None
-        self._forward_to: str | None = None
-        self._dead = False
-        self._released = False
-
-    @property
-    def state(self) -> KernelState:
-        return self._state
-
-    @property
-    def is_active(self) -> bool:
-        return self._state is KernelState.ACTIVE
-
-    @property
-    def pending(self) -> int:
-        """Messages sent from the driver and not yet acknowledged by the actor."""
-        return self._queued
-
-    @property
-    def buffered(self) -> int:
-        """Replies already fetched to the driver and not yet received."""
-        return len(self._replies)
-
-    def __repr__(self) -> str:
-        return f"<RayKernel {self.kernel_id!r} {self._state.name} actor={self.actor_name!r}>"
-
-    def _refuse(self, operation: str) -> BaseException:
-        if self._state is KernelState.FAILED:
-            return self._failed_error()
-        return KernelStateError(self.kernel_id, self._state, operation)
-
-    def _failed_error(self) -> BaseException:
-        if isinstance(self._end_error, KernelFailedError):
-            return self._end_error
-        err = KernelFailedError(self.kernel_id, self.error)
-        err.__cause__ = self.error
-        return err
-
-
-def _min_timeout(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
 
 
 # --- the runtime ---------------------------------------------------------------------------
@@ -360,14 +169,14 @@ class RayRingKernelRuntime:
             raise KernelStateError("<ray runtime>", "SHUT DOWN", "start", "create a new runtime")
         if self._active:
             return self
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             opts = {"include_dashboard": False, "log_to_driver": True, **self.init_options}
             if self.address is not None:
                 opts["address"] = self.address
             ray.init(**opts)
             self._owns_ray = True
-        _errors()
+        errors()
         self._loop = asyncio.get_running_loop()
         self._active = True
         self._start_time = time.monotonic()
@@ -409,7 +218,7 @@ class RayRingKernelRuntime:
             self._active = False
             self._closed = True
             if self._owns_ray:
-                _ray().shutdown()
+                ray_module().shutdown()
                 self._owns_ray = False
         return report
 
@@ -530,7 +339,7 @@ class RayRingKernelRuntime:
         }
         try:
             actor = (
-                _host_class()
+                host_class()
                 .options(
                     name=name,
                     max_restarts=cfg.max_restarts if restartable else 0,
@@ -558,30 +367,30 @@ class RayRingKernelRuntime:
                 "the kernel function and its message classes at module level in an "
                 "importable module"
             ) from exc
-        kernel = RayKernel(kernel_id, actor, name, cfg, input_type, output_type, actor_opts)
+        kernel = RayKernel(kernel_id, actor, name, cfg, input_type, output_type, actor_opts, self)
         try:
             _, err = await actor.launch.remote()
-        except _errors().actor as exc:
+        except errors().actor as exc:
             with contextlib.suppress(Exception):
-                _ray().kill(actor)
+                ray_module().kill(actor)
             module = getattr(kernel_func, "__module__", "?")
             raise InvalidConfigurationError(
-                f"kernel {kernel_id!r}: its Ray actor could not start ({_reason(exc)}); "
+                f"kernel {kernel_id!r}: its Ray actor could not start ({reason(exc)}); "
                 f"every Ray worker must be able to import {module!r} (install it on each "
                 "node or ship it with runtime_env={'py_modules': [...]} or "
                 "{'working_dir': ...})"
             ) from exc
         except BaseException:
             with contextlib.suppress(Exception):
-                _ray().kill(actor)
+                ray_module().kill(actor)
             raise
         if err is not None:
             with contextlib.suppress(Exception):
-                _ray().kill(actor)
+                ray_module().kill(actor)
             raise unpack_error(err)
         kernel._state = KernelState.LAUNCHED
         self._kernels[kernel_id] = kernel
-        self._start_watch(kernel)
+        kernel._start_watch()
         return kernel
 
     def _checked_config(
@@ -608,7 +417,7 @@ class RayRingKernelRuntime:
             wanted[res] = float(amount)
         if not wanted:
             return
-        total = _ray().cluster_resources()
+        total = ray_module().cluster_resources()
         for res, amount in wanted.items():
             have = float(total.get(res, 0.0))
             if amount > have:
@@ -621,13 +430,13 @@ class RayRingKernelRuntime:
 
     async def _lifecycle(self, kernel_id: str, operation: str) -> None:
         k = self._kernel(kernel_id)
-        await self._settle(k)
+        await k._settle()
         if k._state is KernelState.FAILED and k._dead:
             raise k._failed_error()
         try:
             state, err = await getattr(k.actor, operation).remote()
-        except _errors().actor as exc:
-            raise self._lost(k, exc, operation) from exc
+        except errors().actor as exc:
+            raise k._lost(exc, operation) from exc
         if err is not None:
             raise unpack_error(err)
         if k._state not in _ENDED and k._stopping is None:
@@ -666,7 +475,7 @@ class RayRingKernelRuntime:
         try:
             if k._restoring is not None:
                 await asyncio.wait({k._restoring})
-            await self._flush_quietly(k)
+            await k._flush_quietly()
             if not k._dead:
                 left = await self._terminate_remote(k, timeout)
             if left:
@@ -694,7 +503,7 @@ class RayRingKernelRuntime:
     async def _terminate_remote(self, k: RayKernel, timeout: float | None) -> list[Any]:
         try:
             value, err = await k.actor.terminate.remote(timeout)
-        except _errors().actor as exc:
+        except errors().actor as exc:
             k.error = k.error or exc
             k.telemetry.record_error(exc)
             logger.error("kernel %r: its Ray actor died while terminating: %s", k.kernel_id, exc)
@@ -723,7 +532,7 @@ class RayRingKernelRuntime:
         if not k._released:
             k._released = True
             with contextlib.suppress(Exception):
-                _ray().kill(k.actor, no_restart=True)
+                ray_module().kill(k.actor, no_restart=True)
 
     def remove(self, kernel_id: str) -> None:
         """Forget a TERMINATED kernel so its id can be launched again."""
@@ -733,269 +542,10 @@ class RayRingKernelRuntime:
         if not k._released:
             k._released = True
             with contextlib.suppress(Exception):
-                _ray().kill(k.actor, no_restart=True)
+                ray_module().kill(k.actor, no_restart=True)
         del self._kernels[kernel_id]
 
-    # -- faults -------------------------------------------------------------------------
-
-    def _start_watch(self, k: RayKernel) -> None:
-        assert self._loop is not None
-        k._watch = self._loop.create_task(
-            self._watch(k), name=f"pydotcompute:ray-watch:{k.kernel_id}"
-        )
-
-    async def _watch(self, k: RayKernel) -> None:
-        """Wait in the actor until the kernel ends; notice the actor dying."""
-        try:
-            value, _ = await k.actor.watch.remote()
-        except _errors().actor as exc:
-            if k._stopping is None and k._state is not KernelState.TERMINATED:
-                self._lost(k, exc, "use")
-            return
-        if k._stopping is not None or k._state in _ENDED:
-            return
-        if not isinstance(value, tuple):
-            return
-        state, cause = value
-        if state == "FAILED":
-            self._mark_failed(k, unpack_cause(cause), dead=False)
-        elif state == "TERMINATED":
-            k._state = KernelState.TERMINATED  # its actor function returned on its own
-
-    def _lost(self, k: RayKernel, exc: BaseException, operation: str) -> BaseException:
-        """The actor behind ``k`` is gone: restart it or mark FAILED; the caller's error."""
-        if k._released or k._state is KernelState.TERMINATED:
-            err: BaseException = KernelStateError(
-                k.kernel_id, KernelState.TERMINATED, operation, "it was terminated"
-            )
-            err.__cause__ = exc
-            return err
-        cfg = k.config
-        restartable = cfg.restart == "on_failure" and k.restarts < cfg.max_restarts
-        if restartable and isinstance(exc, _errors().unavailable) and k._stopping is None:
-            if k._restoring is None:
-                assert self._loop is not None
-                k._restoring = self._loop.create_task(self._restore(k, exc))
-            err = KernelStateError(
-                k.kernel_id,
-                "RESTARTING",
-                operation,
-                f"its Ray actor stopped ({type(exc).__name__}) and Ray is restarting it "
-                f"(restart {k.restarts + 1} of {cfg.max_restarts}); messages in flight were "
-                "lost, send them again",
-            )
-            err.__cause__ = exc
-            return err
-        self._mark_failed(k, exc, dead=True)
-        return k._failed_error()
-
-    def _mark_failed(self, k: RayKernel, cause: BaseException | None, *, dead: bool) -> None:
-        if k._state is KernelState.FAILED:
-            return
-        k._state = KernelState.FAILED
-        k._dead = k._dead or dead
-        k.error = cause
-        k.telemetry.record_error(cause or "failed")
-        self._failures.append((k.kernel_id, cause))
-        if dead:
-            err = KernelFailedError(k.kernel_id, cause)
-            BaseException.__init__(
-                err,
-                f"cannot use kernel {k.kernel_id!r}: it is FAILED; its Ray actor died "
-                f"({_reason(cause) if cause else 'no reason given'}); launch it again, or "
-                "launch it with restart='on_failure' to let Ray restart it",
-            )
-            err.__cause__ = cause
-            k._end_error = err
-            logger.error("kernel %r failed: its Ray actor died: %s", k.kernel_id, cause)
-        else:
-            logger.error("kernel %r failed: %r", k.kernel_id, cause)
-
-    async def _restore(self, k: RayKernel, cause: BaseException) -> None:
-        """Wait for Ray to restart the actor, relaunch the kernel there, resume its state.
-
-        Ray refuses calls while the actor is restarting (``ActorUnavailableError``), so the
-        restore call is retried until ``restart_timeout`` seconds have passed.
-        """
-        assert self._loop is not None
-        deadline = self._loop.time() + self.restart_timeout
-        delay = 0.05
-        try:
-            while True:
-                forward = None
-                if k._forward_to is not None and k._forward_to in self._kernels:
-                    forward = (k._forward_to, self._kernels[k._forward_to].actor)
-                try:
-                    value, err = await k.actor.restore.remote(k._state.name, forward)
-                    break
-                except _errors().unavailable as exc:
-                    if self._loop.time() >= deadline:
-                        self._mark_failed(k, exc, dead=True)
-                        return
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                except _errors().actor as exc:
-                    self._mark_failed(k, exc, dead=True)
-                    return
-        finally:
-            k._restoring = None
-        if err is not None:
-            self._mark_failed(k, unpack_error(err), dead=False)
-            return
-        if value == "restored":
-            k.restarts += 1
-            k.telemetry.restarts = k.restarts
-            k.telemetry.record_error(cause)
-            logger.warning(
-                "kernel %r: Ray restarted its actor; restart %d of %d",
-                k.kernel_id,
-                k.restarts,
-                k.config.max_restarts,
-            )
-        if k._stopping is None and k._state not in _ENDED:
-            self._start_watch(k)
-
     # -- messaging: sends ----------------------------------------------------------------
-
-    def _encode(self, k: RayKernel, msg: Any) -> bytes:
-        state = k._state
-        if state is not KernelState.ACTIVE and state not in _RUNNING:
-            raise k._refuse("send to")
-        in_t = k.input_type
-        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
-            validate_message(msg, in_t, k.kernel_id, "expects")
-        if not isinstance(msg, RingKernelMessage):
-            raise TypeValidationError(
-                f"kernel {k.kernel_id!r} runs in a Ray actor, so its messages cross as "
-                f"MessagePack and must be @message objects; got {type(msg).__name__}"
-            )
-        return msg.serialize()
-
-    def _enqueue(
-        self, k: RayKernel, datas: list[bytes], timeout: float | None, waited: bool
-    ) -> list[tuple[_Batch, int]]:
-        """Append encoded messages to the kernel's outgoing batches; start the pump."""
-        parts: list[tuple[_Batch, int]] = []
-        batches = k._batches
-        max_batch = self.max_batch
-        i, n = 0, len(datas)
-        while i < n:
-            b = batches[-1] if batches else None
-            if b is None or b.sent or len(b.items) >= max_batch:
-                b = _Batch(timeout)
-                batches.append(b)
-            else:
-                b.timeout = _min_timeout(b.timeout, timeout)
-            take = min(max_batch - len(b.items), n - i)
-            if take == 1:
-                b.items.append(datas[i])
-            else:
-                b.items.extend(datas[i : i + take])
-            i += take
-            if not waited:
-                b.unwaited = True
-            parts.append((b, len(b.items)))
-        k._queued += n
-        if k._pump is None:
-            assert self._loop is not None
-            k._pump = self._loop.create_task(self._run_pump(k))
-        return parts
-
-    async def _run_pump(self, k: RayKernel) -> None:
-        """Push the kernel's batches one Ray call at a time (the order is kept)."""
-        batches = k._batches
-        try:
-            while batches:
-                if k._restoring is not None:
-                    await asyncio.wait({k._restoring})
-                b = batches[0]
-                b.sent = True
-                err: BaseException | None
-                try:
-                    if b.timeout is None:
-                        answer = await k._push.remote(b.items)
-                    else:
-                        answer = await k._push.remote(b.items, b.timeout)
-                    if type(answer) is int:
-                        accepted, err = answer, None
-                    else:
-                        accepted, err = answer[0], unpack_error(answer[1])
-                except _errors().actor as exc:
-                    accepted, err = 0, self._lost(k, exc, "send to")
-                except Exception as exc:
-                    accepted, err = 0, exc
-                batches.popleft()
-                k._queued -= len(b.items)
-                b.accepted = accepted
-                b.error = err
-                if accepted < len(b.items):
-                    self._refused(k, b.items[accepted:], err)
-                    if b.unwaited and k._async_error is None:
-                        k._async_error = err
-                if b.done is not None and not b.done.done():
-                    b.done.set_result(None)
-        finally:
-            k._pump = None
-
-    def _refused(self, k: RayKernel, items: list[bytes], err: BaseException | None) -> None:
-        msgs: list[Any] = []
-        for data in items:
-            try:
-                msgs.append(deserialize_message(data))
-            except Exception:
-                msgs.append(data)
-        k.undelivered.extend(msgs)
-        k.telemetry.record_drop(len(msgs))
-        logger.warning(
-            "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
-            k.kernel_id,
-            len(msgs),
-            err,
-        )
-
-    async def _wait_parts(self, k: RayKernel, parts: list[tuple[_Batch, int]]) -> None:
-        for b, end in parts:
-            if b.accepted is None:
-                if b.done is None:
-                    assert self._loop is not None
-                    b.done = self._loop.create_future()
-                await asyncio.shield(b.done)
-            if b.accepted is not None and b.accepted < end:
-                assert b.error is not None
-                raise b.error
-
-    def _raise_async_error(self, k: RayKernel) -> None:
-        err = k._async_error
-        if err is not None:
-            k._async_error = None
-            raise err
-
-    async def _room(self, k: RayKernel, timeout: float | None) -> None:
-        """Driver-side backpressure: wait while ``input_queue_size`` messages are in flight."""
-        limit = k.config.input_queue_size
-        if k._queued < limit:
-            return
-        assert self._loop is not None
-        deadline = None if timeout is None else self._loop.time() + timeout
-        while k._queued >= limit and k._batches:
-            head = k._batches[0]
-            if head.done is None:
-                head.done = self._loop.create_future()
-            remaining = None if deadline is None else deadline - self._loop.time()
-            if remaining is not None and remaining <= 0:
-                raise QueueTimeoutError(
-                    f"timed out after {timeout}s: {k._queued} messages to kernel "
-                    f"{k.kernel_id!r} are still in flight to its Ray actor"
-                )
-            await asyncio.wait({head.done}, timeout=remaining)
-
-    async def _settle(self, k: RayKernel) -> None:
-        """Wait for a pending connect and an ongoing restart before talking to the actor."""
-        if k._setup is not None:
-            setup, k._setup = k._setup, None
-            await setup
-        if k._restoring is not None:
-            await asyncio.wait({k._restoring})
 
     async def send(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> bool:
         """Deliver ``msg`` to a kernel's inbox in its Ray actor.
@@ -1014,14 +564,14 @@ class RayRingKernelRuntime:
             k = self._kernels[kernel_id]
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
-        data = self._encode(k, msg)
+        data = k._encode(msg)
         if k._async_error is not None:
-            self._raise_async_error(k)
+            k._raise_async_error()
         if k._setup is not None:
-            await self._settle(k)
+            await k._settle()
         if k._queued >= k.config.input_queue_size:
-            await self._room(k, timeout)
-        await self._wait_parts(k, self._enqueue(k, [data], timeout, True))
+            await k._room(timeout)
+        await k._wait_parts(k._enqueue([data], timeout, True))
         return True
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
@@ -1035,14 +585,14 @@ class RayRingKernelRuntime:
             QueueFullError: ``input_queue_size`` messages are already in flight.
         """
         k = self._kernel(kernel_id)
-        data = self._encode(k, msg)
-        self._raise_async_error(k)
+        data = k._encode(msg)
+        k._raise_async_error()
         if k._queued >= k.config.input_queue_size:
             raise QueueFullError(
                 f"{k._queued} messages to kernel {kernel_id!r} are already in flight to its "
                 "Ray actor (its input_queue_size); use send() to wait for room"
             )
-        self._enqueue(k, [data], None, False)
+        k._enqueue([data], None, False)
         return True
 
     async def send_batch(
@@ -1054,13 +604,13 @@ class RayRingKernelRuntime:
         accepted prefix stays delivered and the rest is kept in ``kernel.undelivered``).
         """
         k = self._kernel(kernel_id)
-        encode = self._encode
-        datas = [encode(k, m) for m in msgs]
+        encode = k._encode
+        datas = [encode(m) for m in msgs]
         if not datas:
             return 0
-        self._raise_async_error(k)
-        await self._settle(k)
-        await self._wait_parts(k, self._enqueue(k, datas, timeout, True))
+        k._raise_async_error()
+        await k._settle()
+        await k._wait_parts(k._enqueue(datas, timeout, True))
         return len(datas)
 
     async def flush(self, kernel_id: str) -> None:
@@ -1071,68 +621,8 @@ class RayRingKernelRuntime:
         k = self._kernel(kernel_id)
         if k._batches:
             last = k._batches[-1]
-            await self._wait_parts(k, [(last, 0)])
-        self._raise_async_error(k)
-
-    async def _flush_quietly(self, k: RayKernel) -> None:
-        if k._batches:
-            with contextlib.suppress(Exception):
-                await self._wait_parts(k, [(k._batches[-1], 0)])
-        k._async_error = None
-
-    # -- messaging: receives -------------------------------------------------------------
-
-    async def _fetch_replies(self, k: RayKernel, n: int, wait: float | None) -> None:
-        try:
-            answer = await (
-                k._fetch_method.remote(n) if wait is None else k._fetch_method.remote(n, wait)
-            )
-            items, packed = (answer, None) if type(answer) is list else answer
-            if items:
-                k._replies.extend(deserialize_message(b) for b in items)
-            if packed is not None:
-                err = unpack_error(packed)
-                if isinstance(err, KernelStateError):
-                    k._end_error = err  # closed and drained: terminated or failed
-                else:
-                    k._fetch_error = err
-        except _errors().actor as exc:
-            err = self._lost(k, exc, "receive from")
-            if k._state is not KernelState.FAILED:
-                k._fetch_error = err
-        except Exception as exc:
-            k._fetch_error = exc
-        finally:
-            k._fetch = None
-
-    async def _wait_replies(self, k: RayKernel, timeout: float | None, n: int) -> None:
-        """Return once ``k._replies`` is non-empty; raise the kernel's end or a timeout."""
-        loop = self._loop
-        assert loop is not None
-        deadline = None if timeout is None else loop.time() + timeout
-        while not k._replies:
-            if k._fetch_error is not None:
-                err, k._fetch_error = k._fetch_error, None
-                raise err
-            waiting: asyncio.Future[Any] | None = k._stopping or k._restoring
-            if waiting is None:
-                if k._end_error is not None:
-                    raise k._end_error
-                if k._setup is not None:
-                    await self._settle(k)
-                    continue
-                waiting = k._fetch
-                if waiting is None:
-                    wait = None if deadline is None else max(0.0, deadline - loop.time())
-                    waiting = k._fetch = loop.create_task(
-                        self._fetch_replies(k, max(n, self.prefetch), wait)
-                    )
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                raise QueueTimeoutError(f"no message from kernel {k.kernel_id!r} within {timeout}s")
-            done, _ = await asyncio.wait({waiting}, timeout=remaining)
-            if not done and not k._replies:
-                raise QueueTimeoutError(f"no message from kernel {k.kernel_id!r} within {timeout}s")
+            await k._wait_parts([(last, 0)])
+        k._raise_async_error()
 
     async def receive(self, kernel_id: str, *, timeout: float | None = None) -> Any:
         """The next reply from a kernel's outbox, waiting up to ``timeout`` seconds.
@@ -1147,7 +637,7 @@ class RayRingKernelRuntime:
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
         if not k._replies:
-            await self._wait_replies(k, timeout, 1)
+            await k._wait_replies(timeout, 1)
         return k._replies.popleft()
 
     def receive_nowait(self, kernel_id: str) -> Any:
@@ -1161,7 +651,7 @@ class RayRingKernelRuntime:
         if k._end_error is not None and k._stopping is None:
             raise k._end_error
         if k._fetch is None and k._stopping is None and k._restoring is None and self._loop:
-            k._fetch = self._loop.create_task(self._fetch_replies(k, self.prefetch, None))
+            k._fetch = self._loop.create_task(k._fetch_replies(self.prefetch, None))
         return None
 
     async def receive_batch(
@@ -1173,7 +663,7 @@ class RayRingKernelRuntime:
         k = self._kernel(kernel_id)
         if not k._replies:
             try:
-                await self._wait_replies(k, timeout, max_count)
+                await k._wait_replies(timeout, max_count)
             except QueueTimeoutError:
                 return []
         replies = k._replies
@@ -1195,10 +685,10 @@ class RayRingKernelRuntime:
             k = self._kernels[kernel_id]
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
-        data = self._encode(k, msg)
+        data = k._encode(msg)
         if k._batches or k._setup is not None or k._restoring is not None:
             await self.flush(kernel_id)
-            await self._settle(k)
+            await k._settle()
         try:
             if timeout is None:
                 answer = await k._request.remote(data)
@@ -1206,8 +696,8 @@ class RayRingKernelRuntime:
                 answer = await asyncio.wait_for(
                     k._request.remote(data, timeout), timeout + _REPLY_GRACE_S
                 )
-        except _errors().actor as exc:
-            raise self._lost(k, exc, "send to") from exc
+        except errors().actor as exc:
+            raise k._lost(exc, "send to") from exc
         except TimeoutError:
             raise QueueTimeoutError(
                 f"no reply from kernel {kernel_id!r} within {timeout}s: its Ray actor did "
@@ -1260,8 +750,8 @@ class RayRingKernelRuntime:
                 await previous
             try:
                 _, err = await ref
-            except _errors().actor as exc:
-                raise self._lost(k, exc, "connect") from exc
+            except errors().actor as exc:
+                raise k._lost(exc, "connect") from exc
             if err is not None:
                 raise unpack_error(err)
 
@@ -1285,8 +775,8 @@ class RayRingKernelRuntime:
         if not k._released and not k._dead:
             try:
                 tel, _ = await k.actor.telemetry.remote()
-            except _errors().actor as exc:
-                raise self._lost(k, exc, "read telemetry of") from exc
+            except errors().actor as exc:
+                raise k._lost(exc, "read telemetry of") from exc
             if tel is not None:
                 local = k.telemetry
                 tel.start_time = time.monotonic() - tel.uptime_seconds
