@@ -413,6 +413,31 @@ async def pipeline_between_gpu_kernels(rt: RingKernelRuntime, env: Env) -> None:
     assert [g.count for g in got] == [1, 2, 3, 4, 5, 6]
 
 
+async def pipeline_through_host_actors(rt: RingKernelRuntime, env: Env) -> None:
+    async def source(ctx: Any) -> None:
+        while True:
+            msg = await ctx.receive()
+            await ctx.send(Add(a=msg.a * 10.0, b=msg.b))
+
+    async def sink(ctx: Any) -> None:
+        while True:
+            msg = await ctx.receive()
+            await ctx.send(Sum(total=msg.total + 0.5, count=msg.count))
+
+    await rt.launch("src", source, input_type=Add, output_type=Add)
+    await launch_gpu(rt, "add", add_handler, Add, Sum, state=np.zeros(1, np.int64))
+    await rt.launch("sink", sink, input_type=Sum, output_type=Sum)
+    await rt.activate("src")
+    await rt.activate("sink")
+    rt.connect("src", "add")
+    rt.connect("add", "sink")
+    for i in range(5):
+        await rt.send("src", Add(a=float(i), b=1.0))
+    got = [await rt.receive("sink", timeout=20) for _ in range(5)]
+    assert [g.total for g in got] == [10.0 * i + 1.5 for i in range(5)]
+    assert [g.count for g in got] == [1, 2, 3, 4, 5]
+
+
 async def bad_input_is_refused(rt: RingKernelRuntime, env: Env) -> None:
     await launch_gpu(rt, "add", add_handler, Add, Sum)
     with pytest.raises(TypeValidationError, match="kernel 'add' expects Add, got Seq"):
@@ -485,6 +510,7 @@ SCENARIOS: dict[str, Scenario] = {
         cooperative_block,
         telemetry_reads_device_counters,
         pipeline_between_gpu_kernels,
+        pipeline_through_host_actors,
         bad_input_is_refused,
         reject_backpressure_when_full,
         several_actors_at_once,

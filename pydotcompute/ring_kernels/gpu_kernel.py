@@ -136,6 +136,7 @@ def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
         grid_size=meta.grid_size,
         block_size=meta.block_size,
         extra=dict(meta.extra),
+        restart=meta.restart,
     )
 
 
@@ -264,6 +265,7 @@ class GPURingKernel(RingKernel):
             grid_size=config.grid_size,
             block_size=config.block_size,
             extra=dict(config.extra),
+            restart=config.restart,
         )
         super().__init__(
             kernel_id,

@@ -104,6 +104,11 @@ def test_grid_size_must_be_one() -> None:
         _decorate(grid_size=4)
 
 
+def test_restart_on_failure_is_refused() -> None:
+    with pytest.raises(InvalidConfigurationError, match="restart='on_failure' is not supported"):
+        _decorate(restart="on_failure")
+
+
 def test_unknown_option_lists_the_known_ones() -> None:
     with pytest.raises(InvalidConfigurationError, match=r"unknown option\(s\) \['stat'\].*'state'"):
         _decorate(stat=np.zeros(1))

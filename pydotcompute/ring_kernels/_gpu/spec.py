@@ -281,6 +281,7 @@ def check_spec(
     grid_size: int,
     block_size: int,
     extra: dict[str, Any],
+    restart: str = "never",
 ) -> tuple[GPUKernelOptions, np.dtype[Any], np.dtype[Any]]:
     """Validate everything about a GPU ring kernel; returns its options and slot layouts.
 
@@ -297,6 +298,13 @@ def check_spec(
             kernel_id,
             f"a GPU ring kernel is one persistent block, so grid_size must be 1, got {grid_size}; "
             "use cooperative=True with block_size=... to put more threads on each message",
+        )
+    if restart != "never":
+        raise _fail(
+            kernel_id,
+            f"restart={restart!r} is not supported: a GPU ring kernel is not restarted after a "
+            "fault (a faulted CUDA context cannot be recovered in the process); use "
+            "restart='never' and relaunch it from your code",
         )
     if opts.cooperative and not 1 <= block_size <= 1024:
         raise _fail(kernel_id, f"block_size must be in 1..1024, got {block_size}")
