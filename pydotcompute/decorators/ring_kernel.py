@@ -14,6 +14,7 @@ from .validators import (
     validate_block_size,
     validate_grid_size,
     validate_kernel_id,
+    validate_message_type,
     validate_queue_size,
     validate_restart,
 )
@@ -143,6 +144,8 @@ def ring_kernel(
                 f"ring kernel {kid!r} must be an 'async def' function taking a KernelContext "
                 f"on the asyncio tier, got {fn!r}"
             )
+        validate_message_type(input_type, "input_type")
+        validate_message_type(output_type, "output_type")
         strategy = validate_backpressure_strategy(backpressure).value
         policy, restarts = validate_restart(restart, max_restarts)
         meta = RingKernelMeta(

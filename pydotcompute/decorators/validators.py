@@ -19,6 +19,7 @@ __all__ = (
     "validate_grid_size",
     "validate_kernel_id",
     "validate_message",
+    "validate_message_type",
     "validate_priority",
     "validate_queue_size",
 )
@@ -110,6 +111,16 @@ def validate_message(
         f"{who} {direction} {_type_name(expected)}, got {type(msg).__name__}"
         + (f" ({msg!r:.80})" if not hasattr(msg, "message_id") else "")
     )
+
+
+def validate_message_type(message_type: object, name: str = "input_type") -> type | None:
+    """A kernel's ``input_type`` / ``output_type`` is a class (or None: anything goes)."""
+    if message_type is not None and not isinstance(message_type, type):
+        raise TypeValidationError(
+            f"{name} must be a class (an @message type) or None, got {message_type!r:.80} "
+            f"of type {type(message_type).__name__}"
+        )
+    return message_type
 
 
 def validate_config(config: Any) -> Any:

@@ -35,7 +35,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..decorators.validators import validate_config, validate_message
+from ..decorators.validators import (
+    validate_config,
+    validate_message,
+    validate_message_type,
+)
 from ..exceptions import (
     KernelFailedError,
     KernelStateError,
@@ -339,6 +343,8 @@ class RingKernel:
         elif config.kernel_id != kernel_id:
             config.kernel_id = kernel_id
         validate_config(config)
+        validate_message_type(input_type, "input_type")
+        validate_message_type(output_type, "output_type")
         if not callable(kernel_func):
             raise TypeValidationError(
                 f"kernel {kernel_id!r}: kernel_func must be an async function taking a "

@@ -344,7 +344,12 @@ def test_correlation_id_is_written_as_16_bytes() -> None:
 
 def test_classes_register_under_their_fully_qualified_name() -> None:
     assert get_message_type(f"{__name__}.Point") is Point
-    assert get_message_type("Point") is Point
+
+    @message
+    class LookupByShortNameProbe:
+        n: int
+
+    assert get_message_type("LookupByShortNameProbe") is LookupByShortNameProbe
     assert registered_message_types()[f"{__name__}.Point"] is Point
     assert get_message_type("NoSuchMessage") is None
 

@@ -193,6 +193,17 @@ async def test_bad_kernel_id(rt: RingKernelRuntime, bad: Any) -> None:
         await rt.launch(bad, doubler)
 
 
+async def test_message_types_must_be_classes(rt: RingKernelRuntime) -> None:
+    with pytest.raises(
+        TypeValidationError,
+        match=r"input_type must be a class \(an @message type\) or None, got 'Req' of type str",
+    ):
+        await rt.launch("k", doubler, input_type="Req")
+    with pytest.raises(TypeValidationError, match="output_type must be a class"):
+        await rt.launch("k", doubler, output_type=Resp(y=1))
+    assert "k" not in rt
+
+
 async def test_launch_with_a_config_object(rt: RingKernelRuntime) -> None:
     cfg = RingKernelConfig("ignored", input_queue_size=5, backpressure_strategy="reject")
     kernel = await rt.launch("cfg", doubler, config=cfg)

@@ -1,0 +1,325 @@
+"""Telemetry: the latency histogram, per-kernel counters, the collector and GPUMonitor."""
+
+from __future__ import annotations
+
+import random
+import sys
+import types
+from typing import Any
+
+import pytest
+from foundation_helpers import Req, doubler
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+from pydotcompute.ring_kernels.telemetry import (
+    GPUInfo,
+    GPUMonitor,
+    LatencyHistogram,
+    RingKernelTelemetry,
+    TelemetryCollector,
+    get_gpu_monitor,
+)
+
+# --- the histogram ---------------------------------------------------------------------
+
+
+def _exact_percentile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil, at least the first
+    return ordered[int(rank) - 1]
+
+
+def test_empty_histogram_reports_zero() -> None:
+    h = LatencyHistogram()
+    assert h.count == 0
+    assert h.percentile(50) == 0
+    assert h.percentile(99) == 0
+
+
+def test_small_values_are_exact() -> None:
+    h = LatencyHistogram()
+    for v in range(8):
+        h.record(v)
+    assert [h.percentile(q) for q in (12.5, 25, 50, 100)] == [0, 1, 3, 7]
+
+
+def test_negative_values_count_as_zero() -> None:
+    h = LatencyHistogram()
+    h.record(-5)
+    assert h.count == 1
+    assert h.percentile(100) == 0
+
+
+def test_huge_values_land_in_the_last_bucket() -> None:
+    h = LatencyHistogram()
+    h.record(2**70)
+    assert h.count == 1
+    assert h.percentile(100) >= 2**63
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300),
+    st.sampled_from([1, 50, 90, 95, 99, 99.9, 100]),
+)
+def test_percentiles_are_within_one_eighth_above_the_truth(values: list[int], q: float) -> None:
+    h = LatencyHistogram()
+    for v in values:
+        h.record(v)
+    exact = _exact_percentile(values, q)
+    approx = h.percentile(q)
+    # the reported value is the upper edge of the bucket holding the exact percentile
+    assert exact <= approx <= max(exact * 9 // 8, exact + 1)
+
+
+def test_percentiles_of_a_known_distribution() -> None:
+    rng = random.Random(7)
+    values = [rng.randrange(1_000, 1_000_000) for _ in range(10_000)]
+    h = LatencyHistogram()
+    for v in values:
+        h.record(v)
+    for q in (50, 95, 99):
+        exact = _exact_percentile(values, q)
+        assert exact <= h.percentile(q) <= exact * 1.125
+    assert h.percentile(50) <= h.percentile(95) <= h.percentile(99)
+
+
+def test_reset() -> None:
+    h = LatencyHistogram()
+    h.record(100)
+    h.reset()
+    assert (h.count, h.percentile(50)) == (0, 0)
+
+
+# --- RingKernelTelemetry ---------------------------------------------------------------
+
+
+def test_record_message_updates_every_latency_statistic() -> None:
+    t = RingKernelTelemetry("k")
+    for ns in (300, 100, 200):
+        t.record_message(ns)
+    assert t.messages_processed == 3
+    assert t.total_latency_ns == 600
+    assert (t.min_latency_ns, t.max_latency_ns) == (100, 300)
+    assert t.avg_latency_ns == 200.0
+    assert t.avg_latency_ms == 0.0002
+    assert 200 <= t.p50_latency_ns <= 225
+    assert 300 <= t.p99_latency_ns <= 338
+    assert t.p95_latency_ns <= t.p99_latency_ns
+
+
+def test_new_telemetry_is_zero() -> None:
+    t = RingKernelTelemetry("fresh")
+    assert (t.messages_processed, t.avg_latency_ns, t.p50_latency_ns, t.throughput) == (
+        0,
+        0.0,
+        0,
+        0.0,
+    )
+    assert t.uptime_seconds >= 0
+
+
+def test_drops_errors_and_reset() -> None:
+    t = RingKernelTelemetry("k")
+    t.record_drop()
+    t.record_drop(4)
+    t.record_error(ValueError("bad"))
+    t.record_error("plain text")
+    assert t.messages_dropped == 5
+    assert t.error_count == 2
+    assert t.last_error == "plain text"
+    t.record_message(10)
+    t.reset()
+    assert t.kernel_id == "k"
+    assert (t.messages_dropped, t.error_count, t.messages_processed, t.last_error) == (
+        0,
+        0,
+        0,
+        None,
+    )
+    assert t.histogram.count == 0
+
+
+def test_first_error_text() -> None:
+    t = RingKernelTelemetry("k")
+    t.record_error(KeyError("missing"))
+    assert t.last_error == "KeyError: 'missing'"
+
+
+def test_to_dict_has_every_documented_key() -> None:
+    t = RingKernelTelemetry("k")
+    t.record_message(1_000)
+    d = t.to_dict()
+    for key in (
+        "kernel_id",
+        "messages_processed",
+        "messages_dropped",
+        "queue_depth",
+        "total_latency_ns",
+        "max_latency_ns",
+        "min_latency_ns",
+        "avg_latency_ns",
+        "p50_latency_ns",
+        "p95_latency_ns",
+        "p99_latency_ns",
+        "error_count",
+        "last_error",
+        "uptime_seconds",
+        "throughput",
+    ):
+        assert key in d, key
+    assert d["messages_processed"] == 1
+    assert d["throughput"] >= 0
+
+
+async def test_runtime_telemetry_measures_actor_time(rt: RingKernelRuntime) -> None:
+    await rt.launch("k", doubler, input_type=Req)
+    await rt.activate("k")
+    for i in range(20):
+        await rt.send_and_receive("k", Req(x=i), timeout=5)
+    tel = rt.get_telemetry("k")
+    assert tel.messages_processed == 20
+    assert tel.histogram.count in (19, 20)  # a message is timed at the next receive()
+    assert 0 < tel.min_latency_ns <= tel.p50_latency_ns <= tel.p99_latency_ns
+    assert tel.p99_latency_ns <= tel.max_latency_ns * 9 // 8 + 1
+
+
+async def test_telemetry_can_be_switched_off() -> None:
+    async with RingKernelRuntime(enable_telemetry=False) as runtime:
+        await runtime.launch("k", doubler, input_type=Req)
+        await runtime.activate("k")
+        await runtime.send_and_receive("k", Req(x=1), timeout=5)
+        assert runtime.get_telemetry("k").messages_processed == 0
+        assert runtime.get_telemetry("k").histogram.count == 0
+
+
+# --- the collector ---------------------------------------------------------------------
+
+
+def test_collector_register_get_and_summary() -> None:
+    c = TelemetryCollector()
+    a = c.register("a")
+    assert c.register("a") is a
+    b = c.register("b")
+    a.record_message(5)
+    b.record_drop(2)
+    b.record_error("x")
+    assert c.get("a") is a
+    assert c.get("zz") is None
+    assert c.all() == {"a": a, "b": b}
+    s = c.summary(gpu=False)
+    assert s["kernel_count"] == 2
+    assert (s["total_messages_processed"], s["total_messages_dropped"], s["total_errors"]) == (
+        1,
+        2,
+        1,
+    )
+    assert s["gpu_utilization"] is None
+    c.unregister("a")
+    assert c.get("a") is None
+
+
+# --- GPUMonitor ------------------------------------------------------------------------
+
+
+def test_gpu_monitor_reports_unavailable_cleanly_without_a_gpu() -> None:
+    mon = GPUMonitor()
+    if mon.is_available:
+        pytest.skip("an NVIDIA GPU is present: the unavailable path is not reachable here")
+    assert mon.unavailable_reason  # says why: library, driver or device missing
+    assert mon.device_count == 0
+    assert mon.get_gpu_info(0) is None
+    assert mon.get_all_gpu_info() == []
+    assert mon.get_utilization(0) is None
+    assert mon.get_memory_info(0) is None
+    mon.shutdown()
+    mon.shutdown()  # idempotent
+    assert TelemetryCollector().summary()["gpu_utilization"] is None
+
+
+def test_gpu_monitor_without_the_library_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    mon = GPUMonitor()
+    assert mon.is_available is False
+    assert mon.unavailable_reason == (
+        'nvidia-ml-py is not installed (pip install "pydotcompute[cuda]")'
+    )
+
+
+def _fake_nvml(**overrides: Any) -> types.ModuleType:
+    nv = types.ModuleType("pynvml")
+    state = {"init": 0, "shutdown": 0}
+
+    class Mem:
+        total, used, free = 80 << 30, 10 << 30, 70 << 30
+
+    class Util:
+        gpu, memory = 37, 12
+
+    def unsupported(*_: Any) -> Any:
+        raise RuntimeError("not supported")
+
+    nv.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    nv.nvmlInit = lambda: state.__setitem__("init", state["init"] + 1)  # type: ignore[attr-defined]
+    nv.nvmlShutdown = lambda: state.__setitem__("shutdown", state["shutdown"] + 1)  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetName = lambda h: b"Fake GPU " + h.encode()  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetMemoryInfo = lambda h: Mem()  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetUtilizationRates = lambda h: Util()  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetTemperature = lambda h, kind: 55  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetPowerUsage = unsupported  # type: ignore[attr-defined]
+    nv.nvmlSystemGetDriverVersion = lambda: "550.1"  # type: ignore[attr-defined]
+    nv.state = state  # type: ignore[attr-defined]
+    for name, value in overrides.items():
+        setattr(nv, name, value)
+    return nv
+
+
+def test_gpu_monitor_reads_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    nv = _fake_nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    mon = GPUMonitor()
+    assert mon.is_available
+    assert mon.unavailable_reason == ""
+    assert mon.device_count == 2
+    info = mon.get_gpu_info(1)
+    assert info == GPUInfo(
+        index=1,
+        name="Fake GPU h1",
+        total_memory=80 << 30,
+        used_memory=10 << 30,
+        free_memory=70 << 30,
+        utilization_gpu=37.0,
+        utilization_memory=12.0,
+        temperature_c=55.0,
+        power_w=None,  # unsupported on this board: None, not an error
+        driver_version="550.1",
+    )
+    assert info.to_dict()["name"] == "Fake GPU h1"
+    assert [i.index for i in mon.get_all_gpu_info()] == [0, 1]
+    assert mon.get_utilization(0) == 37.0
+    assert mon.get_memory_info(0) == {"total": 80 << 30, "used": 10 << 30, "free": 70 << 30}
+    with pytest.raises(IndexError, match=r"GPU index 5 out of range \(have 2\)"):
+        mon.get_gpu_info(5)
+    mon.shutdown()
+    assert nv.state == {"init": 1, "shutdown": 1}  # type: ignore[attr-defined]
+
+
+def test_gpu_monitor_when_nvml_init_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_driver() -> None:
+        raise RuntimeError("Driver Not Loaded")
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(nvmlInit=no_driver))
+    mon = GPUMonitor()
+    assert not mon.is_available
+    assert mon.unavailable_reason == "NVML unavailable: Driver Not Loaded"
+    assert mon.get_all_gpu_info() == []
+
+
+def test_get_gpu_monitor_is_a_singleton() -> None:
+    assert get_gpu_monitor() is get_gpu_monitor()
