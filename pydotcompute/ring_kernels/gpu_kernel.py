@@ -414,11 +414,15 @@ class GPURingKernel(RingKernel):
             drop_when_full=opts.outbox_full == "drop",
             device_id=opts.device_id,
         )
-        if dev.flavour == "simulator":
-            dev.compile()
-        else:
-            await asyncio.to_thread(dev.compile)
-        dev.start()
+        try:
+            if dev.flavour == "simulator":
+                dev.compile()
+            else:
+                await asyncio.to_thread(dev.compile)
+            dev.start()
+        except BaseException:
+            dev.release()
+            raise
         self._dev = dev
         self._rings = HostRings(dev.host)
         try:

@@ -405,8 +405,14 @@ class DeviceActor:
             with _live_lock:
                 if self in _graveyard:
                     _graveyard.remove(self)
+        if self.simulator:
+            keep = []
         if self._started:
-            _actor_released(keep if not self.simulator else [])
+            _actor_released(keep)
+        else:  # never launched (a compile error): still, no free while a kernel runs
+            with _live_lock:
+                if _live:
+                    _graveyard.extend(keep)
 
 
 def _device_pointer(arr: Any) -> int:
