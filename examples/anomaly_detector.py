@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class Alerts:
     z: np.ndarray
 
 
-def make_detector(n_sensors: int):  # type: ignore[no-untyped-def]
+def make_detector(n_sensors: int) -> Callable[[KernelContext], Awaitable[None]]:
     async def detector(ctx: KernelContext) -> None:
         # Persistent state, allocated once and updated in place for every tick.
         window = np.zeros((WINDOW, n_sensors))

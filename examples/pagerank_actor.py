@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,8 @@ def power_law_graph(n: int, avg_degree: int = 8, seed: int = 1) -> tuple[np.ndar
     def endpoints(a: float) -> np.ndarray:
         u = rng.random(m)
         i = (1.0 + u * (n ** (1 - a) - 1.0)) ** (1.0 / (1 - a))
-        return rng.permutation(n)[np.minimum(i.astype(np.int64) - 1, n - 1)]
+        picked: np.ndarray = rng.permutation(n)[np.minimum(i.astype(np.int64) - 1, n - 1)]
+        return picked
 
     dst, src = endpoints(0.8), endpoints(0.5)
     keys = np.unique(src * n + dst)
@@ -79,7 +81,7 @@ class Partial:
     values: np.ndarray
 
 
-def make_worker(block: Block):  # type: ignore[no-untyped-def]
+def make_worker(block: Block) -> Callable[[KernelContext], Awaitable[None]]:
     """An actor owning one block of the matrix for its whole life."""
 
     async def worker(ctx: KernelContext) -> None:
