@@ -18,8 +18,10 @@ What it measures (one echo actor per tier; a message is built per trip):
 Round trips are p50 / p95 / p99 of per-trip ``perf_counter_ns``; throughput is pipelined (a
 producer keeps the actor busy while the caller collects replies). Ratios are ours / floor:
 for latency lower is better, for throughput higher is better. A tier that cannot run here
-gets a row saying why. When ``tier_latency_benchmark.py`` provides measurement functions
-of the same names as the fallbacks below, they are used instead.
+gets a row saying why. The floors of tiers 2 and 3 come from ``tier_latency_benchmark.py``
+when it defines ``thread_floor_round_trip(n) -> list[ns]``,
+``thread_floor_pipeline(n) -> msg/s`` or ``process_floor_round_trip(n) -> list[ns]``; the
+functions of the same names below are the fallbacks.
 
 Run ``python benchmarks/extended_benchmark.py [--quick] [--json PATH]``.
 """
