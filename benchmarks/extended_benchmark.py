@@ -9,19 +9,19 @@ What it measures (one echo actor per tier; a message is built per trip):
   runtime (``tier="thread"``), against two threads playing ping-pong over
   ``queue.SimpleQueue`` (the floor);
 - tier 3, a process: ``CythonRingKernel`` (messages serialized over a shared-memory ring)
-  and the runtime-hosted ``tier="process"``, against two processes busy-polling one shared
-  memory slot with msgspec encoding (the floor: the least a serialized cross-process round
-  trip can cost from Python);
+  and the runtime-hosted ``tier="process"``, against two processes busy-polling shared
+  memory with MessagePack encoding both ways (the floor: the least a serialized
+  cross-process round trip can cost from Python);
 - GPU: taken from ``gpu_ring_kernel_benchmark.py`` when a CUDA device is present;
 - cluster (Ray): taken from ``ray_benchmark.py`` in full runs (Ray takes seconds to start).
 
 Round trips are p50 / p95 / p99 of per-trip ``perf_counter_ns``; throughput is pipelined (a
 producer keeps the actor busy while the caller collects replies). Ratios are ours / floor:
 for latency lower is better, for throughput higher is better. A tier that cannot run here
-gets a row saying why. The floors of tiers 2 and 3 come from ``tier_latency_benchmark.py``
-when it defines ``thread_floor_round_trip(n) -> list[ns]``,
-``thread_floor_pipeline(n) -> msg/s`` or ``process_floor_round_trip(n) -> list[ns]``; the
-functions of the same names below are the fallbacks.
+gets a row saying why. The round-trip floors of tiers 2 and 3 are measured by the functions
+of ``tier_latency_benchmark.py`` when it is present (its SimpleQueue ping-pong and its raw
+shared-memory ring with MessagePack); ``thread_floor_round_trip`` and
+``process_floor_round_trip`` below are the fallbacks.
 
 Run ``python benchmarks/extended_benchmark.py [--quick] [--json PATH]``.
 """
@@ -270,11 +270,29 @@ async def hosted_measure(tier: str, n_rt: int, n_tp: int) -> tuple[list[int], fl
 # --- measuring everything ---------------------------------------------------------------------
 
 
-def _provided(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
-    """The function ``name`` of tier_latency_benchmark.py when it exists, else ``fallback``."""
-    mod = sibling("tier_latency_benchmark")
-    fn = getattr(mod, name, None) if mod is not None else None
-    return fn if callable(fn) else fallback
+def _tier_latency() -> Any:
+    """tier_latency_benchmark.py as a module, or None when it is absent or cannot load."""
+    try:
+        return sibling("tier_latency_benchmark")
+    except Exception:
+        return None
+
+
+def tier2_floor(n: int) -> tuple[list[int], str]:
+    """SimpleQueue ping-pong samples: tier_latency_benchmark's measurement when present."""
+    fn = getattr(_tier_latency(), "_thread_ping_pong", None)
+    if callable(fn):
+        return fn(queue.SimpleQueue, n, min(500, n // 10)), "tier_latency_benchmark"
+    return thread_floor_round_trip(n), "extended_benchmark"
+
+
+def tier3_floor(n: int) -> tuple[list[int], str]:
+    """Two processes busy-polling shared memory, MessagePack both ways: the raw shared-memory
+    ring of tier_latency_benchmark when present, else a one-slot mapping of our own."""
+    fn = getattr(_tier_latency(), "_raw_ring_rt", None)
+    if callable(fn):
+        return fn(n, min(500, n // 10), True), "tier_latency_benchmark"
+    return process_floor_round_trip(n), "extended_benchmark"
 
 
 def _row(
@@ -364,15 +382,13 @@ def measure(quick: bool) -> dict[str, Any]:
 
     # tier 2
     t2_floor = "floor: SimpleQueue ping-pong"
-    add(
-        "2 thread",
-        t2_floor,
-        None,
-        lambda: (
-            _provided("thread_floor_round_trip", thread_floor_round_trip)(n_rt),
-            _provided("thread_floor_pipeline", thread_floor_pipeline)(n_tp),
-        ),
-    )
+    sources: dict[str, str] = {}
+
+    def t2() -> tuple[list[int], float]:
+        trips, sources["tier 2 floor"] = tier2_floor(n_rt)
+        return trips, thread_floor_pipeline(n_tp)
+
+    add("2 thread", t2_floor, None, t2)
     add(
         "2 thread",
         "ThreadedRingKernel",
@@ -387,16 +403,13 @@ def measure(quick: bool) -> dict[str, Any]:
     )
 
     # tier 3
-    t3_floor = "floor: shared-memory busy poll + msgspec"
-    add(
-        "3 process",
-        t3_floor,
-        None,
-        lambda: (
-            _provided("process_floor_round_trip", process_floor_round_trip)(n_proc),
-            None,
-        ),
-    )
+    t3_floor = "floor: shared-memory busy poll + MessagePack"
+
+    def t3() -> tuple[list[int], None]:
+        trips, sources["tier 3 floor"] = tier3_floor(n_proc)
+        return trips, None
+
+    add("3 process", t3_floor, None, t3)
     add(
         "3 process",
         "CythonRingKernel",
@@ -445,7 +458,7 @@ def measure(quick: bool) -> dict[str, Any]:
         )
     else:
         rows.extend(_rows_from_sibling("cluster", "Ray actors", "ray_benchmark", quick))
-    return {"loop": loop_name, "rows": rows, "samples": samples}
+    return {"loop": loop_name, "rows": rows, "samples": samples, "floor_sources": sources}
 
 
 def _rows_from_sibling(tier: str, path: str, script: str, quick: bool) -> list[dict[str, Any]]:
@@ -560,6 +573,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "quick": args.quick,
             "loop": result["loop"],
             "rows": result["rows"],
+            "floor_sources": result["floor_sources"],
             "summary": _summary(result["rows"]),
         },
         args.json,
