@@ -307,7 +307,8 @@ def compare(
 
     before, after = index(old), index(new)
     rows, regressions = [], 0
-    for key in [k for k in after if k in before] + [k for k in before if k not in after]:
+    keys = [*after, *(k for k in before if k not in after)]
+    for key in keys:
         o, n = before.get(key), after.get(key)
         row: dict[str, Any] = {"benchmark": key[0], "metric": key[1]}
         if o is None or n is None:

@@ -1,0 +1,136 @@
+"""The benchmark suite's bookkeeping: listing, comparing saved runs, printing a saved run.
+
+Nothing here measures time: the runs compared are written by the test itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _suite import summary_row  # noqa: E402
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pydotcompute", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def suite(tmp: Path, name: str, rows: list[dict[str, Any]], quick: bool = True) -> Path:
+    data = {
+        "suite": "pydotcompute",
+        "quick": quick,
+        "machine": {
+            "time": name,
+            "cpu": "test cpu",
+            "cpus": 2,
+            "python": "3",
+            "platform": "x",
+            "gpu": None,
+        },
+        "scripts": {"demo": {"status": "ok", "seconds": 1.0, "summary": rows}},
+    }
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_list_names_every_script() -> None:
+    out = bench("--list")
+    assert out.returncode == 0, out.stderr
+    for name in ("extended", "pagerank", "realtime_anomaly", "metal", "queue_latency"):
+        assert name in out.stdout
+
+
+def test_compare_flags_a_regression_on_the_same_run_ratio(tmp_path: Path) -> None:
+    old = suite(
+        tmp_path,
+        "old",
+        [
+            summary_row("latency", 10.0, "us", higher_is_better=False, baseline=5.0),
+            summary_row("rate", 100.0, "msg/s", higher_is_better=True, baseline=200.0),
+            summary_row("error", 1e-12, "L1", higher_is_better=False, compare=False),
+        ],
+    )
+    # latency ratio 2.0 -> 4.0: twice as slow against its floor; rate ratio 0.5 -> 0.55
+    new = suite(
+        tmp_path,
+        "new",
+        [
+            summary_row("latency", 8.0, "us", higher_is_better=False, baseline=2.0),
+            summary_row("rate", 110.0, "msg/s", higher_is_better=True, baseline=200.0),
+            summary_row("error", 1e-9, "L1", higher_is_better=False, compare=False),
+            summary_row("gpu", None, "us", higher_is_better=False, note="not available"),
+        ],
+    )
+    out = bench("--compare", str(old), str(new))
+    assert out.returncode == 0, out.stderr
+    lines = {ln.split()[1]: ln for ln in out.stdout.splitlines() if ln.startswith("demo ")}
+    assert "REGRESSION" in lines["latency"]
+    assert "same (within tolerance)" in lines["rate"]
+    assert "a check, not compared" in lines["error"]
+    assert "only in new run" in lines["gpu"]
+    assert "1 regression(s) beyond 25%" in out.stdout
+
+    strict = bench("--compare", str(old), str(new), "--fail-on-regression")
+    assert strict.returncode == 1
+    relaxed = bench("--compare", str(old), str(new), "--fail-on-regression", "--tolerance", "0.6")
+    assert relaxed.returncode == 0, relaxed.stdout
+
+
+def test_compare_by_value_when_asked(tmp_path: Path) -> None:
+    old = suite(
+        tmp_path, "old", [summary_row("latency", 10.0, "us", higher_is_better=False, baseline=5.0)]
+    )
+    new = suite(
+        tmp_path, "new", [summary_row("latency", 8.0, "us", higher_is_better=False, baseline=2.0)]
+    )
+    out = bench("--compare", str(old), str(new), "--compare-by", "value", "--fail-on-regression")
+    assert out.returncode == 0, out.stdout
+    assert "no regressions" in out.stdout
+
+
+def test_show_prints_a_saved_run_and_writes_markdown(tmp_path: Path) -> None:
+    saved = suite(
+        tmp_path,
+        "saved",
+        [
+            summary_row(
+                "round trip | p50",
+                7.5,
+                "us",
+                higher_is_better=False,
+                baseline=5.0,
+                baseline_name="asyncio.Queue",
+                target="ratio <= 1.2",
+            ),
+        ],
+    )
+    md = tmp_path / "summary.md"
+    out = bench("--show", str(saved), "--markdown", str(md))
+    assert out.returncode == 0, out.stderr
+    assert "asyncio.Queue" in out.stdout
+    assert "1.5" in out.stdout
+    text = md.read_text()
+    assert "| demo | round trip / p50 | 7.5 | us | 5 | asyncio.Queue | 1.5 | ratio <= 1.2 |" in text
+    assert "test cpu" in text
+
+
+def test_unknown_benchmark_name_is_refused() -> None:
+    out = bench("--only", "nonesuch")
+    assert out.returncode == 2
+    assert "unknown benchmark(s) ['nonesuch']" in out.stderr
