@@ -1,0 +1,251 @@
+"""Shutdown while producers, consumers and actors are blocked: no hang, nothing unaccounted.
+
+Each scenario runs on plain asyncio (the reference) and on uvloop. Hangs are guarded by a
+generous ``asyncio.wait_for`` (a hang fails the test; nothing here measures time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from pydotcompute import KernelContext, RingKernelRuntime, message
+from pydotcompute.exceptions import KernelFailedError, KernelStateError
+from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernel
+
+GUARD = 60.0  # seconds before a blocked call counts as a hang
+
+
+@message
+class Job:
+    n: int
+
+
+def _loops() -> list[Any]:
+    params = [pytest.param(asyncio.SelectorEventLoop, id="asyncio")]
+    if importlib.util.find_spec("uvloop") is not None:
+        import uvloop
+
+        params.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
+    return params
+
+
+def run_on(factory: Callable[[], asyncio.AbstractEventLoop], coro: Coroutine[Any, Any, Any]) -> Any:
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+loops = pytest.mark.parametrize("loop_factory", _loops())
+
+
+async def echo(ctx: KernelContext) -> None:
+    while not ctx.should_terminate:
+        await ctx.send(await ctx.receive())
+
+
+async def crash(ctx: KernelContext) -> None:
+    await ctx.receive()
+    raise RuntimeError("actor crashed")
+
+
+async def settle(steps: int = 50) -> None:
+    for _ in range(steps):
+        await asyncio.sleep(0)
+
+
+def accounted(kernel: RingKernel) -> bool:
+    """Every message the inbox accepted was taken by the actor or handed back as undelivered."""
+    stats = kernel.inbox.statistics()  # type: ignore[union-attr]
+    return stats.total_enqueued == kernel.telemetry.messages_processed + len(kernel.undelivered)
+
+
+async def _everything_blocked() -> dict[str, Any]:
+    rt = RingKernelRuntime()
+    await rt.start()
+    # an actor blocked sending into its full outbox, producers blocked on its full inbox
+    busy = await rt.launch("busy", echo, queue_size=2, drain_timeout=0.05)
+    # an actor parked in receive() with no timeout, consumers blocked on its empty outbox
+    starved = await rt.launch("starved", echo)
+    # deactivated with messages queued
+    paused = await rt.launch("paused", echo)
+    # failed, with a consumer that already saw the failure
+    failed = await rt.launch("failed", crash)
+    # launched but never activated, with messages queued
+    launched = await rt.launch("launched", echo)
+    for kid in ("busy", "starved", "paused", "failed"):
+        await rt.activate(kid)
+
+    producers = [asyncio.ensure_future(rt.send("busy", Job(n=i))) for i in range(12)]
+    consumers = [asyncio.ensure_future(rt.receive("starved")) for _ in range(3)]
+    await rt.deactivate("paused")
+    for i in range(3):
+        await rt.send("paused", Job(n=i))
+        await rt.send("launched", Job(n=i))
+    await rt.send("failed", Job(n=0))
+    await settle()
+    assert failed.state is KernelState.FAILED
+    assert sum(p.done() for p in producers) < len(producers)  # some are really blocked
+    assert not any(c.done() for c in consumers)
+
+    report = await asyncio.wait_for(rt.shutdown(timeout=0.5), GUARD)
+    produced = await asyncio.wait_for(asyncio.gather(*producers, return_exceptions=True), GUARD)
+    consumed = await asyncio.wait_for(asyncio.gather(*consumers, return_exceptions=True), GUARD)
+    return {
+        "rt": rt,
+        "report": report,
+        "kernels": {k.kernel_id: k for k in (busy, starved, paused, failed, launched)},
+        "produced": produced,
+        "consumed": consumed,
+    }
+
+
+@loops
+def test_shutdown_while_producers_consumers_and_actors_are_blocked(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    out = run_on(loop_factory, _everything_blocked())
+    kernels: dict[str, RingKernel] = out["kernels"]
+    rt: RingKernelRuntime = out["rt"]
+    assert not rt.is_active
+    for kid, k in kernels.items():
+        assert k.state is KernelState.TERMINATED, kid
+        assert k._task is None or k._task.done(), kid
+        assert accounted(k), kid
+
+    # producers: either their message got in, or they were told the kernel stopped
+    for res in out["produced"]:
+        assert res is True or (
+            isinstance(res, KernelStateError) and "cannot send to kernel 'busy'" in str(res)
+        ), res
+    # consumers: woken with a clear error once the outbox was closed and empty
+    for res in out["consumed"]:
+        assert isinstance(res, KernelStateError), res
+        assert "cannot receive from kernel 'starved': it is TERMINATED" in str(res)
+
+    # a deactivated kernel drains gracefully: everything processed, nothing lost
+    paused = kernels["paused"]
+    assert paused.undelivered == []
+    assert [m.n for m in paused.outbox.drain()] == [0, 1, 2]  # type: ignore[union-attr]
+    # never activated: handed back and counted
+    assert [m.n for m in kernels["launched"].undelivered] == [0, 1, 2]
+    # the busy kernel could not drain within its grace period: the rest is counted
+    busy = kernels["busy"]
+    accepted = sum(res is True for res in out["produced"])
+    assert busy.inbox.statistics().total_enqueued == accepted  # type: ignore[union-attr]
+    expected = {kid: len(k.undelivered) for kid, k in kernels.items() if k.undelivered}
+    assert out["report"] == expected
+    assert out["report"]["launched"] == 3
+    for kid, k in kernels.items():
+        assert k.telemetry.messages_dropped == len(k.undelivered), kid
+
+
+async def _pending_requests_at_exit() -> list[Any]:
+    async def mute(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            await ctx.receive()  # never answers
+
+    calls: list[asyncio.Future[Any]] = []
+    async with RingKernelRuntime() as rt:
+        await rt.launch("mute", mute)
+        await rt.activate("mute")
+        calls = [asyncio.ensure_future(rt.send_and_receive("mute", Job(n=i))) for i in range(5)]
+        await settle()
+    return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), GUARD)
+
+
+@loops
+def test_pending_send_and_receive_callers_learn_of_the_shutdown(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    results = run_on(loop_factory, _pending_requests_at_exit())
+    assert len(results) == 5
+    for res in results:
+        assert isinstance(res, KernelStateError), res
+        assert "cannot send to kernel 'mute': it is TERMINATED; it was terminated" in str(res)
+
+
+async def _hammered() -> dict[str, Any]:
+    rt = RingKernelRuntime()
+    await rt.start()
+    kernel = await rt.launch("sink", echo, queue_size=8, drain_timeout=5.0)
+    await rt.activate("sink")
+    sent = [0] * 4
+    received = 0
+
+    async def producer(i: int) -> BaseException:
+        while True:
+            try:
+                await rt.send("sink", Job(n=i))
+            except KernelStateError as exc:
+                return exc
+            sent[i] += 1
+
+    async def consumer() -> BaseException:
+        nonlocal received
+        while True:
+            try:
+                await rt.receive("sink")
+            except KernelStateError as exc:
+                return exc
+            received += 1
+
+    tasks = [asyncio.ensure_future(producer(i)) for i in range(4)]
+    drain = asyncio.ensure_future(consumer())
+    while sum(sent) < 500:
+        await asyncio.sleep(0)
+    report = await asyncio.wait_for(rt.shutdown(timeout=5.0), GUARD)
+    endings = await asyncio.wait_for(asyncio.gather(*tasks, drain), GUARD)
+    return {
+        "kernel": kernel,
+        "sent": sum(sent),
+        "received": received,
+        "report": report,
+        "endings": endings,
+    }
+
+
+@loops
+def test_shutdown_under_load_loses_nothing(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    out = run_on(loop_factory, _hammered())
+    kernel: RingKernel = out["kernel"]
+    assert kernel.state is KernelState.TERMINATED
+    assert all(isinstance(e, KernelStateError) for e in out["endings"])
+    # graceful drain: every accepted message was processed and its reply received
+    assert out["report"] == {}
+    assert kernel.undelivered == []
+    assert kernel.telemetry.messages_processed == out["sent"]
+    assert out["received"] == out["sent"]
+    assert accounted(kernel)
+
+
+async def _failed_then_shutdown() -> dict[str, Any]:
+    async with RingKernelRuntime() as rt:
+        kernel = await rt.launch("bad", crash)
+        await rt.activate("bad")
+        waiting = asyncio.ensure_future(rt.receive("bad"))
+        await rt.send("bad", Job(n=1))
+        first = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), GUARD)
+        for i in range(3):
+            try:
+                await rt.send("bad", Job(n=i))
+            except KernelFailedError:
+                pass
+    return {"kernel": kernel, "first": first[0], "summary": rt.get_summary()}
+
+
+@loops
+def test_a_failed_kernel_shuts_down_cleanly(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    out = run_on(loop_factory, _failed_then_shutdown())
+    assert isinstance(out["first"], KernelFailedError)
+    assert "the actor raised RuntimeError: actor crashed" in str(out["first"])
+    assert out["kernel"].state is KernelState.TERMINATED
+    assert out["summary"]["failures"] == [("bad", "RuntimeError('actor crashed')")]
+    assert accounted(out["kernel"])
