@@ -273,8 +273,9 @@ class DeviceActor:
             cooperative=self.cooperative,
         )
         try:
-            module = cupy.RawModule(code=src, options=("-std=c++17",))
-            self._kernel = module.get_function(cuda_c.KERNEL_NAME)
+            with cupy.cuda.Device(self.device_id):
+                module = cupy.RawModule(code=src, options=("-std=c++17",))
+                self._kernel = module.get_function(cuda_c.KERNEL_NAME)
         except Exception as exc:
             raise KernelCompilationError(
                 f"{self.name}: the CUDA C handler does not compile: {exc}"
@@ -307,7 +308,7 @@ class DeviceActor:
     def _start_numba(self) -> None:
         cuda = _numba_cuda()
 
-        self._stream = _nonblocking_stream(self._keep)
+        self._stream = _nonblocking_stream(self._keep, self.device_id)
         try:
             self._kernel[1, self.nthreads, self._stream](*self._args())
             self._event = cuda.event(timing=False)
@@ -318,7 +319,8 @@ class DeviceActor:
     def _start_c(self) -> None:
         import cupy
 
-        stream = cupy.cuda.Stream(non_blocking=True)
+        with cupy.cuda.Device(self.device_id):
+            stream = cupy.cuda.Stream(non_blocking=True)
         self._stream = stream
         ptr = _device_pointer
         h = self.host
@@ -334,9 +336,10 @@ class DeviceActor:
             np.int64(len(h["lat"])),
         )
         try:
-            self._kernel((1,), (self.nthreads,), args, stream=stream)
-            self._event = cupy.cuda.Event(disable_timing=True)
-            self._event.record(stream)
+            with cupy.cuda.Device(self.device_id):
+                self._kernel((1,), (self.nthreads,), args, stream=stream)
+                self._event = cupy.cuda.Event(disable_timing=True)
+                self._event.record(stream)
         except Exception as exc:
             raise CUDAError(f"{self.name}: launching the persistent kernel failed: {exc}") from exc
 
@@ -422,14 +425,15 @@ def _device_pointer(arr: Any) -> int:
     return int(arr.device_ctypes_pointer.value)
 
 
-def _nonblocking_stream(keep: list[Any]) -> Any:
+def _nonblocking_stream(keep: list[Any], device_id: int) -> Any:
     """A Numba stream that does not synchronize with the legacy default stream."""
     cuda = _numba_cuda()
 
     try:
         import cupy
 
-        stream = cupy.cuda.Stream(non_blocking=True)
+        with cupy.cuda.Device(device_id):
+            stream = cupy.cuda.Stream(non_blocking=True)
         keep.append(stream)
         return cuda.external_stream(stream.ptr)
     except Exception as exc:
