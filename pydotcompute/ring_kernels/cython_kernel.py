@@ -209,6 +209,25 @@ def _rebuild_error(report: tuple[Any, ...], kernel_id: str, pid: int | None) -> 
     return exc
 
 
+def _exited(process: Any, timeout: float | None) -> bool:
+    """Wait on the process sentinel (never ``waitpid``, which only one thread may win)."""
+    return bool(mp_connection.wait([process.sentinel], timeout))
+
+
+def _reap(process: Any) -> int | None:
+    """The exit code of a child whose sentinel fired, tolerating a concurrent reaper.
+
+    ``Process.join`` in two threads at once lets one ``waitpid`` fail with ECHILD and
+    report None; the winner stores the code on the shared ``Popen`` shortly after.
+    """
+    deadline = _monotonic() + 5.0
+    while True:
+        process.join(0.05)
+        code: int | None = process.exitcode
+        if code is not None or _monotonic() > deadline:
+            return code
+
+
 def _ring_bell_byte(fd: int, byte: bytes) -> None:
     try:
         os.write(fd, byte)
@@ -462,14 +481,13 @@ class CythonRingKernel:
         if report is None or report[0] != "ready":
             if report is None and not ready:
                 process.kill()
-            process.join(5.0)
-            self._exit_code = process.exitcode
+            self._exit_code = _reap(process)
             if report is not None and report[0] == "error":
                 cause = _rebuild_error(report, self._kernel_id, process.pid)
             else:
                 cause = ChildProcessError(
                     f"the child process of kernel {self._kernel_id!r} "
-                    f"{_describe_exit(process.exitcode)} before reporting ready"
+                    f"{_describe_exit(self._exit_code)} before reporting ready"
                     + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
                 )
             self._error = cause
@@ -557,8 +575,7 @@ class CythonRingKernel:
             if self._child_exited:
                 return True
             process = self._process
-            process.join(5.0)
-            self._exit_code = process.exitcode
+            self._exit_code = _reap(process)
             error: BaseException | None = None
             try:
                 while self._status.poll():
@@ -646,10 +663,9 @@ class CythonRingKernel:
                 self._on_child_exit()
                 return True
         process.terminate()
-        process.join(1.0)
-        if process.is_alive():
+        if not _exited(process, 1.0):
             process.kill()
-            process.join(5.0)
+            _exited(process, 5.0)
         self._on_child_exit()
         return False
 
@@ -675,9 +691,10 @@ class CythonRingKernel:
             for fd in self._watch_stop:
                 os.close(fd)
             self._watch_stop = None
-        if self._process is not None and self._process.is_alive():
+        alive = self._process is not None and not self._child_exited
+        if alive and not _exited(self._process, 0.0):
             self._process.kill()
-            self._process.join(5.0)
+            _exited(self._process, 5.0)
         if self._process is not None:
             self._on_child_exit()
             self._process.close()
@@ -700,8 +717,7 @@ class CythonRingKernel:
             return self._state is CythonKernelState.STOPPED
         if self._child_exited:
             return True
-        self._process.join(timeout)
-        if self._process.exitcode is None:
+        if not _exited(self._process, timeout):
             return False
         self._on_child_exit()
         return True
@@ -779,10 +795,9 @@ class CythonRingKernel:
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
         """Wait for a child that is known to be exiting (it closed a ring), then record it."""
-        if self._process is not None and not self._child_exited and not self._cleaned:
-            self._process.join(timeout)
-            if self._process.exitcode is not None:
-                self._on_child_exit()
+        waiting = self._process is not None and not self._child_exited and not self._cleaned
+        if waiting and _exited(self._process, timeout):
+            self._on_child_exit()
 
     def send_nowait(self, msg: Any) -> bool:
         """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
