@@ -215,11 +215,16 @@ async def test_terminate_times_out_on_a_kernel_that_does_not_acknowledge(
     assert k.state is KernelState.TERMINATED
 
 
-async def test_activate_fails_fast_when_the_kernel_died(rt: RingKernelRuntime) -> None:
-    k = await launch_gpu(rt, "crash", _crashing_handler, Seq, SeqOut, activate=False)
+async def test_a_kernel_that_exits_on_its_own_is_reported_failed(rt: RingKernelRuntime) -> None:
+    k = await launch_gpu(rt, "quit", suite.add_handler, Add, Sum, activate=False)
     assert k.state is KernelState.LAUNCHED
-    k._rings.set_word(layout.TERMINATE, 1)  # type: ignore[union-attr]
-    await suite.wait_for(lambda: not _device_threads())
+    k._rings.set_word(layout.TERMINATE, 1)  # type: ignore[union-attr]  # as if it crashed
+    await suite.wait_for(lambda: k.state is KernelState.FAILED)  # the pump's watchdog
+    assert isinstance(k.error, RuntimeError)
+    assert "exited on its own" in str(k.error)
+    with pytest.raises(KernelStateError, match="cannot activate kernel 'quit': it is FAILED"):
+        await rt.activate("quit")
     with pytest.raises(KernelFailedError, match="exited on its own"):
-        await rt.activate("crash")
-    await rt.terminate("crash")
+        await rt.send("quit", Add(a=1.0, b=2.0))
+    await rt.terminate("quit")
+    assert k.state is KernelState.TERMINATED
