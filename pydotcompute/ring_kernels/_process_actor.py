@@ -191,11 +191,13 @@ class CythonKernelContext:
     """
 
     __slots__ = (
+        "_checked_type",
         "_gone",
         "_in",
         "_in_space_fd",
         "_out",
         "_out_data_fd",
+        "_out_max",
         "_output_type",
         "_read_waiter",
         "_spin_s",
@@ -214,6 +216,8 @@ class CythonKernelContext:
         self._read_waiter = _Waiter(spec.in_data.fileno(), None)
         self._write_waiter = _Waiter(spec.out_space.fileno(), None)
         self._gone = False
+        self._checked_type: type | None = None
+        self._out_max: int = out_ring.max_record_size
 
     def _parent_gone(self, value: bool = False) -> bool:
         if value:
@@ -284,10 +288,12 @@ class CythonKernelContext:
             InvalidConfigurationError: the message can never fit the outbox ring.
             QueueClosedError: the parent process has gone.
         """
-        check_message(self.kernel_id, msg, self._output_type, "must send")
+        if type(msg) is not self._checked_type:  # validate each new type once
+            check_message(self.kernel_id, msg, self._output_type, "must send")
+            self._checked_type = type(msg)
         data = msg.serialize()
         ring = self._out
-        if len(data) > ring.max_record_size:
+        if len(data) > self._out_max:
             raise _too_large(self.kernel_id, msg, len(data), ring, "outbox")
         result = ring.try_write(data)
         if not result:

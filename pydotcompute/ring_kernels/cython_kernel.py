@@ -118,6 +118,9 @@ class CythonKernelState(enum.Enum):
     STOPPED = "stopped"
 
 
+_RUNNING = CythonKernelState.RUNNING
+
+
 @dataclass
 class CythonKernelConfig:
     """Settings of a :class:`CythonRingKernel`.
@@ -345,6 +348,9 @@ class CythonRingKernel:
         self._wakers = _WakerSet()
         self._space_armed = False
         self._cleaned = False
+        self._checked_type: type | None = None
+        self._in_max = 0
+        self._rx: Any = None  # the outbox ring while receiving from it is allowed
         self._status: Any = None
         self._child_exited = False
         self._stop_requested = False
@@ -497,6 +503,8 @@ class CythonRingKernel:
         # both processes have mapped the rings: drop the names so nothing can leak
         self._in_ring.unlink()
         self._out_ring.unlink()
+        self._in_max = self._in_ring.max_record_size
+        self._rx = self._out_ring
         stop_r, stop_w = os.pipe()
         self._watch_stop = (stop_r, stop_w)
         self._watcher = threading.Thread(
@@ -699,6 +707,7 @@ class CythonRingKernel:
             self._on_child_exit()
             self._process.close()
         with self._recv_lock, self._send_lock:
+            self._rx = None
             for ring in (self._in_ring, self._out_ring):
                 if ring is not None:
                     ring.unlink()
@@ -752,18 +761,22 @@ class CythonRingKernel:
             TypeValidationError: ``msg`` is not a message (or not the ``input_type``).
             InvalidConfigurationError: the message can never fit the inbox ring.
         """
-        if self._state is not CythonKernelState.RUNNING:
+        if self._state is not _RUNNING:
             raise self._state_error("send to")
-        check_message(self._kernel_id, msg, self._input_type, "expects")
+        if type(msg) is not self._checked_type:  # validate each new type once
+            check_message(self._kernel_id, msg, self._input_type, "expects")
+            self._checked_type = type(msg)
         data = msg.serialize()
         ring = self._in_ring
-        if len(data) > ring.max_record_size:
+        if len(data) > self._in_max:
             raise _too_large(self._kernel_id, msg, len(data), ring, "inbox")
         lock = self._send_lock
-        if not lock.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+        if timeout is None:
+            lock.acquire()
+        elif not lock.acquire(True, max(timeout, 0.0)):
             return False
         try:
-            if self._state is not CythonKernelState.RUNNING:
+            if self._state is not _RUNNING:
                 raise self._state_error("send to")
             try:
                 result = ring.try_write(data)
@@ -817,13 +830,15 @@ class CythonRingKernel:
             KernelStateError: the kernel never started, or stopped and is drained.
         """
         lock = self._recv_lock
-        if not lock.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+        if timeout is None:
+            lock.acquire()
+        elif not lock.acquire(True, max(timeout, 0.0)):
             return None
         try:
             if self._pending_out:
                 return deserialize_message(self._pending_out.popleft())
-            ring = self._out_ring
-            if ring is None or ring.closed:
+            ring = self._rx
+            if ring is None:
                 raise self._state_error("receive from")
             data = ring.try_read()
             if data is None:

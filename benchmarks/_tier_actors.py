@@ -1,0 +1,85 @@
+"""Messages, actors and floor children for ``tier_latency_benchmark.py``.
+
+They live in an importable module (not the script) because the process tier and the
+multiprocessing floors run them in ``spawn`` children, which import them by module path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydotcompute import message
+from pydotcompute.ring_kernels._cython import SharedByteRing
+from pydotcompute.ring_kernels.message import deserialize_message
+
+
+@message
+class Ping:
+    value: int
+
+
+@message
+class Pong:
+    value: int
+
+
+def echo_actor(ctx: Any) -> None:
+    """Tier 2 and 3 actor: answer every Ping with a Pong (blocking receive, no timeout)."""
+    receive, send = ctx.receive, ctx.send
+    while True:
+        msg = receive()
+        send(Pong(value=msg.value))
+
+
+def raw_ring_echo(in_name: str, out_name: str, decode: bool) -> None:
+    """Floor child: echo records between two shared rings with a pure busy poll.
+
+    With ``decode`` it also decodes the Ping and encodes a Pong (the MessagePack cost
+    without any kernel machinery around it).
+    """
+    inbox = SharedByteRing.attach(in_name)
+    outbox = SharedByteRing.attach(out_name)
+    try:
+        while True:
+            data = inbox.spin_read(1.0)
+            if data is None:
+                continue
+            if data == b"quit":
+                return
+            if decode:
+                data = Pong(value=deserialize_message(data).value).serialize()  # type: ignore[attr-defined]
+            while not outbox.try_write(data):
+                pass
+    finally:
+        inbox.close()
+        outbox.close()
+
+
+def mp_queue_echo(q_in: Any, q_out: Any) -> None:
+    """Floor child: ``multiprocessing.Queue`` echo (pickled Ping -> Pong)."""
+    while True:
+        msg = q_in.get()
+        if msg is None:
+            return
+        q_out.put(Pong(value=msg.value))
+
+
+def mp_pipe_echo(conn: Any) -> None:
+    """Floor child: ``multiprocessing.Pipe`` echo (pickled Ping -> Pong)."""
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        conn.send(Pong(value=msg.value))
+
+
+def cpu_hog(seconds: float) -> None:
+    """Keep one core busy (the loaded-machine condition of the spin sweep)."""
+    import time
+
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+    os._exit(0)
