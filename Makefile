@@ -1,5 +1,5 @@
 # Two entry points a newcomer needs (see README): `make demo` and `make test`.
-# Both create .venv and install the package with everything the tests need.
+# Both create .venv: `demo` installs the light `demo` extra, `test` everything CI needs.
 
 PY ?= python3
 VENV ?= .venv
@@ -17,8 +17,16 @@ $(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
 
 install: $(STAMP)
 
+# The demo needs far less than the test suite (no CuPy, Numba, Ray or docs tooling).
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[demo]"
+	touch $(DEMO_STAMP)
+
 ## The main job: the quick start, a streaming pipeline and the quick benchmark suite.
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m pydotcompute demo
 	$(BIN)/python examples/streaming_pipeline.py
 	$(BIN)/python -m pydotcompute bench --quick
