@@ -184,10 +184,10 @@ def bench_tier2(n: int, warmup: int, repeats: int) -> list[dict[str, Any]]:
 
 
 def _process_kernel_rt(
-    n: int, warmup: int, spin_us: float = 50.0, pace_s: float = 0.0
+    n: int, warmup: int, spin_us: float = 50.0, pace_s: float = 0.0, adaptive: bool = True
 ) -> tuple[list[int], float, float]:
     """Round trips through CythonRingKernel; also returns (parent, child) CPU seconds."""
-    cfg = CythonKernelConfig("bench_t3", spin_us=spin_us)
+    cfg = CythonKernelConfig("bench_t3", spin_us=spin_us, adaptive_spin=adaptive)
     with CythonRingKernel("bench_t3", echo_actor, config=cfg) as kernel:
         send, receive = kernel.send, kernel.receive
         for i in range(warmup):
@@ -312,7 +312,9 @@ def bench_tier3(n: int, warmup: int, repeats: int) -> list[dict[str, Any]]:
 # --- spin sweep ------------------------------------------------------------------------------
 
 
-def bench_spin_sweep(n: int, warmup: int, budgets: list[float]) -> list[dict[str, Any]]:
+def bench_spin_sweep(
+    n: int, warmup: int, budgets: list[tuple[float, bool]]
+) -> list[dict[str, Any]]:
     rows = []
     for loaded in (False, True):
         hog = None
@@ -320,19 +322,21 @@ def bench_spin_sweep(n: int, warmup: int, budgets: list[float]) -> list[dict[str
             hog = SPAWN.Process(target=cpu_hog, args=(3600.0,), name="bench-hog")
             hog.start()
         try:
-            for spin in budgets:
+            for spin, adaptive in budgets:
                 t0 = time.perf_counter()
-                samples, cpu_p, cpu_c = _process_kernel_rt(n, warmup, spin_us=spin)
+                samples, cpu_p, cpu_c = _process_kernel_rt(n, warmup, spin, 0.0, adaptive)
                 busy_wall = time.perf_counter() - t0
                 paced_n = max(n // 10, 100)
-                paced, pcpu_p, pcpu_c = _process_kernel_rt(paced_n, 20, spin_us=spin, pace_s=0.001)
-                r = _row(f"spin {spin:g} us{' + CPU hog' if loaded else ''}", samples)
+                paced, pcpu_p, pcpu_c = _process_kernel_rt(paced_n, 20, spin, 0.001, adaptive)
+                mode = "adaptive" if adaptive else "fixed"
+                r = _row(f"{mode} {spin:g} us{' + CPU hog' if loaded else ''}", samples)
                 pp = percentiles(paced, (50, 99))
                 wall = paced_n * 0.001
                 rows.append(
                     r
                     | {
                         "spin_us": spin,
+                        "adaptive": adaptive,
                         "loaded": loaded,
                         "paced_p50_us": pp["p50_us"],
                         "paced_p99_us": pp["p99_us"],
@@ -380,7 +384,8 @@ def main() -> None:
     )
     sweep: list[dict[str, Any]] = []
     if args.spin_sweep:
-        budgets = [0.0, 10.0, 50.0, 200.0, 1000.0]
+        budgets = [(0.0, False), (10.0, False), (50.0, False), (200.0, False), (1000.0, False)]
+        budgets += [(50.0, True), (200.0, True), (1000.0, True)]
         sweep = bench_spin_sweep(n // 2 if not args.quick else n, warmup, budgets)
         print_table(
             "Tier 3 spin budget sweep (us); paced = one message per ms",

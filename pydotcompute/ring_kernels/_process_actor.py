@@ -57,22 +57,54 @@ def _poll_ms(remaining: float | None) -> int:
     return max(int(remaining * 1000 + 0.999), 0)
 
 
-class _Waiter:
-    """Parks one role (reader or writer of one ring) on its doorbell plus a liveness fd.
+PROBE_EVERY = 8  # an adaptive waiter that keeps parking still tries a full spin this often
+_MIN_SPIN_S = 1e-6
 
-    Returns from :meth:`park` when the bell rang, the liveness fd fired (child exited in
-    the parent, parent hung up in the child) or the slice ended; callers re-check.
+
+class _Waiter:
+    """Waits for one role (reader or writer of one ring): spin, then park on a doorbell.
+
+    Parking polls the doorbell plus a liveness fd and returns when the bell rang, the
+    liveness fd fired (child exited in the parent, parent hung up in the child) or the
+    slice ended; callers re-check.
+
+    The spin budget adapts when ``adaptive``: a wait that ended while spinning restores the
+    full budget (``max_spin_s``); one that had to park quarters it, down to zero, and every
+    ``PROBE_EVERY``-th consecutive park tries the full budget again. So a busy peer on a
+    quiet machine is met by spinning (microsecond round trips), while a slow peer, or a
+    machine so loaded that the peer is rarely on a core, stops costing a core per wait.
     """
 
-    __slots__ = ("bell_fd", "live_fd", "poller")
+    __slots__ = ("adaptive", "bell_fd", "live_fd", "max_spin_s", "misses", "poller", "spin_s")
 
-    def __init__(self, bell_fd: int, live_fd: int | None) -> None:
+    def __init__(
+        self, bell_fd: int, live_fd: int | None, max_spin_s: float = 0.0, adaptive: bool = True
+    ) -> None:
         self.bell_fd = bell_fd
         self.live_fd = live_fd
+        self.max_spin_s = self.spin_s = max_spin_s
+        self.adaptive = adaptive
+        self.misses = 0
         self.poller = select.poll()
         self.poller.register(bell_fd, select.POLLIN)
         if live_fd is not None:
             self.poller.register(live_fd, select.POLLIN)
+
+    def hit(self) -> None:
+        """The wait ended while spinning: spinning pays off, use the full budget."""
+        self.spin_s = self.max_spin_s
+        self.misses = 0
+
+    def miss(self) -> None:
+        """The wait had to park: spin less next time (but probe now and then)."""
+        if not self.adaptive:
+            return
+        self.misses += 1
+        if self.misses % PROBE_EVERY == 0:
+            self.spin_s = self.max_spin_s
+        else:
+            quarter = self.spin_s / 4
+            self.spin_s = quarter if quarter >= _MIN_SPIN_S else 0.0
 
     def park(self, remaining: float | None) -> bool:
         """Sleep; True when the liveness fd fired or the bell hung up (peer gone)."""
@@ -88,17 +120,23 @@ class _Waiter:
         return gone
 
 
-def read_wait(
-    ring: Any, waiter: _Waiter, spin_s: float, timeout: float | None, gone: Any
-) -> bytes | None:
+def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> bytes | None:
     """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
     ``gone`` is consulted before each park; it returns True when the peer has exited (the
     caller then drains what is committed and reports the error). Returns None on timeout
     or when the writer closed the ring and it is empty.
     """
+    budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
+    data: bytes | None = ring.spin_read(budget)
+    if data is not None:
+        if budget > 0:
+            waiter.hit()
+        return data
+    if timeout is not None and timeout <= 0:
+        return None
     deadline = None if timeout is None else _monotonic() + timeout
-    data: bytes | None = ring.spin_read(spin_s if timeout is None else min(spin_s, timeout))
+    waiter.miss()
     while data is None:
         if gone() or ring.writer_closed:
             last: bytes | None = ring.try_read()
@@ -116,16 +154,22 @@ def read_wait(
     return data
 
 
-def write_wait(
-    ring: Any, data: bytes, waiter: _Waiter, spin_s: float, timeout: float | None, gone: Any
-) -> int:
+def write_wait(ring: Any, data: bytes, waiter: _Waiter, timeout: float | None, gone: Any) -> int:
     """Spin, then park, until ``data`` fits (returns the write code) or the timeout ends (0).
 
     Raises ``QueueClosedError`` through ``try_write`` when the reader has closed the ring;
     returns 0 early when ``gone()`` says the peer exited.
     """
+    budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
+    result: int = ring.spin_write(data, budget)
+    if result:
+        if budget > 0:
+            waiter.hit()
+        return result
+    if timeout is not None and timeout <= 0:
+        return 0
     deadline = None if timeout is None else _monotonic() + timeout
-    result: int = ring.spin_write(data, spin_s if timeout is None else min(spin_s, timeout))
+    waiter.miss()
     while not result:
         if gone():
             return 0
@@ -176,6 +220,7 @@ class _ChildSpec:
     in_name: str
     out_name: str
     spin_s: float
+    adaptive: bool
     in_data: Any  # Connection: read end, the parent rings it when the inbox has data
     in_space: Any  # write end: we ring it when we freed inbox space
     out_data: Any  # write end: we ring it when the outbox has data
@@ -213,8 +258,8 @@ class CythonKernelContext:
         self._output_type = spec.output_type
         self._in_space_fd = spec.in_space.fileno()
         self._out_data_fd = spec.out_data.fileno()
-        self._read_waiter = _Waiter(spec.in_data.fileno(), None)
-        self._write_waiter = _Waiter(spec.out_space.fileno(), None)
+        self._read_waiter = _Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
+        self._write_waiter = _Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
         self._gone = False
         self._checked_type: type | None = None
         self._out_max: int = out_ring.max_record_size
@@ -257,7 +302,7 @@ class CythonKernelContext:
         ring = self._in
         data = ring.try_read()
         if data is None:
-            data = read_wait(ring, self._read_waiter, self._spin_s, timeout, self._parent_gone)
+            data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
             if data is None:
                 if self._gone or ring.writer_closed:
                     raise self._closed()
@@ -297,9 +342,7 @@ class CythonKernelContext:
             raise _too_large(self.kernel_id, msg, len(data), ring, "outbox")
         result = ring.try_write(data)
         if not result:
-            result = write_wait(
-                ring, data, self._write_waiter, self._spin_s, timeout, self._parent_gone
-            )
+            result = write_wait(ring, data, self._write_waiter, timeout, self._parent_gone)
             if not result:
                 if self._gone:
                     raise self._closed()

@@ -132,12 +132,16 @@ class CythonKernelConfig:
         input_ring_bytes: Inbox ring capacity; a message must serialize to at most this
             minus 8 bytes.
         output_ring_bytes: Outbox ring capacity.
-        spin_us: Microseconds a waiting side polls before parking on its doorbell (0 =
-            park at once). Higher lowers latency under bursty load and costs CPU.
+        spin_us: Most microseconds a waiting side polls before parking on its doorbell (0 =
+            park at once). Higher keeps round trips in microseconds through longer gaps
+            and costs CPU while idle.
         start_method: ``"spawn"`` (default) or ``"forkserver"`` (faster starts on POSIX).
         startup_timeout: Seconds to wait for the child to import the actor and report ready.
         daemon: Kill the child when the parent exits without stopping it.
         ring_bytes: Shorthand that sets both ring capacities.
+        adaptive_spin: Let each waiting side shrink its spin (down to none) while spinning
+            does not pay off, probing with the full ``spin_us`` now and then; False spins
+            the full budget on every wait.
     """
 
     kernel_id: str
@@ -150,6 +154,7 @@ class CythonKernelConfig:
     startup_timeout: float = 30.0
     daemon: bool = True
     ring_bytes: int | None = None
+    adaptive_spin: bool = True
 
     def __post_init__(self) -> None:
         if self.ring_bytes is not None:  # shorthand for both rings
@@ -455,6 +460,7 @@ class CythonRingKernel:
             in_name=self._in_ring.name,
             out_name=self._out_ring.name,
             spin_s=self._spin_s,
+            adaptive=cfg.adaptive_spin,
             in_data=in_data_r,
             in_space=in_space_w,
             out_data=out_data_w,
@@ -479,8 +485,9 @@ class CythonRingKernel:
             os.set_blocking(conn.fileno(), False)
         self._in_data_fd = in_data_w.fileno()
         self._out_space_fd = out_space_w.fileno()
-        self._send_waiter = _Waiter(in_space_r.fileno(), process.sentinel)
-        self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel)
+        adaptive = cfg.adaptive_spin
+        self._send_waiter = _Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
         # wait for "ready" (or an early death / error report)
         ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
         report = status_r.recv() if status_r in ready and status_r.poll() else None
@@ -782,9 +789,7 @@ class CythonRingKernel:
                 result = ring.try_write(data)
                 if not result:
                     assert self._send_waiter is not None
-                    result = write_wait(
-                        ring, data, self._send_waiter, self._spin_s, timeout, self._child_gone
-                    )
+                    result = write_wait(ring, data, self._send_waiter, timeout, self._child_gone)
                     if not result and self._wakers.writable and not self._child_exited:
                         # arm the writable wakers: the child rings after its next read
                         self._space_armed = True
@@ -843,7 +848,7 @@ class CythonRingKernel:
             data = ring.try_read()
             if data is None:
                 assert self._recv_waiter is not None
-                data = read_wait(ring, self._recv_waiter, self._spin_s, timeout, self._child_gone)
+                data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
                 if self._wakers.readable:
                     ring.set_reader_waiting(True)  # parking cleared the watcher's arming
                 if data is None:
