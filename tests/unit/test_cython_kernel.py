@@ -435,3 +435,35 @@ def test_pickled_error_report_round_trip() -> None:
     rebuilt = _rebuild_error(pickle.loads(pickle.dumps(report)), "k", 123)
     assert isinstance(rebuilt, KeyError)
     assert "pid 123" in "".join(getattr(rebuilt, "__notes__", []))
+
+
+def test_adaptive_spin_budget() -> None:
+    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, _Waiter
+
+    r, w = os.pipe()
+    try:
+        waiter = _Waiter(r, None, 50e-6, adaptive=True)
+        budgets = []
+        for _ in range(PROBE_EVERY):
+            waiter.miss()
+            budgets.append(waiter.spin_s)
+        assert budgets[:3] == [12.5e-6, 3.125e-6, 0.0]  # quartered down to no spin
+        assert budgets[PROBE_EVERY - 1] == 50e-6  # ... but probing with the full budget
+        waiter.miss()
+        waiter.hit()
+        assert waiter.spin_s == 50e-6
+        assert waiter.misses == 0
+        fixed = _Waiter(r, None, 50e-6, adaptive=False)
+        fixed.miss()
+        assert fixed.spin_s == 50e-6
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_fixed_spin_mode_round_trips() -> None:
+    cfg = CythonKernelConfig("fixed", spin_us=20, adaptive_spin=False)
+    with CythonRingKernel("fixed", worker, config=cfg) as kernel:
+        for i in range(50):
+            kernel.send(Job(seq=i))
+            assert kernel.receive(timeout=30).seq == i
