@@ -10,6 +10,9 @@ this module otherwise (or when ``PYDOTCOMPUTE_PUREPYTHON=1``). Both define:
 - :class:`SharedByteRing`: a single-producer single-consumer ring of variable-length byte
   records in a named shared-memory segment, for two processes.
 
+This file mirrors one extension module name for name, which is why it is a little past the
+house limit.
+
 Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines)::
 
     line 0   magic, capacity, max_records                      written once by the creator

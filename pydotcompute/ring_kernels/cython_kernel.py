@@ -36,6 +36,9 @@ Design notes:
   parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
   Replies stay receivable after ``stop()``; messages the child never took are returned by
   :meth:`CythonRingKernel.unprocessed`.
+- Length: this file is past the house limit on purpose: it is one state machine (launch,
+  watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
+  side and the waiting helpers live in ``_process_actor``.
 - Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
   :meth:`CythonRingKernel.wait_handles` gives the file descriptors to watch (with
   ``loop.add_reader``) after arming the flag with :meth:`CythonRingKernel.arm_receive`.

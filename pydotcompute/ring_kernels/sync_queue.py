@@ -20,6 +20,8 @@ Design notes:
   woken either way.
 - ``None`` cannot be queued: ``get(timeout=...)`` returns None when the time runs out, the
   convention the threaded kernel's ``receive`` follows.
+- Length: two queues sharing one contract and the waker machinery, kept side by side so
+  their semantics stay identical.
 - Wakers (``add_waker``) let code outside the queue learn that it may have become readable
   or writable (a pool waiting on many outboxes, or an event loop hosting a threaded kernel);
   they run in the thread that changed the queue, after the change, outside any lock.

@@ -28,6 +28,8 @@ Design notes:
   STOPPED with ``failed`` True, the outbox is shut down, and every caller blocked in (or
   later calling) ``receive`` gets :class:`~pydotcompute.exceptions.KernelFailedError` once
   the replies sent before the failure are drained.
+- Length: the kernel, its context and the pool share one file because the pool is built
+  on the kernel's private stop signal and outbox wakers.
 - Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
   ``kernel.outbox.add_waker(cb)`` / ``kernel.inbox.add_waker(cb, when="writable")`` run
   ``cb`` in the kernel thread whenever a reply arrives or space frees up (wrap it with
