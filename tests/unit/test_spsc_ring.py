@@ -383,9 +383,10 @@ def test_implementations_share_the_layout(writer_mod: str) -> None:
 # --- two processes: a reader never sees a torn record --------------------------------------
 
 
-def _produce(name: str, count: int, pure: bool) -> None:
+def _produce(name: str, count: int, pure: bool, attached: Any) -> None:
     mod = _spsc_py if pure else _cython
     ring = mod.SharedByteRing.attach(name)
+    attached.set()
     try:
         for i in range(count):
             size = 8 + (i * 7919) % 900
@@ -406,9 +407,15 @@ def test_two_processes_never_see_a_torn_record(pure: bool) -> None:
     count = 2000 if not pure else 800
     ring = mod.SharedByteRing(4096)  # small: constant wrap-around and full-ring waits
     ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_produce, args=(ring.name, count, pure), name="pydotcompute-test")
+    attached = ctx.Event()
+    proc = ctx.Process(
+        target=_produce, args=(ring.name, count, pure, attached), name="pydotcompute-test"
+    )
     proc.start()
     try:
+        while not attached.wait(0.1):
+            assert proc.is_alive(), "the producer could not attach"
+        ring.unlink()  # both sides have it mapped: the name is no longer needed
         seen = 0
         while True:
             rec = ring.spin_read(0.01)
