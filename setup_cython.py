@@ -92,7 +92,26 @@ def setup_kwargs() -> dict[str, Any]:
     return {"ext_modules": _extensions(), "cmdclass": {"build_ext": OptionalBuildExt}}
 
 
-if __name__ == "__main__":
-    from setuptools import setup
+def build_here(argv: list[str]) -> None:
+    """Run build commands for the extension alone (``build_ext --inplace``).
 
-    setup(**setup_kwargs())
+    The project metadata in ``pyproject.toml`` is deliberately not read: building the
+    extension in a checkout must not depend on the installed setuptools understanding
+    every metadata field.
+    """
+    from setuptools import Distribution
+
+    dist = Distribution(
+        {
+            "name": "pydotcompute-fast-spsc",
+            "script_name": "setup_cython.py",
+            "script_args": argv,
+            **setup_kwargs(),
+        }
+    )
+    dist.parse_command_line()
+    dist.run_commands()
+
+
+if __name__ == "__main__":
+    build_here(sys.argv[1:])
