@@ -256,13 +256,27 @@ class KernelContext:
                 return True
         target = k._forward
         if target is not None:
-            await target._accept(msg, timeout)
+            try:
+                await target._accept(msg, timeout)
+            except asyncio.CancelledError:
+                self._count_lost_reply()
+                raise
             return True
         out = self._outbox
         if not out._closed and (not out._maxsize or out._count < out._maxsize):
             out._append(msg)
             return True
-        return await out.put(msg, timeout=timeout)
+        try:
+            return await out.put(msg, timeout=timeout)
+        except asyncio.CancelledError:
+            self._count_lost_reply()
+            raise
+
+    def _count_lost_reply(self) -> None:
+        """A send cancelled while it waited for space (terminate's grace period ran out, say):
+        the reply never got anywhere, so it is counted as dropped rather than lost silently."""
+        self._outbox.count_dropped(1)
+        self._kernel.telemetry.record_drop()
 
     def send_nowait(self, msg: Any) -> bool:
         """Like :meth:`send` but raises ``QueueFullError`` instead of waiting."""

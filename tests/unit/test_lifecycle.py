@@ -615,6 +615,31 @@ async def test_terminate_past_the_grace_period_cancels_and_counts(
     assert k.state is S.TERMINATED
 
 
+@pytest.mark.parametrize("forwarding", [False, True], ids=["outbox", "connected"])
+async def test_a_reply_cut_off_by_the_grace_period_is_counted(
+    kernels: list[RingKernel], forwarding: bool
+) -> None:
+    cfg = RingKernelConfig("full", output_queue_size=1, drain_timeout=0.01)
+    k = RingKernel("full", echo, config=cfg)
+    kernels.append(k)
+    await k.launch()
+    if forwarding:  # a connected kernel whose inbox is full and never drained
+        target = RingKernel("target", echo, config=RingKernelConfig("target", input_queue_size=1))
+        kernels.append(target)
+        await target.launch()
+        k._forward = target
+    await k.activate()
+    for i in range(3):
+        await k.send(Req(x=i))
+    # the first reply fills the space; the actor then blocks sending the second
+    await until(lambda: k.telemetry.messages_processed == 2, "actor blocked sending")
+    left = await k.terminate(timeout=0.01)
+    assert [m.x for m in left] == [2]
+    # one reply was in flight when the actor was cancelled: counted, not silently lost
+    assert k.outbox.statistics().total_dropped == 1  # type: ignore[union-attr]
+    assert k.telemetry.messages_dropped == len(left) + 1
+
+
 async def test_terminate_fails_pending_send_and_receive(kernels: list[RingKernel]) -> None:
     async def silent(ctx: KernelContext) -> None:
         while not ctx.should_terminate:
