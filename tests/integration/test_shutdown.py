@@ -7,8 +7,7 @@ generous ``asyncio.wait_for`` (a hang fails the test; nothing here measures time
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from pydotcompute import KernelContext, RingKernelRuntime, message
 from pydotcompute.exceptions import KernelFailedError, KernelStateError
 from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernel
+from pydotcompute.testing import event_loop_kinds, loop_factory
 
 GUARD = 60.0  # seconds before a blocked call counts as a hang
 
@@ -25,21 +25,12 @@ class Job:
     n: int
 
 
-def _loops() -> list[Any]:
-    params = [pytest.param(asyncio.SelectorEventLoop, id="asyncio")]
-    if importlib.util.find_spec("uvloop") is not None:
-        import uvloop
-
-        params.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
-    return params
-
-
-def run_on(factory: Callable[[], asyncio.AbstractEventLoop], coro: Coroutine[Any, Any, Any]) -> Any:
-    with asyncio.Runner(loop_factory=factory) as runner:
+def run_on(kind: str, coro: Coroutine[Any, Any, Any]) -> Any:
+    with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
         return runner.run(coro)
 
 
-loops = pytest.mark.parametrize("loop_factory", _loops())
+loops = pytest.mark.parametrize("loop_kind", event_loop_kinds())
 
 
 async def echo(ctx: KernelContext) -> None:
@@ -105,9 +96,9 @@ async def _everything_blocked() -> dict[str, Any]:
 
 @loops
 def test_shutdown_while_producers_consumers_and_actors_are_blocked(
-    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    loop_kind: str,
 ) -> None:
-    out = run_on(loop_factory, _everything_blocked())
+    out = run_on(loop_kind, _everything_blocked())
     kernels: dict[str, RingKernel] = out["kernels"]
     rt: RingKernelRuntime = out["rt"]
     assert not rt.is_active
@@ -162,9 +153,9 @@ async def _pending_requests_at_exit() -> list[Any]:
 
 @loops
 def test_pending_send_and_receive_callers_learn_of_the_shutdown(
-    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    loop_kind: str,
 ) -> None:
-    results = run_on(loop_factory, _pending_requests_at_exit())
+    results = run_on(loop_kind, _pending_requests_at_exit())
     assert len(results) == 5
     for res in results:
         assert isinstance(res, KernelStateError), res
@@ -213,9 +204,9 @@ async def _hammered() -> dict[str, Any]:
 
 @loops
 def test_shutdown_under_load_loses_nothing(
-    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    loop_kind: str,
 ) -> None:
-    out = run_on(loop_factory, _hammered())
+    out = run_on(loop_kind, _hammered())
     kernel: RingKernel = out["kernel"]
     assert kernel.state is KernelState.TERMINATED
     assert all(isinstance(e, KernelStateError) for e in out["endings"])
@@ -244,9 +235,9 @@ async def _failed_then_shutdown() -> dict[str, Any]:
 
 @loops
 def test_a_failed_kernel_shuts_down_cleanly(
-    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    loop_kind: str,
 ) -> None:
-    out = run_on(loop_factory, _failed_then_shutdown())
+    out = run_on(loop_kind, _failed_then_shutdown())
     assert isinstance(out["first"], KernelFailedError)
     assert "the actor raised RuntimeError: actor crashed" in str(out["first"])
     assert out["kernel"].state is KernelState.TERMINATED

@@ -10,7 +10,6 @@ the loop pytest-asyncio would have given them (one factory, no extra test id).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from pydotcompute.ring_kernels import registry as _kernel_registry
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+from pydotcompute.testing.environment import available_loop_factories
 
 #: Modules whose async tests run on both loops.
 BOTH_LOOPS = frozenset(
@@ -32,20 +32,6 @@ BOTH_LOOPS = frozenset(
     }
 )
 
-UVLOOP_AVAILABLE = importlib.util.find_spec("uvloop") is not None
-
-
-def loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Name -> loop factory for every loop the suite runs on (asyncio first)."""
-    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-        "asyncio": asyncio.SelectorEventLoop,
-    }
-    if UVLOOP_AVAILABLE:
-        import uvloop
-
-        factories["uvloop"] = uvloop.new_event_loop
-    return factories
-
 
 def _policy_loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_event_loop_policy().new_event_loop()
@@ -56,16 +42,10 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:
     if Path(str(item.path)).name in BOTH_LOOPS:
-        return loop_factories()
+        return available_loop_factories()
     if config.pluginmanager.has_plugin("pydotcompute-loop-factories"):
         return None  # the project's pytest plugin decides for everything else
     return {"default": _policy_loop}
-
-
-def running_loop_kind() -> str:
-    """'uvloop' or 'asyncio': the loop the calling coroutine runs on."""
-    module = type(asyncio.get_running_loop()).__module__
-    return "uvloop" if module.startswith("uvloop") else "asyncio"
 
 
 def _kernel_tasks() -> list[asyncio.Task[Any]]:

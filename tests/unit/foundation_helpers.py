@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydotcompute.ring_kernels.lifecycle import KernelContext
 from pydotcompute.ring_kernels.message import message
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @message
@@ -54,3 +60,22 @@ async def until(predicate: Callable[[], Any], what: str, *, steps: int = 10_000)
             return
         await asyncio.sleep(0 if i < 100 else 0.001)
     raise AssertionError(f"never happened: {what}")
+
+
+def run_python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in a fresh interpreter that imports this checkout's package.
+
+    ``PYDOTCOMPUTE_NO_UVLOOP`` is cleared unless given in ``env``.
+    """
+    full_env = {k: v for k, v in os.environ.items() if k != "PYDOTCOMPUTE_NO_UVLOOP"}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from foundation_helpers import run_python
 
 import pydotcompute
 from pydotcompute.ring_kernels._loop import (
@@ -27,7 +26,6 @@ from pydotcompute.ring_kernels._loop import (
     uvloop_disabled,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 needs_uvloop = pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed")
 EAGER = sys.version_info >= (3, 12)
@@ -42,19 +40,8 @@ def keep_policy() -> Iterator[None]:
         asyncio.set_event_loop_policy(policy)
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k != "PYDOTCOMPUTE_NO_UVLOOP"}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
-    full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-W", "error", "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+def run_code(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_python("-W", "error", "-c", textwrap.dedent(code), **env)
 
 
 LOOP_PROBE = """
@@ -76,7 +63,7 @@ LOOP_PROBE = """
 
 @needs_uvloop
 def test_import_installs_the_uvloop_policy_without_warnings() -> None:
-    proc = run_python(LOOP_PROBE)
+    proc = run_code(LOOP_PROBE)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     if sys.version_info >= (3, 14):  # policies are deprecated: only run() uses uvloop
@@ -91,7 +78,7 @@ def test_import_installs_the_uvloop_policy_without_warnings() -> None:
 
 @pytest.mark.parametrize("value", ["1", "yes", "true"])
 def test_no_uvloop_env_is_respected(value: str) -> None:
-    proc = run_python(LOOP_PROBE, PYDOTCOMPUTE_NO_UVLOOP=value)
+    proc = run_code(LOOP_PROBE, PYDOTCOMPUTE_NO_UVLOOP=value)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["policy"].startswith("asyncio")

@@ -7,15 +7,11 @@ modules a site hook loads at start-up do not count against the package.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from foundation_helpers import run_python
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("cupy", "numba", "numba_cuda", "mlx", "pynvml", "ray")
 
 PROLOGUE = """
@@ -76,17 +72,7 @@ def test_no_heavy_modules_are_imported(scenario: str) -> None:
         + textwrap.dedent(SCENARIOS[scenario])
         + textwrap.dedent(EPILOGUE)
     )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    proc = run_python("-c", code)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded == [], f"{scenario} imported {loaded}"

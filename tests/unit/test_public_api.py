@@ -11,19 +11,15 @@ import dataclasses
 import enum
 import inspect
 import io
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from foundation_helpers import run_python
 
 import pydotcompute
 import pydotcompute.ring_kernels as rk
 from pydotcompute.ring_kernels.fast_queue import BackpressureStrategy
 
-ROOT = Path(__file__).resolve().parents[2]
 P = inspect.Parameter
 POS = P.POSITIONAL_OR_KEYWORD
 KW = P.KEYWORD_ONLY
@@ -395,17 +391,7 @@ def test_show_config_writes_a_report() -> None:
 
 @pytest.mark.parametrize("argv", [["info"], []], ids=["info", "no-command"])
 def test_python_m_pydotcompute_info(argv: list[str]) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "pydotcompute", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    proc = run_python("-m", "pydotcompute", *argv)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"pydotcompute {pydotcompute.__version__}")
     assert "event loop    : uvloop available=" in proc.stdout

@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from conftest import running_loop_kind
 from foundation_helpers import Other, Req, Resp, crash_on_negative, doubler, echo, until
 
 from pydotcompute import ring_kernel
@@ -24,12 +23,13 @@ from pydotcompute.ring_kernels.lifecycle import KernelContext, KernelState, Ring
 from pydotcompute.ring_kernels.registry import get_registered_kernel, register_ring_kernel
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
 from pydotcompute.ring_kernels.telemetry import RingKernelTelemetry
+from pydotcompute.testing import current_loop_kind
 
 S = KernelState
 
 
 async def test_runs_on_the_parametrized_loop(request: pytest.FixtureRequest) -> None:
-    assert running_loop_kind() == request.node.callspec.id
+    assert current_loop_kind() == request.node.callspec.id
 
 
 async def quick(rt: RingKernelRuntime, kid: str = "compute", **kw: Any) -> None:
@@ -496,7 +496,7 @@ async def test_summary_keys(rt: RingKernelRuntime) -> None:
 async def test_get_loop_info_reports_the_running_loop(rt: RingKernelRuntime) -> None:
     info = rt.get_loop_info()
     assert info["running"] is True
-    kind = running_loop_kind()
+    kind = current_loop_kind()
     assert info["loop_module"].startswith("uvloop" if kind == "uvloop" else "asyncio")
 
 
