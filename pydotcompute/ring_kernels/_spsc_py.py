@@ -325,14 +325,22 @@ class SharedByteRing:
 
     def __len__(self) -> int:
         """Records written and not yet read."""
-        q = self._q
-        return int(q[H_WCOUNT] - q[H_RCOUNT])
+        return self._pending()
 
     @property
     def used_bytes(self) -> int:
         """Bytes occupied by committed, unread records (headers and padding included)."""
-        q = self._q
-        return int(q[H_TAIL] - q[H_HEAD])
+        return self._used()
+
+    # The consumer's counter is loaded first: it never overtakes the producer's, so the
+    # difference cannot go negative however the two race.
+    def _pending(self) -> int:
+        read = self._q[H_RCOUNT]
+        return int(self._q[H_WCOUNT] - read)
+
+    def _used(self) -> int:
+        head = self._q[H_HEAD]
+        return int(self._q[H_TAIL] - head)
 
     # -- producer -----------------------------------------------------------------------
 
@@ -385,11 +393,10 @@ class SharedByteRing:
 
     def writable(self, size: int) -> bool:
         """True when a record of ``size`` payload bytes would fit now."""
-        q = self._q
         need = RECORD_HEADER_BYTES + ((size + 7) & ~7)
-        if need > self._capacity - (q[H_TAIL] - q[H_HEAD]):
+        if need > self._capacity - self._used():
             return False
-        return not (self._max_records and q[H_WCOUNT] - q[H_RCOUNT] >= self._max_records)
+        return not (self._max_records and self._pending() >= self._max_records)
 
     def spin_write(self, data: bytes | bytearray | memoryview, budget_s: float) -> int:
         """Like :meth:`try_write`, retrying for up to ``budget_s`` seconds while full."""
@@ -516,8 +523,8 @@ class SharedByteRing:
             "max_records": self._max_records,
             "records_written": int(q[H_WCOUNT]),
             "records_read": int(q[H_RCOUNT]),
-            "pending_records": int(q[H_WCOUNT] - q[H_RCOUNT]),
-            "used_bytes": int(q[H_TAIL] - q[H_HEAD]),
+            "pending_records": self._pending(),
+            "used_bytes": self._used(),
         }
 
     def _release(self) -> None:

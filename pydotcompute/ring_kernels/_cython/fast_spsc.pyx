@@ -204,13 +204,23 @@ cdef class SharedByteRing:
     def __len__(self):
         """Records written and not yet read."""
         self._check_open()
-        return pdc_load_acquire(&self._hdr[H_WCOUNT]) - pdc_load_acquire(&self._hdr[H_RCOUNT])
+        return self._pending()
 
     @property
     def used_bytes(self):
         """Bytes occupied by committed, unread records (headers and padding included)."""
         self._check_open()
-        return pdc_load_acquire(&self._hdr[H_TAIL]) - pdc_load_acquire(&self._hdr[H_HEAD])
+        return self._used()
+
+    # The consumer's counter is loaded first: it never overtakes the producer's, so the
+    # difference cannot go negative however the two race.
+    cdef inline uint64_t _pending(self) noexcept:
+        cdef uint64_t read = pdc_load_acquire(&self._hdr[H_RCOUNT])
+        return pdc_load_acquire(&self._hdr[H_WCOUNT]) - read
+
+    cdef inline uint64_t _used(self) noexcept:
+        cdef uint64_t head = pdc_load_acquire(&self._hdr[H_HEAD])
+        return pdc_load_acquire(&self._hdr[H_TAIL]) - head
 
     # -- producer -----------------------------------------------------------------------
 
@@ -278,15 +288,9 @@ cdef class SharedByteRing:
         """True when a record of ``size`` payload bytes would fit now."""
         self._check_open()
         cdef uint64_t need = C_RECORD_HEADER + ((<uint64_t>size + 7) & ~(<uint64_t>7))
-        cdef uint64_t used = (
-            pdc_load_relaxed(&self._hdr[H_TAIL]) - pdc_load_acquire(&self._hdr[H_HEAD])
-        )
-        if need > self._cap - used:
+        if need > self._cap - self._used():
             return False
-        if self._max_records and (
-            pdc_load_relaxed(&self._hdr[H_WCOUNT]) - pdc_load_acquire(&self._hdr[H_RCOUNT])
-            >= self._max_records
-        ):
+        if self._max_records and self._pending() >= self._max_records:
             return False
         return True
 
@@ -469,8 +473,8 @@ cdef class SharedByteRing:
             "max_records": self._max_records,
             "records_written": pdc_load_acquire(&h[H_WCOUNT]),
             "records_read": pdc_load_acquire(&h[H_RCOUNT]),
-            "pending_records": pdc_load_acquire(&h[H_WCOUNT]) - pdc_load_acquire(&h[H_RCOUNT]),
-            "used_bytes": pdc_load_acquire(&h[H_TAIL]) - pdc_load_acquire(&h[H_HEAD]),
+            "pending_records": self._pending(),
+            "used_bytes": self._used(),
         }
 
     cdef _release(self):
