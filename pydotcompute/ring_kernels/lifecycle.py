@@ -250,9 +250,8 @@ class KernelContext:
         waiters = k._waiters
         if waiters:
             fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
+            if fut is not None and not fut.done():  # a cancelled caller's reply goes on
+                fut.set_result(msg)
                 return True
         target = k._forward
         if target is not None:
@@ -284,9 +283,8 @@ class KernelContext:
         k = self._kernel
         if k._waiters:
             fut = k._waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
                 return True
         if k._forward is not None:
             k._forward._accept_nowait(msg)

@@ -862,6 +862,32 @@ async def test_send_and_receive_timeout(kernels: list[RingKernel]) -> None:
     assert k._waiters == {}
 
 
+async def test_a_reply_for_a_cancelled_caller_goes_to_the_outbox(
+    kernels: list[RingKernel],
+) -> None:
+    release = asyncio.Event()
+
+    async def held(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            await release.wait()
+            await ctx.send(Resp(y=msg.x))
+
+    k = make(held)
+    kernels.append(k)
+    await k.launch()
+    await k.activate()
+    caller = asyncio.ensure_future(k.send_and_receive(Req(x=9)))
+    await until(lambda: k.telemetry.messages_processed == 1, "request taken")
+    release.set()  # the actor replies first...
+    caller.cancel()  # ...to a caller that has just been cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    # the reply is not thrown away: it lands where uncorrelated replies go
+    assert (await k.receive(timeout=5)).y == 9
+    assert k._waiters == {}
+
+
 async def test_send_and_receive_refuses_a_non_message(kernels: list[RingKernel]) -> None:
     k = RingKernel("any", echo)
     kernels.append(k)
