@@ -26,6 +26,7 @@ from ..exceptions import (
 from . import _cython
 from ._cython import SharedByteRing
 from .message import RingKernelMessage, deserialize_message
+from .threaded_kernel import _stamp_reply
 
 __all__ = ("CythonKernelContext",)
 
@@ -237,6 +238,7 @@ class CythonKernelContext:
 
     __slots__ = (
         "_checked_type",
+        "_current",
         "_gone",
         "_in",
         "_in_space_fd",
@@ -263,6 +265,7 @@ class CythonKernelContext:
         self._gone = False
         self._checked_type: type | None = None
         self._out_max: int = out_ring.max_record_size
+        self._current: Any = None  # the last message received: replies are correlated to it
 
     def _parent_gone(self, value: bool = False) -> bool:
         if value:
@@ -309,7 +312,8 @@ class CythonKernelContext:
                 return None
         if ring.writer_waiting:
             _ring_bell(self._in_space_fd)
-        return deserialize_message(data)
+        msg = self._current = deserialize_message(data)
+        return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting."""
@@ -320,7 +324,8 @@ class CythonKernelContext:
             return None
         if self._in.writer_waiting:
             _ring_bell(self._in_space_fd)
-        return deserialize_message(data)
+        msg = self._current = deserialize_message(data)
+        return msg
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Serialize ``msg`` into the outbox, waiting while it is full.
@@ -336,6 +341,7 @@ class CythonKernelContext:
         if type(msg) is not self._checked_type:  # validate each new type once
             check_message(self.kernel_id, msg, self._output_type, "must send")
             self._checked_type = type(msg)
+        _stamp_reply(msg, self._current)
         data = msg.serialize()
         ring = self._out
         if len(data) > self._out_max:

@@ -449,7 +449,9 @@ _TYPES_LOCK = threading.Lock()
 
 
 def _tag_of(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    # A script's main module is "__mp_main__" in a multiprocessing child: same classes.
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}.{cls.__qualname__}"
 
 
 _Priority = Annotated[int, msgspec.Meta(ge=0, le=255)]

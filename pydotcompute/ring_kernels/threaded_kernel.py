@@ -55,6 +55,7 @@ from ..exceptions import (
     QueueClosedError,
     TypeValidationError,
 )
+from .message import raw_correlation_get, raw_correlation_set
 from .sync_queue import SPSCQueue, SyncQueue
 
 __all__ = (
@@ -141,13 +142,24 @@ def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
     return lock.acquire(True, max(timeout, 0.0))
 
 
+def _stamp_reply(msg: Any, current: Any) -> None:
+    """Correlate a reply without ``correlation_id`` to the request being handled (as tier 1)."""
+    if current is None:
+        return
+    try:
+        if raw_correlation_get(msg) is None:
+            raw_correlation_set(msg, current)
+    except TypeError:  # not a RingKernelMessage
+        pass
+
+
 class ThreadedKernelContext:
     """What a threaded actor sees: its inbox, its outbox and the stop signal.
 
     Every method is called from the actor's own thread.
     """
 
-    __slots__ = ("_inbox", "_kernel", "_outbox", "_output_type", "kernel_id")
+    __slots__ = ("_current", "_inbox", "_kernel", "_outbox", "_output_type", "kernel_id")
 
     def __init__(self, kernel: ThreadedRingKernel) -> None:
         self._kernel = kernel
@@ -155,6 +167,7 @@ class ThreadedKernelContext:
         self._inbox = kernel._inbox
         self._outbox = kernel._outbox
         self._output_type = kernel._output_type
+        self._current: Any = None  # the last message received: replies are correlated to it
 
     @property
     def should_terminate(self) -> bool:
@@ -176,11 +189,17 @@ class ThreadedKernelContext:
             QueueClosedError: the kernel is stopping and the inbox is drained (letting it
                 escape ends the actor cleanly).
         """
-        return self._inbox.get(timeout)
+        msg = self._inbox.get(timeout)
+        if msg is not None:
+            self._current = msg
+        return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting."""
-        return self._inbox.get(0)
+        msg = self._inbox.get(0)
+        if msg is not None:
+            self._current = msg
+        return msg
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Put a reply into the outbox, waiting while it is full.
@@ -193,6 +212,7 @@ class ThreadedKernelContext:
         """
         if self._output_type is not None and not isinstance(msg, self._output_type):
             _check_type(self.kernel_id, msg, self._output_type, "must send")
+        _stamp_reply(msg, self._current)
         return self._outbox.put(msg, timeout)
 
     def send_nowait(self, msg: Any) -> bool:

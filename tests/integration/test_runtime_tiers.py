@@ -127,3 +127,16 @@ async def test_pipeline_between_tiers(tier: tuple[str, Any]) -> None:
             await rt.send("first", Job(seq=i))
         got = [(await rt.receive("second", timeout=10)).seq for _ in range(50)]
         assert got == list(range(50))
+
+
+async def test_send_and_receive_is_correlated(tier: tuple[str, Any]) -> None:
+    """Replies without a correlation_id are stamped with the request being handled."""
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, tier)
+        for i in range(20):
+            reply = await rt.send_and_receive("k", Job(seq=i), timeout=10)
+            assert reply.seq == i
+        job = Job(seq=99)
+        await rt.send("k", job)
+        reply = await rt.receive("k", timeout=10)
+        assert reply.correlation_id == job.message_id

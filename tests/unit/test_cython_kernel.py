@@ -103,9 +103,12 @@ def test_seed_style_use() -> None:
         assert kernel.using_cython is _cython.CYTHON_AVAILABLE
         assert kernel.state is CythonKernelState.RUNNING
         assert kernel.is_running
-        kernel.send(Job(seq=7))
+        job = Job(seq=7)
+        kernel.send(job)
         reply = kernel.receive(timeout=30)
-        assert reply == Done(seq=7, pid=kernel.pid, message_id=reply.message_id)
+        assert reply == Done(
+            seq=7, pid=kernel.pid, message_id=reply.message_id, correlation_id=job.message_id
+        )
         assert reply.pid != os.getpid()  # it really ran in another process
         assert _shm_names() == set()  # names are unlinked once the child attached
         stats = kernel.statistics()
