@@ -56,7 +56,7 @@ test-cudasim: install
 	NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
 
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build site *.egg-info
