@@ -169,6 +169,28 @@ class _HostedKernel(RingKernel):
         await self._outbox.put(reply)
 
     @property
+    def is_idle(self) -> bool:
+        """Idle when nothing is queued on either side of the bridge and the worker says so.
+
+        Workers that cannot tell (a child process) are never reported idle: wait for a
+        known number of replies instead.
+        """
+        if self._state is not KernelState.ACTIVE:
+            return True
+        inbox = self._inbox
+        if inbox is None or len(inbox) or self._pending_replies():
+            return False
+        worker_idle = getattr(self._worker, "is_idle", None)
+        return bool(worker_idle) if worker_idle is not None else False
+
+    def _pending_replies(self) -> bool:
+        outbox_q = getattr(self._worker, "outbox", None)
+        try:
+            return bool(outbox_q is not None and len(outbox_q))
+        except TypeError:
+            return False
+
+    @property
     def _tel_on(self) -> bool:
         return self._timed
 

@@ -159,7 +159,15 @@ class ThreadedKernelContext:
     Every method is called from the actor's own thread.
     """
 
-    __slots__ = ("_current", "_inbox", "_kernel", "_outbox", "_output_type", "kernel_id")
+    __slots__ = (
+        "_current",
+        "_inbox",
+        "_kernel",
+        "_outbox",
+        "_output_type",
+        "handling",
+        "kernel_id",
+    )
 
     def __init__(self, kernel: ThreadedRingKernel) -> None:
         self._kernel = kernel
@@ -168,6 +176,9 @@ class ThreadedKernelContext:
         self._outbox = kernel._outbox
         self._output_type = kernel._output_type
         self._current: Any = None  # the last message received: replies are correlated to it
+        #: True from the moment the actor takes a message until it asks for the next one
+        #: (read by hosts to tell an idle actor from a busy one).
+        self.handling = False
 
     @property
     def should_terminate(self) -> bool:
@@ -189,16 +200,20 @@ class ThreadedKernelContext:
             QueueClosedError: the kernel is stopping and the inbox is drained (letting it
                 escape ends the actor cleanly).
         """
+        self.handling = False
         msg = self._inbox.get(timeout)
         if msg is not None:
             self._current = msg
+            self.handling = True
         return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting."""
+        self.handling = False
         msg = self._inbox.get(0)
         if msg is not None:
             self._current = msg
+            self.handling = True
         return msg
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -274,6 +289,7 @@ class ThreadedRingKernel:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._unprocessed: list[Any] = []
+        self._context: ThreadedKernelContext | None = None
         self._started_at = 0.0
         self._stopped_at = 0.0
 
@@ -320,6 +336,14 @@ class ThreadedRingKernel:
         return self._outbox
 
     @property
+    def is_idle(self) -> bool:
+        """True when the actor waits for a message and no message or reply is queued."""
+        ctx = self._context
+        if self._state is not ThreadedKernelState.RUNNING or ctx is None:
+            return True
+        return not ctx.handling and not len(self._inbox) and not len(self._outbox)
+
+    @property
     def thread(self) -> threading.Thread | None:
         """The actor thread once started."""
         return self._thread
@@ -351,7 +375,7 @@ class ThreadedRingKernel:
         return self
 
     def _run(self) -> None:
-        ctx = ThreadedKernelContext(self)
+        ctx = self._context = ThreadedKernelContext(self)
         error: BaseException | None = None
         try:
             self._func(ctx)

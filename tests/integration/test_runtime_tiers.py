@@ -140,3 +140,15 @@ async def test_send_and_receive_is_correlated(tier: tuple[str, Any]) -> None:
         await rt.send("k", job)
         reply = await rt.receive("k", timeout=10)
         assert reply.correlation_id == job.message_id
+
+
+async def test_wait_until_idle_sees_a_threaded_actor_finish() -> None:
+    from pydotcompute.testing import wait_until_idle
+
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, ("thread", echo_sync))
+        for i in range(100):
+            await rt.send("k", Job(seq=i))
+        await wait_until_idle(rt, timeout=10)
+        assert len(rt.get_kernel("k").outbox) == 100  # type: ignore[arg-type]
+        assert rt.get_kernel("k").is_idle
