@@ -7,7 +7,9 @@ What it measures (all on one local Ray instance started here, or the cluster nam
   busy machine hits every row alike):
     - ``plain actor call``: ``await actor.echo.remote(bytes)`` on a plain synchronous Ray
       actor (the baseline the ratio column divides by);
-    - ``plain async actor call``: the same on an ``async def`` Ray actor;
+    - ``plain async actor call``: the same on an ``async def`` Ray actor (the like-for-like
+      floor: a ring kernel's host is an async actor, because the kernel needs a running
+      event loop of its own);
     - ``compiled graph``: ``ray.dag`` ``experimental_compile()`` of the same echo actor
       (skipped with the reason when it fails here);
     - ``send_and_receive``: a ``@message`` request through ``RayRingKernelRuntime`` to a
@@ -263,6 +265,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         samples = await _round_trips(runtime, plain, plain_async, cdag, rounds, per_round)
         base = statistics.median(samples["plain actor call"])
+        base_async = statistics.median(samples["plain async actor call"])
         rt_rows = []
         for name, s in samples.items():
             p50 = statistics.median(s)
@@ -273,6 +276,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "p99_us": _pct(s, 99),
                     "n": len(s),
                     "ratio_vs_plain_call": p50 / base,
+                    "ratio_vs_plain_async_call": p50 / base_async,
                 }
             )
         if cdag is None:
@@ -320,6 +324,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     best = max(r["msgs_per_s"] for r in tp_rows if "batch" in r)
     results["targets"] = {
         "unbatched_round_trip_ratio": sr["ratio_vs_plain_call"],
+        "unbatched_round_trip_ratio_vs_async_actor": sr["ratio_vs_plain_async_call"],
         "unbatched_round_trip_target": 1.2,
         "unbatched_round_trip_met": sr["ratio_vs_plain_call"] <= 1.2,
         "batched_throughput_ratio_vs_pipelined_plain": best / plain_pipe,
@@ -332,13 +337,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print(results: dict[str, Any]) -> None:
     print(f"\nRay {results['ray']}, Python {results['python']}, {results['cpus']} CPUs")
-    print("\nround trip (one message)            p50 us    p99 us   ratio vs plain call")
+    print(
+        "\nround trip (one message)            p50 us    p99 us   x plain call  x plain async call"
+    )
     for r in results["round_trip"]:
         if "skipped" in r:
             print(f"  {r['path']:<32}  skipped: {r['skipped']}")
             continue
         print(
-            f"  {r['path']:<32} {r['p50_us']:8.0f} {r['p99_us']:9.0f}   {r['ratio_vs_plain_call']:6.2f}x"
+            f"  {r['path']:<32} {r['p50_us']:8.0f} {r['p99_us']:9.0f}   {r['ratio_vs_plain_call']:9.2f}"
+            f"   {r['ratio_vs_plain_async_call']:12.2f}"
         )
     print(
         "\nthroughput                                           msgs/s  batch rt us  x seq  x pipelined"
@@ -351,8 +359,9 @@ def _print(results: dict[str, Any]) -> None:
         )
     t = results["targets"]
     print(
-        f"\ntargets: round trip {t['unbatched_round_trip_ratio']:.2f}x plain (<= 1.2: "
-        f"{'met' if t['unbatched_round_trip_met'] else 'NOT met'}); batched "
+        f"\ntargets: round trip {t['unbatched_round_trip_ratio']:.2f}x a plain actor call (<= 1.2: "
+        f"{'met' if t['unbatched_round_trip_met'] else 'NOT met'}; "
+        f"{t['unbatched_round_trip_ratio_vs_async_actor']:.2f}x a plain async actor call); batched "
         f"{t['batched_throughput_ratio_vs_pipelined_plain']:.0f}x pipelined plain calls/s "
         f"({t['batched_throughput_ratio_vs_sequential_plain']:.0f}x sequential; >= 20: "
         f"{'met' if t['batched_throughput_met'] else 'NOT met'})"

@@ -319,7 +319,31 @@ class RayKernel:
 
     # -- messaging: receives -------------------------------------------------------------
 
-    async def _fetch_replies(self, n: int, wait: float | None) -> None:
+    def _read_ahead(self) -> None:
+        """Park a fetch in the actor so the next reply travels back as soon as it exists.
+
+        Started when a receive empties the driver's buffer: a ``send`` followed by a
+        ``receive`` then costs about one Ray call instead of two, and at most ``prefetch``
+        replies wait on the driver beyond what was asked for.
+        """
+        if (
+            self._fetch is None
+            and self._state in _RUNNING
+            and self._stopping is None
+            and self._restoring is None
+            and self._end_error is None
+            and self._rt._loop is not None
+        ):
+            self._fetch = self._rt._loop.create_task(
+                self._fetch_replies(self._rt.prefetch, None, background=True)
+            )
+
+    async def _fetch_replies(self, n: int, wait: float | None, *, background: bool = False) -> None:
+        """One ``fetch`` call: replies go to the buffer, a terminal error to ``_end_error``.
+
+        A transient error (a reply that cannot be encoded, a restarting actor) is kept for
+        the next receiver, unless nobody asked for this fetch (``background``).
+        """
         try:
             answer = await (
                 self._fetch_method.remote(n) if wait is None else self._fetch_method.remote(n, wait)
@@ -331,14 +355,21 @@ class RayKernel:
                 err = unpack_error(packed)
                 if isinstance(err, KernelStateError):
                     self._end_error = err  # closed and drained: terminated or failed
-                else:
+                elif not background:
                     self._fetch_error = err
+                else:
+                    logger.warning(
+                        "kernel %r: a reply could not be fetched: %s", self.kernel_id, err
+                    )
         except errors().actor as exc:
             err = self._lost(exc, "receive from")
-            if self._state is not KernelState.FAILED:
+            if self._state is not KernelState.FAILED and not background:
                 self._fetch_error = err
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
-            self._fetch_error = exc
+            if not background:
+                self._fetch_error = exc
         finally:
             self._fetch = None
 

@@ -94,6 +94,10 @@ _OPTION_ALIASES = {
     "backpressure": ("backpressure_strategy",),
 }
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
+#: Ray threads per kernel actor: calls that can wait in it at once (parked fetch and watch,
+#: pushes waiting for room, concurrent ``send_and_receive`` callers).
+DEFAULT_MAX_CONCURRENCY = 64
+_MIN_CONCURRENCY = 4
 _REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
 _runtime_ids = itertools.count(1)
 
@@ -125,6 +129,8 @@ class RayRingKernelRuntime:
         enable_telemetry: Time every message inside the actors.
         restart_timeout: Seconds to wait for Ray to bring a restarting actor back before
             the kernel is declared FAILED.
+        read_ahead: Once a kernel's replies have been received, keep one fetch parked in
+            its actor so the next reply comes back without waiting for a receive call.
         name: Prefix of the Ray actor names (default: unique per runtime).
     """
 
@@ -138,6 +144,7 @@ class RayRingKernelRuntime:
         actor_options: dict[str, Any] | None = None,
         enable_telemetry: bool = True,
         restart_timeout: float = 60.0,
+        read_ahead: bool = True,
         name: str | None = None,
     ) -> None:
         if type(max_batch) is not int or max_batch < 1:
@@ -151,6 +158,7 @@ class RayRingKernelRuntime:
         self.actor_options = dict(actor_options or {})
         self.enable_telemetry = enable_telemetry
         self.restart_timeout = restart_timeout
+        self.read_ahead = read_ahead
         tag = name or f"{os.getpid():x}-{next(_runtime_ids)}-{uuid.uuid4().hex[:8]}"
         self.name_prefix = f"pydotcompute/{tag}/"
         self._kernels: dict[str, RayKernel] = {}
@@ -325,6 +333,13 @@ class RayRingKernelRuntime:
             if value is not None:
                 actor_opts[key] = value
         actor_opts.update(ray_options or {})
+        concurrency = actor_opts.setdefault("max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        if type(concurrency) is not int or concurrency < _MIN_CONCURRENCY:
+            raise InvalidConfigurationError(
+                f"kernel {kernel_id!r}: max_concurrency must be an int >= {_MIN_CONCURRENCY} "
+                f"(a parked fetch, a watch, a push and a request run at once), got "
+                f"{concurrency!r}"
+            )
         cfg = self._checked_config(kernel_id, config, opts)
         if cfg.tier in ("gpu", "cuda") and "num_gpus" not in actor_opts:
             actor_opts["num_gpus"] = 1
@@ -636,9 +651,13 @@ class RayRingKernelRuntime:
             k = self._kernels[kernel_id]
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
-        if not k._replies:
+        replies = k._replies
+        if not replies:
             await k._wait_replies(timeout, 1)
-        return k._replies.popleft()
+        msg = replies.popleft()
+        if not replies and k._fetch is None and self.read_ahead:
+            k._read_ahead()
+        return msg
 
     def receive_nowait(self, kernel_id: str) -> Any:
         """The next reply already on the driver, or None (starts a fetch in the background)."""
@@ -670,6 +689,8 @@ class RayRingKernelRuntime:
         if len(replies) <= max_count:
             out = list(replies)
             replies.clear()
+            if k._fetch is None and self.read_ahead:
+                k._read_ahead()
             return out
         return [replies.popleft() for _ in range(max_count)]
 

@@ -114,7 +114,7 @@ async def test_resource_requests_pass_through_to_ray(ray_runtime):
     )
     await ray_runtime.activate("where")
     kernel = ray_runtime.get_kernel("where")
-    assert kernel.ray_options == {"num_cpus": 1, "resources": {"pdc_slot": 1}}
+    assert kernel.ray_options == {"num_cpus": 1, "resources": {"pdc_slot": 1}, "max_concurrency": 64}
     reply = await ray_runtime.send_and_receive("where", Num(value=0), timeout=10)
     node, _pid, assigned = reply.text.split("|")
     assert node == ray.get_runtime_context().get_node_id()
