@@ -7,9 +7,9 @@ What it measures (all on one local Ray instance started here, or the cluster nam
   busy machine hits every row alike):
     - ``plain actor call``: ``await actor.echo.remote(bytes)`` on a plain synchronous Ray
       actor (the baseline the ratio column divides by);
-    - ``plain async actor call``: the same on an ``async def`` Ray actor (the like-for-like
-      floor: a ring kernel's host is an async actor, because the kernel needs a running
-      event loop of its own);
+    - ``plain async actor call``: the same on an ``async def`` Ray actor (what an actor
+      with an event loop of its own costs in Ray; a ring kernel needs one, and its host
+      runs it in a thread of a threaded actor instead, which is cheaper per call);
     - ``compiled graph``: ``ray.dag`` ``experimental_compile()`` of the same echo actor
       (skipped with the reason when it fails here);
     - ``send_and_receive``: a ``@message`` request through ``RayRingKernelRuntime`` to a

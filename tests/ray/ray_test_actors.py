@@ -80,6 +80,9 @@ async def return_after_one(ctx):
     await ctx.send(Doubled(value=msg.value * 2))
 
 
+@ring_kernel(
+    kernel_id="rt_where", input_type=Num, output_type=Text, num_cpus=1, resources={"pdc_slot": 1}
+)
 async def where_am_i(ctx):
     """Replies with the Ray node id, the worker's pid and the resources Ray assigned."""
     import ray

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import ray
-from ray_test_actors import Doubled, Num, Text, double_actor, relay_to_sink, where_am_i
+from ray_test_actors import Doubled, Num, double_actor, relay_to_sink
 
 from pydotcompute import KernelState
 from pydotcompute.distributed.ray import RayRingKernelRuntime
@@ -104,22 +104,25 @@ async def test_send_to_an_unknown_kernel_fails_the_sender(ray_runtime):
 
 
 async def test_resource_requests_pass_through_to_ray(ray_runtime):
-    await ray_runtime.launch(
-        "where",
-        where_am_i,
-        input_type=Num,
-        output_type=Text,
-        num_cpus=1,
-        resources={"pdc_slot": 1},
-    )
-    await ray_runtime.activate("where")
-    kernel = ray_runtime.get_kernel("where")
-    assert kernel.ray_options == {"num_cpus": 1, "resources": {"pdc_slot": 1}, "max_concurrency": 64}
-    reply = await ray_runtime.send_and_receive("where", Num(value=0), timeout=10)
+    # num_cpus and resources come from @ring_kernel(...); the launch call overrides one
+    await ray_runtime.launch("rt_where", resources={"pdc_slot": 2})
+    await ray_runtime.activate("rt_where")
+    kernel = ray_runtime.get_kernel("rt_where")
+    assert kernel.ray_options == {
+        "num_cpus": 1,
+        "resources": {"pdc_slot": 2},
+        "max_concurrency": 64,
+    }
+    reply = await ray_runtime.send_and_receive("rt_where", Num(value=0), timeout=10)
     node, _pid, assigned = reply.text.split("|")
     assert node == ray.get_runtime_context().get_node_id()
     assert "'CPU': 1.0" in assigned
-    assert "'pdc_slot': 1.0" in assigned
+    assert "'pdc_slot': 2.0" in assigned
+
+
+async def test_actor_options_are_checked(ray_runtime):
+    with pytest.raises(InvalidConfigurationError, match="max_concurrency must be an int >= 4"):
+        await ray_runtime.launch("rt_double", max_concurrency=1)
 
 
 async def test_resources_the_cluster_lacks_are_refused_at_launch(ray_runtime):
