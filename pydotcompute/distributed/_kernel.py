@@ -322,9 +322,9 @@ class RayKernel:
     def _read_ahead(self) -> None:
         """Park a fetch in the actor so the next reply travels back as soon as it exists.
 
-        Started when a receive empties the driver's buffer: a ``send`` followed by a
-        ``receive`` then costs about one Ray call instead of two, and at most ``prefetch``
-        replies wait on the driver beyond what was asked for.
+        Started when a receive empties the driver's buffer, so the reply to the next
+        ``send`` comes back without waiting for the next ``receive`` call; at most
+        ``prefetch`` replies wait on the driver beyond what was asked for.
         """
         if (
             self._fetch is None

@@ -541,8 +541,7 @@ class RayRingKernelRuntime:
         for task in (k._watch, k._fetch, k._restoring, k._setup):
             if task is not None and not task.done():
                 task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+                await asyncio.wait({task})  # (our own cancellation still propagates)
         k._watch = k._fetch = k._restoring = k._setup = None
         if not k._released:
             k._released = True
