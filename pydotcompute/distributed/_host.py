@@ -20,6 +20,9 @@ Design notes:
   failures are data, so the driver can rebuild the exact pydotcompute error. The hot
   methods (``push``, ``request``, ``fetch``) answer a bare value on success: a tuple costs
   Ray more to carry than bytes, an int or a list.
+- One file for the whole actor side (peer stand-ins, the in-actor runtime, the loop-side
+  core and the Ray-facing class), which is why it runs past 600 lines: the pieces only
+  make sense together and nothing else imports them.
 - Nothing here imports Ray at module level (the package must import without Ray); the Ray
   API is reached through ``importlib`` on the rare paths that need it.
 """

@@ -31,7 +31,8 @@ Design notes:
 - Ray is imported lazily (``importlib``) so that ``import pydotcompute`` never loads it, and
   because this module is itself called ``ray``.
 
-Layout: this module is the public surface (one method per verb of ``RingKernelRuntime``);
+Layout (and why this file is long): it is the public surface, one documented method per
+verb of ``RingKernelRuntime`` plus the Ray-only ones;
 ``_kernel`` holds the per-kernel batching, prefetching and fault handling on the driver,
 ``_host`` the Ray actor that hosts a kernel, ``_wire`` how errors cross, ``_support`` the
 lazy access to Ray.
