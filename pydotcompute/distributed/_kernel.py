@@ -5,7 +5,7 @@ Design notes:
   appended to the open batch; a single pump task per kernel sends one batch per Ray call,
   one call in flight at a time. Whatever is sent while a call flies joins the next batch,
   so concurrent senders share calls without any timer, and the order of messages is the
-  order of ``send`` calls (Ray does not promise an order for calls to async actors).
+  order of ``send`` calls (Ray does not promise an order for calls to threaded actors).
 - Each batch carries a future that its senders wait on: the actor answers how many it
   accepted, so each sender learns whether its own message got in.
 - Inbound, one fetch task per kernel brings back everything the outbox holds (up to

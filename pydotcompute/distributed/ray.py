@@ -13,7 +13,7 @@ Design notes:
 - Sends coalesce automatically, with no added delay: each kernel has one ``push`` call in
   flight; whatever is sent while it flies goes out together in the next call (Nagle
   without the timer). One call in flight per kernel also keeps the order of messages,
-  which Ray does not promise for async actors. ``send`` waits for its batch to be
+  which Ray does not promise for threaded actors. ``send`` waits for its batch to be
   acknowledged (so it raises the kernel's refusal); ``send_nowait`` does not wait and a
   refusal is raised by the next send and kept in ``kernel.undelivered``.
 - Receives prefetch: one ``fetch`` call brings back up to ``prefetch`` replies, later
