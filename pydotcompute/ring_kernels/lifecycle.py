@@ -47,6 +47,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .message import RingKernelMessage
 from .message import _raw_cid_slot_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
@@ -142,13 +143,29 @@ class RingKernelConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _plain_message_class(cls: type) -> bool:
+    """True for a message class whose correlation slot a plain attribute store reaches
+    (``msg._pdc_cid = x``: no custom ``__setattr__`` in the way)."""
+    return issubclass(cls, RingKernelMessage) and cls.__setattr__ is object.__setattr__  # type: ignore[comparison-overlap]
+
+
 class KernelContext:
     """What the actor function receives: its inbox, outbox and lifecycle flags.
 
     Every method runs on the runtime's event loop, in the actor's task.
     """
 
-    __slots__ = ("_current", "_inbox", "_kernel", "_outbox", "_t_recv", "_tel", "kernel_id")
+    __slots__ = (
+        "_current",
+        "_inbox",
+        "_kernel",
+        "_outbox",
+        "_reply_for",
+        "_reply_t",
+        "_t_recv",
+        "_tel",
+        "kernel_id",
+    )
 
     def __init__(self, kernel: RingKernel) -> None:
         self._kernel = kernel
@@ -158,6 +175,10 @@ class KernelContext:
         self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
         self._t_recv = 0
         self._current: Any = None
+        # the last reply class that passed validation against output type ``_reply_for``
+        # and whose correlation slot can be written directly (see ``_prepare_reply``)
+        self._reply_t: type | None = None
+        self._reply_for: Any = None
 
     @property
     def should_terminate(self) -> bool:
@@ -220,14 +241,20 @@ class KernelContext:
         return msg
 
     def _prepare_reply(self, msg: Any) -> Any:
+        """Validate a reply against ``output_type`` and stamp its correlation.
+
+        A reply without ``correlation_id`` is stamped with the current request itself
+        (resolved to the request's ``message_id`` on first read, so no id is made unless
+        someone looks). Once a reply class has passed, later replies of that class take
+        the short path in :meth:`send`.
+        """
         k = self._kernel
         out_t = k.output_type
-        if out_t is not None and type(msg) is not out_t and not isinstance(msg, out_t):
+        t = type(msg)
+        if out_t is not None and t is not out_t and not isinstance(msg, out_t):
             validate_message(msg, out_t, k.kernel_id, "must send")
         cur = self._current
         if cur is not None:
-            # No correlation yet: stamp the current request (resolved to its message_id
-            # on first read, so no id is made unless someone looks).
             try:
                 if _raw_cid_get(msg) is None:
                     _raw_cid_set(msg, cur)
@@ -237,6 +264,9 @@ class KernelContext:
                 pass
         if self._tel is not None:
             self._tel.messages_sent += 1
+        if t is not self._reply_t and _plain_message_class(t):
+            self._reply_t = t
+            self._reply_for = out_t
         return msg
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -245,8 +275,21 @@ class KernelContext:
 
         A reply without ``correlation_id`` is stamped with the current request's id.
         """
-        msg = self._prepare_reply(msg)
         k = self._kernel
+        if type(msg) is self._reply_t and k.output_type is self._reply_for:
+            # a class already validated, with a plain correlation slot: stamp it inline
+            cur = self._current
+            if cur is not None:
+                try:
+                    if msg._pdc_cid is None:
+                        msg._pdc_cid = cur
+                except AttributeError:  # slot never set (an instance built without __init__)
+                    msg._pdc_cid = cur
+            tel = self._tel
+            if tel is not None:
+                tel.messages_sent += 1
+        else:
+            msg = self._prepare_reply(msg)
         waiters = k._waiters
         if waiters:
             fut = waiters.pop(getattr(msg, "correlation_id", None), None)

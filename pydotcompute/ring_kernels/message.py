@@ -94,11 +94,17 @@ class _IdSource:
         _uuid_set(u, "is_safe", _SAFE_UNKNOWN)
         return u
 
+    def next_bytes(self) -> bytes:
+        """The next id as its 16 big-endian bytes (what the wire carries)."""
+        value = ((self.base ^ next(self.counter)) & _UUID_VERSION_MASK) | _UUID_VERSION_BITS
+        return value.to_bytes(16, "big")
+
 
 _ids = _IdSource()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ids.reseed)
 new_message_id: Callable[[], uuid.UUID] = _ids.next_uuid
+_new_id_bytes = _ids.next_bytes
 
 
 # --- the base class --------------------------------------------------------------------------
@@ -274,6 +280,12 @@ _id_slot = RingKernelMessage.__dict__["message_id"]
 _cid_slot = RingKernelMessage.__dict__["correlation_id"]
 RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment,misc]
 RingKernelMessage.correlation_id = _LazyCorrelationId(_cid_slot)  # type: ignore[assignment,misc]
+# The same two slot descriptors under private names: ``msg._pdc_mid = x`` is a plain slot
+# store (specialized by the interpreter), where calling ``_id_slot.__set__`` goes through a
+# method wrapper at several times the cost. Generated ``__init__``s and the runtime's reply
+# stamping use them; they read and write exactly what the lazy descriptors wrap.
+RingKernelMessage._pdc_mid = _id_slot  # type: ignore[attr-defined]
+RingKernelMessage._pdc_cid = _cid_slot  # type: ignore[attr-defined]
 #: Raw slot access for the runtime's hot path (no id is created, no request resolved).
 _raw_cid_slot_get = _cid_slot.__get__
 
@@ -290,6 +302,7 @@ raw_correlation_set = _cid_slot.__set__
 _id_set = _id_slot.__set__
 _cid_raw_set = _cid_slot.__set__
 _prio_set = RingKernelMessage.__dict__["priority"].__set__
+_MemberDescriptor = type(_id_slot)
 
 
 # --- encoding hooks --------------------------------------------------------------------------
@@ -513,26 +526,35 @@ class _Codec:
         self.build = self._make_builder()
 
     def _make_builder(self) -> Callable[[Any], RingKernelMessage]:
-        """An unrolled ``values -> message`` function for this class (no loop, no kwargs)."""
+        """An unrolled ``values -> message`` function for this class (no loop, no kwargs).
+
+        Slots are filled with plain attribute stores where that is the same thing as the
+        slot descriptor's ``__set__`` (no custom ``__setattr__``, a real slot): the
+        interpreter specializes those, a method-wrapper call costs several times more.
+        """
+        cls = self.cls
+        plain = cls.__setattr__ is object.__setattr__  # type: ignore[comparison-overlap]
         env: dict[str, Any] = {
             "_new": _new_object,
-            "_cls": self.cls,
+            "_cls": cls,
             "_s0": _id_set,
             "_s1": _prio_set,
             "_s2": _cid_raw_set,
             "_post": self.post_init,
         }
-        lines = [
-            "def build(v):",
-            "    o = _new(_cls)",
-            "    _s0(o, v[0])",
-            "    _s1(o, v[1])",
-            "    if v[2] is not None:",
-            "        _s2(o, v[2])",
-        ]
-        for i, setter in enumerate(self.setters):
-            env[f"_f{i}"] = setter
-            lines.append(f"    _f{i}(o, v[{i + 3}])")
+        n = len(self.setters)
+        unpack = ", ".join(["mid", "prio", "cid", *(f"v{i}" for i in range(n))])
+        lines = ["def build(v):", f"    {unpack} = v", "    o = _new(_cls)"]
+        if plain:
+            lines += ["    o._pdc_mid = mid", "    o.priority = prio", "    o._pdc_cid = cid"]
+        else:
+            lines += ["    _s0(o, mid)", "    _s1(o, prio)", "    _s2(o, cid)"]
+        for i, (name, setter) in enumerate(zip(self.names, self.setters, strict=True)):
+            if plain and _is_plain_slot(cls, name):
+                lines.append(f"    o.{name} = v{i}")
+            else:
+                env[f"_f{i}"] = setter
+                lines.append(f"    _f{i}(o, v{i})")
         if self.post_init is not None:
             lines.append("    _post(o)")
         lines.append("    return o")
@@ -540,12 +562,24 @@ class _Codec:
         return env["build"]  # type: ignore[no-any-return]
 
     def encode(self, msg: RingKernelMessage) -> bytes:
-        cid = msg.correlation_id
-        head = (
-            msg.message_id.int.to_bytes(16, "big"),
-            msg.priority,
-            None if cid is None else cid.int.to_bytes(16, "big"),
-        )
+        # ids go out as the 16 bytes in their slots: an id never made is made as bytes
+        # (read back as the same UUID), and a reply stamped with its request takes the
+        # request's id bytes, without building UUID objects only to take them apart
+        try:
+            mid = msg._pdc_mid  # type: ignore[attr-defined]
+            cid = msg._pdc_cid  # type: ignore[attr-defined]
+        except AttributeError:  # a slot never set (built without __init__)
+            mid, cid = msg.message_id, msg.correlation_id
+        if type(mid) is not bytes or len(mid) != 16:
+            mid = _wire_id(msg)
+        if cid is not None and (type(cid) is not bytes or len(cid) != 16):
+            if type(cid) is uuid.UUID:
+                cid = cid.int.to_bytes(16, "big")
+            elif isinstance(cid, RingKernelMessage):  # the request this message answers
+                cid = _wire_id(cid)
+            else:
+                cid = msg.correlation_id.int.to_bytes(16, "big")  # type: ignore[union-attr]
+        head = (mid, msg.priority, cid)
         encoder = _REF_ENCODER if self.by_ref else _ENCODER
         try:
             return self.prefix + encoder.encode(head + self.getter(msg))
@@ -557,6 +591,31 @@ class _Codec:
 
     def decode(self, body: memoryview) -> RingKernelMessage:
         return self.build(self.decoder.decode(body))
+
+
+def _wire_id(msg: Any) -> bytes:
+    """``msg``'s id as 16 bytes; an id not made yet is made now (and kept, as bytes)."""
+    try:
+        mid = _id_slot.__get__(msg)
+    except AttributeError:
+        mid = None
+    if type(mid) is bytes and len(mid) == 16:
+        return mid
+    if mid is None:
+        raw = _new_id_bytes()
+        _id_set(msg, raw)
+        return raw
+    if type(mid) is uuid.UUID:
+        return mid.int.to_bytes(16, "big")
+    return msg.message_id.int.to_bytes(16, "big")  # type: ignore[no-any-return]
+
+
+def _is_plain_slot(cls: type, name: str) -> bool:
+    """True when ``obj.name = v`` on an instance of ``cls`` writes a slot and nothing else."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return type(klass.__dict__[name]) is _MemberDescriptor
+    return False
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
@@ -722,8 +781,6 @@ def _install_fast_init(cls: type) -> None:
     priority check is inline: building a message is the hot path of every actor.
     """
     env: dict[str, Any] = {
-        "_id_set": _id_set,
-        "_cid_set": _cid_raw_set,
         "_bad_priority": _bad_priority,
         "_HAS_FACTORY": _HAS_FACTORY,
     }
@@ -754,14 +811,13 @@ def _install_fast_init(cls: type) -> None:
             body.append(f"    self.{name} = {name}")
         (keyword if f.kw_only else positional).append(param)
     body += [
-        # header slots left unset read as None through the lazy descriptors
-        "    if message_id is not None:",
-        "        _id_set(self, message_id)",
+        # every header slot is written (None reads as "no id yet" / "no correlation"), so
+        # the runtime never meets an unset slot (an AttributeError) on its hot path
+        "    self._pdc_mid = message_id",
         "    if priority.__class__ is not int or priority < 0 or priority > 255:",
         "        _bad_priority(priority)",
         "    self.priority = priority",
-        "    if correlation_id is not None:",
-        "        _cid_set(self, correlation_id)",
+        "    self._pdc_cid = correlation_id",
     ]
     post = cls.__post_init__  # type: ignore[attr-defined]
     if post is not RingKernelMessage.__post_init__:
