@@ -248,8 +248,12 @@ class RecordingBackend(Backend):
         block_size: int | Sequence[int],
         *args: Any,
         stream: Any | None = None,
+        shared_mem: int = 0,
     ) -> KernelExecutionResult:
-        """Call ``kernel(*args)`` once (like the CPU backend) and record the launch."""
+        """Call ``kernel(*args)`` once (like the CPU backend) and record the launch.
+
+        ``stream`` and ``shared_mem`` are accepted for signature parity and ignored.
+        """
         self.require()
         grid = normalize_grid(grid_size, "grid_size")
         block = normalize_grid(block_size, "block_size")
