@@ -106,6 +106,7 @@ class _Block:
     raw: Any
     nbytes: int
     key: tuple[str, str, int]
+    reusable: bool = True  # False: released blocks are dropped, not cached (MLX arrays)
 
 
 @dataclass(slots=True)
@@ -244,7 +245,9 @@ class MemoryPool:
             shape: array shape.
             dtype: NumPy dtype.
             location: ``"host"`` (NumPy), ``"pinned"`` (page-locked NumPy on CUDA, plain
-                NumPy elsewhere) or ``"device"`` (the backend's device array).
+                NumPy elsewhere) or ``"device"`` (the backend's device array; on Metal a
+                fresh ``mx.array`` each time, since MLX keeps its own buffer cache, released
+                like any other block).
             backend: the device backend for ``"device"``/``"pinned"``.
 
         Raises:
@@ -262,11 +265,16 @@ class MemoryPool:
         if dev is not None and location == "device":
             dev.require()
             if dev.backend_type is BackendType.METAL:
-                # MLX arrays are immutable and MLX caches its own buffers: no views to pool.
+                # MLX arrays are immutable and MLX caches its own buffers: no views to pool,
+                # but the lease is recorded so that release() and the statistics work.
+                array = dev.empty(dims, np_dtype)
+                lease = _Lease(_Block(None, nbytes, ("device", dev.name, nbytes), False), array)
                 with self._lock:
                     self._acquires += 1
                     self._misses += 1
-                return dev.empty(dims, np_dtype)
+                    self._leases[id(array)] = lease
+                    self._bytes_in_use += nbytes
+                return array
         cls = size_class(nbytes)
         key = (location, dev.name if dev is not None else "host", cls)
         with self._lock:
@@ -320,7 +328,7 @@ class MemoryPool:
             self._releases += 1
             block = lease.block
             self._bytes_in_use -= block.nbytes
-            if not self._enabled:
+            if not self._enabled or not block.reusable:
                 return
             self._free.setdefault(block.key, []).append(block)
             self._lru[id(block)] = block

@@ -212,6 +212,30 @@ def test_metal_device_acquire_passes_through() -> None:
     assert pool.get_stats().misses == 1
 
 
+@pytest.mark.skipif(not MetalBackend().is_available, reason="MLX is not installed")
+def test_metal_device_acquire_can_be_released() -> None:
+    import mlx.core as mx
+
+    pool = MemoryPool(backend="metal")
+    arr = pool.acquire((2, 3), np.float32, location="device")
+    assert isinstance(arr, mx.array)
+    assert arr.shape == (2, 3)
+    assert arr.dtype == mx.float32
+    s = pool.get_stats()
+    assert (s.blocks_in_use, s.bytes_in_use) == (1, 24)
+    assert s.bytes_by_location["device"] == 24
+    pool.release(arr)
+    s = pool.get_stats()
+    assert (s.releases, s.blocks_in_use, s.bytes_in_use) == (1, 0, 0)
+    assert s.blocks_cached == 0  # MLX caches its own buffers: nothing is kept here
+    with pytest.raises(BufferNotAllocatedError, match="already released"):
+        pool.release(arr)
+    with pool.pooled_buffer(8, np.int32, location="device") as buf:
+        assert buf.dtype == mx.int32
+        assert pool.get_stats().blocks_in_use == 1
+    assert pool.get_stats().blocks_in_use == 0
+
+
 def test_concurrent_acquire_release_keeps_counts_consistent() -> None:
     pool = MemoryPool(max_bytes=64 * 1024)
     errors: list[BaseException] = []
