@@ -222,9 +222,33 @@ class MetalBackend(Backend):
         mx.synchronize()
 
     def create_stream(self) -> Any:
-        """A new MLX stream on the default device."""
+        """A new MLX stream on the default device, usable from any thread.
+
+        In recent MLX a stream from ``mx.new_stream`` exists only in the thread that made
+        it, but launches from :class:`~pydotcompute.core.ComputeOrchestrator` run in worker
+        threads. The stream returned is a ``ThreadLocalStream`` where MLX has one (each
+        thread that uses it gets its own queue on the device), else an ordinary stream
+        (older MLX, whose streams work in every thread).
+        """
         mx = self._mx()
-        return mx.new_stream(mx.default_device())
+        make = getattr(mx, "new_thread_local_stream", None) or mx.new_stream
+        return make(mx.default_device())
+
+    def schedule_inputs(self, args: Sequence[Any]) -> None:
+        """Start evaluating the lazy ``mx.array``\\ s among ``args`` in this thread.
+
+        MLX with thread-local streams evaluates an unevaluated array only in the thread
+        whose stream recorded it, so an input built lazily on an event loop
+        (``mx.arange(n)``, ``a + b``) fails in a worker thread with "There is no
+        Stream(...) in current thread". :class:`~pydotcompute.core.ComputeOrchestrator`
+        calls this on the caller's thread before it hands a launch to a worker:
+        ``mx.async_eval`` queues the pending work there without waiting for it, and the
+        worker waits for the results instead of evaluating them. Containers (lists,
+        tuples, dicts) are searched; other values are ignored.
+        """
+        mx = self._mx()
+        schedule = getattr(mx, "async_eval", None) or mx.eval
+        schedule(*args)
 
     # --- kernels ---------------------------------------------------------------------------
 
@@ -260,7 +284,16 @@ class MetalBackend(Backend):
                 output = kernel(*call_args)
                 mx.eval(output)
         except Exception as exc:
-            raise MetalError(f"MLX kernel {name!r} failed: {type(exc).__name__}: {exc}") from exc
+            hint = ""
+            if stream is not None and "in current thread" in str(exc):
+                hint = (
+                    f"; {stream} was made by mx.new_stream() in another thread and MLX runs "
+                    "such a stream only in its own thread: use MetalBackend.create_stream() "
+                    "(a stream for every thread) or mx.new_thread_local_stream()"
+                )
+            raise MetalError(
+                f"MLX kernel {name!r} failed: {type(exc).__name__}: {exc}{hint}"
+            ) from exc
         elapsed = (self._now() - start) * 1e3
         return KernelExecutionResult(
             kernel_name=name,

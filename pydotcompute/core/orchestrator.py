@@ -2,8 +2,12 @@
 
 Launches run in a worker thread (``asyncio.to_thread``) by default: a CPU kernel is a
 blocking NumPy/Numba call and a GPU launch ends in a synchronize, and neither may stall the
-event loop. Every launch — successful or not — is recorded as a ``KernelExecution`` in a
-bounded history, so failures are visible after the fact as well as raised to the caller.
+event loop. MLX (the Metal backend) ties streams and unevaluated arrays to the thread that
+made them, so its streams are thread-local and the backend queues the evaluation of lazy
+inputs on the caller's thread (``MetalBackend.schedule_inputs``) before the hand-off.
+
+Every launch — successful or not — is recorded as a ``KernelExecution`` in a bounded
+history, so failures are visible after the fact as well as raised to the caller.
 
 ``initialize()`` and ``shutdown()`` do their work when called and return an awaitable, so
 both ``orch.initialize()`` and ``await orch.initialize()`` work (the 0.2 API was used both
@@ -308,7 +312,14 @@ class ComputeOrchestrator:
         )
         start_wall, start = time.time(), time.perf_counter()
         try:
-            result = await asyncio.to_thread(call) if self._run_in_thread else call()
+            if self._run_in_thread:
+                # MLX: lazy inputs can only be evaluated in the thread that built them.
+                schedule_inputs = getattr(backend, "schedule_inputs", None)
+                if schedule_inputs is not None:
+                    schedule_inputs(args)
+                result = await asyncio.to_thread(call)
+            else:
+                result = call()
         except BaseException as exc:
             self._record(name, cfg, start_wall, start, None, f"{type(exc).__name__}: {exc}")
             raise

@@ -164,3 +164,61 @@ def test_missing_mlx_never_raises_on_construction(monkeypatch: pytest.MonkeyPatc
     assert not backend.uses_metal_gpu
     with pytest.raises(BackendNotAvailableError, match=r'pip install "pydotcompute\[metal\]"'):
         backend.copy_to_device(np.zeros(2))
+
+
+def test_stream_works_in_other_threads(backend: MetalBackend) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    stream = backend.create_stream()  # made here, used by worker threads
+
+    def launch(k: int) -> list[int]:
+        result = backend.execute_kernel(lambda a: a * k, 1, 3, mx.arange(3), stream=stream)
+        return result.output.tolist()  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert list(pool.map(launch, [1, 2, 3])) == [[0, 1, 2], [0, 2, 4], [0, 3, 6]]
+    backend.synchronize()
+
+
+@pytest.mark.skipif(
+    not hasattr(mx, "new_thread_local_stream"), reason="this MLX has no thread-bound streams"
+)
+def test_thread_bound_stream_in_another_thread_is_explained(backend: MetalBackend) -> None:
+    import threading
+
+    bound = mx.new_stream(mx.default_device())  # only usable in this thread
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            backend.execute_kernel(lambda a: a + 1, 1, 1, mx.arange(3), stream=bound)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    thread.join(timeout=30)
+    [error] = errors
+    assert isinstance(error, MetalError)
+    assert "use MetalBackend.create_stream()" in str(error)
+    assert "made by mx.new_stream() in another thread" in str(error)
+
+
+def test_scheduled_lazy_inputs_can_be_used_in_a_worker_thread(backend: MetalBackend) -> None:
+    import threading
+
+    lazy = {"x": mx.arange(4) * 2}  # unevaluated, recorded on this thread's stream
+    backend.schedule_inputs([lazy, 3, "not an array"])
+    results: list[object] = []
+
+    def launch() -> None:
+        try:
+            out = backend.execute_kernel(lambda d: d["x"] + 1, 1, 4, lazy).output
+            results.append(out.tolist())
+        except BaseException as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    thread.join(timeout=30)
+    assert results == [[1, 3, 5, 7]]

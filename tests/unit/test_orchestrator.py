@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pydotcompute.backends import CPUBackend
+from pydotcompute.backends import CPUBackend, MetalBackend
 from pydotcompute.core import ComputeOrchestrator, KernelExecution, KernelLaunchConfig
 from pydotcompute.exceptions import (
     BackendNotAvailableError,
@@ -158,3 +158,26 @@ async def test_unavailable_backend_is_reported_on_initialize() -> None:
     with pytest.raises(BackendNotAvailableError, match="the cpu backend is not available"):
         await orch.initialize()
     assert "new" in repr(orch)
+
+
+@pytest.mark.skipif(not MetalBackend().is_available, reason="MLX is not installed")
+async def test_metal_stream_context_launches_in_a_worker_thread() -> None:
+    import mlx.core as mx
+
+    async with ComputeOrchestrator("metal") as orch:  # launches run in a worker thread
+        with orch.stream_context() as stream:
+            assert stream is not None
+            execution = await orch.launch_kernel(lambda a: a * 2, (1, 3), mx.arange(3))
+            assert execution.success
+            assert execution.result is not None
+            assert execution.result.output.tolist() == [0, 2, 4]
+        other = orch.create_stream()
+        config = KernelLaunchConfig(grid_size=1, block_size=3, stream=other)
+        execution = await orch.launch_kernel(lambda a: a + 1, config, mx.arange(3))
+        assert execution.result is not None
+        assert execution.result.output.tolist() == [1, 2, 3]
+        lazy = [mx.arange(3) + 10]  # built on the loop, inside a container
+        execution = await orch.launch_kernel(lambda xs: xs[0] * 3, None, lazy)
+        assert execution.result is not None
+        assert execution.result.output.tolist() == [30, 33, 36]
+        orch.synchronize()
