@@ -70,15 +70,22 @@ _UNARY = {
 }
 
 
-def mlx_dtype(dtype: DTypeLike) -> Any:
-    """The MLX dtype matching a NumPy dtype.
+def mlx_dtype(dtype: Any) -> Any:
+    """The MLX dtype for ``dtype``: an MLX dtype (returned as is) or a NumPy dtype-like.
 
     Raises:
-        BufferMismatchError: MLX has no such dtype.
+        BufferMismatchError: ``dtype`` is neither, or MLX has no such dtype.
     """
     import mlx.core as mx
 
-    np_dtype = np.dtype(dtype)
+    if isinstance(dtype, mx.Dtype):
+        return dtype
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise BufferMismatchError(
+            f"not a NumPy or MLX dtype: {dtype!r}; pass one like np.float32 or mx.float32"
+        ) from exc
     name = "bool_" if np_dtype == np.bool_ else np_dtype.name
     mx_type = getattr(mx, name, None)
     if mx_type is None or not isinstance(mx_type, mx.Dtype):
@@ -155,17 +162,22 @@ class MetalBackend(Backend):
     # --- memory ----------------------------------------------------------------------------
 
     def allocate(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> Any:
-        """A zero-filled ``mx.array``."""
+        """A zero-filled ``mx.array``; ``dtype`` is a NumPy or an MLX dtype (``mx.bfloat16``).
+
+        Raises:
+            BufferMismatchError: an unknown dtype, or float64 on a Metal GPU.
+        """
         mx = self._mx()
         return mx.zeros(as_shape(shape), dtype=self._checked_dtype(dtype))
 
-    def _checked_dtype(self, dtype: DTypeLike) -> Any:
-        np_dtype = np.dtype(dtype)
-        if self._metal_gpu and np_dtype == np.float64:
+    def _checked_dtype(self, dtype: Any) -> Any:
+        mx_type = mlx_dtype(dtype)
+        float64 = getattr(self._mx(), "float64", None)  # absent from older MLX
+        if self._metal_gpu and float64 is not None and mx_type == float64:
             raise BufferMismatchError(
                 "MLX on a Metal GPU has no float64; convert to float32 (got float64)"
             )
-        return mlx_dtype(np_dtype)
+        return mx_type
 
     def copy_to_device(self, a: Any, *, out: Any | None = None, stream: Any | None = None) -> Any:
         """A new ``mx.array`` holding ``a`` with the same dtype (``out`` is only checked).

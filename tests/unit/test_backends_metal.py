@@ -81,6 +81,29 @@ def test_allocate_fill_synchronize(backend: MetalBackend) -> None:
     assert backend.create_stream() is not None
 
 
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "int32", "uint8", "bool_"])
+def test_allocate_takes_mlx_dtypes(backend: MetalBackend, name: str) -> None:
+    dtype = getattr(mx, name)
+    a = backend.allocate((2, 3), dtype)
+    assert a.dtype == dtype
+    assert a.shape == (2, 3)
+    assert backend.empty(4, dtype).dtype == dtype
+    assert mlx_dtype(dtype) == dtype
+
+
+def test_allocate_dtype_errors_name_what_arrived(backend: MetalBackend) -> None:
+    with pytest.raises(BufferMismatchError, match=r"not a NumPy or MLX dtype: 'floaty'"):
+        backend.allocate(3, "floaty")
+    with pytest.raises(BufferMismatchError, match=r"not a NumPy or MLX dtype: <object object"):
+        backend.allocate(3, object())  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(NO_METAL_GPU, reason="float64 exists on MLX's CPU device")
+def test_mlx_float64_refused_on_metal(backend: MetalBackend) -> None:  # pragma: no cover
+    with pytest.raises(BufferMismatchError, match="MLX on a Metal GPU has no float64"):
+        backend.allocate(3, mx.float64)
+
+
 def test_compile_kernel_seed_lambda(backend: MetalBackend) -> None:
     k = backend.compile_kernel(lambda x: x * 2 + 1)
     out = k(mx.array(np.arange(4, dtype=np.float32)))
