@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ __all__ = (
 )
 
 T = TypeVar("T")
+_get_running_loop = asyncio.get_running_loop
 
 
 class PriorityBand(enum.IntEnum):
@@ -69,6 +71,8 @@ class BackpressureStrategy(enum.StrEnum):
                 f"unknown backpressure strategy {value!r}; choose one of {[s.value for s in cls]}"
             ) from None
 
+
+_NO_BANDS: tuple[None, ...] = (None, None, None, None)
 
 # A dict, not a tuple: a negative priority must miss instead of indexing from the end.
 _BAND_OF: dict[int, int] = {
@@ -134,11 +138,12 @@ class FastMessageQueue(Generic[T]):
         "_decode",
         "_dequeued",
         "_dropped",
-        "_enqueued",
         "_getters",
+        "_limit",
         "_maxsize",
         "_peak",
         "_putters",
+        "_removed",
         "_serialize",
         "_strategy",
         "kernel_id",
@@ -157,6 +162,9 @@ class FastMessageQueue(Generic[T]):
                 f"queue maxsize must be an int >= 0 (0 = unbounded), got {maxsize!r}"
             )
         self._maxsize = maxsize
+        # the hot paths' one test "may append without waiting": ``_count < _limit``
+        # (the capacity, unbounded as sys.maxsize; 0 once closed)
+        self._limit = maxsize or sys.maxsize
         self.kernel_id = kernel_id
         self._serialize = serialize
         self._decode: Any = None
@@ -164,11 +172,16 @@ class FastMessageQueue(Generic[T]):
             from .message import deserialize_message
 
             self._decode = deserialize_message
-        self._strategy = BackpressureStrategy.parse(backpressure)
-        self._bands: list[deque[Any] | None] = [None, None, None, None]
+        self._strategy = (
+            backpressure
+            if type(backpressure) is BackpressureStrategy
+            else BackpressureStrategy.parse(backpressure)
+        )
+        # a shared empty tuple until the first put: an idle queue owns no band list
+        self._bands: list[deque[Any] | None] | tuple[None, ...] = _NO_BANDS
         self._count = 0
         self._peak = 0
-        self._enqueued = 0
+        self._removed = 0  # taken out without being dequeued (drop_oldest, clear)
         self._dequeued = 0
         self._dropped = 0
         self._getters: deque[asyncio.Future[None]] | None = None
@@ -224,26 +237,41 @@ class FastMessageQueue(Generic[T]):
             item = item.serialize()
         d = self._bands[band]
         if d is None:
-            d = self._bands[band] = deque()
+            d = self._new_band(band)
         d.append(item)
-        self._count += 1
-        self._enqueued += 1
-        if self._count > self._peak:
-            self._peak = self._count
+        n = self._count + 1
+        self._count = n
+        if n > self._peak:
+            self._peak = n
         getters = self._getters
-        if getters:
-            _wake_one(getters)
+        if getters:  # wake the longest waiter (``_wake_one``, first round inlined)
+            fut = getters.popleft()
+            if fut.done():
+                _wake_one(getters)
+            else:
+                fut.set_result(None)
+
+    def _new_band(self, band: int) -> deque[Any]:
+        bands = self._bands
+        if type(bands) is not list:
+            bands = self._bands = [None, None, None, None]
+        d: deque[Any] = deque()
+        bands[band] = d
+        return d
 
     def _pop(self) -> Any:
-        for d in self._bands:
-            if d:
-                item = d.popleft()
-                break
+        b = self._bands
+        # the first non-empty band in priority order (the caller knows one is non-empty)
+        item = (b[0] or b[1] or b[2] or b[3]).popleft()  # type: ignore[union-attr]
         self._count -= 1
         self._dequeued += 1
         putters = self._putters
         if putters:
-            _wake_one(putters)
+            fut = putters.popleft()
+            if fut.done():
+                _wake_one(putters)
+            else:
+                fut.set_result(None)
         if self._decode is not None:
             return self._decode(item)
         return item
@@ -254,6 +282,7 @@ class FastMessageQueue(Generic[T]):
                 d.popleft()
                 self._count -= 1
                 self._dropped += 1
+                self._removed += 1
                 return
 
     def _full_error(self) -> QueueFullError:
@@ -276,13 +305,15 @@ class FastMessageQueue(Generic[T]):
             QueueFullError: the queue is full and the strategy is ``block`` or ``reject``.
             QueueClosedError: the queue is closed.
         """
+        if self._count < self._limit:  # open, with room
+            self._append(item)
+            return True
         if self._closed:
             raise self._closed_error()
-        if self._maxsize and self._count >= self._maxsize:
-            if self._strategy is BackpressureStrategy.DROP_OLDEST:
-                self._drop_oldest()
-            else:
-                raise self._full_error()
+        if self._strategy is BackpressureStrategy.DROP_OLDEST:
+            self._drop_oldest()
+        else:
+            raise self._full_error()
         self._append(item)
         return True
 
@@ -293,11 +324,11 @@ class FastMessageQueue(Generic[T]):
         ``QueueTimeoutError``); ``reject`` raises ``QueueFullError``; ``drop_oldest`` drops
         and counts the oldest lowest-band message.
         """
-        if self._closed:
-            raise self._closed_error()
-        if not self._maxsize or self._count < self._maxsize:
+        if self._count < self._limit:  # open, with room
             self._append(item)
             return True
+        if self._closed:
+            raise self._closed_error()
         if self._strategy is not BackpressureStrategy.BLOCK:
             return self.put_nowait(item)
         await self._wait_for_space(timeout)
@@ -364,10 +395,40 @@ class FastMessageQueue(Generic[T]):
         """
         if self._count:
             return self._pop()  # type: ignore[no-any-return]
-        return await self._get_slow(timeout)
+        if timeout is not None:
+            return await self._get_slow(timeout)
+        while True:  # ``_get_slow(None)``, inlined: one coroutine frame less per wake-up
+            fut = self._park_getter()
+            try:
+                await fut
+            except BaseException:
+                self._unpark_getter(fut)
+                raise
+            if self._count:
+                return self._pop()
+
+    def _park_getter(self) -> asyncio.Future[None]:
+        """The empty queue's next wait: a future the next put (or ``close``) completes.
+
+        Raises the close reason instead when the queue is closed. Callers that wait
+        inline (the actor's ``receive``) await the future, call :meth:`_unpark_getter`
+        if that await raises, and re-check ``_count`` when it returns.
+        """
+        if self._closed:
+            raise self._closed_error()
+        fut: asyncio.Future[None] = _get_running_loop().create_future()
+        getters = self._getters
+        if getters is None:
+            getters = self._getters = deque()
+        getters.append(fut)
+        return fut
+
+    def _unpark_getter(self, fut: asyncio.Future[None]) -> None:
+        """Clean up a wait that was abandoned (cancelled, say); a wake-up it got moves on."""
+        _forget(self._getters, fut, self._count > 0)  # type: ignore[arg-type]
 
     async def _get_slow(self, timeout: float | None) -> T:
-        loop = asyncio.get_running_loop()
+        loop = _get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._count:
             if self._closed:
@@ -408,6 +469,7 @@ class FastMessageQueue(Generic[T]):
         if exc is not None:
             self._close_exc = exc
         self._closed = True
+        self._limit = 0
         for waiters in (self._getters, self._putters):
             while waiters:
                 fut = waiters.popleft()
@@ -417,9 +479,10 @@ class FastMessageQueue(Generic[T]):
     def clear(self) -> int:
         """Remove every queued message; returns how many (counted as dropped)."""
         n = self._count
-        self._bands = [None, None, None, None]
+        self._bands = _NO_BANDS
         self._count = 0
         self._dropped += n
+        self._removed += n
         putters = self._putters
         while putters:
             _wake_one(putters)
@@ -441,7 +504,7 @@ class FastMessageQueue(Generic[T]):
             max_size=self._maxsize,
             current_size=self._count,
             peak_size=self._peak,
-            total_enqueued=self._enqueued,
+            total_enqueued=self._dequeued + self._count + self._removed,
             total_dequeued=self._dequeued,
             total_dropped=self._dropped,
             band_counts=tuple(len(d) if d else 0 for d in bands),  # type: ignore[arg-type]

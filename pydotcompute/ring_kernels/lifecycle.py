@@ -146,7 +146,7 @@ class RingKernelConfig:
 def _plain_message_class(cls: type) -> bool:
     """True for a message class whose correlation slot a plain attribute store reaches
     (``msg._pdc_cid = x``: no custom ``__setattr__`` in the way)."""
-    return issubclass(cls, RingKernelMessage) and cls.__setattr__ is object.__setattr__  # type: ignore[comparison-overlap]
+    return issubclass(cls, RingKernelMessage) and cls.__setattr__ is object.__setattr__
 
 
 class KernelContext:
@@ -177,7 +177,7 @@ class KernelContext:
         self._current: Any = None
         # the last reply class that passed validation against output type ``_reply_for``
         # and whose correlation slot can be written directly (see ``_prepare_reply``)
-        self._reply_t: type | None = None
+        self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
         self._reply_for: Any = None
 
     @property
@@ -222,7 +222,21 @@ class KernelContext:
         if k._gate is not None:
             await self.wait_active()
         inbox = self._inbox
-        msg = inbox._pop() if inbox._count else await inbox._get_slow(timeout)
+        if inbox._count:
+            msg = inbox._pop()
+        elif timeout is not None:
+            msg = await inbox._get_slow(timeout)
+        else:
+            while True:  # ``inbox.get()`` inlined: the actor's wake-up resumes one frame less
+                fut = inbox._park_getter()
+                try:
+                    await fut
+                except BaseException:
+                    inbox._unpark_getter(fut)
+                    raise
+                if inbox._count:
+                    msg = inbox._pop()
+                    break
         if k._gate is not None:  # deactivated while we waited: hold the message
             await self.wait_active()
         self._current = msg
@@ -305,7 +319,7 @@ class KernelContext:
                 raise
             return True
         out = self._outbox
-        if not out._closed and (not out._maxsize or out._count < out._maxsize):
+        if out._count < out._limit:  # open, with room
             out._append(msg)
             return True
         try:
@@ -718,7 +732,7 @@ class RingKernel:
         inbox = self._inbox
         if inbox is None or inbox._closed or self._stopping:
             raise self._refuse("send to")
-        if not inbox._maxsize or inbox._count < inbox._maxsize:
+        if inbox._count < inbox._limit:  # room (it is open)
             inbox._append(msg)
             return
         try:
@@ -748,9 +762,7 @@ class RingKernel:
         out = self._outbox
         if out is None:
             raise self._refuse("receive from")
-        if out._count:
-            return out._pop()
-        return await out._get_slow(timeout)
+        return await out.get(timeout=timeout)
 
     def receive_nowait(self) -> Any:
         """The next reply or None."""

@@ -498,7 +498,7 @@ class _Codec:
         self.by_ref = cls._pdc_by_reference
         names = tuple(
             f.name
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            for f in dataclasses.fields(cls)
             if f.name not in ("message_id", "priority", "correlation_id")
         )
         self.names = names
@@ -508,7 +508,7 @@ class _Codec:
             one = operator.attrgetter(names[0])
             self.getter = lambda obj: (one(obj),)
         else:
-            self.getter = operator.attrgetter(*names)  # type: ignore[assignment]
+            self.getter = operator.attrgetter(*names)
         self.setters = tuple(_slot_setter(cls, n) for n in names)
         try:
             hints = typing.get_type_hints(cls, include_extras=True)
@@ -533,7 +533,7 @@ class _Codec:
         interpreter specializes those, a method-wrapper call costs several times more.
         """
         cls = self.cls
-        plain = cls.__setattr__ is object.__setattr__  # type: ignore[comparison-overlap]
+        plain = cls.__setattr__ is object.__setattr__
         env: dict[str, Any] = {
             "_new": _new_object,
             "_cls": cls,

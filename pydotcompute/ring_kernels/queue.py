@@ -60,7 +60,6 @@ class MessageQueue(FastMessageQueue[T]):
         else:
             self._fifo.append(item)
         self._count += 1
-        self._enqueued += 1
         if self._count > self._peak:
             self._peak = self._count
         if self._getters:
@@ -87,6 +86,7 @@ class MessageQueue(FastMessageQueue[T]):
             self._fifo.popleft()
         self._count -= 1
         self._dropped += 1
+        self._removed += 1
 
     def clear(self) -> int:
         n = self._count
@@ -94,6 +94,7 @@ class MessageQueue(FastMessageQueue[T]):
         self._fifo.clear()
         self._count = 0
         self._dropped += n
+        self._removed += n
         while self._putters:
             _wake_one(self._putters)
         return n

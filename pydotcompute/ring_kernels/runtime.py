@@ -255,7 +255,7 @@ class RingKernelRuntime:
         config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
         kernel = cls(
             kernel_id,
-            kernel_func,  # type: ignore[arg-type]
+            kernel_func,
             config=config,
             input_type=input_type,
             output_type=output_type,
@@ -327,9 +327,8 @@ class RingKernelRuntime:
             kernel._direct
             and (in_t is None or type(msg) is in_t)
             and inbox is not None
-            and not inbox._closed
+            and inbox._count < inbox._limit  # open, with room
             and not kernel._stopping
-            and (not inbox._maxsize or inbox._count < inbox._maxsize)
         ):
             inbox._append(msg)
             return True
@@ -357,7 +356,17 @@ class RingKernelRuntime:
         if kernel._direct and out is not None:
             if out._count:
                 return out._pop()
-            return await out._get_slow(timeout)
+            if timeout is not None:
+                return await out._get_slow(timeout)
+            while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
+                fut = out._park_getter()
+                try:
+                    await fut
+                except BaseException:
+                    out._unpark_getter(fut)
+                    raise
+                if out._count:
+                    return out._pop()
         return await kernel.receive(timeout)
 
     def receive_nowait(self, kernel_id: str) -> Any:
