@@ -169,9 +169,9 @@ class FastMessageQueue(Generic[T]):
         self._serialize = serialize
         self._decode: Any = None
         if serialize:
-            from .message import deserialize_message
+            from .message import message_decoder
 
-            self._decode = deserialize_message
+            self._decode = message_decoder()
         self._strategy = (
             backpressure
             if type(backpressure) is BackpressureStrategy

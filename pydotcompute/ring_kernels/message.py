@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import operator
 import os
 import re
 import struct
@@ -84,11 +83,14 @@ class _IdSource:
         self.reseed()
 
     def reseed(self) -> None:
-        self.base = int.from_bytes(os.urandom(16), "big")
+        # the version and variant bits are set in the base once: the counter stays far
+        # below bit 62, so XOR-ing it in never touches them
+        raw = int.from_bytes(os.urandom(16), "big")
+        self.base = (raw & _UUID_VERSION_MASK) | _UUID_VERSION_BITS
         self.counter = itertools.count(1)
 
     def next_uuid(self) -> uuid.UUID:
-        value = ((self.base ^ next(self.counter)) & _UUID_VERSION_MASK) | _UUID_VERSION_BITS
+        value = self.base ^ next(self.counter)
         u = _uuid_new(uuid.UUID)
         _uuid_set(u, "int", value)
         _uuid_set(u, "is_safe", _SAFE_UNKNOWN)
@@ -96,8 +98,7 @@ class _IdSource:
 
     def next_bytes(self) -> bytes:
         """The next id as its 16 big-endian bytes (what the wire carries)."""
-        value = ((self.base ^ next(self.counter)) & _UUID_VERSION_MASK) | _UUID_VERSION_BITS
-        return value.to_bytes(16, "big")
+        return (self.base ^ next(self.counter)).to_bytes(16, "big")
 
 
 _ids = _IdSource()
@@ -485,8 +486,9 @@ class _Codec:
         "by_ref",
         "cls",
         "decoder",
-        "getter",
         "names",
+        "pack",
+        "plain",
         "post_init",
         "prefix",
         "setters",
@@ -502,13 +504,6 @@ class _Codec:
             if f.name not in ("message_id", "priority", "correlation_id")
         )
         self.names = names
-        if not names:
-            self.getter: Callable[[Any], tuple[Any, ...]] = lambda _obj: ()
-        elif len(names) == 1:
-            one = operator.attrgetter(names[0])
-            self.getter = lambda obj: (one(obj),)
-        else:
-            self.getter = operator.attrgetter(*names)
         self.setters = tuple(_slot_setter(cls, n) for n in names)
         try:
             hints = typing.get_type_hints(cls, include_extras=True)
@@ -523,7 +518,9 @@ class _Codec:
         )
         custom = cls.__post_init__ is not RingKernelMessage.__post_init__
         self.post_init = cls.__post_init__ if custom else None
+        self.plain = cls.__setattr__ is object.__setattr__
         self.build = self._make_builder()
+        self.pack = self._make_packer()
 
     def _make_builder(self) -> Callable[[Any], RingKernelMessage]:
         """An unrolled ``values -> message`` function for this class (no loop, no kwargs).
@@ -561,6 +558,13 @@ class _Codec:
         exec("\n".join(lines), env)
         return env["build"]  # type: ignore[no-any-return]
 
+    def _make_packer(self) -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+        """An unrolled ``(msg, id, correlation) -> body tuple`` function for this class."""
+        fields = "".join(f", msg.{name}" for name in self.names)
+        env: dict[str, Any] = {}
+        exec(f"def pack(msg, mid, cid):\n    return (mid, msg.priority, cid{fields})", env)
+        return env["pack"]  # type: ignore[no-any-return]
+
     def encode(self, msg: RingKernelMessage) -> bytes:
         # ids go out as the 16 bytes in their slots: an id never made is made as bytes
         # (read back as the same UUID), and a reply stamped with its request takes the
@@ -571,18 +575,25 @@ class _Codec:
         except AttributeError:  # a slot never set (built without __init__)
             mid, cid = msg.message_id, msg.correlation_id
         if type(mid) is not bytes or len(mid) != 16:
-            mid = _wire_id(msg)
+            if mid is None and self.plain and type(msg) is self.cls:
+                mid = (_ids.base ^ next(_ids.counter)).to_bytes(16, "big")  # _new_id_bytes()
+                msg._pdc_mid = mid  # type: ignore[attr-defined]
+            else:
+                mid = _wire_id(msg)
         if cid is not None and (type(cid) is not bytes or len(cid) != 16):
             if type(cid) is uuid.UUID:
                 cid = cid.int.to_bytes(16, "big")
             elif isinstance(cid, RingKernelMessage):  # the request this message answers
-                cid = _wire_id(cid)
+                try:
+                    rid = cid._pdc_mid  # type: ignore[attr-defined]
+                except AttributeError:
+                    rid = None
+                cid = rid if type(rid) is bytes and len(rid) == 16 else _wire_id(cid)
             else:
                 cid = msg.correlation_id.int.to_bytes(16, "big")  # type: ignore[union-attr]
-        head = (mid, msg.priority, cid)
         encoder = _REF_ENCODER if self.by_ref else _ENCODER
         try:
-            return self.prefix + encoder.encode(head + self.getter(msg))
+            return self.prefix + encoder.encode(self.pack(msg, mid, cid))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             raise MessageSerializationError(
                 f"cannot serialize {type(msg).__name__}: {exc}; fields must be MessagePack "
@@ -596,7 +607,7 @@ class _Codec:
 def _wire_id(msg: Any) -> bytes:
     """``msg``'s id as 16 bytes; an id not made yet is made now (and kept, as bytes)."""
     try:
-        mid = _id_slot.__get__(msg)
+        mid = msg._pdc_mid
     except AttributeError:
         mid = None
     if type(mid) is bytes and len(mid) == 16:
@@ -694,15 +705,54 @@ def deserialize_message(data: bytes | bytearray | memoryview) -> RingKernelMessa
     codec = cls._pdc_codec
     assert codec is not None
     try:
-        return codec.decode(view[offset:])
-    except msgspec.DecodeError as exc:
-        raise MessageDeserializationError(
-            f"cannot decode {cls.__name__}: {_name_fields(str(exc), codec.names)}"
-        ) from exc
+        return codec.build(codec.decoder.decode(view[offset:]))
     except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
-        raise MessageDeserializationError(
-            f"cannot decode {cls.__name__}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise _decode_error(cls, codec, exc) from exc
+
+
+def _decode_error(cls: type, codec: _Codec, exc: Exception) -> MessageDeserializationError:
+    if isinstance(exc, msgspec.DecodeError):
+        return MessageDeserializationError(
+            f"cannot decode {cls.__name__}: {_name_fields(str(exc), codec.names)}"
+        )
+    return MessageDeserializationError(f"cannot decode {cls.__name__}: {type(exc).__name__}: {exc}")
+
+
+def message_decoder() -> Callable[[Any], RingKernelMessage]:
+    """:func:`deserialize_message` for one stream of messages (a queue's).
+
+    The class of the previous message is tried first: when the bytes start with its
+    pre-packed tag (and the registry still maps that tag to it), the tag is neither parsed
+    nor looked up. Anything else goes through :func:`deserialize_message`, so results and
+    errors are the same.
+    """
+    prefix = b"\x92"  # no tag yet: ``startswith`` of a bare array header proves nothing
+    skip = 0
+    tag = ""
+    last: type[RingKernelMessage] | None = None
+    codec: _Codec | None = None
+
+    def decode(data: Any) -> RingKernelMessage:
+        nonlocal prefix, skip, tag, last, codec
+        if (
+            type(data) is bytes
+            and codec is not None
+            and data.startswith(prefix)
+            and _TYPES.get(tag) is last
+        ):
+            try:
+                return codec.build(codec.decoder.decode(memoryview(data)[skip:]))
+            except Exception as exc:
+                raise _decode_error(last, codec, exc) from exc  # type: ignore[arg-type]
+        msg = deserialize_message(data)
+        cls = type(msg)
+        if cls is not last:
+            last, codec = cls, cls._pdc_codec
+            assert codec is not None
+            prefix, skip, tag = codec.prefix, len(codec.prefix), cls._pdc_tag
+        return msg
+
+    return decode
 
 
 _PATH = re.compile(r"`\$\[(\d+)\]")
