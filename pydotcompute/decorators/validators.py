@@ -123,8 +123,41 @@ def validate_message_type(message_type: object, name: str = "input_type") -> typ
     return message_type
 
 
+_STRATEGY_NAMES = frozenset(s.value for s in BackpressureStrategy)
+
+
 def validate_config(config: Any) -> Any:
     """Validate every field of a RingKernelConfig-like object; returns it."""
+    # Launching many actors validates many configs: first one pass over exact types and
+    # ranges; anything it does not accept goes through the validators below, in order,
+    # for the error (a value it accepts, they accept too).
+    kid = config.kernel_id
+    grid = config.grid_size
+    block = config.block_size
+    q_in = config.input_queue_size
+    q_out = config.output_queue_size
+    strategy = config.backpressure_strategy
+    restarts = config.max_restarts
+    if (
+        type(kid) is str
+        and kid.strip()
+        and type(grid) is int
+        and grid >= 1
+        and type(block) is int
+        and 1 <= block <= MAX_BLOCK_SIZE
+        and type(q_in) is int
+        and 1 <= q_in <= MAX_QUEUE_SIZE
+        and type(q_out) is int
+        and 1 <= q_out <= MAX_QUEUE_SIZE
+        and (
+            type(strategy) is BackpressureStrategy
+            or (type(strategy) is str and strategy in _STRATEGY_NAMES)
+        )
+        and config.restart in RESTART_POLICIES
+        and type(restarts) is int
+        and restarts >= 0
+    ):
+        return config
     validate_kernel_id(config.kernel_id)
     validate_grid_size(config.grid_size)
     validate_block_size(config.block_size)

@@ -41,6 +41,7 @@ __all__ = (
 )
 
 T = TypeVar("T")
+_UNBOUNDED = sys.maxsize
 _get_running_loop = asyncio.get_running_loop
 
 
@@ -73,6 +74,7 @@ class BackpressureStrategy(enum.StrEnum):
 
 
 _NO_BANDS: tuple[None, ...] = (None, None, None, None)
+_STRATEGIES: dict[str, BackpressureStrategy] = {s.value: s for s in BackpressureStrategy}
 
 # A dict, not a tuple: a negative priority must miss instead of indexing from the end.
 _BAND_OF: dict[int, int] = {
@@ -164,7 +166,7 @@ class FastMessageQueue(Generic[T]):
         self._maxsize = maxsize
         # the hot paths' one test "may append without waiting": ``_count < _limit``
         # (the capacity, unbounded as sys.maxsize; 0 once closed)
-        self._limit = maxsize or sys.maxsize
+        self._limit = maxsize or _UNBOUNDED
         self.kernel_id = kernel_id
         self._serialize = serialize
         self._decode: Any = None
@@ -172,10 +174,11 @@ class FastMessageQueue(Generic[T]):
             from .message import message_decoder
 
             self._decode = message_decoder()
+        strategy = _STRATEGIES.get(backpressure) if type(backpressure) is str else None
         self._strategy = (
             backpressure
             if type(backpressure) is BackpressureStrategy
-            else BackpressureStrategy.parse(backpressure)
+            else strategy or BackpressureStrategy.parse(backpressure)
         )
         # a shared empty tuple until the first put: an idle queue owns no band list
         self._bands: list[deque[Any] | None] | tuple[None, ...] = _NO_BANDS

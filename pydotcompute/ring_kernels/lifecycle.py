@@ -386,6 +386,7 @@ class RingKernel:
         "_stopping",
         "_task",
         "_timed",
+        "_undelivered",
         "_waiters",
         "config",
         "error",
@@ -393,7 +394,6 @@ class RingKernel:
         "kernel_id",
         "output_type",
         "telemetry",
-        "undelivered",
     )
 
     def __init__(
@@ -412,8 +412,10 @@ class RingKernel:
         elif config.kernel_id != kernel_id:
             config.kernel_id = kernel_id
         validate_config(config)
-        validate_message_type(input_type, "input_type")
-        validate_message_type(output_type, "output_type")
+        if input_type is not None:
+            validate_message_type(input_type, "input_type")
+        if output_type is not None:
+            validate_message_type(output_type, "output_type")
         if not callable(kernel_func):
             raise TypeValidationError(
                 f"kernel {kernel_id!r}: kernel_func must be an async function taking a "
@@ -437,7 +439,7 @@ class RingKernel:
         self._forward: RingKernel | None = None
         self.telemetry = RingKernelTelemetry(kernel_id)
         self.error: BaseException | None = None
-        self.undelivered: list[Any] = []
+        self._undelivered: list[Any] | None = None  # made on first use
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
 
     # -- introspection ------------------------------------------------------------------
@@ -449,6 +451,15 @@ class RingKernel:
     @property
     def is_active(self) -> bool:
         return self._state is KernelState.ACTIVE
+
+    @property
+    def undelivered(self) -> list[Any]:
+        """Messages this kernel could not deliver (left queued at terminate or failure);
+        each is also counted as dropped."""
+        left = self._undelivered
+        if left is None:  # most kernels never lose one: the list is made when asked for
+            left = self._undelivered = []
+        return left
 
     @property
     def inbox(self) -> FastMessageQueue[Any] | None:

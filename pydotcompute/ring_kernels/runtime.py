@@ -244,7 +244,7 @@ class RingKernelRuntime:
             input_type = input_type if input_type is not None else spec.input_type
             output_type = output_type if output_type is not None else spec.output_type
             registered = spec.options
-        opts = dict(options)
+        opts = options  # a fresh dict per call: ours to change
         if tier is not None:
             opts["tier"] = tier
         cls = _tier_class(
@@ -252,7 +252,9 @@ class RingKernelRuntime:
         )
         if registered:  # the decorator's options first: an alias given here (queue_size) wins
             config = _build_config(kernel_id, config, registered, cls.EXTRA_OPTIONS)
-        config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
+            config = _apply_options(kernel_id, config, opts, cls.EXTRA_OPTIONS)  # our copy
+        else:
+            config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
         kernel = cls(
             kernel_id,
             kernel_func,
@@ -473,10 +475,22 @@ def _build_config(
     options: dict[str, Any],
     extra_allowed: frozenset[str] = frozenset(),
 ) -> RingKernelConfig:
+    """A config of our own for ``kernel_id``: ``config`` copied (or the defaults), with
+    ``options`` applied."""
     if config is None:
         config = RingKernelConfig(kernel_id=kernel_id)
     else:
         config = dataclasses.replace(config, kernel_id=kernel_id, extra=dict(config.extra))
+    return _apply_options(kernel_id, config, options, extra_allowed)
+
+
+def _apply_options(
+    kernel_id: str,
+    config: RingKernelConfig,
+    options: dict[str, Any],
+    extra_allowed: frozenset[str] = frozenset(),
+) -> RingKernelConfig:
+    """Apply launch ``options`` to ``config`` in place (a config this module made)."""
     if not options:
         return config
     fields = _CONFIG_FIELDS
