@@ -831,6 +831,7 @@ def _install_fast_init(cls: type) -> None:
     priority check is inline: building a message is the hot path of every actor.
     """
     env: dict[str, Any] = {
+        "_P128": 128,
         "_bad_priority": _bad_priority,
         "_HAS_FACTORY": _HAS_FACTORY,
     }
@@ -864,7 +865,10 @@ def _install_fast_init(cls: type) -> None:
         # every header slot is written (None reads as "no id yet" / "no correlation"), so
         # the runtime never meets an unset slot (an AttributeError) on its hot path
         "    self._pdc_mid = message_id",
-        "    if priority.__class__ is not int or priority < 0 or priority > 255:",
+        # the default priority (the small-int singleton) skips the range check
+        "    if priority is not _P128 and (",
+        "        priority.__class__ is not int or priority < 0 or priority > 255",
+        "    ):",
         "        _bad_priority(priority)",
         "    self.priority = priority",
         "    self._pdc_cid = correlation_id",
