@@ -10,8 +10,13 @@ What it measures, on each event loop (uvloop when installed, then plain asyncio)
 - the same pipeline with ``serialize=True`` (MessagePack encode + decode on every hop);
 - ``FastMessageQueue`` ``put_nowait`` + ``get_nowait`` in one task, against ``asyncio.Queue``.
 
-Ratios are ours / floor for times (lower is better) and ours / floor for rates (higher is
-better). Run ``python benchmarks/queue_latency_benchmark.py [--quick] [--json PATH]``.
+The floor passes a tuple and echoes it; the actor builds a request and a reply message per
+trip (``Ping(value=i)``, ``Pong(value=...)``) and times each message. Two reference rows show
+what those costs are on their own: the floor carrying the same messages (built the same way,
+a ``Pong`` per reply), and the actor with telemetry off. Every ratio is against the plain
+floor. Ratios are ours / floor for times (lower is better) and ours / floor for rates
+(higher is better). Run ``python benchmarks/queue_latency_benchmark.py [--quick] [--json
+PATH]``.
 """
 
 from __future__ import annotations
@@ -52,20 +57,20 @@ async def echo_actor(ctx: Any) -> None:
 # --- round trip ------------------------------------------------------------------------------
 
 
-async def floor_round_trip(n: int) -> list[int]:
+async def floor_round_trip(n: int, *, messages: bool = False) -> list[int]:
     q_in: asyncio.Queue[Any] = asyncio.Queue(4096)
     q_out: asyncio.Queue[Any] = asyncio.Queue(4096)
 
     async def server() -> None:
         while True:
             item = await q_in.get()
-            await q_out.put(item)
+            await q_out.put(Pong(value=item.value) if messages else item)
 
     task = asyncio.create_task(server())
     samples = []
     for i in range(n):
         t0 = _ns()
-        await q_in.put(("ping", i))
+        await q_in.put(Ping(value=i) if messages else ("ping", i))
         await q_out.get()
         samples.append(_ns() - t0)
     task.cancel()
@@ -89,18 +94,18 @@ async def actor_round_trip(n: int, *, telemetry: bool = True, serialize: bool = 
 # --- pipelined throughput ----------------------------------------------------------------------
 
 
-async def floor_pipeline(n: int) -> float:
+async def floor_pipeline(n: int, *, messages: bool = False) -> float:
     q_in: asyncio.Queue[Any] = asyncio.Queue(4096)
     q_out: asyncio.Queue[Any] = asyncio.Queue(4096)
 
     async def server() -> None:
         while True:
             item = await q_in.get()
-            await q_out.put(item)
+            await q_out.put(Pong(value=item.value) if messages else item)
 
     async def producer() -> None:
         for i in range(n):
-            await q_in.put(("ping", i))
+            await q_in.put(Ping(value=i) if messages else ("ping", i))
 
     srv = asyncio.create_task(server())
     t0 = time.perf_counter()
@@ -166,22 +171,28 @@ async def measure(quick: bool) -> dict[str, Any]:
     await floor_round_trip(500)  # warm up
     await actor_round_trip(500)
     floor = percentiles(await floor_round_trip(n_rt))
+    floor_msg = percentiles(await floor_round_trip(n_rt, messages=True))
     ours = percentiles(await actor_round_trip(n_rt))
     ours_nt = percentiles(await actor_round_trip(n_rt, telemetry=False))
     ours_ser = percentiles(await actor_round_trip(n_rt, serialize=True))
     tp_floor = await floor_pipeline(n_tp)
+    tp_floor_msg = await floor_pipeline(n_tp, messages=True)
     tp_ours = await actor_pipeline(n_tp)
+    tp_ours_nt = await actor_pipeline(n_tp, telemetry=False)
     tp_ser = await actor_pipeline(n_tp, serialize=True)
     return {
         "round_trip": {
             "floor": floor,
+            "floor_with_messages": floor_msg,
             "actor": ours,
             "actor_no_telemetry": ours_nt,
             "actor_serialized": ours_ser,
         },
         "throughput": {
             "floor_msgs_per_s": tp_floor,
+            "floor_with_messages_msgs_per_s": tp_floor_msg,
             "actor_msgs_per_s": tp_ours,
+            "actor_no_telemetry_msgs_per_s": tp_ours_nt,
             "actor_serialized_msgs_per_s": tp_ser,
         },
     }
@@ -202,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         floor = r["round_trip"]["floor"]
         for label, key in (
             ("asyncio.Queue floor", "floor"),
+            ("  same, with messages", "floor_with_messages"),
             ("actor", "actor"),
             ("actor, telemetry off", "actor_no_telemetry"),
             ("actor, serialize=True", "actor_serialized"),
@@ -221,7 +233,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         t = r["throughput"]
         for label, key in (
             ("asyncio.Queue floor", "floor_msgs_per_s"),
+            ("  same, with messages", "floor_with_messages_msgs_per_s"),
             ("actor", "actor_msgs_per_s"),
+            ("actor, telemetry off", "actor_no_telemetry_msgs_per_s"),
             ("actor, serialize=True", "actor_serialized_msgs_per_s"),
         ):
             tp_rows.append(
