@@ -35,7 +35,7 @@ bench: install
 	$(BIN)/python -m pydotcompute bench
 
 ## Everything CI checks.
-test: install lint test-main test-purepython test-cudasim docs
+test: install lint types test-main test-purepython test-cudasim docs
 
 lint: install
 	$(BIN)/ruff check pydotcompute tests benchmarks examples
