@@ -29,7 +29,7 @@ import typing
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, TypeVar, overload
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
 
 import msgspec
 import numpy as np
@@ -277,6 +277,7 @@ class _LazyCorrelationId:
         self._set(obj, value)
 
 
+_base_serialize = RingKernelMessage.serialize
 _id_slot = RingKernelMessage.__dict__["message_id"]
 _cid_slot = RingKernelMessage.__dict__["correlation_id"]
 RingKernelMessage.message_id = _LazyMessageId(_id_slot)  # type: ignore[assignment,misc]
@@ -460,6 +461,7 @@ def _pack_str(s: str) -> bytes:
 
 _TYPES: dict[str, type[RingKernelMessage]] = {}
 _TYPES_LOCK = threading.Lock()
+_types_version = 0  # bumped on every registration: caches of _TYPES lookups check it
 
 
 def _tag_of(cls: type) -> str:
@@ -486,11 +488,13 @@ class _Codec:
         "by_ref",
         "cls",
         "decoder",
+        "framed",
         "names",
         "pack",
         "plain",
         "post_init",
         "prefix",
+        "serialize",
         "setters",
     )
 
@@ -516,11 +520,18 @@ class _Codec:
             ext_hook=_ext_hook,
             dec_hook=_dec_hook,
         )
+        # the whole ``[tag, body]`` frame, the tag checked by msgspec (message_decoder)
+        self.framed: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            tuple[Literal[cls._pdc_tag], tuple[tuple(types)]],  # type: ignore[misc,name-defined]
+            ext_hook=_ext_hook,
+            dec_hook=_dec_hook,
+        )
         custom = cls.__post_init__ is not RingKernelMessage.__post_init__
         self.post_init = cls.__post_init__ if custom else None
         self.plain = cls.__setattr__ is object.__setattr__
         self.build = self._make_builder()
         self.pack = self._make_packer()
+        self.serialize = self._make_serializer()
 
     def _make_builder(self) -> Callable[[Any], RingKernelMessage]:
         """An unrolled ``values -> message`` function for this class (no loop, no kwargs).
@@ -565,6 +576,64 @@ class _Codec:
         exec(f"def pack(msg, mid, cid):\n    return (mid, msg.priority, cid{fields})", env)
         return env["pack"]  # type: ignore[no-any-return]
 
+    def _make_serializer(self) -> Callable[[Any], bytes]:
+        """``cls.serialize``, unrolled for this class: the common cases (ids not made yet
+        or already bytes, a reply stamped with a request whose id is bytes) inline; all
+        else through :meth:`encode`, the general path."""
+        cls = self.cls
+        env: dict[str, Any] = {
+            "_cls": cls,
+            "_encode": self.encode,
+            "_ids": _ids,
+            "_id_set": _id_set,
+            "_prefix": self.prefix,
+            "_enc": (_REF_ENCODER if self.by_ref else _ENCODER).encode,
+            "_UUID": uuid.UUID,
+            "_RKM": RingKernelMessage,
+            "_errors": (TypeError, ValueError, OverflowError, msgspec.EncodeError),
+            "_error": _serialize_error,
+        }
+        store = "self._pdc_mid = mid" if self.plain else "_id_set(self, mid)"
+        fields = "".join(f", self.{name}" for name in self.names)
+        src = f"""
+def serialize(self):
+    if type(self) is not _cls:  # a subclass without a codec of its own
+        return _encode(self)
+    try:
+        mid = self._pdc_mid
+        cid = self._pdc_cid
+    except AttributeError:
+        return _encode(self)
+    if mid is None:
+        mid = (_ids.base ^ next(_ids.counter)).to_bytes(16, "big")
+        {store}
+    elif type(mid) is not bytes or len(mid) != 16:
+        return _encode(self)
+    if cid is not None and (type(cid) is not bytes or len(cid) != 16):
+        if type(cid) is _UUID:
+            cid = cid.int.to_bytes(16, "big")
+        elif isinstance(cid, _RKM):
+            try:
+                cid = cid._pdc_mid
+            except AttributeError:
+                return _encode(self)
+            if type(cid) is not bytes or len(cid) != 16:
+                return _encode(self)
+        else:
+            return _encode(self)
+    try:
+        return _prefix + _enc((mid, self.priority, cid{fields}))
+    except _errors as exc:
+        raise _error(self, exc) from exc
+"""
+        exec(src, env)
+        fn = env["serialize"]
+        fn.__qualname__ = f"{cls.__qualname__}.serialize"
+        fn.__module__ = cls.__module__
+        fn.__doc__ = _base_serialize.__doc__
+        fn._pdc_generated = True
+        return fn  # type: ignore[no-any-return]
+
     def encode(self, msg: RingKernelMessage) -> bytes:
         # ids go out as the 16 bytes in their slots: an id never made is made as bytes
         # (read back as the same UUID), and a reply stamped with its request takes the
@@ -595,13 +664,17 @@ class _Codec:
         try:
             return self.prefix + encoder.encode(self.pack(msg, mid, cid))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            raise MessageSerializationError(
-                f"cannot serialize {type(msg).__name__}: {exc}; fields must be MessagePack "
-                "types, NumPy arrays or nested @message classes"
-            ) from exc
+            raise _serialize_error(msg, exc) from exc
 
     def decode(self, body: memoryview) -> RingKernelMessage:
         return self.build(self.decoder.decode(body))
+
+
+def _serialize_error(msg: Any, exc: BaseException) -> MessageSerializationError:
+    return MessageSerializationError(
+        f"cannot serialize {type(msg).__name__}: {exc}; fields must be MessagePack "
+        "types, NumPy arrays or nested @message classes"
+    )
 
 
 def _wire_id(msg: Any) -> bytes:
@@ -651,8 +724,14 @@ def _finalize(cls: type[RingKernelMessage]) -> None:
     cls._pdc_codec = codec
     cls._pdc_decoder = codec.decoder
     cls._pdc_prefix = prefix
+    # a serialize the class defines (or inherits from a class that defined one) stays
+    inherited = getattr(cls, "serialize", None)
+    if inherited is _base_serialize or getattr(inherited, "_pdc_generated", False):
+        cls.serialize = codec.serialize  # type: ignore[method-assign,assignment]
+    global _types_version
     with _TYPES_LOCK:
         _TYPES[tag] = cls
+        _types_version += 1
 
 
 def _read_tag(data: memoryview) -> tuple[str, int]:
@@ -722,34 +801,42 @@ def message_decoder() -> Callable[[Any], RingKernelMessage]:
     """:func:`deserialize_message` for one stream of messages (a queue's).
 
     The class of the previous message is tried first: when the bytes start with its
-    pre-packed tag (and the registry still maps that tag to it), the tag is neither parsed
-    nor looked up. Anything else goes through :func:`deserialize_message`, so results and
-    errors are the same.
+    pre-packed tag (and no class was registered since), the frame is decoded in one msgspec
+    call, without parsing the tag, looking it up or slicing the body. Anything else goes
+    through :func:`deserialize_message`, so results and errors are the same. By-reference
+    classes (:class:`ArrayMessage`) always take that path: their decoding takes arrays out
+    of the registry, which must not happen twice.
     """
-    prefix = b"\x92"  # no tag yet: ``startswith`` of a bare array header proves nothing
-    skip = 0
-    tag = ""
-    last: type[RingKernelMessage] | None = None
+    prefix = b""
     codec: _Codec | None = None
+    cls: type[RingKernelMessage] | None = None
+    seen = -1
 
     def decode(data: Any) -> RingKernelMessage:
-        nonlocal prefix, skip, tag, last, codec
+        nonlocal prefix, codec, cls, seen
         if (
-            type(data) is bytes
-            and codec is not None
+            codec is not None
+            and type(data) is bytes
             and data.startswith(prefix)
-            and _TYPES.get(tag) is last
+            and seen == _types_version
         ):
             try:
-                return codec.build(codec.decoder.decode(memoryview(data)[skip:]))
-            except Exception as exc:
-                raise _decode_error(last, codec, exc) from exc  # type: ignore[arg-type]
+                body = codec.framed.decode(data)[1]
+            except Exception:  # let the general path decode it or word the error
+                body = None
+            if body is not None:
+                try:
+                    return codec.build(body)
+                except Exception as exc:  # __post_init__ may raise anything
+                    raise _decode_error(cls, codec, exc) from exc  # type: ignore[arg-type]
         msg = deserialize_message(data)
-        cls = type(msg)
-        if cls is not last:
-            last, codec = cls, cls._pdc_codec
-            assert codec is not None
-            prefix, skip, tag = codec.prefix, len(codec.prefix), cls._pdc_tag
+        t = type(msg)
+        if t is not cls or seen != _types_version:
+            found = t._pdc_codec
+            if found is None or found.by_ref or _TYPES.get(t._pdc_tag) is not t:
+                codec = None
+            else:
+                cls, codec, prefix, seen = t, found, found.prefix, _types_version
         return msg
 
     return decode
