@@ -12,6 +12,14 @@ Design notes:
   getters raise the close reason (``QueueClosedError`` or the actor's failure). This is how
   shutdown wakes actors parked in ``receive()`` without a timeout.
 - Not thread-safe: one event loop owns a queue (other tiers have their own queues).
+- Hot-path shape (the runtime and ``KernelContext`` call ``_append``/``_pop`` directly):
+  "open, with room" is one comparison, ``_count < _limit`` (``_limit`` is the capacity,
+  ``sys.maxsize`` when unbounded, 0 once closed); ``total_enqueued`` is derived from the
+  other counters instead of counted; an idle queue shares one empty band tuple. Callers
+  that wait inline (the actor's ``receive``) park with ``_park_getter`` and clean up with
+  ``_unpark_getter``, so a wake-up resumes one coroutine frame less. A reusable waiter
+  future per queue was rejected: an asyncio future cannot be re-armed once done, and a
+  hand-rolled awaitable would lose the C task's fast path for futures.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ Design notes:
 - Replies to ``send_and_receive`` bypass the outbox: ``ctx.send`` hands a message whose
   ``correlation_id`` matches a pending request straight to that caller's future, so
   concurrent callers never see each other's replies.
+- Per-message cost: once a reply class has passed validation (for the current
+  ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
+  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
+  coroutine around the actor function rather than a done-callback: failures are handled in
+  the same step the actor raised in, before any other task can send to a dead actor.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ Design notes:
   and decode as read-only views on the input buffer (no copy).
 - Message ids come from a per-process random 128-bit base plus a counter (re-seeded after
   ``fork``) instead of ``uuid4()``, which costs an ``os.urandom`` syscall per message.
+- Hot paths work on the header slots themselves (aliased as ``_pdc_mid``/``_pdc_cid`` for
+  plain attribute access): generated ``__init__``s always write them, so an unset slot (an
+  AttributeError, far dearer than the slot store) never shows up per message; ids never read
+  are made as 16 bytes when first serialized; each class gets a generated ``serialize``
+  with its fields unrolled, and each serializing queue a decoder that checks the previous
+  class's tag prefix and decodes the whole frame in one msgspec call.
 - Fixed-layout messages (every field a fixed-size scalar or a fixed-shape array) also get a
   NumPy structured ``dtype``; that layout is what GPU rings carry.
 """
