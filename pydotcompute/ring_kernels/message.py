@@ -493,6 +493,7 @@ class _Codec:
         "build",
         "by_ref",
         "cls",
+        "decode_frame",
         "decoder",
         "framed",
         "names",
@@ -555,24 +556,45 @@ class _Codec:
             "_s1": _prio_set,
             "_s2": _cid_raw_set,
             "_post": self.post_init,
+            "_framed": self.framed.decode,
+            "_MISS": _MISS,
+            "_codec": self,
+            "_error": _decode_error,
         }
         n = len(self.setters)
         unpack = ", ".join(["mid", "prio", "cid", *(f"v{i}" for i in range(n))])
-        lines = ["def build(v):", f"    {unpack} = v", "    o = _new(_cls)"]
+        fill = ["o = _new(_cls)"]
         if plain:
-            lines += ["    o._pdc_mid = mid", "    o.priority = prio", "    o._pdc_cid = cid"]
+            fill += ["o._pdc_mid = mid", "o.priority = prio", "o._pdc_cid = cid"]
         else:
-            lines += ["    _s0(o, mid)", "    _s1(o, prio)", "    _s2(o, cid)"]
+            fill += ["_s0(o, mid)", "_s1(o, prio)", "_s2(o, cid)"]
         for i, (name, setter) in enumerate(zip(self.names, self.setters, strict=True)):
             if plain and _is_plain_slot(cls, name):
-                lines.append(f"    o.{name} = v{i}")
+                fill.append(f"o.{name} = v{i}")
             else:
                 env[f"_f{i}"] = setter
-                lines.append(f"    _f{i}(o, v{i})")
+                fill.append(f"_f{i}(o, v{i})")
+        build = ["def build(v):", f"    {unpack} = v", *(f"    {x}" for x in fill)]
         if self.post_init is not None:
-            lines.append("    _post(o)")
-        lines.append("    return o")
-        exec("\n".join(lines), env)
+            build.append("    _post(o)")
+        build.append("    return o")
+        # decode_frame: the framed decoder and build in one function, for message_decoder;
+        # _MISS when msgspec does not accept the bytes (the general path then words why)
+        frame = [
+            "def decode_frame(data):",
+            "    try:",
+            f"        {unpack} = _framed(data)[1]",
+            "    except Exception:",
+            "        return _MISS",
+            "    try:",
+            *(f"        {x}" for x in fill),
+            *(["        _post(o)"] if self.post_init is not None else []),
+            "    except Exception as exc:  # __post_init__ or a setter may raise anything",
+            "        raise _error(_cls, _codec, exc) from exc",
+            "    return o",
+        ]
+        exec("\n".join(build) + "\n\n" + "\n".join(frame), env)
+        self.decode_frame = env["decode_frame"]
         return env["build"]  # type: ignore[no-any-return]
 
     def _make_packer(self) -> Callable[[Any, Any, Any], tuple[Any, ...]]:
@@ -803,6 +825,9 @@ def _decode_error(cls: type, codec: _Codec, exc: Exception) -> MessageDeserializ
     return MessageDeserializationError(f"cannot decode {cls.__name__}: {type(exc).__name__}: {exc}")
 
 
+_MISS = object()  # decode_frame: "not this class's frame"
+
+
 def message_decoder() -> Callable[[Any], RingKernelMessage]:
     """:func:`deserialize_message` for one stream of messages (a queue's).
 
@@ -826,15 +851,10 @@ def message_decoder() -> Callable[[Any], RingKernelMessage]:
             and data.startswith(prefix)
             and seen == _types_version
         ):
-            try:
-                body = codec.framed.decode(data)[1]
-            except Exception:  # let the general path decode it or word the error
-                body = None
-            if body is not None:
-                try:
-                    return codec.build(body)
-                except Exception as exc:  # __post_init__ may raise anything
-                    raise _decode_error(cls, codec, exc) from exc  # type: ignore[arg-type]
+            msg = codec.decode_frame(data)
+            if msg is not _MISS:
+                return msg  # type: ignore[no-any-return]
+            # not accepted: the general path decodes it or words the error
         msg = deserialize_message(data)
         t = type(msg)
         if t is not cls or seen != _types_version:
