@@ -20,6 +20,7 @@ from pydotcompute import message
 from pydotcompute.exceptions import (
     KernelFailedError,
     KernelStateError,
+    QueueClosedError,
     TypeValidationError,
 )
 from pydotcompute.ring_kernels.cython_kernel import CythonKernelConfig, CythonRingKernel
@@ -71,7 +72,10 @@ def slow_echo(ctx: Any) -> None:
 def counts_until_terminate(ctx: Any) -> None:
     n = 0
     while not ctx.should_terminate:
-        job = ctx.receive(timeout=0.05)
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:  # the stop landed between the check and the receive
+            break
         if job is not None:
             n += 1
     ctx.send(Done(seq=n))  # after the drain: every queued job was seen
