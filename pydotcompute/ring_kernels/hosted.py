@@ -228,34 +228,7 @@ class _HostedKernel(RingKernel):
             unprocessed = getattr(self._worker, "unprocessed", None)
             if unprocessed is not None:
                 left.extend(unprocessed())
-        if self._inbox is not None:
-            left.extend(self._inbox.drain())
-        stop_error = KernelStateError(
-            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
-        )
-        if self._inbox is not None:
-            self._inbox.count_dropped(len(left))
-            self._inbox.close(stop_error)
-        if left:
-            self.undelivered.extend(left)
-            self.telemetry.record_drop(len(left))
-            logger.warning(
-                "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
-                self.kernel_id,
-                len(left),
-            )
-        self._fail_waiters(stop_error)
-        if self._outbox is not None:
-            self._outbox.close(
-                KernelStateError(
-                    self.kernel_id,
-                    KernelState.TERMINATED,
-                    "receive from",
-                    "it was terminated and its outbox is drained",
-                )
-            )
-        self._state = KernelState.TERMINATED
-        return left
+        return self._finish_termination(left)
 
     def _fail(self, exc: BaseException) -> None:
         super()._fail(exc)

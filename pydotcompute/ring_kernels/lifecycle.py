@@ -572,9 +572,6 @@ class RingKernel:
             timeout = self.config.drain_timeout
         self._state = KernelState.TERMINATING
         self._stopping = True
-        stop_error = KernelStateError(
-            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
-        )
         if self._inbox is not None:
             self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
         self._open_gate()
@@ -585,9 +582,19 @@ class RingKernel:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        left: list[Any] = []
+        return self._finish_termination([])
+
+    def _finish_termination(self, left: list[Any]) -> list[Any]:
+        """Close out a terminate: ``left`` (messages a worker never took) plus whatever is
+        still in the inbox are returned, kept in ``undelivered`` and counted as dropped; the
+        queues close, waiting callers get a "terminated" error, and the state becomes
+        TERMINATED. Shared by every tier's ``terminate``.
+        """
+        stop_error = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
+        )
         if self._inbox is not None:
-            left = self._inbox.drain()
+            left += self._inbox.drain()
             self._inbox.count_dropped(len(left))
             self._inbox.close(stop_error)
         if left:
