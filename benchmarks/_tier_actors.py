@@ -11,7 +11,7 @@ from typing import Any
 
 from pydotcompute import message
 from pydotcompute.ring_kernels._cython import SharedByteRing
-from pydotcompute.ring_kernels.message import deserialize_message
+from pydotcompute.ring_kernels.message import message_decoder
 
 
 @message
@@ -36,8 +36,10 @@ def raw_ring_echo(in_name: str, out_name: str, decode: bool) -> None:
     """Floor child: echo records between two shared rings with a pure busy poll.
 
     With ``decode`` it also decodes the Ping and encodes a Pong (the MessagePack cost
-    without any kernel machinery around it).
+    without any kernel machinery around it, with the same per-stream decoder the kernel
+    uses).
     """
+    decoder = message_decoder() if decode else None
     inbox = SharedByteRing.attach(in_name)
     outbox = SharedByteRing.attach(out_name)
     try:
@@ -47,8 +49,8 @@ def raw_ring_echo(in_name: str, out_name: str, decode: bool) -> None:
                 continue
             if data == b"quit":
                 return
-            if decode:
-                data = Pong(value=deserialize_message(data).value).serialize()  # type: ignore[attr-defined]
+            if decoder is not None:
+                data = Pong(value=decoder(data).value).serialize()  # type: ignore[attr-defined]
             while not outbox.try_write(data):
                 pass
     finally:

@@ -53,7 +53,7 @@ from _tier_actors import (
 
 from pydotcompute.ring_kernels import _cython, _spsc_py
 from pydotcompute.ring_kernels.cython_kernel import CythonKernelConfig, CythonRingKernel
-from pydotcompute.ring_kernels.message import deserialize_message
+from pydotcompute.ring_kernels.message import message_decoder
 from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
 from pydotcompute.ring_kernels.threaded_kernel import ThreadedRingKernel
 
@@ -227,6 +227,7 @@ def _raw_ring_rt(n: int, warmup: int, decode: bool) -> list[int]:
     proc = SPAWN.Process(target=raw_ring_echo, args=(a.name, b.name, decode), name="bench-raw")
     proc.start()
     samples = []
+    decode_pong = message_decoder()
     try:
         for i in range(n + warmup):
             t0 = _ns()
@@ -234,7 +235,7 @@ def _raw_ring_rt(n: int, warmup: int, decode: bool) -> list[int]:
                 a.try_write(Ping(value=i).serialize())
                 while (data := b.spin_read(1.0)) is None:
                     pass
-                deserialize_message(data)
+                decode_pong(data)
             else:
                 a.try_write(b"ping-payload-of-about-forty-bytes-long..")
                 while b.spin_read(1.0) is None:

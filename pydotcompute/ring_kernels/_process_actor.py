@@ -25,7 +25,7 @@ from ..exceptions import (
 )
 from . import _cython
 from ._cython import SharedByteRing
-from .message import RingKernelMessage, deserialize_message
+from .message import RingKernelMessage, message_decoder
 from .threaded_kernel import _stamp_reply
 
 __all__ = ("CythonKernelContext",)
@@ -239,6 +239,7 @@ class CythonKernelContext:
     __slots__ = (
         "_checked_type",
         "_current",
+        "_decode",
         "_gone",
         "_in",
         "_in_space_fd",
@@ -266,6 +267,7 @@ class CythonKernelContext:
         self._checked_type: type | None = None
         self._out_max: int = out_ring.max_record_size
         self._current: Any = None  # the last message received: replies are correlated to it
+        self._decode = message_decoder()  # the inbox's stream: its type's fast path
 
     def _parent_gone(self, value: bool = False) -> bool:
         if value:
@@ -312,7 +314,7 @@ class CythonKernelContext:
                 return None
         if ring.writer_waiting:
             _ring_bell(self._in_space_fd)
-        msg = self._current = deserialize_message(data)
+        msg = self._current = self._decode(data)
         return msg
 
     def receive_nowait(self) -> Any:
@@ -324,7 +326,7 @@ class CythonKernelContext:
             return None
         if self._in.writer_waiting:
             _ring_bell(self._in_space_fd)
-        msg = self._current = deserialize_message(data)
+        msg = self._current = self._decode(data)
         return msg
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:

@@ -85,7 +85,7 @@ from ._process_actor import (
     read_wait,
     write_wait,
 )
-from .message import deserialize_message
+from .message import deserialize_message, message_decoder
 from .sync_queue import _WakerSet
 
 __all__ = (
@@ -363,6 +363,7 @@ class CythonRingKernel:
         self._child_exited = False
         self._stop_requested = False
         self._pending_out: deque[bytes] = deque()
+        self._decode = message_decoder()  # the outbox's stream: its type's fast path
         self._unprocessed: list[Any] = []
         self._started_at = 0.0
         self._stopped_at = 0.0
@@ -844,7 +845,7 @@ class CythonRingKernel:
             return None
         try:
             if self._pending_out:
-                return deserialize_message(self._pending_out.popleft())
+                return self._decode(self._pending_out.popleft())
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
@@ -865,7 +866,7 @@ class CythonRingKernel:
                 _ring_bell(self._out_space_fd)
         finally:
             lock.release()
-        return deserialize_message(data)
+        return self._decode(data)
 
     def receive_nowait(self) -> Any:
         """The next reply or None, without waiting (same errors as ``receive``)."""

@@ -85,6 +85,16 @@ def slow(ctx: Any) -> None:
         ctx.send(Done(seq=job.seq))
 
 
+def mirror(ctx: Any) -> None:
+    """Answer a Job with a Done and a Done with a Job (two types each way)."""
+    while True:
+        msg = ctx.receive()
+        if isinstance(msg, Job):
+            ctx.send(Done(seq=msg.seq, pid=len(msg.payload)))
+        else:
+            ctx.send(Job(seq=msg.seq, payload="x" * msg.pid))
+
+
 def wrong_output(ctx: Any) -> None:
     ctx.receive()
     ctx.send(Job(seq=0))
@@ -116,6 +126,27 @@ def test_seed_style_use() -> None:
         assert stats["implementation"] == _cython.IMPLEMENTATION
     assert kernel.state is CythonKernelState.STOPPED
     assert kernel.exit_code == 0
+
+
+def test_streams_of_mixed_types_decode_each_message_as_its_own_class() -> None:
+    # both sides decode with a per-stream fast path keyed on the previous message's type;
+    # alternating types must switch it, never decode one class's bytes as the other
+    kinds = [Job, Done, Done, Job, Job, Done, Job]
+    with CythonRingKernel("mirror", mirror) as kernel:
+        sent = []
+        for seq, kind in enumerate(kinds):
+            msg = Job(seq=seq, payload="ab"[: seq % 3]) if kind is Job else Done(seq=seq, pid=seq)
+            sent.append(msg)
+            kernel.send(msg)
+        replies = [kernel.receive(timeout=30) for _ in kinds]
+    for msg, reply in zip(sent, replies, strict=True):
+        assert reply.correlation_id == msg.message_id
+        if isinstance(msg, Job):
+            assert type(reply) is Done
+            assert (reply.seq, reply.pid) == (msg.seq, len(msg.payload))
+        else:
+            assert type(reply) is Job
+            assert (reply.seq, reply.payload) == (msg.seq, "x" * msg.pid)
 
 
 def test_local_function_is_refused() -> None:
