@@ -831,27 +831,21 @@ _MISS = object()  # decode_frame: "not this class's frame"
 def message_decoder() -> Callable[[Any], RingKernelMessage]:
     """:func:`deserialize_message` for one stream of messages (a queue's).
 
-    The class of the previous message is tried first: when the bytes start with its
-    pre-packed tag (and no class was registered since), the frame is decoded in one msgspec
-    call, without parsing the tag, looking it up or slicing the body. Anything else goes
-    through :func:`deserialize_message`, so results and errors are the same. By-reference
-    classes (:class:`ArrayMessage`) always take that path: their decoding takes arrays out
-    of the registry, which must not happen twice.
+    The class of the previous message is tried first: its framed decoder checks the type
+    tag itself (a ``Literal``), so while no class was registered since, the frame is
+    decoded in one msgspec call, without parsing the tag, looking it up or slicing the
+    body. Anything it does not accept goes through :func:`deserialize_message`, so results
+    and errors are the same. By-reference classes (:class:`ArrayMessage`) always take that
+    path: their decoding takes arrays out of the registry, which must not happen twice.
     """
-    prefix = b""
-    codec: _Codec | None = None
+    frame: Callable[[Any], Any] = _no_frame
     cls: type[RingKernelMessage] | None = None
     seen = -1
 
     def decode(data: Any) -> RingKernelMessage:
-        nonlocal prefix, codec, cls, seen
-        if (
-            codec is not None
-            and type(data) is bytes
-            and data.startswith(prefix)
-            and seen == _types_version
-        ):
-            msg = codec.decode_frame(data)
+        nonlocal frame, cls, seen
+        if seen == _types_version:
+            msg = frame(data)
             if msg is not _MISS:
                 return msg  # type: ignore[no-any-return]
             # not accepted: the general path decodes it or words the error
@@ -859,13 +853,19 @@ def message_decoder() -> Callable[[Any], RingKernelMessage]:
         t = type(msg)
         if t is not cls or seen != _types_version:
             found = t._pdc_codec
-            if found is None or found.by_ref or _TYPES.get(t._pdc_tag) is not t:
-                codec = None
+            usable = found is not None and not found.by_ref and _TYPES.get(t._pdc_tag) is t
+            if usable:
+                assert found is not None
+                cls, frame, seen = t, found.decode_frame, _types_version
             else:
-                cls, codec, prefix, seen = t, found, found.prefix, _types_version
+                cls, frame, seen = None, _no_frame, -1
         return msg
 
     return decode
+
+
+def _no_frame(data: Any) -> Any:
+    return _MISS
 
 
 _PATH = re.compile(r"`\$\[(\d+)\]")
