@@ -20,6 +20,12 @@ Design notes:
   ``_unpark_getter``, so a wake-up resumes one coroutine frame less. A reusable waiter
   future per queue was rejected: an asyncio future cannot be re-armed once done, and a
   hand-rolled awaitable would lose the C task's fast path for futures.
+- ``serialize=True`` stores each message's bytes. Bytes put as they are (a frame made
+  elsewhere) go in the band of the priority in their header, read without decoding the
+  frame; bytes that are not a frame are refused then, not when the actor takes them. A
+  frame the queue throws away unread (``drop_oldest``, ``clear``) releases the arrays an
+  :class:`~pydotcompute.ring_kernels.message.ArrayMessage` pinned in the buffer registry:
+  only decoding would have released them.
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from ..exceptions import (
     QueueClosedError,
     QueueFullError,
     QueueTimeoutError,
+    TypeValidationError,
 )
+from .message import _registry as _buffers
+from .message import frame_priority, release_frame
 
 __all__ = (
     "BackpressureStrategy",
@@ -130,6 +139,15 @@ def _priority_of(item: object) -> int:
     return p
 
 
+def _discard(items: Iterable[Any]) -> None:
+    """Messages thrown away unread: frames among them give back the arrays they pinned."""
+    if not _buffers._entries:  # nothing pinned: no frame can hold a reference
+        return
+    for item in items:
+        if type(item) is bytes:
+            release_frame(item)
+
+
 class FastMessageQueue(Generic[T]):
     """Bounded four-band priority queue for one event loop.
 
@@ -137,7 +155,15 @@ class FastMessageQueue(Generic[T]):
         maxsize: Capacity; ``0`` means unbounded.
         kernel_id: The owning kernel, used in error messages.
         serialize: Store MessagePack bytes instead of objects (decoded again on ``get``).
+            Such a queue takes ``@message`` instances or the bytes of one: bytes go in the
+            band of the priority in their header, and bytes that are not a message frame
+            raise ``MessageDeserializationError`` on put; anything else raises
+            ``TypeValidationError``.
         backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
+
+    Messages dropped by ``drop_oldest`` or ``clear`` are counted in ``total_dropped``; a
+    dropped :class:`~pydotcompute.ring_kernels.message.ArrayMessage` frame releases the
+    arrays it pinned in the buffer registry.
     """
 
     __slots__ = (
@@ -243,9 +269,14 @@ class FastMessageQueue(Generic[T]):
         try:
             band = _BAND_OF[item.priority]
         except (AttributeError, KeyError, TypeError):
-            band = _BAND_OF[_priority_of(item)]
+            band = self._band_of(item)
         if self._serialize and type(item) is not bytes:
-            item = item.serialize()
+            try:
+                item = item.serialize()
+            except AttributeError:
+                if hasattr(item, "serialize"):
+                    raise  # raised inside a message's own serialize
+                raise self._not_a_message(item) from None
         d = self._bands[band]
         if d is None:
             d = self._new_band(band)
@@ -261,6 +292,19 @@ class FastMessageQueue(Generic[T]):
                 _wake_one(getters)
             else:
                 fut.set_result(None)
+
+    def _band_of(self, item: Any) -> int:
+        """The band of an item without a valid ``priority`` attribute (the slow path)."""
+        if self._serialize and type(item) is bytes:  # a frame: its header says
+            return _BAND_OF[frame_priority(item)]
+        return _BAND_OF[_priority_of(item)]
+
+    def _not_a_message(self, item: Any) -> TypeValidationError:
+        return TypeValidationError(
+            f"{self._describe()} serializes its messages (serialize=True) and takes @message "
+            f"instances or their bytes; got {type(item).__name__}. Decorate the class with "
+            "@message, or launch without serialize=True to pass plain objects"
+        )
 
     def _new_band(self, band: int) -> deque[Any]:
         bands = self._bands
@@ -290,10 +334,12 @@ class FastMessageQueue(Generic[T]):
     def _drop_oldest(self) -> None:
         for d in reversed(self._bands):
             if d:
-                d.popleft()
+                item = d.popleft()
                 self._count -= 1
                 self._dropped += 1
                 self._removed += 1
+                if type(item) is bytes:
+                    release_frame(item)
                 return
 
     def _full_error(self) -> QueueFullError:
@@ -488,8 +534,13 @@ class FastMessageQueue(Generic[T]):
                     fut.set_result(None)
 
     def clear(self) -> int:
-        """Remove every queued message; returns how many (counted as dropped)."""
+        """Remove every queued message; returns how many (counted as dropped).
+
+        Dropped :class:`~pydotcompute.ring_kernels.message.ArrayMessage` frames release
+        the arrays they pinned in the buffer registry.
+        """
         n = self._count
+        _discard(x for d in self._bands if d for x in d)
         self._bands = _NO_BANDS
         self._count = 0
         self._dropped += n

@@ -24,6 +24,7 @@ Design notes:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -786,6 +787,86 @@ def _read_tag(data: memoryview) -> tuple[str, int]:
         raise MessageDeserializationError("malformed message: the type tag is not UTF-8") from exc
 
 
+def _truncated(what: str) -> MessageDeserializationError:
+    return MessageDeserializationError(f"truncated message: {what} is cut short")
+
+
+def _uint_at(data: bytes, i: int, size: int, what: str) -> int:
+    """The ``size``-byte big-endian unsigned int at ``data[i:i + size]``."""
+    end = i + size
+    if end > len(data):
+        raise _truncated(what)
+    return int.from_bytes(data[i:end], "big")
+
+
+def frame_priority(data: bytes) -> int:
+    """The ``priority`` in the header of a serialized message, read without decoding it.
+
+    The wire body is ``[tag, [message_id, priority, correlation_id, fields...]]``; this
+    walks the type tag, the body's array header and the id, then reads the priority. A
+    serializing queue uses it to put raw bytes in the band their message asked for.
+
+    Raises:
+        MessageDeserializationError: the bytes are not a message frame, are cut short
+            before the priority, or carry a priority outside 0..255.
+    """
+    n = len(data)
+    if n < 2 or data[0] != 0x92:
+        raise MessageDeserializationError(
+            f"not a pydotcompute message: expected a 2-element MessagePack array, "
+            f"got {bytes(data[:8])!r}{'...' if n > 8 else ''}"
+        )
+    b = data[1]
+    if 0xA0 <= b <= 0xBF:
+        i = 2 + (b & 0x1F)
+    elif b == 0xD9:
+        i = 3 + _uint_at(data, 2, 1, "the type tag")
+    elif b == 0xDA:
+        i = 4 + _uint_at(data, 2, 2, "the type tag")
+    else:
+        raise MessageDeserializationError("malformed message: the type tag is not a string")
+    # the body: an array [message_id, priority, correlation_id, fields...]
+    b = _uint_at(data, i, 1, "the message body")
+    if 0x90 <= b <= 0x9F:
+        size, i = b & 0x0F, i + 1
+    elif b == 0xDC:
+        size, i = _uint_at(data, i + 1, 2, "the message body"), i + 3
+    elif b == 0xDD:
+        size, i = _uint_at(data, i + 1, 4, "the message body"), i + 5
+    else:
+        raise MessageDeserializationError("malformed message: the message body is not an array")
+    if size < 3:
+        raise MessageDeserializationError(
+            f"malformed message: the message body has {size} items, expected at least 3 "
+            "(message_id, priority, correlation_id)"
+        )
+    b = _uint_at(data, i, 1, "the message id")
+    if 0xC4 <= b <= 0xC6:  # bin 8 / 16 / 32
+        width = 1 << (b - 0xC4)
+        i += 1 + width + _uint_at(data, i + 1, width, "the message id")
+    else:
+        raise MessageDeserializationError("malformed message: the message id is not bytes")
+    b = _uint_at(data, i, 1, "the priority")
+    if b <= 0x7F:  # positive fixint
+        priority = b
+    elif b >= 0xE0:  # negative fixint
+        priority = b - 0x100
+    elif 0xCC <= b <= 0xCF:  # uint 8 / 16 / 32 / 64
+        priority = _uint_at(data, i + 1, 1 << (b - 0xCC), "the priority")
+    elif 0xD0 <= b <= 0xD3:  # int 8 / 16 / 32 / 64
+        width = 1 << (b - 0xD0)
+        priority = _uint_at(data, i + 1, width, "the priority")
+        if priority >= 1 << (8 * width - 1):
+            priority -= 1 << (8 * width)
+    else:
+        raise MessageDeserializationError("malformed message: the priority is not an int")
+    if not 0 <= priority <= 255:
+        raise MessageDeserializationError(
+            f"malformed message: priority {priority} is outside 0..255"
+        )
+    return priority
+
+
 def deserialize_message(data: bytes | bytearray | memoryview) -> RingKernelMessage:
     """Decode bytes written by :meth:`RingKernelMessage.serialize` into the right class.
 
@@ -1259,6 +1340,42 @@ def get_buffer(buffer_id: int | BufferHandle) -> Any:
 def release_buffer(buffer_id: int | BufferHandle) -> bool:
     """Unpin an array; True when it was forgotten."""
     return _registry.release(buffer_id)
+
+
+def release_frame(data: Any) -> int:
+    """Give back the array references held by a serialized :class:`ArrayMessage` that will
+    never be decoded (a queue dropped or cleared it); returns how many were released.
+
+    Decoding such a frame takes its arrays out of the registry; a frame thrown away unread
+    must release them instead, or they stay pinned for the life of the process. Bytes of
+    any other kind (a plain message, not a message at all) are left alone, and nothing
+    here raises: it runs while a queue discards messages.
+    """
+    if not _registry._entries:  # nothing pinned: nothing a frame could hold
+        return 0
+    try:
+        view = memoryview(data)
+        tag, offset = _read_tag(view)
+    except (TypeError, MessageDeserializationError):
+        return 0
+    cls = _TYPES.get(tag)
+    if cls is None or not cls._pdc_by_reference:
+        return 0
+    ids: list[int] = []
+
+    def collect(code: int, payload: memoryview) -> None:
+        if code == _EXT_BUFFER_REF and len(payload) == 8:
+            ids.append(int.from_bytes(payload, "little"))
+
+    # an untyped walk of the body: every reference the encoder wrote, wherever it is
+    with contextlib.suppress(Exception):  # malformed: release what was read before it
+        msgspec.msgpack.Decoder(ext_hook=collect).decode(view[offset:])
+    released = 0
+    for bid in ids:
+        with contextlib.suppress(KeyError):  # already taken (decoded elsewhere)
+            _registry.release(bid)
+            released += 1
+    return released
 
 
 @dataclass(slots=True)

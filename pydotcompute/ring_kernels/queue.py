@@ -14,7 +14,14 @@ import itertools
 from collections import deque
 from typing import Any, TypeVar
 
-from .fast_queue import _BAND_OF, BackpressureStrategy, FastMessageQueue, _priority_of, _wake_one
+from .fast_queue import (
+    _BAND_OF,
+    BackpressureStrategy,
+    FastMessageQueue,
+    _discard,
+    _priority_of,
+    _wake_one,
+)
 
 __all__ = ("BackpressureStrategy", "MessageQueue")
 
@@ -28,7 +35,8 @@ class MessageQueue(FastMessageQueue[T]):
         maxsize: Capacity; ``0`` means unbounded.
         backpressure: ``BackpressureStrategy.BLOCK`` (wait, honouring timeouts), ``REJECT``
             (raise ``QueueFullError``) or ``DROP_OLDEST`` (drop and count the oldest message
-            of the lowest priority).
+            of the lowest priority; a dropped ``ArrayMessage`` frame held as bytes releases
+            the arrays it pinned in the buffer registry, as ``clear`` does).
         use_priority: Serve higher ``priority`` first (FIFO among equals); False = plain FIFO.
         kernel_id: The owning kernel, used in error messages.
     """
@@ -79,17 +87,21 @@ class MessageQueue(FastMessageQueue[T]):
             victim = max(
                 range(len(self._heap)), key=lambda i: (self._heap[i][0], -self._heap[i][1])
             )
+            item = self._heap[victim][2]
             self._heap[victim] = self._heap[-1]
             self._heap.pop()
             heapq.heapify(self._heap)
         else:
-            self._fifo.popleft()
+            item = self._fifo.popleft()
+        _discard((item,))
         self._count -= 1
         self._dropped += 1
         self._removed += 1
 
     def clear(self) -> int:
         n = self._count
+        _discard(e[2] for e in self._heap)
+        _discard(self._fifo)
         self._heap.clear()
         self._fifo.clear()
         self._count = 0

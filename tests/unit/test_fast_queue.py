@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import numpy as np
 import pytest
 
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
+    MessageDeserializationError,
     QueueClosedError,
     QueueFullError,
     QueueTimeoutError,
+    TypeValidationError,
 )
 from pydotcompute.ring_kernels.fast_queue import (
     BackpressureStrategy,
@@ -20,7 +24,7 @@ from pydotcompute.ring_kernels.fast_queue import (
     RingBuffer,
     get_priority_band,
 )
-from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.message import array_message, get_buffer_registry, message
 
 
 @message
@@ -459,3 +463,169 @@ async def test_ring_buffer_wakes_waiters() -> None:
     assert rb.get_nowait() == 1
     assert await putter is True
     assert rb.get_nowait() == 2
+
+
+# --- serialize=True: by-reference frames and raw bytes -------------------------------------
+
+
+@array_message
+class Tile:
+    pixels: np.ndarray
+    seq: int = 0
+
+
+def tile(seq: int, priority: int = 128) -> tuple[Tile, np.ndarray]:
+    pixels = np.full(4, seq, dtype=np.int32)
+    return Tile(pixels=pixels, seq=seq, priority=priority), pixels
+
+
+def pinned(*arrays: np.ndarray) -> list[int]:
+    """How many references the process registry holds to each array."""
+    reg = get_buffer_registry()
+    counts = []
+    for arr in arrays:
+        bid = reg._by_object.get(id(arr))
+        counts.append(0 if bid is None else reg.refcount(bid))
+    return counts
+
+
+def test_clear_releases_the_arrays_of_by_reference_frames() -> None:
+    q: FastMessageQueue[Tile] = FastMessageQueue(8, serialize=True)
+    made = [tile(i) for i in range(3)]
+    for msg, _ in made:
+        q.put_nowait(msg)
+    arrays = [arr for _, arr in made]
+    assert pinned(*arrays) == [1, 1, 1]  # each frame pins its array until decoded
+    assert q.clear() == 3
+    assert pinned(*arrays) == [0, 0, 0]
+    assert q.statistics().total_dropped == 3
+
+
+def test_drop_oldest_releases_the_arrays_of_the_dropped_frame() -> None:
+    q: FastMessageQueue[Tile] = FastMessageQueue(2, serialize=True, backpressure="drop_oldest")
+    made = [tile(i) for i in range(3)]
+    for msg, _ in made:
+        q.put_nowait(msg)
+    (_, first), (_, second), (_, third) = made
+    assert pinned(first, second, third) == [0, 1, 1]  # the oldest was dropped and released
+    assert q.statistics().total_dropped == 1
+    out = q.get_batch(2)
+    assert [m.seq for m in out] == [1, 2]
+    assert out[0].pixels is second  # the kept frames still decode by reference
+    assert pinned(second, third) == [0, 0]
+
+
+def test_put_batch_with_drop_oldest_releases_what_it_drops() -> None:
+    q: FastMessageQueue[Tile] = FastMessageQueue(1, serialize=True, backpressure="drop_oldest")
+    made = [tile(i) for i in range(4)]
+    assert q.put_batch(msg for msg, _ in made) == 4
+    assert pinned(*(arr for _, arr in made)) == [0, 0, 0, 1]
+    assert q.statistics().total_dropped == 3
+    assert q.clear() == 1
+    assert pinned(made[-1][1]) == [0]
+
+
+def test_clearing_raw_by_reference_frames_releases_them() -> None:
+    # bytes made elsewhere (a frame put as bytes) own their references just the same
+    q: FastMessageQueue[Any] = FastMessageQueue(0)
+    msg, arr = tile(1)
+    q.put_nowait(msg.serialize())
+    assert pinned(arr) == [1]
+    q.clear()
+    assert pinned(arr) == [0]
+
+
+def test_clearing_other_bytes_leaves_the_registry_alone() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(0)
+    keep, arr = tile(7)
+    data = keep.serialize()  # pinned by a frame the queue never saw
+    q.put_nowait(b"not a frame at all")
+    q.put_nowait(item(1).serialize())
+    assert q.clear() == 2
+    assert pinned(arr) == [1]
+    assert Tile.deserialize(data).pixels is arr
+
+
+@pytest.mark.parametrize(
+    ("priority", "band"),
+    [
+        (250, PriorityBand.SYSTEM),
+        (200, PriorityBand.HIGH),
+        (128, PriorityBand.NORMAL),
+        (100, PriorityBand.NORMAL),
+        (10, PriorityBand.LOW),
+        (0, PriorityBand.LOW),
+    ],
+)
+def test_raw_bytes_land_in_the_band_of_their_frame_priority(
+    priority: int, band: PriorityBand
+) -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(4, serialize=True)
+    q.put_nowait(item(1, priority).serialize())
+    counts = [0, 0, 0, 0]
+    counts[band] = 1
+    assert q.statistics().band_counts == tuple(counts)
+
+
+async def test_raw_bytes_are_served_by_their_frame_priority() -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(0, serialize=True)
+    q.put_nowait(item(1, 10).serialize())
+    await q.put(item(2, 128).serialize())
+    q.put_batch([item(3, 250).serialize(), item(4, 180)])
+    assert seqs(q.get_batch(4)) == [3, 4, 2, 1]
+
+
+def _frame(body: bytes) -> bytes:
+    tag = Item._pdc_tag.encode()  # type: ignore[attr-defined]
+    return b"\x92" + bytes((0xA0 | len(tag),)) + tag + body
+
+
+_MALFORMED_IDS = [
+    "empty",
+    "not-msgpack",
+    "tag-not-str",
+    "no-body",
+    "body-cut",
+    "body-not-array",
+    "id-not-bytes",
+    "priority-256",
+    "priority-negative",
+    "priority-str",
+    "id-cut",
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "not a pydotcompute message"),
+        (b"hello world", "not a pydotcompute message"),
+        (b"\x92\x01", "the type tag is not a string"),
+        (_frame(b""), "truncated message"),
+        (_frame(b"\x94"), "truncated message"),
+        (_frame(b"\x01\x02"), "the message body is not an array"),
+        (_frame(b"\x94\xa3abc\x80\xc0\x01"), "the message id is not bytes"),
+        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xcd\x01\x00\xc0\x01"), "priority 256"),
+        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xff\xc0\x01"), "priority -1"),
+        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xa1x\xc0\x01"), "priority is not an int"),
+        (_frame(b"\x94\xc4\x10" + bytes(8)), "truncated message"),
+    ],
+    ids=_MALFORMED_IDS,
+)
+async def test_malformed_raw_bytes_are_refused_not_queued(data: bytes, why: str) -> None:
+    q: FastMessageQueue[Item] = FastMessageQueue(4, serialize=True)
+    with pytest.raises(MessageDeserializationError, match=why):
+        q.put_nowait(data)  # type: ignore[arg-type]
+    with pytest.raises(MessageDeserializationError, match=why):
+        await q.put(data)  # type: ignore[arg-type]
+    with pytest.raises(MessageDeserializationError, match=why):
+        q.put_batch([data])  # type: ignore[list-item]
+    assert q.empty
+    assert q.statistics().total_enqueued == 0
+
+
+def test_a_serializing_queue_refuses_a_non_message_with_the_kernel_id() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(4, serialize=True, kernel_id="sink")
+    with pytest.raises(TypeValidationError, match=r"kernel 'sink'.*serialize=True.*got int"):
+        q.put_nowait(42)
+    assert q.empty

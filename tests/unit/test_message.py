@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pydotcompute.exceptions import (
     MessageDeserializationError,
@@ -680,3 +682,38 @@ def test_module_level_buffer_functions_use_the_process_registry() -> None:
         assert release_buffer(h) is True
     with pytest.raises(KeyError):
         get_buffer(h)
+
+
+@message
+class AMessageClassWhoseQualifiedNameIsLongerThanThirtyOneCharacters:
+    x: int = 0
+
+
+@given(st.integers(0, 255), st.integers(-(2**40), 2**40))
+def test_frame_priority_reads_the_header_without_decoding(priority: int, x: int) -> None:
+    from pydotcompute.ring_kernels.message import frame_priority
+
+    long_tag = AMessageClassWhoseQualifiedNameIsLongerThanThirtyOneCharacters
+    for msg in (Point(x=float(x), y=1.0, priority=priority), long_tag(x=x, priority=priority)):
+        assert frame_priority(msg.serialize()) == priority
+    # another encoder may write the priority in a wider int: still read, same as decoding
+    tag, body = msgpack.unpackb(Point(x=float(x), y=1.0, priority=priority).serialize())
+    rest = b"".join(msgpack.packb(v) for v in body[2:])
+    wide = msgpack.packb(tag) + b"\x95" + msgpack.packb(body[0]) + b"\xcd" + priority.to_bytes(2)
+    assert frame_priority(b"\x92" + wide + rest) == priority
+    assert deserialize_message(b"\x92" + wide + rest).priority == priority
+
+
+def test_release_frame_gives_back_what_a_dropped_array_frame_pinned() -> None:
+    from pydotcompute.ring_kernels.message import release_frame
+
+    reg = get_buffer_registry()
+    pixels = np.arange(6)
+    data = Frame(pixels=pixels, index=1).serialize()
+    bid = int.from_bytes(msgpack.unpackb(data)[1][3].data, "little")
+    assert reg.refcount(bid) == 1
+    assert release_frame(Point(x=1, y=2.0).serialize()) == 0  # not by reference
+    assert release_frame(b"\x00junk") == 0
+    assert release_frame(data) == 1
+    assert reg.refcount(bid) == 0
+    assert release_frame(data) == 0  # released once only

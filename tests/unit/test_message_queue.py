@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from pydotcompute.exceptions import QueueClosedError, QueueFullError, QueueTimeoutError
-from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.message import array_message, get_buffer_registry, message
 from pydotcompute.ring_kernels.queue import BackpressureStrategy, MessageQueue
 
 
@@ -132,3 +133,26 @@ def test_bad_priority_is_refused() -> None:
     with pytest.raises(ValueError, match=r"priority must be an int in 0\.\.255, got 300"):
         q.put_nowait(bad)
     assert q.empty
+
+
+@array_message
+class Tile:
+    pixels: np.ndarray
+
+
+def _refs(arr: np.ndarray) -> int:
+    reg = get_buffer_registry()
+    bid = reg._by_object.get(id(arr))
+    return 0 if bid is None else reg.refcount(bid)
+
+
+@pytest.mark.parametrize("use_priority", [True, False])
+def test_dropped_and_cleared_frames_release_their_arrays(use_priority: bool) -> None:
+    q: MessageQueue[bytes] = MessageQueue(2, backpressure="drop_oldest", use_priority=use_priority)
+    arrays = [np.full(3, i) for i in range(3)]
+    for arr in arrays:
+        q.put_nowait(Tile(pixels=arr).serialize())  # frames as bytes: each pins its array
+    assert [_refs(a) for a in arrays] == [0, 1, 1]  # the dropped frame let go of its array
+    assert q.clear() == 2
+    assert [_refs(a) for a in arrays] == [0, 0, 0]
+    assert q.get_stats()["total_dropped"] == 3
