@@ -127,7 +127,12 @@ def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
         TypeValidationError: a message type without a fixed layout, or a handler that is
             not ``handler(inp, out, state) -> int``.
         InvalidConfigurationError: unknown or invalid GPU options, ``grid_size != 1``.
+
+    Ray placement options (``num_gpus``, ...) are not GPU-tier options: they are left to
+    the runtime (a Ray runtime uses them, an in-process one ignores them).
     """
+    from .runtime import PLACEMENT_OPTIONS
+
     check_spec(
         meta.kernel_id,
         fn,
@@ -135,7 +140,7 @@ def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
         meta.output_type,
         grid_size=meta.grid_size,
         block_size=meta.block_size,
-        extra=dict(meta.extra),
+        extra={k: v for k, v in meta.extra.items() if k not in PLACEMENT_OPTIONS},
         restart=meta.restart,
     )
 

@@ -463,6 +463,22 @@ class RingKernelRuntime:
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RingKernelConfig)) - {"extra"}
+#: Ray actor options (resources and placement). ``RayRingKernelRuntime.launch`` hands them
+#: to Ray; an in-process launch accepts and ignores them, so one ``@ring_kernel(num_cpus=...)``
+#: declaration runs on both (kept equal to ``pydotcompute.distributed.ray.RAY_ACTOR_OPTIONS``).
+PLACEMENT_OPTIONS = frozenset(
+    {
+        "num_cpus",
+        "num_gpus",
+        "resources",
+        "memory",
+        "accelerator_type",
+        "scheduling_strategy",
+        "runtime_env",
+        "max_concurrency",
+        "label_selector",
+    }
+)
 _OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
     "backpressure": ("backpressure_strategy",),
@@ -490,7 +506,11 @@ def _apply_options(
     options: dict[str, Any],
     extra_allowed: frozenset[str] = frozenset(),
 ) -> RingKernelConfig:
-    """Apply launch ``options`` to ``config`` in place (a config this module made)."""
+    """Apply launch ``options`` to ``config`` in place (a config this module made).
+
+    Ray placement options (:data:`PLACEMENT_OPTIONS`) are skipped: they only mean something
+    to a Ray runtime. Any other unknown option raises, listing the known ones.
+    """
     if not options:
         return config
     fields = _CONFIG_FIELDS
@@ -505,9 +525,13 @@ def _apply_options(
                 setattr(config, key, value)
         elif key in extra_allowed:
             config.extra[key] = value
+        elif key in PLACEMENT_OPTIONS:
+            logger.debug("kernel %r runs in-process: Ray option %r ignored", kernel_id, key)
         else:
             raise InvalidConfigurationError(
                 f"unknown option {key!r} for kernel {kernel_id!r} on tier {config.tier!r}; "
-                f"known: {sorted(fields | set(_OPTION_ALIASES) | extra_allowed)}"
+                f"known: {sorted(fields | set(_OPTION_ALIASES) | extra_allowed)}; Ray "
+                f"placement options ({', '.join(sorted(PLACEMENT_OPTIONS))}) are accepted "
+                "and ignored in-process"
             )
     return config

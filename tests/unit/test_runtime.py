@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 from foundation_helpers import Other, Req, Resp, crash_on_negative, doubler, echo, until
 
-from pydotcompute import ring_kernel
+from pydotcompute import message, ring_kernel
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelAlreadyExistsError,
@@ -586,3 +587,73 @@ async def test_shutdown_waits_for_a_termination_in_progress() -> None:
     assert kernel.state is S.TERMINATED
     assert await terminating == []
     assert kernel.telemetry.messages_processed == 2
+
+
+# --- Ray placement options in-process ----------------------------------------------------
+
+
+async def test_in_process_launch_ignores_ray_placement_options(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    # the same decorated actor runs on a RayRingKernelRuntime, which places it with these
+    @ring_kernel(
+        kernel_id="placed",
+        input_type=Req,
+        output_type=Resp,
+        queue_size=8,
+        num_cpus=2,
+        num_gpus=0,
+        resources={"accelerator": 1},
+    )
+    async def placed(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            await ctx.send(Resp(y=msg.x * 3))
+
+    kernel = await rt.launch("placed", memory=2**20)
+    assert kernel.config.input_queue_size == 8
+    assert kernel.config.extra == {}  # nothing of the placement reaches the kernel
+    await rt.activate("placed")
+    assert (await rt.send_and_receive("placed", Req(x=2), timeout=5)).y == 6
+    direct = await rt.launch("direct", doubler, num_cpus=1, scheduling_strategy="SPREAD")
+    assert direct.config.extra == {}
+
+
+async def test_an_unknown_option_beside_placement_options_still_raises(
+    rt: RingKernelRuntime,
+) -> None:
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=r"unknown option 'colour' for kernel 'k' on tier 'asyncio'; known: \[.*'queue_size'"
+        r".*\]; Ray placement options \(.*num_cpus.*\) are accepted and ignored in-process",
+    ):
+        await rt.launch("k", doubler, num_cpus=1, colour="red")
+    assert "k" not in rt
+
+
+def test_in_process_placement_options_are_the_ray_runtimes() -> None:
+    from pydotcompute.distributed.ray import RAY_ACTOR_OPTIONS
+    from pydotcompute.ring_kernels.runtime import PLACEMENT_OPTIONS
+
+    assert PLACEMENT_OPTIONS == RAY_ACTOR_OPTIONS
+
+
+@message
+class Cell:
+    x: np.float32
+
+
+def test_a_gpu_ring_kernel_declaration_accepts_placement_options() -> None:
+    def handler(inp: Any, out: Any, state: Any) -> int:
+        out.x = inp.x
+        return 0
+
+    fn = ring_kernel(
+        kernel_id="placed_gpu",
+        input_type=Cell,
+        output_type=Cell,
+        backend="cuda",
+        auto_register=False,
+        num_gpus=1,
+    )(handler)
+    assert fn is handler
