@@ -18,7 +18,10 @@ Design notes:
   keeps returning messages, then raises ``QueueClosedError``, which the supervisor treats as
   a clean exit and which wakes an actor parked on an empty inbox without any timeout). After
   the grace period the task is cancelled and whatever is left is returned and counted as
-  dropped. Outboxes close too: receivers drain them, then get a clear error.
+  dropped, starting with the message the actor was handling, if any: a message counts as
+  processed once the actor asks for the next one (or returns), so one cut off mid-handling
+  is reported, not counted as processed. Outboxes close too: receivers drain them, then
+  get a clear error.
 - Replies to ``send_and_receive`` bypass the outbox: ``ctx.send`` hands a message whose
   ``correlation_id`` matches a pending request straight to that caller's future, so
   concurrent callers never see each other's replies.
@@ -162,6 +165,7 @@ class KernelContext:
 
     __slots__ = (
         "_current",
+        "_handling",
         "_inbox",
         "_kernel",
         "_outbox",
@@ -180,6 +184,9 @@ class KernelContext:
         self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
         self._t_recv = 0
         self._current: Any = None
+        # True from the moment a message is taken until the actor asks for the next one:
+        # a message cut off by terminate's grace period is reported, not processed
+        self._handling = False
         # the last reply class that passed validation against output type ``_reply_for``
         # and whose correlation slot can be written directly (see ``_prepare_reply``)
         self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
@@ -223,6 +230,7 @@ class KernelContext:
         if tel is not None and self._t_recv:
             tel.record_latency(_perf_ns() - self._t_recv)
             self._t_recv = 0
+        self._handling = False
         k = self._kernel
         if k._gate is not None:
             await self.wait_active()
@@ -245,6 +253,7 @@ class KernelContext:
         if k._gate is not None:  # deactivated while we waited: hold the message
             await self.wait_active()
         self._current = msg
+        self._handling = True
         if tel is not None:
             tel.messages_processed += 1
             self._t_recv = _perf_ns()
@@ -252,9 +261,11 @@ class KernelContext:
 
     def receive_nowait(self) -> Any:
         """The next message or None; never waits (ignores deactivation)."""
+        self._handling = False
         msg = self._inbox.get_nowait()
         if msg is not None:
             self._current = msg
+            self._handling = True
             if self._tel is not None:
                 self._tel.messages_processed += 1
         return msg
@@ -556,8 +567,10 @@ class RingKernel:
 
         The actor keeps receiving until the inbox is empty (or ``timeout`` seconds pass,
         default ``config.drain_timeout``); then it is cancelled. Messages still queued are
-        returned, kept in ``undelivered`` and counted as dropped. The outbox stays
-        readable until drained.
+        returned, kept in ``undelivered`` and counted as dropped; so is the message the
+        actor was still handling when it was cancelled (taken, but it had not asked for
+        the next one), first in the list and no longer counted as processed. The outbox
+        stays readable until drained.
         """
         self._check("terminate")
         if self._task is not None and self._task is asyncio.current_task():
@@ -582,7 +595,20 @@ class RingKernel:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+                return self._finish_termination(self._cut_off())
         return self._finish_termination([])
+
+    def _cut_off(self) -> list[Any]:
+        """The message the actor was handling when it was cancelled, if any (``[]`` when it
+        was between messages, or finished handling after all): it was never processed, so
+        it stops counting as processed and is reported with the undelivered ones."""
+        ctx = self._ctx
+        if ctx is None or not ctx._handling or ctx._current is None:
+            return []
+        ctx._handling = False
+        if ctx._tel is not None:
+            ctx._tel.messages_processed -= 1
+        return [ctx._current]
 
     def _finish_termination(self, left: list[Any]) -> list[Any]:
         """Close out a terminate: ``left`` (messages a worker never took) plus whatever is
@@ -654,6 +680,7 @@ class RingKernel:
                     )
                     self._fail_request(ctx._current, exc, restarts)
                     ctx._current = None
+                    ctx._handling = False
                     ctx._t_recv = 0
                     continue
                 self._fail(exc)

@@ -604,11 +604,13 @@ async def test_terminate_past_the_grace_period_cancels_and_counts(
     await k.activate()
     await until(lambda: len(k.inbox) == 4, "first message taken")  # type: ignore[arg-type]
     left = await k.terminate(timeout=0.01)
-    assert [m.x for m in left] == [1, 2, 3, 4]
+    # the message the actor was handling when it was cancelled comes first: never finished
+    assert [m.x for m in left] == [0, 1, 2, 3, 4]
     assert k.undelivered == left
-    assert k.telemetry.messages_dropped == 4
-    assert k.inbox.statistics().total_dropped == 4  # type: ignore[union-attr]
-    # every message is accounted for: processed (taken by the actor) or undelivered
+    assert k.telemetry.messages_dropped == 5
+    assert k.inbox.statistics().total_dropped == 5  # type: ignore[union-attr]
+    # every message is accounted for: processed (handled to the end) or undelivered
+    assert k.telemetry.messages_processed == 0
     assert k.telemetry.messages_processed + len(k.undelivered) == 5
     assert k._task is not None
     assert k._task.done()
@@ -634,10 +636,68 @@ async def test_a_reply_cut_off_by_the_grace_period_is_counted(
     # the first reply fills the space; the actor then blocks sending the second
     await until(lambda: k.telemetry.messages_processed == 2, "actor blocked sending")
     left = await k.terminate(timeout=0.01)
-    assert [m.x for m in left] == [2]
+    # the request whose reply was cut off was not handled to the end: reported with the rest
+    assert [m.x for m in left] == [1, 2]
+    assert k.telemetry.messages_processed == 1
     # one reply was in flight when the actor was cancelled: counted, not silently lost
     assert k.outbox.statistics().total_dropped == 1  # type: ignore[union-attr]
     assert k.telemetry.messages_dropped == len(left) + 1
+
+
+@pytest.mark.parametrize("telemetry", [True, False], ids=["timed", "untimed"])
+async def test_a_message_cut_off_mid_handling_is_dropped_not_processed(
+    kernels: list[RingKernel], telemetry: bool
+) -> None:
+    hold = asyncio.Event()
+
+    async def stuck(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            await ctx.receive()
+            await hold.wait()  # never set: handling never finishes
+
+    k = make(stuck, enable_telemetry=telemetry)
+    kernels.append(k)
+    await k.launch()
+    await k.activate()
+    sent = Req(x=7)
+    await k.send(sent)
+    await until(lambda: k._ctx is not None and k._ctx.current_message is sent, "message taken")
+    left = await k.terminate(timeout=0.01)
+    assert left == [sent]
+    assert k.undelivered == [sent]
+    assert k.telemetry.messages_processed == 0
+    assert k.telemetry.messages_dropped == 1
+    stats = k.inbox.statistics()  # type: ignore[union-attr]
+    assert (stats.total_dequeued, stats.total_dropped) == (1, 1)
+
+
+async def test_a_message_handled_to_the_end_is_not_reported(
+    kernels: list[RingKernel],
+) -> None:
+    """Only the message being handled counts: one whose handling ended (the actor asked
+    for the next) is processed, even when the actor is cancelled later."""
+    hold = asyncio.Event()
+
+    async def one_then_stuck(ctx: KernelContext) -> None:
+        msg = await ctx.receive()
+        await ctx.send(Resp(y=msg.x))
+        try:
+            await ctx.receive(timeout=0.001)
+        except QueueTimeoutError:
+            pass
+        await hold.wait()  # busy with something else, past the grace period
+
+    k = make(one_then_stuck)
+    kernels.append(k)
+    await k.launch()
+    await k.activate()
+    await k.send(Req(x=1))
+    assert (await k.receive(timeout=5)).y == 1
+    await until(lambda: not k._ctx._handling, "asked for the next message")  # type: ignore[union-attr]
+    assert await k.terminate(timeout=0.01) == []
+    assert k.undelivered == []
+    assert k.telemetry.messages_processed == 1
+    assert k.telemetry.messages_dropped == 0
 
 
 async def test_terminate_fails_pending_send_and_receive(kernels: list[RingKernel]) -> None:
