@@ -60,24 +60,25 @@ def interleaved(
     Each sample is one call (or a few, for calls under 20 us); the fastest sample of each side
     is the estimate. On a shared machine, other processes only ever add time — preemption,
     cache and memory-bandwidth contention — so the minimum is the figure least disturbed by
-    them, and alternating single samples exposes both sides to the same conditions.
+    them, and alternating single samples exposes both sides to the same conditions. The order
+    flips every round (A B, B A, ...): the side that runs first in a round was measured to be
+    up to 15% faster at 1 MiB here, which a fixed order would hand to one side.
     """
     n_a, n_b = batch_size(a), batch_size(b)
-    best_a = best_b = float("inf")
+    best = {a: float("inf"), b: float("inf")}
+    calls = {a: n_a, b: n_b}
     clock = time.perf_counter
     deadline = clock() + rounds * budget_s
     samples = 0
     while samples < 20 or (clock() < deadline and samples < 5000):
-        start = clock()
-        for _ in range(n_a):
-            a()
-        best_a = min(best_a, (clock() - start) / n_a)
-        start = clock()
-        for _ in range(n_b):
-            b()
-        best_b = min(best_b, (clock() - start) / n_b)
+        for fn in (a, b) if samples % 2 == 0 else (b, a):
+            n = calls[fn]
+            start = clock()
+            for _ in range(n):
+                fn()
+            best[fn] = min(best[fn], (clock() - start) / n)
         samples += 1
-    return best_a, best_b
+    return best[a], best[b]
 
 
 def label(nbytes: int) -> str:

@@ -63,7 +63,9 @@ if TYPE_CHECKING:
 __all__ = ("ASYNC_COPY_THRESHOLD", "BufferState", "TransferStats", "UnifiedBuffer")
 
 #: Copies of at least this many bytes run in a worker thread in the async ``ensure_*`` methods.
-ASYNC_COPY_THRESHOLD = 1 << 20
+#: A hop to the thread and back costs about 80 us on the 2-core reference machine, what a
+#: 2-4 MiB host copy takes; below this size the copy stalls the loop less than the hop costs.
+ASYNC_COPY_THRESHOLD = 4 << 20
 
 
 class BufferState(enum.Enum):
@@ -77,10 +79,11 @@ class BufferState(enum.Enum):
     DEVICE_DIRTY = "device_dirty"
 
 
-_HOST_CURRENT = frozenset({BufferState.HOST_ONLY, BufferState.SYNCHRONIZED, BufferState.HOST_DIRTY})
-_DEVICE_CURRENT = frozenset(
-    {BufferState.DEVICE_ONLY, BufferState.SYNCHRONIZED, BufferState.DEVICE_DIRTY}
-)
+# states are compared by identity on the hot paths: ``state in {...}`` hashes an Enum member,
+# which runs Enum.__hash__ in Python
+_SYNC = BufferState.SYNCHRONIZED
+_H_ONLY, _H_DIRTY = BufferState.HOST_ONLY, BufferState.HOST_DIRTY
+_D_ONLY, _D_DIRTY = BufferState.DEVICE_ONLY, BufferState.DEVICE_DIRTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,7 @@ class UnifiedBuffer:
         self._size = math.prod(self._shape)
         self._nbytes = self._size * self._dtype.itemsize
         self._kind: BackendType | None = None
+        self._cpu_copy: bool | None = None  # see _plain_cpu
         self._requested_pinned = bool(pinned)
         self._pinned = False
         self._backend_spec = backend
@@ -342,39 +346,60 @@ class UnifiedBuffer:
     # --- transfers -------------------------------------------------------------------------
 
     def _copy_h2d(self) -> None:
-        assert self._host is not None
-        if self._device is None:
-            self._device = self._new_device(zero=False)
-        self._device = self.backend.copy_to_device(self._host, out=self._device)
-        if self._backend_kind() is BackendType.METAL:
-            self._metal_valid = False
+        host = self._host
+        assert host is not None
+        device = self._device
+        if device is None:
+            device = self._device = self._new_device(zero=False)
+        if self._plain_cpu():  # our own two arrays: same shape and dtype by construction
+            np.copyto(device, host)
+        else:
+            backend = self.backend
+            backend.require()
+            self._device = backend.copy_to_device(host, out=device)
+            if self._backend_kind() is BackendType.METAL:
+                self._metal_valid = False
         self._h2d += 1
         self._bytes_h2d += self._nbytes
 
     def _copy_d2h(self) -> None:
-        if self._host is None:
-            self._host = self._new_host(zero=False)
-        self.backend.copy_to_host(self._device, out=self._host)
+        host = self._host
+        if host is None:
+            host = self._host = self._new_host(zero=False)
+        if self._plain_cpu() and type(self._device) is np.ndarray:
+            np.copyto(host, self._device)
+        else:
+            self.backend.copy_to_host(self._device, out=host)
         self._metal_valid = False
         self._d2h += 1
         self._bytes_d2h += self._nbytes
 
+    def _plain_cpu(self) -> bool:
+        """True when the device side is a NumPy array of the plain CPU backend (copies are
+        then one ``np.copyto``, not a trip through the backend's checks)."""
+        plain = self._cpu_copy
+        if plain is None:
+            from ..backends.cpu import CPUBackend
+
+            plain = self._cpu_copy = type(self.backend) is CPUBackend
+        return plain
+
     def _host_array(self) -> np.ndarray[Any, Any]:
         with self._lock:
-            if self._state not in _HOST_CURRENT:
+            state = self._state
+            if state is not _SYNC and state is not _H_DIRTY and state is not _H_ONLY:
                 self._check_alive()
                 self._copy_d2h()
-                self._state = BufferState.SYNCHRONIZED
-            assert self._host is not None
-            return self._host
+                self._state = _SYNC
+            return self._host  # type: ignore[return-value]  # set by allocate or the copy
 
     def _device_array(self) -> Any:
         with self._lock:
-            if self._state not in _DEVICE_CURRENT:
+            state = self._state
+            if state is not _SYNC and state is not _D_DIRTY and state is not _D_ONLY:
                 self._check_alive()
-                self.backend.require()
                 self._copy_h2d()
-                self._state = BufferState.SYNCHRONIZED
+                self._state = _SYNC
             return self._device
 
     @property
@@ -463,8 +488,13 @@ class UnifiedBuffer:
             BufferSyncError: the device side is dirty too (both were written).
         """
         with self._lock:
-            self._check_alive()
             state = self._state
+            if state is _SYNC or state is _H_DIRTY or state is _H_ONLY:
+                if state is _SYNC:
+                    self._state = _H_DIRTY
+                self._metal_valid = False
+                return
+            self._check_alive()
             if state is BufferState.DEVICE_DIRTY:
                 raise BufferSyncError(
                     f"{self._describe()}: mark_host_dirty() while the device side is dirty; both "
@@ -474,9 +504,6 @@ class UnifiedBuffer:
                 raise BufferSyncError(
                     f"{self._describe()} has no host side to mark dirty; read .host first"
                 )
-            if state is BufferState.SYNCHRONIZED:
-                self._state = BufferState.HOST_DIRTY
-            self._metal_valid = False
 
     def mark_device_dirty(self) -> None:
         """Record that the device side was written; the next host read copies device → host.
@@ -486,8 +513,13 @@ class UnifiedBuffer:
             BufferSyncError: the host side is dirty too (both were written).
         """
         with self._lock:
-            self._check_alive()
             state = self._state
+            if state is _SYNC or state is _D_DIRTY or state is _D_ONLY:
+                if state is _SYNC:
+                    self._state = _D_DIRTY
+                self._metal_valid = False
+                return
+            self._check_alive()
             if state is BufferState.HOST_DIRTY:
                 raise BufferSyncError(
                     f"{self._describe()}: mark_device_dirty() while the host side is dirty; both "
@@ -497,9 +529,6 @@ class UnifiedBuffer:
                 raise BufferSyncError(
                     f"{self._describe()} has no device side to mark dirty; read .device first"
                 )
-            if state is BufferState.SYNCHRONIZED:
-                self._state = BufferState.DEVICE_DIRTY
-            self._metal_valid = False
 
     def mark_metal_dirty(self) -> None:
         """Record that the ``.metal`` array was changed in place; host takes its data.
@@ -539,7 +568,8 @@ class UnifiedBuffer:
     async def ensure_on_device(self) -> Any:
         """Make the device side current (copying in a worker thread when large); returns it."""
         self._check_alive()
-        if self._state in _DEVICE_CURRENT:
+        state = self._state
+        if state is _SYNC or state is _D_DIRTY or state is _D_ONLY:
             return self._device
         if self.nbytes >= ASYNC_COPY_THRESHOLD:
             return await asyncio.to_thread(self._device_array)
@@ -548,7 +578,8 @@ class UnifiedBuffer:
     async def ensure_on_host(self) -> np.ndarray[Any, Any]:
         """Make the host side current (copying in a worker thread when large); returns it."""
         self._check_alive()
-        if self._state in _HOST_CURRENT:
+        state = self._state
+        if state is _SYNC or state is _H_DIRTY or state is _H_ONLY:
             assert self._host is not None
             return self._host
         if self.nbytes >= ASYNC_COPY_THRESHOLD:

@@ -318,14 +318,13 @@ async def test_large_copies_run_off_the_event_loop(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ub_mod, "ASYNC_COPY_THRESHOLD", 64)
     loop_thread = threading.get_ident()
     copy_threads: list[int] = []
-    backend = CPUBackend()
-    original = backend.copy_to_device
 
-    def spy(a: Any, **kw: Any) -> Any:
-        copy_threads.append(threading.get_ident())
-        return original(a, **kw)
+    class SpyBackend(CPUBackend):  # a subclass: copies go through copy_to_device
+        def copy_to_device(self, a: Any, **kw: Any) -> Any:
+            copy_threads.append(threading.get_ident())
+            return super().copy_to_device(a, **kw)
 
-    monkeypatch.setattr(backend, "copy_to_device", spy)
+    backend = SpyBackend()
     big = UnifiedBuffer((64,), np.float32, backend=backend).allocate()
     big[:] = 1
     small = UnifiedBuffer((4,), np.float32, backend=backend).allocate()
