@@ -16,7 +16,9 @@ Design notes:
   deactivation act on almost everything still queued: what already crossed the bridge is
   the worker's to process.
 - Terminate drains: the pump hands over what is queued, the worker stops gracefully, the
-  collector drains the replies; leftovers on both sides are returned and counted.
+  collector drains the replies; leftovers on both sides are returned and counted. The pump
+  counts a message as processed when it takes it; one it still holds when it is cancelled,
+  and those the worker never took, stop counting as processed and are handed back.
 """
 
 from __future__ import annotations
@@ -40,11 +42,22 @@ class _HostedKernel(RingKernel):
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
 
-    __slots__ = ("_collector", "_pump", "_readable", "_worker", "_writable")
+    __slots__ = (
+        "_collector",
+        "_held",
+        "_held_counted",
+        "_pump",
+        "_readable",
+        "_worker",
+        "_writable",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._worker: Any = None
+        # the message the pump took from the inbox and has not handed to the worker yet
+        self._held: Any = None
+        self._held_counted = False
         self._pump: asyncio.Task[None] | None = None
         self._collector: asyncio.Task[None] | None = None
         self._readable: asyncio.Event | None = None
@@ -110,26 +123,48 @@ class _HostedKernel(RingKernel):
                 msg = await inbox.get()
             except QueueClosedError:
                 return
+            self._held = msg
             if self._gate is not None:  # deactivated while we waited: hold it
                 await asyncio.shield(self._gate)
             if self._tel_on:
                 self.telemetry.messages_processed += 1
+                self._held_counted = True
             while True:
                 try:
                     ok = worker.send_nowait(msg)
-                except KernelFailedError:
-                    self.undelivered.append(msg)
-                    self.telemetry.record_drop()
-                    return  # the collector reports the failure
-                except KernelStateError:
-                    self.undelivered.append(msg)
-                    self.telemetry.record_drop()
+                except (KernelFailedError, KernelStateError):
+                    # the worker failed (the collector reports it) or stopped: hand it back
+                    lost = self._take_held()
+                    self.undelivered.extend(lost)
+                    self.telemetry.record_drop(len(lost))
                     return
                 if ok:
                     break
                 writable.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(writable.wait(), _POLL_S)
+            self._held = None
+            self._held_counted = False
+
+    def _take_held(self) -> list[Any]:
+        """The message the pump took but never handed over (``[]`` if none): it was not
+        processed, so it stops counting as processed."""
+        msg, self._held = self._held, None
+        if msg is None:
+            return []
+        if self._held_counted:
+            self._held_counted = False
+            self.telemetry.messages_processed -= 1
+        return [msg]
+
+    def _take_unprocessed(self) -> list[Any]:
+        """What the worker never took (a stop that timed out, a failure): counted as
+        processed when the pump handed it over, so that count is taken back."""
+        unprocessed = getattr(self._worker, "unprocessed", None)
+        lost: list[Any] = list(unprocessed()) if unprocessed is not None else []
+        if lost and self._tel_on:
+            self.telemetry.messages_processed -= len(lost)
+        return lost
 
     async def _run_collector(self) -> None:
         worker = self._worker
@@ -223,11 +258,9 @@ class _HostedKernel(RingKernel):
                 self._collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._collector
-        left: list[Any] = []
-        if self._worker is not None:
-            unprocessed = getattr(self._worker, "unprocessed", None)
-            if unprocessed is not None:
-                left.extend(unprocessed())
+        # oldest first: what crossed the bridge, then what the pump still held
+        left = self._take_unprocessed() if self._worker is not None else []
+        left += self._take_held()
         return self._finish_termination(left)
 
     def _fail(self, exc: BaseException) -> None:
@@ -235,14 +268,11 @@ class _HostedKernel(RingKernel):
         pump = self._pump
         if pump is not None and not pump.done():
             pump.cancel()
-        worker = self._worker
-        if worker is not None:
-            unprocessed = getattr(worker, "unprocessed", None)
-            if unprocessed is not None:
-                lost = unprocessed()
-                if lost:
-                    self.undelivered.extend(lost)
-                    self.telemetry.record_drop(len(lost))
+        lost = self._take_unprocessed() if self._worker is not None else []
+        lost += self._take_held()
+        if lost:
+            self.undelivered.extend(lost)
+            self.telemetry.record_drop(len(lost))
 
 
 class ThreadHostedKernel(_HostedKernel):

@@ -7,13 +7,14 @@ generous ``asyncio.wait_for`` (a hang fails the test; nothing here measures time
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
 from pydotcompute import KernelContext, RingKernelRuntime, message
-from pydotcompute.exceptions import KernelFailedError, KernelStateError
+from pydotcompute.exceptions import KernelFailedError, KernelStateError, QueueClosedError
 from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernel
 from pydotcompute.testing import event_loop_kinds, loop_factory
 
@@ -243,3 +244,45 @@ def test_a_failed_kernel_shuts_down_cleanly(
     assert out["kernel"].state is KernelState.TERMINATED
     assert out["summary"]["failures"] == [("bad", "RuntimeError('actor crashed')")]
     assert accounted(out["kernel"])
+
+
+def slow_worker(ctx: Any) -> None:
+    """A thread-tier actor that takes half a second per message."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            break
+        if job is not None:
+            time.sleep(0.5)
+            ctx.send(job)
+
+
+async def _thread_tier_cut_off() -> dict[str, Any]:
+    async with RingKernelRuntime() as rt:
+        kernel = await rt.launch("slow", slow_worker, tier="thread", bridge_queue_size=1)
+        await rt.activate("slow")
+        for i in range(6):
+            await rt.send("slow", Job(n=i))
+        # the worker handles 0, 1 waits on the one-slot bridge, the pump holds 2
+        while kernel.telemetry.messages_processed < 3:
+            await asyncio.sleep(0.005)
+        left = await asyncio.wait_for(rt.terminate("slow", timeout=0.05), GUARD)
+        worker = kernel._worker  # type: ignore[attr-defined]
+        await asyncio.to_thread(worker.join, GUARD)  # the thread ends after message 0
+    return {"kernel": kernel, "left": left}
+
+
+@loops
+def test_a_thread_tier_kernel_cut_off_by_its_grace_period_accounts_for_everything(
+    loop_kind: str,
+) -> None:
+    out = run_on(loop_kind, _thread_tier_cut_off())
+    kernel: RingKernel = out["kernel"]
+    # 0 was being handled in the thread (it finishes: a thread cannot be interrupted); the
+    # one on the bridge, the one the pump held and the queued ones are handed back
+    assert sorted(m.n for m in out["left"]) == [1, 2, 3, 4, 5]
+    assert kernel.undelivered == out["left"]
+    assert kernel.telemetry.messages_processed == 1
+    assert kernel.telemetry.messages_dropped == 5
+    assert accounted(kernel)
