@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: install demo bench test lint types test-main test-purepython test-cudasim docs clean
+.PHONY: install demo bench test lint types test-main test-purepython test-cudasim docs gpu-check clean
 
 $(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,14 @@ test-cudasim: install
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+## On a machine with an NVIDIA GPU, in one go: the hardware tests (soak included) and the
+## benchmarks with GPU rows. Uses $(PY) as it is: the interpreter that has CuPy for its driver.
+gpu-check:
+	$(PY) -m pytest -p no:cacheprovider tests/gpu -m cuda -v -rs
+	$(PY) benchmarks/gpu_ring_kernel_benchmark.py
+	$(PY) benchmarks/memory_benchmark.py --quick
+	$(PY) benchmarks/pagerank_benchmark.py
 
 clean:
 	rm -rf $(VENV) build site *.egg-info
