@@ -184,14 +184,32 @@ class _HostedKernel(RingKernel):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(readable.wait(), _POLL_S)
                 continue
-            await self._deliver(reply)
+            try:
+                await self._deliver(reply)
+            except Exception as exc:
+                # a reply that can go nowhere (a plain value for a serializing outbox, the
+                # wrong type for a connected kernel): the kernel fails, as a tier-1 actor
+                # whose ctx.send raised would, instead of this task dying unnoticed
+                self.telemetry.record_error(exc)
+                if not self._stopping:
+                    self._fail(exc)
+                    return
+                # terminating: keep collecting the rest; this one is counted as dropped
+                self.error = exc
+                logger.error("kernel %r: a reply failed while terminating: %r", self.kernel_id, exc)
+                if self._outbox is not None:
+                    self._outbox.count_dropped(1)
+                self.telemetry.record_drop()
 
     async def _deliver(self, reply: Any) -> None:
+        """Hand a worker's reply to its ``send_and_receive`` caller, the connected kernel or
+        the outbox. A plain value (an untyped actor's side output) has no correlation id:
+        it goes on like any uncorrelated reply, as on tier 1."""
         if self._tel_on:
             self.telemetry.messages_sent += 1
         waiters = self._waiters
         if waiters:
-            fut = waiters.pop(reply.correlation_id, None)
+            fut = waiters.pop(getattr(reply, "correlation_id", None), None)
             if fut is not None:
                 if not fut.done():
                     fut.set_result(reply)

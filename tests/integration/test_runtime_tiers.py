@@ -6,7 +6,9 @@ actor is an asyncio task (tier 1), a thread (tier 2) or a child process (tier 3)
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import time
 from typing import Any
 
 import pytest
@@ -152,3 +154,93 @@ async def test_wait_until_idle_sees_a_threaded_actor_finish() -> None:
         await wait_until_idle(rt, timeout=10)
         assert len(rt.get_kernel("k").outbox) == 100  # type: ignore[arg-type]
         assert rt.get_kernel("k").is_idle
+
+
+# --- untyped actors sending plain values ---------------------------------------------------
+
+
+async def chatty_async(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        await ctx.send({"note": "progress", "seq": job.seq})  # an untyped side output
+        await ctx.send(Done(seq=job.seq, tier="asyncio"))
+
+
+def chatty_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = ctx.receive(timeout=0.05)
+        if job is not None:
+            ctx.send({"note": "progress", "seq": job.seq})
+            ctx.send(Done(seq=job.seq, tier="worker"))
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"), [("asyncio", chatty_async), ("thread", chatty_sync)], ids=["asyncio", "thread"]
+)
+async def test_plain_side_outputs_of_an_untyped_actor_reach_the_outbox(name: str, fn: Any) -> None:
+    """A plain value cannot be correlated: it goes to the outbox, and a correlated caller
+    still gets the message reply that follows it."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("k", fn, tier=name)
+        await rt.activate("k")
+        for i in range(3):
+            reply = await rt.send_and_receive("k", Job(seq=i), timeout=10)
+            assert isinstance(reply, Done)
+            assert reply.seq == i
+        notes = [await rt.receive("k", timeout=10) for _ in range(3)]
+        assert notes == [{"note": "progress", "seq": i} for i in range(3)]
+        assert rt.get_kernel("k").state is KernelState.ACTIVE
+
+
+async def replies_with_an_int(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        await ctx.receive()
+        await ctx.send(42)
+
+
+def replies_with_an_int_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        if ctx.receive(timeout=0.05) is not None:
+            ctx.send(42)
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [("asyncio", replies_with_an_int), ("thread", replies_with_an_int_sync)],
+    ids=["asyncio", "thread"],
+)
+async def test_a_serializing_kernel_refuses_plain_values_with_a_clear_error(
+    name: str, fn: Any
+) -> None:
+    async with RingKernelRuntime() as rt:
+        k = await rt.launch("wire", fn, tier=name, serialize=True)
+        await rt.activate("wire")
+        with pytest.raises(TypeValidationError, match=r"kernel 'wire'.*serialize=True.*got str"):
+            await rt.send("wire", "hello")
+        # the int reply cannot be serialized: the kernel fails and the caller is told why
+        with pytest.raises(KernelFailedError, match="the actor raised TypeValidationError"):
+            await rt.send_and_receive("wire", Job(seq=1), timeout=10)
+        assert isinstance(k.error, TypeValidationError)
+        assert "kernel 'wire'" in str(k.error)
+        assert "got int" in str(k.error)
+
+
+def slow_int_replier(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        if ctx.receive(timeout=0.05) is not None:
+            time.sleep(0.1)  # still handling it when terminate starts
+            ctx.send(42)
+
+
+async def test_a_reply_that_fails_while_terminating_is_counted_not_lost() -> None:
+    async with RingKernelRuntime() as rt:
+        k = await rt.launch("wire", slow_int_replier, tier="thread", serialize=True)
+        await rt.activate("wire")
+        await rt.send("wire", Job(seq=1))
+        while k.telemetry.messages_processed < 1:  # handed to the worker
+            await asyncio.sleep(0.005)
+        assert await rt.terminate("wire", timeout=10) == []
+        assert k.state is KernelState.TERMINATED
+        assert isinstance(k.error, TypeValidationError)
+        assert k.outbox.statistics().total_dropped == 1  # type: ignore[union-attr]
+        assert k.telemetry.messages_dropped == 1
