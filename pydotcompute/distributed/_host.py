@@ -405,8 +405,8 @@ class _KernelCore:
                 self._ended.set()
             forward_dropped = sum(p.dropped for p in self._peers.values())
             return (
-                _encode_all(left),
-                _encode_all(rest),
+                _encode_all(left, self._kernel_id),
+                _encode_all(rest, self._kernel_id),
                 kernel.state.name,
                 forward_dropped,
             ), None
@@ -494,10 +494,10 @@ class _KernelCore:
                 items = [first]
                 if n > 1 and out._count:
                     items.extend(out.get_batch(n - 1))
-            return _encode_all(items)
+            return _encode_all(items, self._kernel_id)
         except PyDotComputeError as exc:
             if items:  # a reply that cannot be encoded: deliver the others, report it
-                return _encode_good(items), pack_error(exc)
+                return _encode_good(items, self._kernel_id), pack_error(exc)
             return [], pack_error(exc)
 
     async def telemetry(self) -> Answer:
@@ -643,7 +643,7 @@ class KernelHost:
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         try:
-            return reply.serialize()
+            return _encode(reply, self._kernel_id)
         except PyDotComputeError as exc:
             return None, pack_error(exc)
 
@@ -671,13 +671,31 @@ def _settle_future(task: asyncio.Task[Any], cf: concurrent.futures.Future[Any]) 
         cf.set_result(task.result())
 
 
-def _encode_all(items: list[Any]) -> list[bytes]:
-    return [item if type(item) is bytes else item.serialize() for item in items]
+def _encode(item: Any, kernel_id: str) -> bytes:
+    """A message's bytes for the trip to another Ray actor or the driver.
+
+    Raises:
+        TypeValidationError: ``item`` is not a message (an untyped actor's plain value).
+    """
+    if type(item) is bytes:
+        return item
+    serialize = getattr(item, "serialize", None)
+    if serialize is None:
+        raise TypeValidationError(
+            f"kernel {kernel_id!r} runs in a Ray actor, so what it sends must be @message "
+            f"objects (they cross as MessagePack); got {type(item).__name__}"
+        )
+    data: bytes = serialize()
+    return data
 
 
-def _encode_good(items: list[Any]) -> list[bytes]:
+def _encode_all(items: list[Any], kernel_id: str) -> list[bytes]:
+    return [_encode(item, kernel_id) for item in items]
+
+
+def _encode_good(items: list[Any], kernel_id: str) -> list[bytes]:
     out: list[bytes] = []
     for item in items:
         with contextlib.suppress(PyDotComputeError):
-            out.append(item if type(item) is bytes else item.serialize())
+            out.append(_encode(item, kernel_id))
     return out

@@ -49,6 +49,13 @@ async def slow_double(ctx):
         await ctx.send(Doubled(value=msg.value * 2))
 
 
+async def replies_plain(ctx):
+    """Untyped: answers with a plain dict, which cannot cross to the driver."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send({"value": msg.value})
+
+
 async def fail_on_negative(ctx):
     """Raises ValueError on a negative number."""
     while not ctx.should_terminate:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from ray_test_actors import Doubled, Num, return_after_one, slow_double
+from ray_test_actors import Doubled, Num, replies_plain, return_after_one, slow_double
 
 from pydotcompute import KernelState
 from pydotcompute.exceptions import (
@@ -149,6 +149,13 @@ async def test_untyped_kernel_needs_message_objects(ray_runtime):
     await _started(ray_runtime, "untyped", slow_double)
     with pytest.raises(TypeValidationError, match="must be @message objects; got dict"):
         await ray_runtime.send("untyped", {"value": 1})
+
+
+async def test_a_plain_reply_is_refused_with_the_kernel_id(ray_runtime):
+    await _started(ray_runtime, "plain", replies_plain)
+    await ray_runtime.send("plain", Num(value=2))
+    with pytest.raises(TypeValidationError, match=r"kernel 'plain'.*got dict"):
+        await ray_runtime.receive("plain", timeout=10)
 
 
 async def test_unknown_kernel_id_lists_the_known_ones(ray_runtime):
