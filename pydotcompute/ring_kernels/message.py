@@ -55,6 +55,7 @@ __all__ = (
     "array_message",
     "deserialize_message",
     "fixed_layout_dtype",
+    "frame_priority",
     "get_buffer",
     "get_buffer_registry",
     "get_message_type",
@@ -63,6 +64,7 @@ __all__ = (
     "register_buffer",
     "registered_message_types",
     "release_buffer",
+    "release_frame",
     "serialize_message",
 )
 
@@ -1385,7 +1387,9 @@ class ArrayMessage(RingKernelMessage):
     Serializing registers each array in the :class:`BufferRegistry` and writes only its id;
     deserializing in the same process takes the array back. Use it for large arrays moving
     between actors of one process with ``serialize=True`` queues; across processes use a
-    plain ``@message`` (arrays are copied into the bytes).
+    plain ``@message`` (arrays are copied into the bytes). A frame that is never decoded
+    must give its arrays back with :func:`release_frame`; queues do so for the frames they
+    drop (``drop_oldest``) or clear.
     """
 
     _pdc_by_reference: ClassVar[bool] = True
