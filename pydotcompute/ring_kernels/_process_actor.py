@@ -25,8 +25,8 @@ from ..exceptions import (
 )
 from . import _cython
 from ._cython import SharedByteRing
+from ._kernel_common import check_type, stamp_reply
 from .message import RingKernelMessage, message_decoder
-from .threaded_kernel import _stamp_reply
 
 __all__ = ("CythonKernelContext",)
 
@@ -193,10 +193,7 @@ def check_message(kernel_id: str, msg: object, expected: type | None, what: str)
             f"kernel {kernel_id!r} runs in a child process and carries @message instances "
             f"as MessagePack; got {type(msg).__name__}. Decorate the class with @message"
         )
-    if expected is not None and not isinstance(msg, expected):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
-        )
+    check_type(kernel_id, msg, expected, what)
 
 
 def _too_large(kernel_id: str, msg: object, size: int, ring: Any, which: str) -> Exception:
@@ -343,7 +340,7 @@ class CythonKernelContext:
         if type(msg) is not self._checked_type:  # validate each new type once
             check_message(self.kernel_id, msg, self._output_type, "must send")
             self._checked_type = type(msg)
-        _stamp_reply(msg, self._current)
+        stamp_reply(msg, self._current)
         data = msg.serialize()
         ring = self._out
         if len(data) > self._out_max:

@@ -47,7 +47,6 @@ Design notes:
 from __future__ import annotations
 
 import enum
-import inspect
 import os
 import pickle
 import signal
@@ -58,19 +57,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
-from types import TracebackType
 from typing import Any
 
 from ..exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
-    KernelStateError,
     MessageDeserializationError,
     QueueClosedError,
     TypeValidationError,
 )
 from . import _cython
 from ._cython import SharedByteRing
+from ._kernel_common import KernelBase, check_actor, check_kernel_config, resolve_config
 from ._process_actor import (
     SLICE_S,
     WRITE_WAKE,
@@ -162,16 +160,7 @@ class CythonKernelConfig:
     def __post_init__(self) -> None:
         if self.ring_bytes is not None:  # shorthand for both rings
             self.input_ring_bytes = self.output_ring_bytes = self.ring_bytes
-        if not isinstance(self.kernel_id, str) or not self.kernel_id:
-            raise InvalidConfigurationError(
-                f"kernel_id must be a non-empty string, got {self.kernel_id!r}"
-            )
-        for name in ("input_queue_size", "output_queue_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidConfigurationError(
-                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
-                )
+        check_kernel_config(self)
         for name in ("input_ring_bytes", "output_ring_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1024:
@@ -277,7 +266,7 @@ class _RingView:
         return {} if ring is None or ring.closed else dict(ring.stats())
 
 
-class CythonRingKernel:
+class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
     """A persistent actor in a child process, driven with ``send``/``receive``.
 
     Args:
@@ -290,6 +279,9 @@ class CythonRingKernel:
         output_type: When given, ``ctx.send`` in the child refuses other types.
     """
 
+    _CREATED = CythonKernelState.CREATED
+    _RUNNING = _RUNNING
+
     def __init__(
         self,
         kernel_id: str,
@@ -299,22 +291,10 @@ class CythonRingKernel:
         input_type: type | None = None,
         output_type: type | None = None,
     ) -> None:
-        if config is None:
-            config = CythonKernelConfig(kernel_id)
-        elif config.kernel_id != kernel_id:
-            raise InvalidConfigurationError(
-                f"kernel id {kernel_id!r} does not match its config's {config.kernel_id!r}"
-            )
-        if not callable(kernel_func):
-            raise TypeValidationError(
-                f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
-                f"got {type(kernel_func).__name__}"
-            )
-        if inspect.iscoroutinefunction(kernel_func) or inspect.isasyncgenfunction(kernel_func):
-            raise TypeValidationError(
-                f"kernel {kernel_id!r}: CythonRingKernel runs plain functions in a child "
-                f"process, but {getattr(kernel_func, '__qualname__', kernel_func)!r} is async"
-            )
+        config = resolve_config(kernel_id, config, CythonKernelConfig)
+        check_actor(
+            kernel_id, kernel_func, "CythonRingKernel runs plain functions in a child process"
+        )
         try:
             self._func_bytes = pickle.dumps(kernel_func)
         except Exception as exc:
@@ -332,17 +312,9 @@ class CythonRingKernel:
                     f"kernel {kernel_id!r}: output_type {output_type.__qualname__} must be "
                     f"importable by module path to reach the child process ({exc})"
                 ) from exc
-        self._kernel_id = kernel_id
-        self._config = config
-        self._input_type = input_type
-        self._output_type = output_type
+        super().__init__(kernel_id, config, input_type, output_type)
         self._spin_s = config.spin_us / 1e6
-        self._state = CythonKernelState.CREATED
-        self._error: BaseException | None = None
-        self._state_lock = threading.Lock()
         self._exit_lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
         self._process: Any = None
         self._in_ring: Any = None
         self._out_ring: Any = None
@@ -364,43 +336,10 @@ class CythonRingKernel:
         self._stop_requested = False
         self._pending_out: deque[bytes] = deque()
         self._decode = message_decoder()  # the outbox's stream: its type's fast path
-        self._unprocessed: list[Any] = []
-        self._started_at = 0.0
-        self._stopped_at = 0.0
         self._exit_code: int | None = None
         self._pid: int | None = None
 
     # -- properties -------------------------------------------------------------------
-
-    @property
-    def kernel_id(self) -> str:
-        """The kernel's name."""
-        return self._kernel_id
-
-    @property
-    def config(self) -> CythonKernelConfig:
-        """The configuration it was created with."""
-        return self._config
-
-    @property
-    def state(self) -> CythonKernelState:
-        """Where the kernel is in its lifecycle."""
-        return self._state
-
-    @property
-    def is_running(self) -> bool:
-        """True while the child runs and no stop was requested."""
-        return self._state is CythonKernelState.RUNNING
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why the kernel failed: the actor's exception, or the child's unexpected death."""
-        return self._error
-
-    @property
-    def failed(self) -> bool:
-        """True when the actor raised or the child process died unexpectedly."""
-        return self._error is not None
 
     @property
     def using_cython(self) -> bool:
@@ -428,12 +367,7 @@ class CythonRingKernel:
         """
         with self._state_lock:
             if self._state is not CythonKernelState.CREATED:
-                raise KernelStateError(
-                    self._kernel_id,
-                    self._state,
-                    "start",
-                    "a kernel runs once; create a new one to run again",
-                )
+                raise self._start_error()
             self._state = CythonKernelState.RUNNING
         try:
             self._launch()
@@ -742,23 +676,7 @@ class CythonRingKernel:
         self._on_child_exit()
         return True
 
-    def unprocessed(self) -> list[Any]:
-        """Messages sent but never taken by the child (stop timeout, crash), after stop()."""
-        return list(self._unprocessed)
-
     # -- caller side ------------------------------------------------------------------
-
-    def _state_error(self, operation: str) -> KernelStateError:
-        if self._error is not None:
-            err = KernelFailedError(self._kernel_id, self._error)
-            err.__cause__ = self._error
-            return err
-        hint = {
-            CythonKernelState.CREATED: "call start() first or use it as a context manager",
-            CythonKernelState.STOPPING: "it is stopping",
-            CythonKernelState.STOPPED: "it has stopped",
-        }.get(self._state, "")
-        return KernelStateError(self._kernel_id, self._state, operation, hint)
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Serialize ``msg`` into the child's inbox, waiting while it is full.
@@ -821,10 +739,6 @@ class CythonRingKernel:
         if waiting and _exited(self._process, timeout):
             self._on_child_exit()
 
-    def send_nowait(self, msg: Any) -> bool:
-        """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
-        return self.send(msg, 0)
-
     def receive(self, timeout: float | None = None) -> Any:
         """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
 
@@ -868,10 +782,6 @@ class CythonRingKernel:
             lock.release()
         return self._decode(data)
 
-    def receive_nowait(self) -> Any:
-        """The next reply or None, without waiting (same errors as ``receive``)."""
-        return self.receive(0)
-
     # -- event-loop hosting -------------------------------------------------------------
 
     def wait_handles(self) -> tuple[int, int]:
@@ -897,39 +807,20 @@ class CythonRingKernel:
 
     def statistics(self) -> dict[str, Any]:
         """State, error, child and ring counters in one dictionary."""
-        end = self._stopped_at or _monotonic()
         rings: dict[str, Any] = {}
         for name, ring in (("inbox", self._in_ring), ("outbox", self._out_ring)):
             if ring is not None and not ring.closed:
                 rings[name] = ring.stats()
         return {
-            "kernel_id": self._kernel_id,
-            "state": self._state.value,
-            "failed": self.failed,
-            "error": repr(self._error) if self._error is not None else None,
+            **self._statistics_head(),
             "pid": self.pid,
             "exit_code": self._exit_code,
             "implementation": _cython.IMPLEMENTATION,
-            "uptime_seconds": end - self._started_at if self._started_at else 0.0,
+            "uptime_seconds": self._uptime(),
             "unprocessed": len(self._unprocessed),
             "pending_replies": len(self._pending_out),
             **rings,
         }
-
-    # -- context manager --------------------------------------------------------------
-
-    def __enter__(self) -> CythonRingKernel:
-        if self._state is CythonKernelState.CREATED:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __del__(self) -> None:
         process = getattr(self, "_process", None)
@@ -940,8 +831,7 @@ class CythonRingKernel:
                 pass
 
     def __repr__(self) -> str:
-        extra = f" failed: {self._error!r}" if self._error is not None else ""
         return (
             f"<CythonRingKernel {self._kernel_id!r} {self._state.name} pid={self.pid} "
-            f"({_cython.IMPLEMENTATION}){extra}>"
+            f"({_cython.IMPLEMENTATION}){self._failure_note()}>"
         )

@@ -39,7 +39,6 @@ Design notes:
 from __future__ import annotations
 
 import enum
-import inspect
 import itertools
 import threading
 import time
@@ -53,9 +52,15 @@ from ..exceptions import (
     KernelFailedError,
     KernelStateError,
     QueueClosedError,
-    TypeValidationError,
 )
-from .message import raw_correlation_get, raw_correlation_set
+from ._kernel_common import (
+    KernelBase,
+    check_actor,
+    check_kernel_config,
+    check_type,
+    resolve_config,
+    stamp_reply,
+)
 from .sync_queue import SPSCQueue, SyncQueue
 
 __all__ = (
@@ -103,54 +108,13 @@ class ThreadedKernelConfig:
     daemon: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kernel_id, str) or not self.kernel_id:
-            raise InvalidConfigurationError(
-                f"kernel_id must be a non-empty string, got {self.kernel_id!r}"
-            )
-        for name in ("input_queue_size", "output_queue_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidConfigurationError(
-                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
-                )
-
-
-def _check_actor(kernel_id: str, kernel_func: object, tier: str) -> None:
-    if not callable(kernel_func):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
-            f"got {type(kernel_func).__name__}"
-        )
-    if inspect.iscoroutinefunction(kernel_func) or inspect.isasyncgenfunction(kernel_func):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r}: {tier} runs plain functions, but "
-            f"{getattr(kernel_func, '__qualname__', kernel_func)!r} is async; use "
-            "RingKernelRuntime (tier 1) for async actors or make it a plain def"
-        )
-
-
-def _check_type(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
-    if expected is not None and not isinstance(msg, expected):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
-        )
+        check_kernel_config(self)
 
 
 def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
     if timeout is None:
         return lock.acquire()
     return lock.acquire(True, max(timeout, 0.0))
-
-
-def _stamp_reply(msg: Any, current: Any) -> None:
-    """Correlate a reply without ``correlation_id`` to the request being handled (as tier 1)."""
-    if current is None:
-        return
-    try:
-        if raw_correlation_get(msg) is None:
-            raw_correlation_set(msg, current)
-    except TypeError:  # not a RingKernelMessage
-        pass
 
 
 class ThreadedKernelContext:
@@ -226,8 +190,8 @@ class ThreadedKernelContext:
             TypeValidationError: ``msg`` is not the kernel's ``output_type``.
         """
         if self._output_type is not None and not isinstance(msg, self._output_type):
-            _check_type(self.kernel_id, msg, self._output_type, "must send")
-        _stamp_reply(msg, self._current)
+            check_type(self.kernel_id, msg, self._output_type, "must send")
+        stamp_reply(msg, self._current)
         return self._outbox.put(msg, timeout)
 
     def send_nowait(self, msg: Any) -> bool:
@@ -239,7 +203,7 @@ class ThreadedKernelContext:
         return self._kernel._stop_event.wait(timeout)
 
 
-class ThreadedRingKernel:
+class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
     """A persistent actor in its own thread, driven with ``send``/``receive``.
 
     Args:
@@ -251,6 +215,9 @@ class ThreadedRingKernel:
         output_type: When given, ``ctx.send`` refuses other types.
     """
 
+    _CREATED = ThreadedKernelState.CREATED
+    _RUNNING = ThreadedKernelState.RUNNING
+
     def __init__(
         self,
         kernel_id: str,
@@ -260,18 +227,15 @@ class ThreadedRingKernel:
         input_type: type | None = None,
         output_type: type | None = None,
     ) -> None:
-        if config is None:
-            config = ThreadedKernelConfig(kernel_id)
-        elif config.kernel_id != kernel_id:
-            raise InvalidConfigurationError(
-                f"kernel id {kernel_id!r} does not match its config's {config.kernel_id!r}"
-            )
-        _check_actor(kernel_id, kernel_func, "ThreadedRingKernel")
-        self._kernel_id = kernel_id
+        config = resolve_config(kernel_id, config, ThreadedKernelConfig)
+        check_actor(
+            kernel_id,
+            kernel_func,
+            "ThreadedRingKernel runs plain functions",
+            "; use RingKernelRuntime (tier 1) for async actors or make it a plain def",
+        )
+        super().__init__(kernel_id, config, input_type, output_type)
         self._func = kernel_func
-        self._config = config
-        self._input_type = input_type
-        self._output_type = output_type
         queue_type: type[SPSCQueue[Any]] | type[SyncQueue[Any]]
         queue_type = SPSCQueue if config.use_spsc else SyncQueue
         self._inbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
@@ -280,50 +244,12 @@ class ThreadedRingKernel:
         self._outbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
             config.output_queue_size, name=f"the outbox of kernel {kernel_id!r}"
         )
-        self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
-        self._state_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._finished = threading.Event()
-        self._state = ThreadedKernelState.CREATED
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._unprocessed: list[Any] = []
         self._context: ThreadedKernelContext | None = None
-        self._started_at = 0.0
-        self._stopped_at = 0.0
 
     # -- properties -------------------------------------------------------------------
-
-    @property
-    def kernel_id(self) -> str:
-        """The kernel's name."""
-        return self._kernel_id
-
-    @property
-    def config(self) -> ThreadedKernelConfig:
-        """The configuration it was created with."""
-        return self._config
-
-    @property
-    def state(self) -> ThreadedKernelState:
-        """Where the kernel is in its lifecycle."""
-        return self._state
-
-    @property
-    def is_running(self) -> bool:
-        """True while the actor thread runs and no stop was requested."""
-        return self._state is ThreadedKernelState.RUNNING
-
-    @property
-    def error(self) -> BaseException | None:
-        """The exception that ended the actor, if it raised."""
-        return self._error
-
-    @property
-    def failed(self) -> bool:
-        """True when the actor ended by raising."""
-        return self._error is not None
 
     @property
     def inbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
@@ -358,12 +284,7 @@ class ThreadedRingKernel:
         """
         with self._state_lock:
             if self._state is not ThreadedKernelState.CREATED:
-                raise KernelStateError(
-                    self._kernel_id,
-                    self._state,
-                    "start",
-                    "a kernel runs once; create a new one to run again",
-                )
+                raise self._start_error()
             self._thread = threading.Thread(
                 target=self._run,
                 name=self._config.thread_name or f"pydotcompute-{self._kernel_id}",
@@ -436,23 +357,7 @@ class ThreadedRingKernel:
         """Wait for the actor thread to end without asking it to; True if it has."""
         return self._finished.wait(timeout)
 
-    def unprocessed(self) -> list[Any]:
-        """Messages that were queued but never handed to the actor (stop timeout, failure)."""
-        return list(self._unprocessed)
-
     # -- caller side ------------------------------------------------------------------
-
-    def _state_error(self, operation: str) -> KernelStateError:
-        if self._error is not None:
-            err = KernelFailedError(self._kernel_id, self._error)
-            err.__cause__ = self._error
-            return err
-        hint = {
-            ThreadedKernelState.CREATED: "call start() first or use it as a context manager",
-            ThreadedKernelState.STOPPING: "it is stopping",
-            ThreadedKernelState.STOPPED: "it has stopped",
-        }.get(self._state, "")
-        return KernelStateError(self._kernel_id, self._state, operation, hint)
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Queue ``msg`` for the actor, waiting while the inbox is full.
@@ -467,7 +372,7 @@ class ThreadedRingKernel:
         if self._state is not ThreadedKernelState.RUNNING:
             raise self._state_error("send to")
         if self._input_type is not None and not isinstance(msg, self._input_type):
-            _check_type(self._kernel_id, msg, self._input_type, "expects")
+            check_type(self._kernel_id, msg, self._input_type, "expects")
         lock = self._send_lock
         if not _acquire(lock, timeout):
             return False
@@ -478,10 +383,6 @@ class ThreadedRingKernel:
             raise err from err.__cause__
         finally:
             lock.release()
-
-    def send_nowait(self, msg: Any) -> bool:
-        """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
-        return self.send(msg, 0)
 
     def receive(self, timeout: float | None = None) -> Any:
         """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
@@ -508,42 +409,18 @@ class ThreadedRingKernel:
         finally:
             lock.release()
 
-    def receive_nowait(self) -> Any:
-        """The next reply or None, without waiting (same errors as ``receive``)."""
-        return self.receive(0)
-
     def statistics(self) -> dict[str, Any]:
         """State, error and queue counters in one dictionary."""
-        end = self._stopped_at or time.monotonic()
         return {
-            "kernel_id": self._kernel_id,
-            "state": self._state.value,
-            "failed": self.failed,
-            "error": repr(self._error) if self._error is not None else None,
-            "uptime_seconds": end - self._started_at if self._started_at else 0.0,
+            **self._statistics_head(),
+            "uptime_seconds": self._uptime(),
             "unprocessed": len(self._unprocessed),
             "inbox": self._inbox.get_stats(),
             "outbox": self._outbox.get_stats(),
         }
 
-    # -- context manager --------------------------------------------------------------
-
-    def __enter__(self) -> ThreadedRingKernel:
-        if self._state is ThreadedKernelState.CREATED:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
-        extra = f" failed: {self._error!r}" if self._error is not None else ""
-        return f"<ThreadedRingKernel {self._kernel_id!r} {self._state.name}{extra}>"
+        return f"<ThreadedRingKernel {self._kernel_id!r} {self._state.name}{self._failure_note()}>"
 
 
 class ThreadedKernelPool:
