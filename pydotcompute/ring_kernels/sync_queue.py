@@ -21,7 +21,8 @@ Design notes:
 - ``None`` cannot be queued: ``get(timeout=...)`` returns None when the time runs out, the
   convention the threaded kernel's ``receive`` follows.
 - Length: two queues sharing one contract and the waker machinery, kept side by side so
-  their semantics stay identical.
+  their semantics stay identical. ``_QueueBase`` holds what does not depend on how a side
+  waits (state, counters, wakers, error wording); ``put``/``get`` are written out in each.
 - Wakers (``add_waker``) let code outside the queue learn that it may have become readable
   or writable (a pool waiting on many outboxes, or an event loop hosting a threaded kernel);
   they run in the thread that changed the queue, after the change, outside any lock.
@@ -91,12 +92,11 @@ class _WakerSet:
         self.writable = tuple(c for c in self.writable if c != callback)
 
 
-class SyncQueue(Generic[T]):
-    """A bounded (or unbounded) FIFO for any number of producer and consumer threads.
+class _QueueBase(Generic[T]):
+    """What both queues share: the items, the shutdown state, the counters and the wakers.
 
-    Args:
-        maxsize: Capacity; ``0`` means unbounded.
-        name: Used in error messages (the threaded kernel passes ``"kernel 'x' inbox"``).
+    ``put`` and ``get`` (the per-item path) and whatever touches the waiting threads stay
+    in each queue: SyncQueue does them under its mutex, SPSCQueue without one.
     """
 
     __slots__ = (
@@ -104,24 +104,16 @@ class SyncQueue(Generic[T]):
         "_dequeued",
         "_dropped",
         "_enqueued",
-        "_getters",
         "_items",
-        "_maxsize",
-        "_mutex",
         "_name",
         "_peak",
-        "_putters",
         "_reason",
         "_wakers",
     )
 
-    def __init__(self, maxsize: int = 4096, *, name: str = "SyncQueue") -> None:
-        self._maxsize = _check_size("SyncQueue", "maxsize", maxsize, 0)
+    def __init__(self, name: str) -> None:
         self._name = name
         self._items: deque[T] = deque()
-        self._mutex = _allocate_lock()
-        self._getters: deque[Any] = deque()
-        self._putters: deque[Any] = deque()
         self._closed = False
         self._reason: BaseException | None = None
         self._wakers = _WakerSet()
@@ -134,27 +126,20 @@ class SyncQueue(Generic[T]):
 
     @property
     def maxsize(self) -> int:
-        """Capacity (0 = unbounded)."""
-        return self._maxsize
-
-    capacity = maxsize
+        """Capacity; each queue defines it."""
+        raise NotImplementedError
 
     @property
-    def qsize(self) -> int:
+    def size(self) -> int:
         """Items queued now."""
         return len(self._items)
 
-    size = qsize
+    qsize = size
 
     @property
     def empty(self) -> bool:
         """True when nothing is queued."""
         return not self._items
-
-    @property
-    def full(self) -> bool:
-        """True when a bounded queue is at capacity."""
-        return bool(self._maxsize) and len(self._items) >= self._maxsize
 
     @property
     def is_shutdown(self) -> bool:
@@ -173,6 +158,95 @@ class SyncQueue(Generic[T]):
         if self._reason is not None:
             return self._reason
         return QueueClosedError(f"{self._name} is shut down and drained; nothing more will come")
+
+    # -- put and get ------------------------------------------------------------------
+
+    def put(self, item: T, timeout: float | None = None) -> bool:
+        """Append ``item``; each queue defines it."""
+        raise NotImplementedError
+
+    def put_nowait(self, item: T) -> bool:
+        """Append ``item`` if there is space; False (nothing queued) when full.
+
+        Raises:
+            QueueClosedError: the queue is shut down.
+        """
+        return self.put(item, 0)
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Pop the oldest item; each queue defines it."""
+        raise NotImplementedError
+
+    def get_nowait(self) -> T | None:
+        """Pop the oldest item, or return None when empty.
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained.
+        """
+        return self.get(0)
+
+    # -- wakers and counters ----------------------------------------------------------
+
+    def _wake_all(self) -> None:
+        for wake in (*self._wakers.readable, *self._wakers.writable):
+            wake()
+
+    def add_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
+        """Call ``callback()`` whenever the queue may have become readable (or writable).
+
+        It runs in the thread that changed the queue, after the change and outside the
+        queue's lock; it must be quick and must not raise. Shutdown calls every waker.
+        """
+        self._wakers.add(callback, when)
+
+    def remove_waker(self, callback: Waker) -> None:
+        """Stop calling ``callback`` (no error if it was not registered)."""
+        self._wakers.remove(callback)
+
+    def get_stats(self) -> dict[str, int]:
+        """Counters: current_size, max_size, peak_size, total_enqueued/dequeued/dropped."""
+        return {
+            "current_size": len(self._items),
+            "max_size": self.maxsize,
+            "peak_size": self._peak,
+            "total_enqueued": self._enqueued,
+            "total_dequeued": self._dequeued,
+            "total_dropped": self._dropped,
+        }
+
+    statistics = get_stats
+
+
+class SyncQueue(_QueueBase[T]):
+    """A bounded (or unbounded) FIFO for any number of producer and consumer threads.
+
+    Args:
+        maxsize: Capacity; ``0`` means unbounded.
+        name: Used in error messages (the threaded kernel passes ``"kernel 'x' inbox"``).
+    """
+
+    __slots__ = ("_getters", "_maxsize", "_mutex", "_putters")
+
+    def __init__(self, maxsize: int = 4096, *, name: str = "SyncQueue") -> None:
+        self._maxsize = _check_size("SyncQueue", "maxsize", maxsize, 0)
+        super().__init__(name)
+        self._mutex = _allocate_lock()
+        self._getters: deque[Any] = deque()
+        self._putters: deque[Any] = deque()
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def maxsize(self) -> int:
+        """Capacity (0 = unbounded)."""
+        return self._maxsize
+
+    capacity = maxsize
+
+    @property
+    def full(self) -> bool:
+        """True when a bounded queue is at capacity."""
+        return bool(self._maxsize) and len(self._items) >= self._maxsize
 
     # -- put --------------------------------------------------------------------------
 
@@ -234,14 +308,6 @@ class SyncQueue(Generic[T]):
             wake()
         return True
 
-    def put_nowait(self, item: T) -> bool:
-        """Append ``item`` if there is space; False (nothing queued) when full.
-
-        Raises:
-            QueueClosedError: the queue is shut down.
-        """
-        return self.put(item, 0)
-
     # -- get --------------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> T | None:
@@ -298,14 +364,6 @@ class SyncQueue(Generic[T]):
             wake()
         return item
 
-    def get_nowait(self) -> T | None:
-        """Pop the oldest item, or return None when empty.
-
-        Raises:
-            QueueClosedError: the queue is shut down and drained.
-        """
-        return self.get(0)
-
     # -- management -------------------------------------------------------------------
 
     def clear(self) -> int:
@@ -349,33 +407,7 @@ class SyncQueue(Generic[T]):
                 self._getters.popleft().release()
             while self._putters:
                 self._putters.popleft().release()
-        for wake in (*self._wakers.readable, *self._wakers.writable):
-            wake()
-
-    def add_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
-        """Call ``callback()`` whenever the queue may have become readable (or writable).
-
-        It runs in the thread that changed the queue, after the change and outside the
-        queue's lock; it must be quick and must not raise. Shutdown calls every waker.
-        """
-        self._wakers.add(callback, when)
-
-    def remove_waker(self, callback: Waker) -> None:
-        """Stop calling ``callback`` (no error if it was not registered)."""
-        self._wakers.remove(callback)
-
-    def get_stats(self) -> dict[str, int]:
-        """Counters: current_size, max_size, peak_size, total_enqueued/dequeued/dropped."""
-        return {
-            "current_size": len(self._items),
-            "max_size": self._maxsize,
-            "peak_size": self._peak,
-            "total_enqueued": self._enqueued,
-            "total_dequeued": self._dequeued,
-            "total_dropped": self._dropped,
-        }
-
-    statistics = get_stats
+        self._wake_all()
 
     def __repr__(self) -> str:
         cap = self._maxsize or "unbounded"
@@ -405,7 +437,7 @@ class _Parking:
         self.waiting = False
 
 
-class SPSCQueue(Generic[T]):
+class SPSCQueue(_QueueBase[T]):
     """A bounded FIFO for exactly one producer thread and one consumer thread.
 
     No mutex: it relies on the GIL (``deque`` operations are atomic) and parks each side on
@@ -418,34 +450,13 @@ class SPSCQueue(Generic[T]):
         name: Used in error messages.
     """
 
-    __slots__ = (
-        "_capacity",
-        "_closed",
-        "_consumer",
-        "_dequeued",
-        "_dropped",
-        "_enqueued",
-        "_items",
-        "_name",
-        "_peak",
-        "_producer",
-        "_reason",
-        "_wakers",
-    )
+    __slots__ = ("_capacity", "_consumer", "_producer")
 
     def __init__(self, capacity: int = 4096, *, name: str = "SPSCQueue") -> None:
         self._capacity = _check_size("SPSCQueue", "capacity", capacity, 1)
-        self._name = name
-        self._items: deque[T] = deque()
+        super().__init__(name)
         self._consumer = _Parking()
         self._producer = _Parking()
-        self._closed = False
-        self._reason: BaseException | None = None
-        self._wakers = _WakerSet()
-        self._enqueued = 0
-        self._dequeued = 0
-        self._dropped = 0
-        self._peak = 0
 
     # -- properties -------------------------------------------------------------------
 
@@ -457,41 +468,16 @@ class SPSCQueue(Generic[T]):
     maxsize = capacity
 
     @property
-    def size(self) -> int:
-        """Items queued now."""
-        return len(self._items)
-
-    qsize = size
-
-    @property
-    def empty(self) -> bool:
-        """True when nothing is queued."""
-        return not self._items
-
-    @property
     def full(self) -> bool:
         """True when at capacity."""
         return len(self._items) >= self._capacity
-
-    @property
-    def is_shutdown(self) -> bool:
-        """True after :meth:`shutdown`."""
-        return self._closed
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def _get_closed(self) -> BaseException:
-        if self._reason is not None:
-            return self._reason
-        return QueueClosedError(f"{self._name} is shut down and drained; nothing more will come")
 
     # -- producer ---------------------------------------------------------------------
 
     def put(self, item: T, timeout: float | None = None) -> bool:
         """Append ``item``, waiting while full (same contract as :meth:`SyncQueue.put`)."""
         if self._closed:
-            raise QueueClosedError(f"cannot put into {self._name}: it has been shut down")
+            raise self._put_closed()
         if item is None:
             raise _none_error(self._name)
         items = self._items
@@ -513,7 +499,7 @@ class SPSCQueue(Generic[T]):
         parking = self._producer
         while True:
             if self._closed:
-                raise QueueClosedError(f"cannot put into {self._name}: it has been shut down")
+                raise self._put_closed()
             parking.waiting = True
             if len(items) < self._capacity:  # re-check after announcing
                 parking.waiting = False
@@ -526,10 +512,6 @@ class SPSCQueue(Generic[T]):
                     parking.waiting = False
                     return False
             parking.sleep(remaining)
-
-    def put_nowait(self, item: T) -> bool:
-        """Append ``item`` if there is space; False (nothing queued) when full."""
-        return self.put(item, 0)
 
     # -- consumer ---------------------------------------------------------------------
 
@@ -566,14 +548,6 @@ class SPSCQueue(Generic[T]):
                     parking.waiting = False
                     return False
             parking.sleep(remaining)
-
-    def get_nowait(self) -> T | None:
-        """Pop the oldest item, or return None when empty.
-
-        Raises:
-            QueueClosedError: the queue is shut down and drained.
-        """
-        return self.get(0)
 
     # -- management -------------------------------------------------------------------
 
@@ -613,29 +587,7 @@ class SPSCQueue(Generic[T]):
             self.clear()
         self._consumer.wake()
         self._producer.wake()
-        for wake in (*self._wakers.readable, *self._wakers.writable):
-            wake()
-
-    def add_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
-        """Same as :meth:`SyncQueue.add_waker`."""
-        self._wakers.add(callback, when)
-
-    def remove_waker(self, callback: Waker) -> None:
-        """Stop calling ``callback`` (no error if it was not registered)."""
-        self._wakers.remove(callback)
-
-    def get_stats(self) -> dict[str, int]:
-        """Counters: current_size, max_size, peak_size, total_enqueued/dequeued/dropped."""
-        return {
-            "current_size": len(self._items),
-            "max_size": self._capacity,
-            "peak_size": self._peak,
-            "total_enqueued": self._enqueued,
-            "total_dequeued": self._dequeued,
-            "total_dropped": self._dropped,
-        }
-
-    statistics = get_stats
+        self._wake_all()
 
     def __repr__(self) -> str:
         state = " shut down" if self._closed else ""
