@@ -248,6 +248,29 @@ class SyncQueue(_QueueBase[T]):
         """True when a bounded queue is at capacity."""
         return bool(self._maxsize) and len(self._items) >= self._maxsize
 
+    # -- waiting ----------------------------------------------------------------------
+
+    def _park(self, waiters: deque[Any], remaining: float) -> None:
+        """Sleep in ``waiters`` until signalled or ``remaining`` seconds pass (-1: no limit).
+
+        Entered and left with the mutex held; it is released while asleep. The caller
+        re-checks its condition afterwards.
+        """
+        waiter = _allocate_lock()
+        waiter.acquire()
+        waiters.append(waiter)
+        mutex = self._mutex
+        mutex.release()
+        try:
+            signalled = waiter.acquire(True, remaining)
+        finally:
+            mutex.acquire()
+        if not signalled:
+            try:
+                waiters.remove(waiter)
+            except ValueError:
+                pass  # signalled just after the timeout: the caller's re-check sees why
+
     # -- put --------------------------------------------------------------------------
 
     def put(self, item: T, timeout: float | None = None) -> bool:
@@ -289,19 +312,7 @@ class SyncQueue(_QueueBase[T]):
                         return False
                 else:
                     remaining = -1
-                waiter = _allocate_lock()
-                waiter.acquire()
-                self._putters.append(waiter)
-                mutex.release()
-                try:
-                    signalled = waiter.acquire(True, remaining)
-                finally:
-                    mutex.acquire()
-                if not signalled:
-                    try:
-                        self._putters.remove(waiter)
-                    except ValueError:
-                        pass  # signalled just after the timeout: the re-check sees the space
+                self._park(self._putters, remaining)
         finally:
             mutex.release()
         for wake in self._wakers.readable:
@@ -345,19 +356,7 @@ class SyncQueue(_QueueBase[T]):
                         return None
                 else:
                     remaining = -1
-                waiter = _allocate_lock()
-                waiter.acquire()
-                self._getters.append(waiter)
-                mutex.release()
-                try:
-                    signalled = waiter.acquire(True, remaining)
-                finally:
-                    mutex.acquire()
-                if not signalled:
-                    try:
-                        self._getters.remove(waiter)
-                    except ValueError:
-                        pass  # signalled just after the timeout: the re-check finds the item
+                self._park(self._getters, remaining)
         finally:
             mutex.release()
         for wake in self._wakers.writable:
