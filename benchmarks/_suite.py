@@ -151,6 +151,54 @@ def adapt_summary(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
                         target="ratio >= 0.7",
                     )
                 )
+        elif name == "tier_latency":
+            t = data["targets"]
+            spsc = data["fast_spsc_queue"]
+            rows.append(
+                summary_row(
+                    "FastSPSCQueue put+get",
+                    t["fast_spsc_put_get_ns"],
+                    "ns",
+                    higher_is_better=False,
+                    baseline=spsc[0]["ns"],
+                    baseline_name="deque append+popleft",
+                    target=f"<= {t['fast_spsc_target_ns']} ns",
+                )
+            )
+            tier2 = data["tier2"]
+            rows.append(
+                summary_row(
+                    "tier 2: ThreadedRingKernel round trip p50",
+                    tier2[1]["p50_us"],
+                    "us",
+                    higher_is_better=False,
+                    baseline=tier2[0]["p50_us"],
+                    baseline_name="SimpleQueue ping-pong",
+                    target=f"ratio <= {t['tier2_target_ratio']}",
+                )
+            )
+            tier3 = {r["what"].split(" (")[0]: r for r in data["tier3"]}
+            ours = next(r for r in data["tier3"] if r["what"].startswith("CythonRingKernel"))
+            rows.append(
+                summary_row(
+                    "tier 3: CythonRingKernel round trip p50",
+                    ours["p50_us"],
+                    "us",
+                    higher_is_better=False,
+                    baseline=tier3["raw shm ring + MessagePack"]["p50_us"],
+                    baseline_name="raw shm ring + MessagePack",
+                    target=f"<= {t['tier3_target_us']} us",
+                )
+            )
+            rows.append(
+                summary_row(
+                    "tier 3: speed-up over multiprocessing.Queue",
+                    t["tier3_speedup_vs_mp_queue"],
+                    "x",
+                    higher_is_better=True,
+                    target=f">= {t['tier3_target_speedup']}x",
+                )
+            )
         elif name == "actor_scaling":
             tp = data["throughput"]
             one = tp.get("1") or tp.get(1)

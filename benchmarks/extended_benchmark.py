@@ -499,7 +499,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         out.append(
             summary_row(
-                f"{key}, round trip p50",
+                key if key.endswith("round trip p50") else f"{key}, round trip p50",
                 r.get("p50 us"),
                 "us",
                 higher_is_better=False,
