@@ -49,6 +49,7 @@ from ..decorators.validators import (
     validate_message_type,
 )
 from ..exceptions import (
+    InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
     QueueClosedError,
@@ -530,8 +531,17 @@ class RingKernel:
         return MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
 
     async def launch(self) -> None:
-        """Phase 1: allocate the queues (CREATED -> LAUNCHED)."""
+        """Phase 1: allocate the queues (CREATED -> LAUNCHED).
+
+        Raises:
+            InvalidConfigurationError: ``serialize=True`` with ``use_fast_queue=False``.
+        """
         self._check("launch")
+        if self.config.serialize and not self.config.use_fast_queue:
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: serialize=True needs use_fast_queue=True (the "
+                "exact-priority MessageQueue stores message objects, not bytes)"
+            )
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
         self._ctx = KernelContext(self)

@@ -366,6 +366,13 @@ async def test_serialize_kernel_passes_copies(rt: RingKernelRuntime) -> None:
     assert (back.message_id, back.priority, back.x) == (req.message_id, 200, 9)
 
 
+async def test_serialize_needs_the_fast_queue(rt: RingKernelRuntime) -> None:
+    # the exact-priority MessageQueue stores objects: serialize=True would be ignored silently
+    with pytest.raises(InvalidConfigurationError, match=r"serialize=True.*use_fast_queue=True"):
+        await rt.launch("ser", echo, serialize=True, use_fast_queue=False)
+    assert "ser" not in rt.kernel_ids
+
+
 async def test_send_and_receive_with_100_concurrent_callers(rt: RingKernelRuntime) -> None:
     async def slow_square(ctx: KernelContext) -> None:
         i = 0
