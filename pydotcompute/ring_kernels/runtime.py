@@ -301,10 +301,20 @@ class RingKernelRuntime:
             done.set_result(None)
 
     def remove(self, kernel_id: str) -> None:
-        """Forget a TERMINATED kernel so its id can be launched again."""
+        """Forget a TERMINATED kernel so its id can be launched again.
+
+        Replies still unread in its outbox are dropped with it, with a warning that says
+        how many (``ArrayMessage`` frames release the arrays they pinned).
+        """
         kernel = self._kernel(kernel_id)
         if kernel.state is not KernelState.TERMINATED:
             raise KernelStateError(kernel_id, kernel.state, "remove", "terminate it first")
+        out = kernel.outbox
+        unread = out.clear() if out is not None else 0
+        if unread:
+            logger.warning(
+                "kernel %r removed with %d unread replies; they are dropped", kernel_id, unread
+            )
         del self._kernels[kernel_id]
 
     # -- messaging ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels.lifecycle import KernelContext, KernelState, RingKernelConfig
+from pydotcompute.ring_kernels.message import array_message, get_buffer_registry
 from pydotcompute.ring_kernels.registry import get_registered_kernel, register_ring_kernel
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
 from pydotcompute.ring_kernels.telemetry import RingKernelTelemetry
@@ -168,6 +169,37 @@ async def test_remove_frees_the_id(rt: RingKernelRuntime) -> None:
     rt.remove("x")
     assert "x" not in rt
     await rt.launch("x", echo)
+
+
+@array_message
+class Frame:
+    pixels: np.ndarray
+
+
+async def echo_frames(ctx: KernelContext) -> None:
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await ctx.send(Frame(pixels=msg.pixels))
+
+
+async def test_remove_drops_unread_replies_and_releases_their_arrays(
+    rt: RingKernelRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a serialize=True outbox holds ArrayMessage replies as frames that pin their arrays in
+    # the process-wide registry: forgetting the kernel must let go of them, and say so
+    await rt.launch("frames", echo_frames, serialize=True)
+    await rt.activate("frames")
+    pixels = np.arange(4)
+    for _ in range(3):
+        await rt.send("frames", Frame(pixels=pixels))
+    await until(lambda: rt.get_telemetry("frames").messages_sent == 3, "three replies")
+    reg = get_buffer_registry()
+    assert reg.refcount(reg._by_object[id(pixels)]) == 3  # one per unread reply frame
+    await rt.terminate("frames")
+    with caplog.at_level("WARNING", logger="pydotcompute"):
+        rt.remove("frames")
+    assert "kernel 'frames' removed with 3 unread replies" in caplog.text
+    assert id(pixels) not in reg._by_object
 
 
 @pytest.mark.parametrize(
