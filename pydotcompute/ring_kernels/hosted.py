@@ -276,10 +276,37 @@ class _HostedKernel(RingKernel):
                 self._collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._collector
+        self._watch_late_replies()
         # oldest first: what crossed the bridge, then what the pump still held
         left = self._take_unprocessed() if self._worker is not None else []
         left += self._take_held()
         return self._finish_termination(left)
+
+    def _watch_late_replies(self) -> None:
+        """Count, as dropped and with a warning, replies the worker sends once the collector
+        has stopped (a thread still busy when the grace period ran out finishes its message,
+        but its reply has nowhere to go). The outbox's waker runs in the worker's thread."""
+        outbox_q: Any = getattr(self._worker, "outbox", None)
+        if not (hasattr(outbox_q, "add_waker") and hasattr(outbox_q, "get_nowait")):
+            return  # the process tier: a child outlives no stop (it is killed)
+        telemetry, kernel_id = self.telemetry, self.kernel_id
+
+        def count_late() -> None:
+            n = 0
+            with contextlib.suppress(QueueClosedError):  # shut down and drained: no more
+                while outbox_q.get_nowait() is not None:
+                    n += 1
+            if n:
+                telemetry.record_drop(n)
+                logger.warning(
+                    "kernel %r: %d repl%s sent after terminate stopped collecting; dropped",
+                    kernel_id,
+                    n,
+                    "y" if n == 1 else "ies",
+                )
+
+        outbox_q.add_waker(count_late)
+        count_late()  # any that arrived between the collector's end and now
 
     def _fail(self, exc: BaseException) -> None:
         super()._fail(exc)

@@ -7,8 +7,10 @@ generous ``asyncio.wait_for`` (a hang fails the test; nothing here measures time
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -273,6 +275,20 @@ async def _thread_tier_cut_off() -> dict[str, Any]:
     return {"kernel": kernel, "left": left}
 
 
+@contextlib.contextmanager
+def _warnings_of(name: str) -> Iterator[list[logging.LogRecord]]:
+    """Collect the WARNING records of logger ``name`` emitted inside the block."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
 @loops
 def test_a_thread_tier_kernel_cut_off_by_its_grace_period_accounts_for_everything(
     loop_kind: str,
@@ -286,3 +302,40 @@ def test_a_thread_tier_kernel_cut_off_by_its_grace_period_accounts_for_everythin
     assert kernel.telemetry.messages_processed == 1
     assert kernel.telemetry.messages_dropped == 5
     assert accounted(kernel)
+
+
+def very_slow_worker(ctx: Any) -> None:
+    """A thread-tier actor that answers its one message after a second."""
+    job = ctx.receive()
+    time.sleep(1.0)
+    ctx.send(job)
+
+
+async def _thread_tier_late_reply() -> dict[str, Any]:
+    async with RingKernelRuntime() as rt:
+        kernel = await rt.launch("late", very_slow_worker, tier="thread")
+        await rt.activate("late")
+        await rt.send("late", Job(n=0))
+        while kernel.telemetry.messages_processed < 1:
+            await asyncio.sleep(0.005)
+        # terminate gives up on the thread (and stops collecting) long before it answers
+        left = await asyncio.wait_for(rt.terminate("late", timeout=0.05), GUARD)
+        worker = kernel._worker  # type: ignore[attr-defined]
+        with _warnings_of("pydotcompute") as seen:
+            await asyncio.to_thread(worker.join, GUARD)
+    late = [r.getMessage() for r in seen if "after terminate" in r.getMessage()]
+    return {"kernel": kernel, "left": left, "late": late}
+
+
+@loops
+def test_a_reply_a_thread_sends_after_terminate_gave_up_is_counted_as_dropped(
+    loop_kind: str,
+) -> None:
+    out = run_on(loop_kind, _thread_tier_late_reply())
+    kernel: RingKernel = out["kernel"]
+    assert out["left"] == []  # the thread had taken the message and finishes it
+    assert kernel.telemetry.messages_processed == 1
+    assert kernel.telemetry.messages_dropped == 1  # its reply, which had nowhere to go
+    assert out["late"] == [
+        "kernel 'late': 1 reply sent after terminate stopped collecting; dropped"
+    ]
