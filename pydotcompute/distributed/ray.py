@@ -63,6 +63,7 @@ from ..exceptions import (
 from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
 from ..ring_kernels.message import deserialize_message
 from ..ring_kernels.registry import get_registered_kernel
+from ..ring_kernels.runtime import _OPTION_ALIASES, PLACEMENT_OPTIONS
 from ..ring_kernels.telemetry import RingKernelTelemetry
 from ._host import actor_name
 from ._kernel import RayKernel
@@ -77,23 +78,7 @@ __all__ = ("RAY_ACTOR_OPTIONS", "RayKernel", "RayRingKernelRuntime", "is_ray_ava
 logger = logging.getLogger("pydotcompute")
 
 #: Launch options passed straight to ``ActorClass.options(...)`` (resources and placement).
-RAY_ACTOR_OPTIONS = frozenset(
-    {
-        "num_cpus",
-        "num_gpus",
-        "resources",
-        "memory",
-        "accelerator_type",
-        "scheduling_strategy",
-        "runtime_env",
-        "max_concurrency",
-        "label_selector",
-    }
-)
-_OPTION_ALIASES = {
-    "queue_size": ("input_queue_size", "output_queue_size"),
-    "backpressure": ("backpressure_strategy",),
-}
+RAY_ACTOR_OPTIONS = PLACEMENT_OPTIONS  # an in-process launch accepts and ignores them
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
 #: Ray threads per kernel actor: calls that can wait in it at once (parked fetch and watch,
 #: pushes waiting for room, concurrent ``send_and_receive`` callers).

@@ -338,8 +338,7 @@ class FastMessageQueue(Generic[T]):
                 self._count -= 1
                 self._dropped += 1
                 self._removed += 1
-                if type(item) is bytes:
-                    release_frame(item)
+                _discard((item,))
                 return
 
     def _full_error(self) -> QueueFullError:

@@ -766,27 +766,34 @@ def _finalize(cls: type[RingKernelMessage]) -> None:
 
 
 def _read_tag(data: memoryview) -> tuple[str, int]:
-    if len(data) < 2 or data[0] != 0x92:
-        raise MessageDeserializationError(
-            f"not a pydotcompute message: expected a 2-element MessagePack array, "
-            f"got {bytes(data[:8])!r}{'...' if len(data) > 8 else ''}"
-        )
-    b = data[1]
-    if 0xA0 <= b <= 0xBF:
-        n, start = b & 0x1F, 2
-    elif b == 0xD9 and len(data) >= 3:
-        n, start = data[2], 3
-    elif b == 0xDA and len(data) >= 4:
-        n, start = int.from_bytes(data[2:4], "big"), 4
-    else:
-        raise MessageDeserializationError("malformed message: the type tag is not a string")
-    end = start + n
-    if end > len(data):
-        raise MessageDeserializationError("truncated message: the type tag is cut short")
+    start, end = _tag_span(data)
     try:
         return str(data[start:end], "utf-8"), end
     except UnicodeDecodeError as exc:
         raise MessageDeserializationError("malformed message: the type tag is not UTF-8") from exc
+
+
+def _tag_span(data: bytes | memoryview) -> tuple[int, int]:
+    """Where a frame's type tag (UTF-8 bytes) starts and ends, after checking the header."""
+    n = len(data)
+    if n < 2 or data[0] != 0x92:
+        raise MessageDeserializationError(
+            f"not a pydotcompute message: expected a 2-element MessagePack array, "
+            f"got {bytes(data[:8])!r}{'...' if n > 8 else ''}"
+        )
+    b = data[1]
+    if 0xA0 <= b <= 0xBF:
+        size, start = b & 0x1F, 2
+    elif b == 0xD9 and n >= 3:
+        size, start = data[2], 3
+    elif b == 0xDA and n >= 4:
+        size, start = int.from_bytes(data[2:4], "big"), 4
+    else:
+        raise MessageDeserializationError("malformed message: the type tag is not a string")
+    end = start + size
+    if end > n:
+        raise _truncated("the type tag")
+    return start, end
 
 
 def _truncated(what: str) -> MessageDeserializationError:
@@ -812,21 +819,7 @@ def frame_priority(data: bytes) -> int:
         MessageDeserializationError: the bytes are not a message frame, are cut short
             before the priority, or carry a priority outside 0..255.
     """
-    n = len(data)
-    if n < 2 or data[0] != 0x92:
-        raise MessageDeserializationError(
-            f"not a pydotcompute message: expected a 2-element MessagePack array, "
-            f"got {bytes(data[:8])!r}{'...' if n > 8 else ''}"
-        )
-    b = data[1]
-    if 0xA0 <= b <= 0xBF:
-        i = 2 + (b & 0x1F)
-    elif b == 0xD9:
-        i = 3 + _uint_at(data, 2, 1, "the type tag")
-    elif b == 0xDA:
-        i = 4 + _uint_at(data, 2, 2, "the type tag")
-    else:
-        raise MessageDeserializationError("malformed message: the type tag is not a string")
+    _, i = _tag_span(data)
     # the body: an array [message_id, priority, correlation_id, fields...]
     b = _uint_at(data, i, 1, "the message body")
     if 0x90 <= b <= 0x9F:

@@ -474,8 +474,8 @@ class RingKernelRuntime:
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RingKernelConfig)) - {"extra"}
 #: Ray actor options (resources and placement). ``RayRingKernelRuntime.launch`` hands them
-#: to Ray; an in-process launch accepts and ignores them, so one ``@ring_kernel(num_cpus=...)``
-#: declaration runs on both (kept equal to ``pydotcompute.distributed.ray.RAY_ACTOR_OPTIONS``).
+#: to Ray (they are its ``RAY_ACTOR_OPTIONS``); an in-process launch accepts and ignores them,
+#: so one ``@ring_kernel(num_cpus=...)`` declaration runs on both.
 PLACEMENT_OPTIONS = frozenset(
     {
         "num_cpus",

@@ -671,11 +671,12 @@ async def test_an_unknown_option_beside_placement_options_still_raises(
     assert "k" not in rt
 
 
-def test_in_process_placement_options_are_the_ray_runtimes() -> None:
+async def test_every_ray_actor_option_is_accepted_in_process(rt: RingKernelRuntime) -> None:
     from pydotcompute.distributed.ray import RAY_ACTOR_OPTIONS
-    from pydotcompute.ring_kernels.runtime import PLACEMENT_OPTIONS
 
-    assert PLACEMENT_OPTIONS == RAY_ACTOR_OPTIONS
+    for i, option in enumerate(sorted(RAY_ACTOR_OPTIONS)):
+        kernel = await rt.launch(f"k{i}", doubler, **{option: 1})
+        assert kernel.config.extra == {}, option
 
 
 @message
