@@ -149,7 +149,18 @@ async def test_shutdown_releases_every_actor_it_created():
         with pytest.raises(ValueError, match="Failed to look up actor"):
             _lookup_until_gone(k.actor_name)
         with pytest.raises(ray.exceptions.RayActorError):
-            await k.actor.state.remote()
+            await _call_until_dead(k.actor)
+
+
+async def _call_until_dead(actor):
+    """Call the actor until Ray says it is dead: ``ray.kill`` is asynchronous, and a call
+    racing the kill can still be answered (bounded, like ``_lookup_until_gone``)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        await actor.state.remote()  # raises RayActorError once the actor is gone
+        await asyncio.sleep(0.05)
 
 
 def _lookup_until_gone(name):
