@@ -60,7 +60,7 @@ from .message import RingKernelMessage
 from .message import _raw_cid_slot_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
-from .telemetry import RingKernelTelemetry
+from .telemetry import _FOLD_AT, RingKernelTelemetry
 
 if TYPE_CHECKING:
     from .runtime import RingKernelRuntime
@@ -228,36 +228,45 @@ class KernelContext:
                 propagate (or check ``should_terminate``) to end the actor cleanly.
         """
         tel = self._tel
-        if tel is not None and self._t_recv:
-            tel.record_latency(_perf_ns() - self._t_recv)
-            self._t_recv = 0
+        if tel is not None:
+            now = _perf_ns()
+            if self._t_recv:  # the previous message's time: deferred (telemetry._fold)
+                pend = tel._pending
+                pend.append(now - self._t_recv)
+                self._t_recv = 0
+                if len(pend) >= _FOLD_AT:
+                    tel._fold()
         self._handling = False
         k = self._kernel
-        if k._gate is not None:
+        waited = k._gate is not None
+        if waited:
             await self.wait_active()
         inbox = self._inbox
         if inbox._count:
             msg = inbox._pop()
-        elif timeout is not None:
-            msg = await inbox._get_slow(timeout)
         else:
-            while True:  # ``inbox.get()`` inlined: the actor's wake-up resumes one frame less
-                fut = inbox._park_getter()
-                try:
-                    await fut
-                except BaseException:
-                    inbox._unpark_getter(fut)
-                    raise
-                if inbox._count:
-                    msg = inbox._pop()
-                    break
+            waited = True
+            if timeout is not None:
+                msg = await inbox._get_slow(timeout)
+            else:
+                while True:  # ``inbox.get()`` inlined: the wake-up resumes one frame less
+                    fut = inbox._park_getter()
+                    try:
+                        await fut
+                    except BaseException:
+                        inbox._unpark_getter(fut)
+                        raise
+                    if inbox._count:
+                        msg = inbox._pop()
+                        break
         if k._gate is not None:  # deactivated while we waited: hold the message
             await self.wait_active()
         self._current = msg
         self._handling = True
         if tel is not None:
             tel.messages_processed += 1
-            self._t_recv = _perf_ns()
+            # a message that was already waiting starts at this call's first clock read
+            self._t_recv = _perf_ns() if waited else now
         return msg
 
     def receive_nowait(self) -> Any:

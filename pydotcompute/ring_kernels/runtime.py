@@ -86,7 +86,8 @@ class RingKernelRuntime:
             reply = await runtime.receive("compute")
 
     Args:
-        enable_telemetry: Time every message (two ``perf_counter_ns`` calls per message).
+        enable_telemetry: Time every message (one or two ``perf_counter_ns`` calls each; the
+            latencies are folded into the statistics in batches).
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
         use_eager_tasks: Install ``asyncio.eager_task_factory`` on the loop (3.12+).

@@ -6,6 +6,11 @@ Design notes:
   latencies fall: big-int arithmetic costs more than the lookup), percentiles are within
   12.5% of the true value.
   Its bucket list is allocated on the first record so an idle actor stays small.
+- Tier-1 actors do not record each latency as it happens: they append it to the
+  telemetry's ``_pending`` list, and every ``_FOLD_AT`` latencies (and before anything
+  reads a latency statistic) the batch is folded in with NumPy. That costs ~40 ns per
+  message instead of ~150 ns, and the statistics stay exact: total, min, max and the
+  histogram are read through properties that fold first.
 - ``GPUMonitor`` imports ``pynvml`` (from the ``nvidia-ml-py`` package) only when first
   used; with no library, driver or GPU it reports ``is_available = False`` and returns
   empty results instead of raising.
@@ -13,10 +18,13 @@ Design notes:
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 __all__ = (
     "GPUInfo",
@@ -44,6 +52,13 @@ def _bucket_of(ns: int) -> int:
 # Buckets are at least 16 ns wide from 128 ns up, so below 65,536 ns (where most actor
 # latencies fall) ``ns >> 4`` determines the bucket: a 4,096-entry table of small ints.
 _MID_BUCKET: tuple[int, ...] = tuple(_bucket_of(max(i << 4, 128)) for i in range(65536 >> 4))
+_MID_LO, _MID_HI = 128, 65536
+# the same for NumPy batches (telemetry._fold), with a direct table below 128 ns
+_MID_BUCKET_NP = np.array(_MID_BUCKET, dtype=np.intp)
+_LOW_BUCKET_NP = np.array([_bucket_of(i) for i in range(_MID_LO)], dtype=np.intp)
+
+_FOLD_AT = 512  # pending latencies folded at once (a list of at most ~20 KiB per actor)
+_FOLD_LOCK = threading.Lock()  # one folder at a time (a reader may be on another thread)
 
 
 class LatencyHistogram:
@@ -91,11 +106,16 @@ class LatencyHistogram:
 class RingKernelTelemetry:
     """Counters and latencies of one kernel (``runtime.get_telemetry(id)``).
 
-    Latency is the time the actor spent on a message: from ``receive()`` returning it to the
-    actor's next ``receive()`` call.
+    Latency is the time the actor spent on a message: from ``receive()`` taking it (when it
+    was already queued, the moment ``receive()`` was called; otherwise its arrival) to the
+    actor's next ``receive()`` call. The latency statistics are exact whenever read: values
+    still pending a batch fold are folded in first.
     """
 
     kernel_id: str
+    # latencies recorded and not yet folded in (see ``_fold``); first, so that it exists
+    # before ``__init__`` sets the latency fields (properties that look at it)
+    _pending: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
     messages_processed: int = 0
     messages_dropped: int = 0
     messages_sent: int = 0
@@ -116,22 +136,57 @@ class RingKernelTelemetry:
 
     def record_latency(self, latency_ns: int) -> None:
         """Record how long one message took (its count is kept by ``messages_processed``)."""
-        self.total_latency_ns += latency_ns
-        if latency_ns > self.max_latency_ns:
-            self.max_latency_ns = latency_ns
-        h = self.histogram
-        n = h.count
-        if latency_ns < self.min_latency_ns or not n:
-            self.min_latency_ns = latency_ns
-        # LatencyHistogram.record, inlined: this runs once per message
-        b = h._buckets
-        if b is None:
-            b = h._buckets = [0] * _BUCKETS
-        if 128 <= latency_ns < 65536:  # most latencies: a table lookup
-            b[_MID_BUCKET[latency_ns >> 4]] += 1
-        else:
-            b[_bucket_of(latency_ns)] += 1
-        h.count = n + 1
+        pend = self._pending
+        pend.append(operator.index(latency_ns))  # an int (a float is refused here, not later)
+        if len(pend) >= _FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the pending latencies into total, min, max and the histogram.
+
+        The batch is a prefix of ``_pending``, copied and then deleted: a latency the actor
+        appends meanwhile (from another thread) stays for the next fold.
+        """
+        with _FOLD_LOCK:
+            pend = self._pending
+            n = len(pend)
+            if not n:
+                return
+            batch = pend[:n]
+            del pend[:n]
+            try:
+                a: Any = np.array(batch, dtype=np.int64)
+                lo, hi, total = int(a.min()), int(a.max()), int(a.sum())
+            except OverflowError:  # a latency beyond int64: Python ints, exactly
+                a = None
+                lo, hi, total = min(batch), max(batch), sum(batch)
+            _total_slot.__set__(self, _total_slot.__get__(self) + total)
+            if hi > _max_slot.__get__(self):
+                _max_slot.__set__(self, hi)
+            h: LatencyHistogram = _hist_slot.__get__(self)
+            if lo < _min_slot.__get__(self) or not h.count:
+                _min_slot.__set__(self, lo)
+            b = h._buckets
+            if b is None:
+                b = h._buckets = [0] * _BUCKETS
+            if a is None:
+                rest = batch
+            else:  # 0 .. 65,535 ns (nearly all) by table lookup, the rest one at a time
+                table = (a >= 0) & (a < _MID_HI)
+                v = a[table]
+                idx = np.where(
+                    v < _MID_LO,
+                    _LOW_BUCKET_NP[np.minimum(v, _MID_LO - 1)],
+                    _MID_BUCKET_NP[v >> 4],
+                )
+                counts = np.bincount(idx, minlength=_BUCKETS)
+                hit = np.flatnonzero(counts)
+                for i, c in zip(hit.tolist(), counts[hit].tolist(), strict=True):
+                    b[i] += c
+                rest = a[~table].tolist() if len(v) < n else []
+            for ns in rest:
+                b[_bucket_of(ns)] += 1
+            h.count += n
 
     def record_drop(self, n: int = 1) -> None:
         self.messages_dropped += n
@@ -143,7 +198,10 @@ class RingKernelTelemetry:
     def reset(self) -> None:
         """Zero every counter and restart the uptime clock."""
         kid = self.kernel_id
+        pending = self._pending
         self.__init__(kid)  # type: ignore[misc]
+        pending.clear()  # the same list: an actor's hot path may hold it
+        self._pending = pending
 
     @property
     def uptime_seconds(self) -> float:
@@ -196,6 +254,37 @@ class RingKernelTelemetry:
             "uptime_seconds": self.uptime_seconds,
             "throughput": self.throughput,
         }
+
+
+def _folding(slot: Any) -> property:
+    """A property over ``slot`` that folds pending latencies in before it reads, and
+    before it writes (so a value set is not then shifted by older latencies)."""
+    get, put = slot.__get__, slot.__set__
+
+    def fget(self: RingKernelTelemetry) -> Any:
+        if self._pending:
+            self._fold()
+        return get(self)
+
+    def fset(self: RingKernelTelemetry, value: Any) -> None:
+        if self._pending:
+            self._fold()
+        put(self, value)
+
+    return property(fget, fset)
+
+
+_total_slot = RingKernelTelemetry.__dict__["total_latency_ns"]
+_max_slot = RingKernelTelemetry.__dict__["max_latency_ns"]
+_min_slot = RingKernelTelemetry.__dict__["min_latency_ns"]
+_hist_slot = RingKernelTelemetry.__dict__["histogram"]
+for _name, _slot in (
+    ("total_latency_ns", _total_slot),
+    ("max_latency_ns", _max_slot),
+    ("min_latency_ns", _min_slot),
+    ("histogram", _hist_slot),
+):
+    setattr(RingKernelTelemetry, _name, _folding(_slot))
 
 
 # --- GPU telemetry ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 import types
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
 from pydotcompute.ring_kernels.telemetry import (
+    _FOLD_AT,
     GPUInfo,
     GPUMonitor,
     LatencyHistogram,
@@ -184,6 +186,88 @@ async def test_runtime_telemetry_measures_actor_time(rt: RingKernelRuntime) -> N
     assert tel.histogram.count in (19, 20)  # a message is timed at the next receive()
     assert 0 < tel.min_latency_ns <= tel.p50_latency_ns <= tel.p99_latency_ns
     assert tel.p99_latency_ns <= tel.max_latency_ns * 9 // 8 + 1
+
+
+async def test_runtime_telemetry_stays_exact_across_folds(rt: RingKernelRuntime) -> None:
+    # enough messages that the actor's pending latencies are folded in several batches
+    n = 3 * _FOLD_AT + 7
+    await rt.launch("k", doubler, input_type=Req, input_queue_size=n, output_queue_size=n)
+    await rt.activate("k")
+    for i in range(n):
+        await rt.send("k", Req(x=i))
+    for _ in range(n):
+        await rt.receive("k", timeout=5)
+    tel = rt.get_kernel("k").telemetry  # read directly: no refresh, the fields fold
+    assert tel.messages_processed == n
+    timed = tel.histogram.count
+    assert timed in (n - 1, n)
+    assert sum(tel.histogram._buckets or []) == timed
+    assert 0 < tel.min_latency_ns <= tel.max_latency_ns <= tel.total_latency_ns
+    assert tel.avg_latency_ns == tel.total_latency_ns / timed
+
+
+def test_pending_latencies_are_read_exactly_before_any_fold() -> None:
+    t = RingKernelTelemetry("k")
+    values = [5, 127, 128, 70_000, 2**70, -1]
+    for v in values:
+        t.record_latency(v)
+    ref = LatencyHistogram()
+    for v in values:
+        ref.record(v)
+    assert t.histogram._buckets == ref._buckets
+    assert (t.total_latency_ns, t.min_latency_ns, t.max_latency_ns) == (
+        sum(values),
+        -1,
+        2**70,
+    )
+
+
+def test_setting_a_latency_field_folds_pending_values_first() -> None:
+    t = RingKernelTelemetry("k")
+    t.record_latency(900)
+    t.max_latency_ns = 50  # what was set is what is read, not max(50, 900)
+    assert t.max_latency_ns == 50
+    assert t.histogram.count == 1
+
+
+def test_a_non_integer_latency_is_refused_when_recorded() -> None:
+    t = RingKernelTelemetry("k")
+    with pytest.raises(TypeError):
+        t.record_latency(1.5)  # type: ignore[arg-type]
+    assert t.histogram.count == 0
+
+
+def test_reset_keeps_the_pending_list_an_actor_holds() -> None:
+    t = RingKernelTelemetry("k")
+    pending = t._pending
+    t.record_latency(10)
+    t.reset()
+    assert t._pending is pending
+    assert not pending
+    assert t.total_latency_ns == 0
+    assert t.histogram.count == 0
+
+
+def test_a_reader_thread_folding_loses_no_latency() -> None:
+    t = RingKernelTelemetry("k")
+    n = 50_000
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            assert t.total_latency_ns >= 0  # folds whatever is pending right now
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(n):
+            t.record_latency(100 + i % 1000)
+    finally:
+        stop.set()
+        thread.join()
+    assert t.histogram.count == n
+    assert t.total_latency_ns == sum(100 + i % 1000 for i in range(n))
+    assert (t.min_latency_ns, t.max_latency_ns) == (100, 1099)
 
 
 async def test_telemetry_can_be_switched_off() -> None:
