@@ -163,7 +163,8 @@ class FastMessageQueue(Generic[T]):
 
     Messages dropped by ``drop_oldest`` or ``clear`` are counted in ``total_dropped``; a
     dropped :class:`~pydotcompute.ring_kernels.message.ArrayMessage` frame releases the
-    arrays it pinned in the buffer registry.
+    arrays it pinned in the buffer registry, and so do the frames still queued when the
+    queue itself is garbage-collected.
     """
 
     __slots__ = (
@@ -225,6 +226,13 @@ class FastMessageQueue(Generic[T]):
         self._putters: deque[asyncio.Future[None]] | None = None
         self._closed = False
         self._close_exc: BaseException | None = None
+
+    def __del__(self) -> None:
+        # a serializing queue thrown away with frames in it (a runtime discarded with
+        # unread ArrayMessage replies): their arrays would stay pinned in the process-wide
+        # registry for good. getattr: a constructor that raised left the slots unset
+        if getattr(self, "_serialize", False) and self._count:
+            _discard(x for d in self._bands if d for x in d)
 
     # -- properties ---------------------------------------------------------------------
 

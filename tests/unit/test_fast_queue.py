@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import numpy as np
@@ -499,6 +500,28 @@ def test_clear_releases_the_arrays_of_by_reference_frames() -> None:
     assert q.clear() == 3
     assert pinned(*arrays) == [0, 0, 0]
     assert q.statistics().total_dropped == 3
+
+
+def test_a_queue_collected_with_frames_in_it_releases_their_arrays() -> None:
+    q: FastMessageQueue[Tile] = FastMessageQueue(8, serialize=True)
+    made = [tile(i) for i in range(3)]
+    for msg, _ in made:
+        q.put_nowait(msg)
+    arrays = [arr for _, arr in made]
+    assert q.get_nowait().pixels is arrays[0]  # read: its reference was taken
+    assert pinned(*arrays) == [0, 1, 1]
+    del q
+    gc.collect()
+    assert pinned(*arrays) == [0, 0, 0]
+
+
+def test_a_queue_that_failed_to_construct_is_collected_quietly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(InvalidConfigurationError):
+        FastMessageQueue(-1, serialize=True)
+    gc.collect()
+    assert "Exception ignored" not in capsys.readouterr().err
 
 
 def test_drop_oldest_releases_the_arrays_of_the_dropped_frame() -> None:

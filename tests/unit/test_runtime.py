@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import numpy as np
@@ -199,6 +200,27 @@ async def test_remove_drops_unread_replies_and_releases_their_arrays(
     with caplog.at_level("WARNING", logger="pydotcompute"):
         rt.remove("frames")
     assert "kernel 'frames' removed with 3 unread replies" in caplog.text
+    assert id(pixels) not in reg._by_object
+
+
+async def test_a_runtime_thrown_away_with_unread_array_replies_releases_them() -> None:
+    # no remove(): the whole runtime is dropped with frames in a serialize=True outbox;
+    # once it is collected, nothing of it may keep the arrays pinned
+    pixels = np.arange(4)
+    reg = get_buffer_registry()
+
+    async def run_and_forget() -> None:
+        async with RingKernelRuntime() as runtime:
+            await runtime.launch("frames", echo_frames, serialize=True)
+            await runtime.activate("frames")
+            for _ in range(2):
+                await runtime.send("frames", Frame(pixels=pixels))
+            tel = runtime.get_telemetry("frames")
+            await until(lambda: tel.messages_sent == 2, "two replies")
+        assert reg.refcount(reg._by_object[id(pixels)]) == 2
+
+    await run_and_forget()
+    gc.collect()
     assert id(pixels) not in reg._by_object
 
 
