@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import time
 from typing import Any
 
@@ -244,3 +245,37 @@ async def test_a_reply_that_fails_while_terminating_is_counted_not_lost() -> Non
         assert isinstance(k.error, TypeValidationError)
         assert k.outbox.statistics().total_dropped == 1  # type: ignore[union-attr]
         assert k.telemetry.messages_dropped == 1
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count fds")
+async def test_the_loop_watches_process_replies_and_lets_go_of_what_it_watched() -> None:
+    before = _open_fds()
+    async with RingKernelRuntime() as rt:
+        k = await rt.launch("k", echo_sync, input_type=Job, output_type=Done, tier="process")
+        await rt.activate("k")
+        assert k._unwatch is not None  # the loop itself watches the doorbell
+        assert not k._worker._wakers.readable  # so no waker thread hop per reply
+        for i in range(50):
+            await rt.send("k", Job(seq=i))
+            assert (await rt.receive("k", timeout=10)).seq == i
+        await rt.terminate("k")
+        assert k._unwatch is None
+    assert _open_fds() <= before  # the duplicated descriptors are closed again
+
+
+@pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
+async def test_a_process_actor_that_dies_fails_its_kernel() -> None:
+    async with RingKernelRuntime() as rt:
+        await _launch(rt, ("process", echo_sync))
+        await rt.send("k", Job(seq=1))
+        assert (await rt.receive("k", timeout=10)).seq == 1
+        await rt.send("k", Job(seq=2, payload="exit"))
+        with pytest.raises(KernelFailedError, match="exit"):
+            await rt.receive("k", timeout=10)
+        assert rt.get_kernel_state("k") is KernelState.FAILED
+        assert rt.get_kernel("k")._unwatch is None

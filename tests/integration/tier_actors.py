@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydotcompute import message
@@ -34,4 +35,6 @@ def echo_sync(ctx: Any) -> None:
             continue
         if job.payload == "boom":
             raise ValueError("boom requested")
+        if job.payload == "exit":  # the process dies without a word
+            os._exit(3)
         ctx.send(Done(seq=job.seq, tier="worker"))
