@@ -106,9 +106,9 @@ class LatencyHistogram:
 class RingKernelTelemetry:
     """Counters and latencies of one kernel (``runtime.get_telemetry(id)``).
 
-    Latency is the time the actor spent on a message: from ``receive()`` taking it (when it
-    was already queued, the moment ``receive()`` was called; otherwise its arrival) to the
-    actor's next ``receive()`` call. The latency statistics are exact whenever read: values
+    Latency is the time the actor spent on a message: from ``receive()`` taking it (the
+    moment ``receive()`` was called when the message was already queued, else the moment
+    the actor woke up with it) to the actor's next ``receive()`` call. The latency statistics are exact whenever read: values
     still pending a batch fold are folded in first.
     """
 
