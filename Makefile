@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: install demo bench test lint types test-main test-purepython test-cudasim docs gpu-check clean
+.PHONY: install demo bench test lint types test-main test-purepython test-cudasim test-versions docs gpu-check clean
 
 $(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
 	$(PY) -m venv $(VENV)
@@ -35,7 +35,7 @@ bench: install
 	$(BIN)/python -m pydotcompute bench
 
 ## Everything CI checks.
-test: install lint types test-main test-purepython test-cudasim docs
+test: install lint types test-main test-purepython test-cudasim test-versions docs
 
 lint: install
 	$(BIN)/ruff check pydotcompute tests benchmarks examples
@@ -55,6 +55,25 @@ test-purepython: install
 test-cudasim: install
 	NUMBA_ENABLE_CUDASIM=1 $(PYTEST) tests/cudasim
 
+# The suite again on the other Pythons the package supports, each one found here (on PATH or
+# under pyenv); a light install (no CUDA, Metal, Ray or docs tooling: their tests skip and
+# say why). A version that is not installed is reported and skipped.
+OTHER_PYTHONS ?= 3.12 3.13
+test-versions:
+	@for v in $(OTHER_PYTHONS); do \
+	  py=; for c in $$(ls -d $$HOME/.pyenv/versions/$$v.*/bin/python 2>/dev/null) python$$v; do \
+	    if $$c -c "" 2>/dev/null; then py=$$c; break; fi; \
+	  done; \
+	  if [ -z "$$py" ]; then echo "test-versions: no Python $$v on this machine: skipped"; continue; fi; \
+	  venv=.venv-py$$v; \
+	  if [ ! $$venv/.stamp -nt pyproject.toml ]; then \
+	    $$py -m venv $$venv && $$venv/bin/python -m pip install -q --upgrade pip && \
+	    $$venv/bin/python -m pip install -q -e ".[fast,cython,test]" && touch $$venv/.stamp || exit 1; \
+	  fi; \
+	  echo "== the suite on Python $$v ($$py)"; \
+	  $$venv/bin/python -m pytest -p no:cacheprovider -q tests --ignore=tests/cudasim || exit 1; \
+	done
+
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
@@ -67,4 +86,4 @@ gpu-check:
 	$(PY) benchmarks/pagerank_benchmark.py
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) .venv-py3.* build site *.egg-info

@@ -97,8 +97,19 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def error_text(exc: BaseException) -> str:
-    """``str(exc)`` without terminal colour codes (Numba colours its messages)."""
-    return _ANSI.sub("", str(exc)).strip()
+    """``str(exc)`` without terminal colour codes (Numba colours its messages).
+
+    A NumPy name missing inside Numba itself (a Numba release older than the NumPy
+    installed) gets a hint, so the error does not read as a fault in the user's kernel.
+    """
+    text = _ANSI.sub("", str(exc)).strip()
+    if isinstance(exc, AttributeError) and text.startswith("module 'numpy' has no attribute"):
+        text += (
+            f" (raised inside Numba, not by your code: the installed numba-cuda does not "
+            f'support NumPy {np.__version__}; pip install "numpy<2.5", which the '
+            "pydotcompute[cuda] extra pins)"
+        )
+    return text
 
 
 def numpy_dtype_of(a: Any) -> np.dtype[Any] | None:

@@ -5,6 +5,11 @@ which warns on 3.12+) so that plain ``asyncio.run`` gets the fast loop; set
 ``PYDOTCOMPUTE_NO_UVLOOP=1`` to opt out. Event-loop policies are deprecated from Python
 3.14, so there the policy is left alone and :func:`run` (a runner with uvloop's loop
 factory) is the path the docs recommend on every version.
+
+The eager task factory installed is our own :func:`eager_task_factory`, not
+``asyncio.eager_task_factory``: uvloop 0.23 on Python 3.13 calls a task factory with an
+``eager_start`` keyword that the standard one only accepts from 3.14, so every
+``create_task`` on such a loop would raise ``TypeError``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, TypeVar
 
 __all__ = (
     "create_optimized_loop",
+    "eager_task_factory",
     "get_loop_info",
     "install_eager_task_factory",
     "install_uvloop",
@@ -82,8 +88,27 @@ def is_uvloop_installed() -> bool:
     return isinstance(asyncio.get_event_loop_policy(), uvloop.EventLoopPolicy)
 
 
+def eager_task_factory(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, Any],
+    *,
+    eager_start: bool | None = None,
+    **kwargs: Any,
+) -> asyncio.Task[Any]:
+    """``asyncio.eager_task_factory`` (3.12+) that also takes the ``eager_start`` keyword
+    some loops pass (uvloop 0.23 on Python 3.13); None means eager, as the factory's
+    name says."""
+    return asyncio.Task(  # type: ignore[call-arg]
+        coro, loop=loop, eager_start=True if eager_start is None else eager_start, **kwargs
+    )
+
+
 def install_eager_task_factory(loop: asyncio.AbstractEventLoop | None = None) -> bool:
-    """Use ``asyncio.eager_task_factory`` on ``loop`` (default: the running loop); 3.12+."""
+    """Start tasks eagerly on ``loop`` (default: the running loop); Python 3.12+.
+
+    A task created on the loop runs at once, up to its first real wait, instead of
+    waiting for the loop's next turn (:func:`eager_task_factory`).
+    """
     if not _EAGER_SUPPORTED:
         return False
     if loop is None:
@@ -91,7 +116,7 @@ def install_eager_task_factory(loop: asyncio.AbstractEventLoop | None = None) ->
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
-    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    loop.set_task_factory(eager_task_factory)  # type: ignore[arg-type]
     return True
 
 
@@ -103,7 +128,8 @@ def is_eager_tasks_installed(loop: asyncio.AbstractEventLoop | None = None) -> b
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
-    return loop.get_task_factory() is asyncio.eager_task_factory  # type: ignore[attr-defined]
+    factory = loop.get_task_factory()
+    return factory is eager_task_factory or factory is asyncio.eager_task_factory  # type: ignore[attr-defined]
 
 
 def create_optimized_loop() -> asyncio.AbstractEventLoop:

@@ -124,8 +124,17 @@ class _HostedKernel(RingKernel):
             outbox_q.add_waker(wake_readable)
         self._state = KernelState.ACTIVE
         name = f"pydotcompute:{self.kernel_id}"
-        self._pump = loop.create_task(self._run_pump(), name=f"{name}:pump")
-        self._collector = loop.create_task(self._run_collector(), name=f"{name}:collect")
+        for attr, make, label in (
+            ("_pump", self._run_pump, "pump"),
+            ("_collector", self._run_collector, "collect"),
+        ):
+            coro = make()
+            try:
+                setattr(self, attr, loop.create_task(coro, name=f"{name}:{label}"))
+            except BaseException as exc:  # a task factory refused; the worker runs already
+                coro.close()
+                self._fail(exc)  # FAILED: the pump (if any) is cancelled, terminate() stops it
+                raise
 
     async def _run_pump(self) -> None:
         inbox = self._inbox

@@ -559,10 +559,16 @@ class RingKernel:
     async def activate(self) -> None:
         """Phase 2: start the actor task (LAUNCHED -> ACTIVE)."""
         self._check("activate")
-        self._state = KernelState.ACTIVE
-        self._task = asyncio.get_running_loop().create_task(
-            self._supervise(), name=f"pydotcompute:{self.kernel_id}"
-        )
+        self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
+        coro = self._supervise()
+        try:
+            self._task = asyncio.get_running_loop().create_task(
+                coro, name=f"pydotcompute:{self.kernel_id}"
+            )
+        except BaseException:  # a task factory that refused: nothing started
+            coro.close()
+            self._state = KernelState.LAUNCHED
+            raise
 
     async def deactivate(self) -> None:
         """Pause delivery (ACTIVE -> DEACTIVATED); queued messages stay queued."""

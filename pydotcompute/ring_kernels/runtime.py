@@ -90,7 +90,7 @@ class RingKernelRuntime:
             latencies are folded into the statistics in batches).
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
-        use_eager_tasks: Install ``asyncio.eager_task_factory`` on the loop (3.12+).
+        use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
     """
 
     def __init__(

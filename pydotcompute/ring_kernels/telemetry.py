@@ -108,8 +108,9 @@ class RingKernelTelemetry:
 
     Latency is the time the actor spent on a message: from ``receive()`` taking it (the
     moment ``receive()`` was called when the message was already queued, else the moment
-    the actor woke up with it) to the actor's next ``receive()`` call. The latency statistics are exact whenever read: values
-    still pending a batch fold are folded in first.
+    the actor woke up with it) to the actor's next ``receive()`` call. The latency
+    statistics are exact whenever read: values still pending a batch fold are folded in
+    first.
     """
 
     kernel_id: str

@@ -9,6 +9,7 @@ block that cannot run everywhere (the convention is also described in
     <!-- requires: cuda -->       a CUDA GPU usable through CuPy
     <!-- requires: metal -->      an Apple GPU through MLX (Metal)
     <!-- requires: mlx -->        MLX importable (the CPU build is enough)
+    <!-- requires: numba -->      Numba CUDA importable (compiles PTX without a GPU)
     <!-- requires: ray -->        Ray importable (the block starts a local instance)
     <!-- requires: cuda, ray -->  several requirements, comma-separated
     <!-- skip: fragment -->       not a program (a signature, a shape); keep these rare
@@ -111,6 +112,10 @@ def missing(requirement: str) -> str | None:
     if requirement == "ray":
         if importlib.util.find_spec("ray") is None:
             return "needs Ray: pip install 'pydotcompute[ray]'"
+        return None
+    if requirement == "numba":
+        if importlib.util.find_spec("numba") is None:
+            return "needs Numba CUDA: pip install 'pydotcompute[cuda]'"
         return None
     return f"unknown requirement {requirement!r} (see the docstring of this test file)"
 

@@ -18,6 +18,7 @@ from pydotcompute.backends.base import (
     as_shape,
     check_copy_compatible,
     describe_array,
+    error_text,
     normalize_grid,
     numpy_dtype_of,
 )
@@ -113,3 +114,18 @@ def test_a_probe_that_raises_is_reported_as_unavailable() -> None:
     assert not backend.is_available
     assert "OSError: libfoo.so" in (backend.unavailable_reason or "")
     assert "unavailable" in repr(backend)
+
+
+def test_error_text_strips_colour_codes() -> None:
+    assert error_text(ValueError("\x1b[1mbold\x1b[0m text ")) == "bold text"
+
+
+def test_error_text_says_when_numba_itself_misses_a_numpy_name() -> None:
+    # numba-cuda 0.30 registers np.row_stack, which NumPy 2.5 removed: every compile fails,
+    # and the message must not read as a fault in the user's kernel
+    text = error_text(AttributeError("module 'numpy' has no attribute 'row_stack'"))
+    assert text.startswith("module 'numpy' has no attribute 'row_stack' (raised inside Numba")
+    assert 'pip install "numpy<2.5"' in text
+    assert error_text(AttributeError("'Foo' object has no attribute 'x'")) == (
+        "'Foo' object has no attribute 'x'"
+    )

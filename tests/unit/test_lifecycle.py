@@ -1001,3 +1001,53 @@ async def test_managed_kernel_passes_config() -> None:
     async with managed_kernel("m3", doubler, config=cfg) as k:
         assert k.inbox is not None
         assert k.inbox.maxsize == 7
+
+
+def _refuse_tasks(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("this loop's task factory refuses")
+
+
+async def test_an_activate_whose_task_cannot_be_made_leaves_the_kernel_launched(
+    kernels: list[RingKernel],
+) -> None:
+    k = RingKernel("k", doubler)
+    kernels.append(k)
+    await k.launch()
+    loop = asyncio.get_running_loop()
+    old = loop.get_task_factory()
+    loop.set_task_factory(_refuse_tasks)
+    try:
+        with pytest.raises(RuntimeError, match="refuses"):
+            await k.activate()
+    finally:
+        loop.set_task_factory(old)
+    assert k.state is S.LAUNCHED  # not ACTIVE with no actor behind it
+    await k.activate()
+    await k.send(Req(x=4))
+    assert (await k.receive(timeout=5)).y == 8
+
+
+async def test_a_hosted_activate_whose_tasks_cannot_be_made_fails_and_stops_its_worker() -> None:
+    from pydotcompute import RingKernelRuntime
+
+    async with RingKernelRuntime() as rt:
+        k = await rt.launch("t", _sync_echo, tier="thread")
+        loop = asyncio.get_running_loop()
+        old = loop.get_task_factory()
+        loop.set_task_factory(_refuse_tasks)
+        try:
+            with pytest.raises(RuntimeError, match="refuses"):
+                await rt.activate("t")
+        finally:
+            loop.set_task_factory(old)
+        assert k.state is S.FAILED  # the worker thread had started: it is not LAUNCHED
+        await rt.terminate("t")
+        assert k.state is S.TERMINATED
+        assert not k._worker._thread.is_alive()
+
+
+def _sync_echo(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        msg = ctx.receive(timeout=0.05)
+        if msg is not None:
+            ctx.send(msg)

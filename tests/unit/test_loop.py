@@ -215,3 +215,43 @@ async def test_runtime_installs_eager_tasks_on_312() -> None:
             assert is_eager_tasks_installed(loop)
     finally:
         loop.set_task_factory(None)
+
+
+@pytest.mark.skipif(not EAGER, reason="eager task factories need Python 3.12+")
+async def test_the_eager_factory_takes_the_keywords_a_loop_may_pass() -> None:
+    # uvloop 0.23 on Python 3.13 calls task_factory(loop, coro, context=..., eager_start=...);
+    # the standard factory only takes eager_start from 3.14, so create_task raised TypeError
+    from pydotcompute.ring_kernels._loop import eager_task_factory
+
+    ran: list[str] = []
+
+    async def step() -> str:
+        ran.append("started")
+        return "done"
+
+    loop = asyncio.get_running_loop()
+    task = eager_task_factory(loop, step(), name="t", context=None, eager_start=None)
+    assert ran == ["started"]  # eager: it ran as it was created
+    assert task.done()
+    assert task.result() == "done"
+    assert task.get_name() == "t"
+    lazy = eager_task_factory(loop, step(), eager_start=False)
+    assert not lazy.done()  # an explicit eager_start=False is honoured
+    assert await lazy == "done"
+
+
+@pytest.mark.skipif(not (EAGER and HAS_UVLOOP), reason="needs Python 3.12+ and uvloop")
+def test_a_uvloop_loop_with_eager_tasks_creates_tasks() -> None:
+    async def main() -> str:
+        async def child() -> str:
+            await asyncio.sleep(0)
+            return "ok"
+
+        return await asyncio.get_running_loop().create_task(child())
+
+    loop = create_optimized_loop()
+    try:
+        assert is_eager_tasks_installed(loop)
+        assert loop.run_until_complete(main()) == "ok"
+    finally:
+        loop.close()

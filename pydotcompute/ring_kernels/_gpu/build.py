@@ -15,6 +15,7 @@ from numba import cuda as _numba_cuda
 from numba import types as _numba_types
 from numba.np.numpy_support import from_dtype
 
+from ...backends.base import error_text
 from ...exceptions import KernelCompilationError, TypeValidationError
 from . import device
 
@@ -132,6 +133,6 @@ def compile_ptx(
     except Exception as exc:
         raise KernelCompilationError(
             f"the handler {python_handler(handler).__name__!r} does not compile for the GPU "
-            f"(sm_{cc[0]}{cc[1]}): {type(exc).__name__}: {exc}"
+            f"(sm_{cc[0]}{cc[1]}): {type(exc).__name__}: {error_text(exc)}"
         ) from exc
     return ptx  # type: ignore[no-any-return]
