@@ -13,7 +13,7 @@ Design notes:
   the worker's queues call a waker in the worker's thread, which hands the wake-up to the
   loop with ``call_soon_threadsafe``; a slow poll (``_POLL_S``) is the safety net. The
   process tier skips that thread hop: the loop watches the reply doorbell and the child's
-  exit itself (``_watch_replies``), about 4x faster per round trip.
+  exit itself (``_watch_replies``): one wake-up fewer per reply.
 - The bridge queue is small (``bridge_queue_size``, default 64) so that priorities and
   deactivation act on almost everything still queued: what already crossed the bridge is
   the worker's to process.
