@@ -16,6 +16,7 @@ import pytest
 
 from pydotcompute import RingKernelRuntime
 from pydotcompute.exceptions import (
+    InvalidConfigurationError,
     KernelFailedError,
     KernelNotFoundError,
     KernelStateError,
@@ -279,3 +280,19 @@ async def test_a_process_actor_that_dies_fails_its_kernel() -> None:
             await rt.receive("k", timeout=10)
         assert rt.get_kernel_state("k") is KernelState.FAILED
         assert rt.get_kernel("k")._unwatch is None
+
+
+@pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
+async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us() -> None:
+    from pydotcompute.ring_kernels.hosted import ProcessHostedKernel
+
+    async with RingKernelRuntime() as rt:
+        k = await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier="process")
+        assert k._worker.config.spin_us == ProcessHostedKernel.HOSTED_SPIN_US
+        k = await rt.launch("b", echo_sync, tier="process", spin_us=20)
+        assert k._worker.config.spin_us == 20
+        await rt.activate("b")
+        await rt.send("b", Job(seq=7))
+        assert (await rt.receive("b", timeout=10)).seq == 7
+        with pytest.raises(InvalidConfigurationError, match="spin_us of kernel 'c' must be >= 0"):
+            await rt.launch("c", echo_sync, tier="process", spin_us=-1)
