@@ -409,8 +409,10 @@ class ProcessHostedKernel(_HostedKernel):
 
         def on_exit() -> None:
             loop.remove_reader(sentinel)  # it stays readable once the child has gone
-            worker._child_gone(True)  # record the exit now (idempotent with the watcher)
-            readable.set()
+            # record the exit (reaping it may wait on the watcher thread's reap: not on the
+            # loop), then wake the collector, which reports it
+            done = loop.run_in_executor(None, worker._child_gone, True)
+            done.add_done_callback(lambda _: readable.set())
 
         try:
             loop.add_reader(bell, on_bell)
