@@ -121,21 +121,24 @@ class _Waiter:
         return gone
 
 
-def park_read(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> bytes | None:
-    """After a ``spin_read`` that found nothing: park until a record arrives, ``gone()`` is
-    true, or the timeout ends.
+def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> bytes | None:
+    """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
-    The receive paths spin inline (``ring.spin_read(budget)``, then ``waiter.hit()`` if a
-    shrunken budget paid off) and call this only when the spin came back empty. ``gone``
-    is consulted before each park; it returns True when the peer has exited (the caller
-    then drains what is committed and reports the error). Returns None on timeout or when
-    the writer closed the ring and it is empty.
+    ``spin_read`` tries at once, so callers need no ``try_read`` of their own first.
+    ``gone`` is consulted before each park; it returns True when the peer has exited (the
+    caller then drains what is committed and reports the error). Returns None on timeout
+    or when the writer closed the ring and it is empty.
     """
+    budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
+    data: bytes | None = ring.spin_read(budget)
+    if data is not None:
+        if budget > 0 and waiter.misses:  # a shrunken budget paid off: restore it
+            waiter.hit()
+        return data
     if timeout is not None and timeout <= 0:
         return None
     deadline = None if timeout is None else _monotonic() + timeout
     waiter.miss()
-    data: bytes | None = None
     while data is None:
         if gone() or ring.writer_closed:
             last: bytes | None = ring.try_read()
@@ -300,17 +303,11 @@ class CythonKernelContext:
                 process died (letting it escape ends the actor cleanly).
         """
         ring = self._in
-        waiter = self._read_waiter
-        budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
-        data = ring.spin_read(budget)  # tries at once, then spins; park_read after
+        data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
         if data is None:
-            data = park_read(ring, waiter, timeout, self._parent_gone)
-            if data is None:
-                if self._gone or ring.writer_closed:
-                    raise self._closed()
-                return None
-        elif budget > 0 and waiter.misses:
-            waiter.hit()
+            if self._gone or ring.writer_closed:
+                raise self._closed()
+            return None
         if ring.writer_waiting:
             _ring_bell(self._in_space_fd)
         msg = self._current = self._decode(data)

@@ -80,7 +80,7 @@ from ._process_actor import (
     _too_large,
     _Waiter,
     check_message,
-    park_read,
+    read_wait,
     write_wait,
 )
 from .message import deserialize_message, message_decoder
@@ -763,24 +763,17 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
-            waiter = self._recv_waiter
-            assert waiter is not None
-            budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
-            data = ring.spin_read(budget)  # tries at once, then spins; park_read after
-            if data is not None:
-                if budget > 0 and waiter.misses:
-                    waiter.hit()
-            else:
-                data = park_read(ring, waiter, timeout, self._child_gone)
-                if self._wakers.readable:
-                    ring.set_reader_waiting(True)  # parking cleared the watcher's arming
-                if data is None:
-                    if self._child_exited or ring.writer_closed:
-                        # the child wrote its last reply and is exiting: wait, then report
-                        self._await_child(timeout)
-                        if self._child_exited:
-                            raise self._state_error("receive from")
-                    return None
+            assert self._recv_waiter is not None
+            data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
+            if self._wakers.readable:
+                ring.set_reader_waiting(True)  # a park clears the watcher's arming
+            if data is None:
+                if self._child_exited or ring.writer_closed:
+                    # the child wrote its last reply and is exiting: wait, then report
+                    self._await_child(timeout)
+                    if self._child_exited:
+                        raise self._state_error("receive from")
+                return None
             if ring.writer_waiting:
                 _ring_bell(self._out_space_fd)
         finally:

@@ -232,7 +232,7 @@ class FastMessageQueue(Generic[T]):
         # unread ArrayMessage replies): their arrays would stay pinned in the process-wide
         # registry for good. getattr: a constructor that raised left the slots unset
         if getattr(self, "_serialize", False) and self._count:
-            _discard(x for d in self._bands if d for x in d)
+            self._discard_queued()
 
     # -- properties ---------------------------------------------------------------------
 
@@ -300,6 +300,10 @@ class FastMessageQueue(Generic[T]):
                 _wake_one(getters)
             else:
                 fut.set_result(None)
+
+    def _discard_queued(self) -> None:
+        """Everything queued is thrown away unread: frames give back what they pinned."""
+        _discard(x for d in self._bands if d for x in d)
 
     def _band_of(self, item: Any) -> int:
         """The band of an item without a valid ``priority`` attribute (the slow path)."""
@@ -547,7 +551,7 @@ class FastMessageQueue(Generic[T]):
         the arrays they pinned in the buffer registry.
         """
         n = self._count
-        _discard(x for d in self._bands if d for x in d)
+        self._discard_queued()
         self._bands = _NO_BANDS
         self._count = 0
         self._dropped += n
