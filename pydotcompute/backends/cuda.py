@@ -546,3 +546,24 @@ def _is_numba_typing_error(exc: BaseException) -> bool:
     if numba_errors is None:
         return False
     return isinstance(exc, (numba_errors.TypingError, numba_errors.LoweringError))
+
+
+# --- module-level helpers older code imports -----------------------------------------------
+
+
+def get_vector_add_kernel() -> Callable[..., Any]:
+    """The shipped Numba CUDA vector add `(a, b, out)` of the default device.
+
+    Raises:
+        BackendNotAvailableError: no usable CUDA device (the message says what is missing).
+    """
+    return CUDABackend().get_vector_add_kernel()
+
+
+def get_matrix_multiply_kernel() -> Callable[..., Any]:
+    """The shipped tiled float32 matrix multiply `(a, b, out)` of the default device.
+
+    Raises:
+        BackendNotAvailableError: no usable CUDA device (the message says what is missing).
+    """
+    return CUDABackend().get_matrix_multiply_kernel()

@@ -32,7 +32,14 @@ from .base import (
     normalize_grid,
 )
 
-__all__ = ("ELEMENTWISE_OPS", "MetalBackend", "mlx_dtype")
+__all__ = (
+    "ELEMENTWISE_OPS",
+    "MetalBackend",
+    "get_elementwise_kernel",
+    "get_matrix_multiply_kernel",
+    "get_vector_add_kernel",
+    "mlx_dtype",
+)
 
 #: Names accepted by :meth:`MetalBackend.get_elementwise_kernel`.
 ELEMENTWISE_OPS = (
@@ -363,6 +370,28 @@ class MetalBackend(Backend):
             fn = getattr(mx, op)
         return self.compile_kernel(fn, name=f"mlx_{op}")  # type: ignore[no-any-return]
 
+    def get_memory_info(self) -> dict[str, int]:
+        """MLX's memory figures in bytes: `active_memory` (held by live arrays),
+        `peak_memory` (the most active so far) and `cache_memory` (freed, kept for reuse).
+
+        Raises:
+            BackendNotAvailableError: MLX is not installed.
+        """
+        mx = self._mx()
+        return {
+            "active_memory": int(mx.get_active_memory()),
+            "peak_memory": int(mx.get_peak_memory()),
+            "cache_memory": int(mx.get_cache_memory()),
+        }
+
+    def clear_cache(self) -> None:
+        """Release the memory MLX keeps cached for reuse (`cache_memory` drops to 0).
+
+        Raises:
+            BackendNotAvailableError: MLX is not installed.
+        """
+        self._mx().clear_cache()
+
     def compile_metal_kernel(
         self,
         name: str,
@@ -391,3 +420,34 @@ def _relu(x: Any) -> Any:
 def elementwise_is_unary(op: str) -> bool:
     """Whether ``op`` takes one argument."""
     return op in _UNARY
+
+
+# --- module-level helpers older code imports -----------------------------------------------
+
+
+def get_vector_add_kernel() -> Callable[..., Any]:
+    """A compiled `(a, b) -> a + b` over `mx.array`s (`MetalBackend().get_vector_add_kernel()`).
+
+    Raises:
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_vector_add_kernel()
+
+
+def get_matrix_multiply_kernel() -> Callable[..., Any]:
+    """A compiled `(a, b) -> a @ b` over `mx.array`s.
+
+    Raises:
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_matrix_multiply_kernel()
+
+
+def get_elementwise_kernel(op: str) -> Callable[..., Any]:
+    """A compiled elementwise kernel; `op` is one of `ELEMENTWISE_OPS`.
+
+    Raises:
+        InvalidConfigurationError: unknown `op`.
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_elementwise_kernel(op)
