@@ -259,13 +259,22 @@ class KernelCache:
                 os.unlink(tmp)
             raise
 
-    def _resolve(self, key: str, source_hash: str | None) -> str:
-        return key if source_hash is None else self.entry_key(key, source_hash)
+    def _resolve(self, key: str | None, source_hash: str | None, kernel_name: str | None) -> str:
+        name = kernel_name if kernel_name is not None else key
+        if name is None:
+            raise TypeError("give a key, or kernel_name and source_hash")
+        return name if source_hash is None else self.entry_key(name, source_hash)
 
-    def load(self, key: str, source_hash: str | None = None) -> bytes | None:
+    def load(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bytes | None:
         """The artifact under `key` (or stored as `(kernel_name, source_hash)`), or `None`;
         a hit refreshes its recency."""
-        data_path, _ = self._paths(self._resolve(key, source_hash))
+        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
         try:
             payload = data_path.read_bytes()
         except OSError:
@@ -283,10 +292,16 @@ class KernelCache:
         payload = self.load(key)
         return None if payload is None else payload.decode()
 
-    def contains(self, key: str, source_hash: str | None = None) -> bool:
+    def contains(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bool:
         """Whether `key` (or `(kernel_name, source_hash)`) is cached (does not count as a
         hit or refresh recency)."""
-        data_path, _ = self._paths(self._resolve(key, source_hash))
+        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
         return data_path.is_file()
 
     def __contains__(self, key: object) -> bool:
@@ -300,9 +315,15 @@ class KernelCache:
         except (OSError, ValueError):
             return None
 
-    def remove(self, key: str, source_hash: str | None = None) -> bool:
+    def remove(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bool:
         """Delete `key` (or `(kernel_name, source_hash)`); returns whether it existed."""
-        data_path, meta_path = self._paths(self._resolve(key, source_hash))
+        data_path, meta_path = self._paths(self._resolve(key, source_hash, kernel_name))
         existed = data_path.is_file()
         for path in (data_path, meta_path):
             with contextlib.suppress(FileNotFoundError):

@@ -448,6 +448,10 @@ def test_kernel_cache_0_2_shape(tmp_path: Path) -> None:
     # keyword form, and names that are not valid keys on their own
     assert cache.store(kernel_name="my kernel/v2", source_hash="x", ptx=b"p") is True
     assert cache.load("my kernel/v2", "x") == b"p"
+    assert cache.load(kernel_name="my kernel/v2", source_hash="x") == b"p"
+    assert cache.contains(kernel_name="my kernel/v2", source_hash="x")
+    assert cache.remove(kernel_name="my kernel/v2", source_hash="x") is True
+    assert not cache.contains("my kernel/v2", "x")
 
 
 def test_kernel_cache_0_2_store_returns_false_when_it_cannot_write(tmp_path: Path) -> None:

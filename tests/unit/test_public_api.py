@@ -396,3 +396,180 @@ def test_python_m_pydotcompute_info(argv: list[str]) -> None:
     assert proc.stdout.startswith(f"pydotcompute {pydotcompute.__version__}")
     assert "event loop    : uvloop available=" in proc.stdout
     assert "tiers         : asyncio=True" in proc.stdout
+
+
+# --- the shapes code written for 0.2 calls (API.md, last section) ------------------------
+# Each is pinned here by signature; its behaviour is tested beside its module.
+
+
+def _old_shapes() -> dict[str, tuple[Any, Spec]]:
+    from pydotcompute.backends import cpu as cpu_backend
+    from pydotcompute.compilation import (
+        CompilationOptions,
+        CompiledKernel,
+        KernelCache,
+        KernelCompiler,
+        compile_kernel,
+        warmup_kernels,
+    )
+    from pydotcompute.core import memory_pool as mp
+    from pydotcompute.decorators import KernelRegistry, cuda_source
+    from pydotcompute.ring_kernels import telemetry as tel
+
+    return {
+        "RingKernelTelemetry": (
+            tel.RingKernelTelemetry,
+            [
+                ("kernel_id", POS, ""),
+                ("messages_processed", POS, 0),
+                ("messages_dropped", POS, 0),
+                ("queue_depth", POS, 0),
+                ("total_latency_ns", POS, 0),
+                ("max_latency_ns", POS, 0),
+                ("min_latency_ns", POS, 0),
+                ("error_count", POS, 0),
+                ("last_error", POS, None),
+                ("uptime_seconds", POS, 0.0),
+            ],
+        ),
+        "GPUInfo": (
+            tel.GPUInfo,
+            [
+                ("index", POS, _),
+                ("name", POS, _),
+                ("uuid", POS, _),
+                ("memory_total", POS, _),
+                ("memory_used", POS, _),
+                ("memory_free", POS, _),
+                ("utilization_gpu", POS, _),
+                ("utilization_memory", POS, _),
+                ("temperature", POS, None),
+                ("power_usage", POS, None),
+                ("power_limit", POS, None),
+            ],
+        ),
+        "GPUMonitor.get_memory_info": (tel.GPUMonitor.get_memory_info, [("index", POS, 0)]),
+        "PoolStatistics": (
+            mp.PoolStatistics,
+            [("used_bytes", POS, 0), ("total_bytes", POS, 0), ("n_free_blocks", POS, 0)],
+        ),
+        "MemoryPool": (mp.MemoryPool, [("initial_size_mb", POS, 0), ("max_size_mb", POS, None)]),
+        "configure_memory_pool": (
+            mp.configure_memory_pool,
+            [("initial_size_mb", POS, 0), ("max_size_mb", POS, None), ("enable", POS, True)],
+        ),
+        "CompilationOptions": (
+            CompilationOptions,
+            [
+                ("device", POS, "cuda"),
+                ("fastmath", POS, True),
+                ("debug", POS, False),
+                ("lineinfo", POS, False),
+                ("opt_level", POS, 3),
+                ("cache", POS, True),
+            ],
+        ),
+        "CompiledKernel": (
+            CompiledKernel,
+            [
+                ("kernel", POS, None),
+                ("name", POS, "kernel"),
+                ("source_hash", POS, ""),
+                ("signature", POS, None),
+                ("options", POS, None),
+                ("compile_time_ms", POS, 0.0),
+                ("ptx", POS, None),
+            ],
+        ),
+        "KernelCompiler": (KernelCompiler, [("options", POS, None)]),
+        "compile_kernel": (compile_kernel, [("func", POS, _), ("signature", KW, None)]),
+        "KernelCache": (
+            KernelCache,
+            [("cache_dir", POS, None), ("max_entries", POS, 128), ("max_size_mb", POS, 256)],
+        ),
+        "warmup_kernels": (warmup_kernels, [("kernels", POS, _)]),
+        "KernelRegistry.register": (
+            KernelRegistry.register,
+            [("name", POS, _), ("kernel", POS, _), ("overwrite", KW, False)],
+        ),
+        "cuda_source": (cuda_source, [("source", POS, _)]),
+        "vector_add_cpu": (cpu_backend.vector_add_cpu, [("a", POS, _), ("b", POS, _)]),
+        "matrix_multiply_cpu": (cpu_backend.matrix_multiply_cpu, [("a", POS, _), ("b", POS, _)]),
+        "parallel_for": (
+            cpu_backend.parallel_for,
+            [("start", POS, _), ("end", POS, _), ("func", POS, _)],
+        ),
+    }
+
+
+@pytest.mark.parametrize("what", list(_old_shapes()))
+def test_0_2_signature(what: str) -> None:
+    obj, expected = _old_shapes()[what]
+    _check(obj, expected)
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        (
+            "pydotcompute.ring_kernels.telemetry",
+            "RingKernelTelemetry GPUInfo GPUMonitor TelemetryCollector",
+        ),
+        ("pydotcompute.core.memory_pool", "PoolStatistics MemoryPool configure_memory_pool"),
+        ("pydotcompute.core.orchestrator", "ComputeOrchestrator KernelLaunchConfig"),
+        (
+            "pydotcompute.compilation",
+            "CompilationOptions CompiledKernel KernelCompiler compile_kernel KernelCache "
+            "CacheEntry get_kernel_cache warmup_kernels",
+        ),
+        ("pydotcompute.decorators", "KernelRegistry get_kernel_registry cuda_source"),
+        ("pydotcompute.decorators.kernel", "KernelRegistry get_kernel_registry cuda_source"),
+        (
+            "pydotcompute.backends.cpu",
+            "CPUBackend vector_add_cpu matrix_multiply_cpu parallel_for",
+        ),
+        ("pydotcompute.backends.cuda", "get_vector_add_kernel get_matrix_multiply_kernel"),
+        (
+            "pydotcompute.backends.metal",
+            "MetalBackend get_vector_add_kernel get_matrix_multiply_kernel get_elementwise_kernel",
+        ),
+    ],
+)
+def test_0_2_import_paths(module: str, names: str) -> None:
+    proc = run_python("-c", f"from {module} import {', '.join(names.split())}")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_0_2_members() -> None:
+    from pydotcompute.backends import CPUBackend, MetalBackend
+    from pydotcompute.compilation import CacheEntry, KernelCompiler
+    from pydotcompute.core import ComputeOrchestrator
+    from pydotcompute.ring_kernels.telemetry import GPUInfo, TelemetryCollector
+
+    wanted = {
+        TelemetryCollector: "register_kernel unregister_kernel get_kernel_telemetry "
+        "get_all_telemetry get_summary reset_all",
+        GPUInfo: "memory_utilization",
+        ComputeOrchestrator: "is_active accelerator memory_pool",
+        KernelCompiler: "cuda_available numba_available compile get_cached_kernel "
+        "clear_cache get_cache_stats",
+        CPUBackend: "allocate_zeros",
+        MetalBackend: "get_memory_info clear_cache",
+    }
+    for cls, attrs in wanted.items():
+        missing = [a for a in attrs.split() if not hasattr(cls, a)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    assert {"kernel_name", "source_hash"} <= {f.name for f in dataclasses.fields(CacheEntry)}
+
+
+def test_reprs_say_what_a_person_debugging_needs() -> None:
+    from pydotcompute.compilation import KernelCompiler
+    from pydotcompute.core import Accelerator, MemoryPool
+    from pydotcompute.ring_kernels.telemetry import GPUMonitor
+
+    assert repr(MemoryPool()).startswith("<MemoryPool enabled=True ")
+    acc = repr(Accelerator())
+    assert acc.startswith("<Accelerator ")
+    assert f"devices={Accelerator().device_count}" in acc
+    assert repr(KernelCompiler()).startswith("<KernelCompiler cuda=")
+    assert repr(GPUMonitor()).startswith("<GPUMonitor available=")
