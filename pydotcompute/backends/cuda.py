@@ -4,10 +4,10 @@ Design. The backend runs in one of three modes, picked by a probe that never rai
 
 * ``"cupy"`` — a GPU is visible to the CuPy runtime. Device arrays are ``cupy.ndarray``;
   Numba kernels take them through ``__cuda_array_interface__`` and run on CuPy streams
-  (wrapped with ``numba.cuda.external_stream``); CUDA C kernels are ``cupy.RawKernel``\\ s
+  (wrapped with ``numba.cuda.external_stream``); CUDA C kernels are ``cupy.RawKernel``s
   loaded from PTX that the ``KernelCompiler`` produced with NVRTC and cached on disk.
 * ``"numba"`` — a GPU is visible to Numba but CuPy is missing: device arrays are Numba
-  ``DeviceNDArray``\\ s. CUDA C kernels need CuPy and raise ``BackendNotAvailableError``.
+  ``DeviceNDArray``s. CUDA C kernels need CuPy and raise ``BackendNotAvailableError``.
 * ``"simulator"`` — ``NUMBA_ENABLE_CUDASIM=1``: the Numba CUDA simulator stands in for the
   GPU, so CI exercises the same allocation, copy, stream and launch logic without hardware.
 

@@ -87,7 +87,7 @@ class KernelCache:
     """An on-disk, process-safe, LRU-bounded store of compiled kernels.
 
     Args:
-        cache_dir: the directory (created on first store); default :func:`default_cache_dir`.
+        cache_dir: the directory (created on first store); default `default_cache_dir`.
         max_entries: keep at most this many entries.
         max_size_mb: keep at most this many MiB of artifacts.
 
@@ -406,7 +406,7 @@ _cache_lock = threading.Lock()
 
 
 def get_kernel_cache() -> KernelCache:
-    """The process-wide ``KernelCache`` in :func:`default_cache_dir`."""
+    """The process-wide ``KernelCache`` in `default_cache_dir`."""
     global _cache
     with _cache_lock:
         if _cache is None:

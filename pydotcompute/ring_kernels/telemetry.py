@@ -515,7 +515,7 @@ _monitor: GPUMonitor | None = None
 
 
 def get_gpu_monitor() -> GPUMonitor:
-    """The process-wide :class:`GPUMonitor`."""
+    """The process-wide `GPUMonitor`."""
     global _monitor
     if _monitor is None:
         _monitor = GPUMonitor()
@@ -523,7 +523,7 @@ def get_gpu_monitor() -> GPUMonitor:
 
 
 class TelemetryCollector:
-    """Collects :class:`RingKernelTelemetry` of many kernels and summarizes them."""
+    """Collects `RingKernelTelemetry` of many kernels and summarizes them."""
 
     def __init__(self) -> None:
         self._kernels: dict[str, RingKernelTelemetry] = {}
