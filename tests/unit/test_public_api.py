@@ -395,7 +395,10 @@ def test_python_m_pydotcompute_info(argv: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"pydotcompute {pydotcompute.__version__}")
     assert "event loop    : uvloop available=" in proc.stdout
-    assert "tiers         : asyncio=True" in proc.stdout
+    assert "tiers         : can each run here?\n  asyncio      yes" in proc.stdout
+    gpu = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  gpu "))
+    assert gpu.startswith(("  gpu          yes  ", "  gpu          no   "))
+    assert gpu.split(maxsplit=2)[2]  # and says why
 
 
 # --- the shapes code written for 0.2 calls (API.md, last section) ------------------------
@@ -573,3 +576,96 @@ def test_reprs_say_what_a_person_debugging_needs() -> None:
     assert f"devices={Accelerator().device_count}" in acc
     assert repr(KernelCompiler()).startswith("<KernelCompiler cuda=")
     assert repr(GPUMonitor()).startswith("<GPUMonitor available=")
+
+
+# --- info: can each tier run here, and why not -------------------------------------------
+
+
+def _libs(**installed: bool) -> dict[str, Any]:
+    names = ("numba", "numba_cuda", "cupy", "ray")
+    return {
+        n: {"installed": installed.get(n, False), "version": "9.9" if installed.get(n) else None}
+        for n in names
+    }
+
+
+class _FakeDriver:
+    def __init__(self, init_rc: int = 0, count: int = 1) -> None:
+        self.init_rc, self.count = init_rc, count
+
+    def cuInit(self, flags: int) -> int:
+        return self.init_rc
+
+    def cuDeviceGetCount(self, ref: Any) -> int:
+        ref._obj.value = self.count
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        (None, (0, "no NVIDIA driver (libcuda.so.1 not found)")),
+        (
+            _FakeDriver(init_rc=100),
+            (0, "no CUDA device (the NVIDIA driver is loaded but sees no GPU)"),
+        ),
+        (_FakeDriver(init_rc=34), (0, "the NVIDIA driver did not start (CUDA_ERROR_STUB_LIBRARY")),
+        (_FakeDriver(count=0), (0, "no CUDA device")),
+        (_FakeDriver(count=2), (2, "")),
+    ],
+    ids=["no-driver", "no-device", "stub", "zero-devices", "two-gpus"],
+)
+def test_cuda_driver_probe(
+    monkeypatch: pytest.MonkeyPatch, driver: Any, expected: tuple[int, str]
+) -> None:
+    from pydotcompute import _info
+
+    def cdll(name: str) -> Any:
+        if driver is None:
+            raise OSError(f"{name}: cannot open shared object file")
+        return driver
+
+    monkeypatch.setattr(_info.sys, "platform", "linux")
+    monkeypatch.setattr(_info.ctypes, "CDLL", cdll)
+    count, why = _info.cuda_driver_devices()
+    assert count == expected[0]
+    assert why.startswith(expected[1])
+
+
+def test_tier_status_says_why_a_tier_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydotcompute import _info
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.delenv("PYDOTCOMPUTE_PUREPYTHON", raising=False)
+    monkeypatch.setattr(_info, "cuda_driver_devices", lambda: (0, "no NVIDIA driver (x)"))
+    bare = _info.tier_status(_libs(), cython_ext=False)
+    assert (bare["asyncio"]["runs"], bare["thread"]["runs"], bare["process"]["runs"]) == (
+        True,
+        True,
+        True,
+    )
+    assert "pure-Python twin, slower" in bare["process"]["why"]
+    assert bare["process"]["why"].count('pip install "pydotcompute[cython]"') == 1
+    assert bare["gpu"] == {
+        "runs": False,
+        "why": 'numba-cuda is not installed: pip install "pydotcompute[cuda]"',
+    }
+    assert bare["ray"] == {
+        "runs": False,
+        "why": 'ray is not installed: pip install "pydotcompute[ray]"',
+    }
+    full = _info.tier_status(_libs(numba=True, numba_cuda=True, ray=True), cython_ext=True)
+    assert full["gpu"] == {"runs": False, "why": "no NVIDIA driver (x)"}  # the code is not enough
+    assert full["process"]["why"] == "shared-memory ring: the compiled extension"
+    assert full["ray"] == {"runs": True, "why": "ray 9.9"}
+    monkeypatch.setattr(_info, "cuda_driver_devices", lambda: (4, ""))
+    assert _info.tier_status(_libs(numba=True), True)["gpu"] == {
+        "runs": True,
+        "why": "4 CUDA device(s)",
+    }
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    sim = _info.tier_status(_libs(numba=True), True)["gpu"]
+    assert sim["runs"] is True
+    assert "simulator" in sim["why"]
+    monkeypatch.setenv("PYDOTCOMPUTE_PUREPYTHON", "1")
+    assert "PYDOTCOMPUTE_PUREPYTHON is set" in _info.tier_status(_libs(), True)["process"]["why"]
