@@ -22,6 +22,10 @@ Compiler failures raise ``KernelCompilationError`` carrying the compiler's own m
 The source hash covers the function's source text (or bytecode when there is no source), its
 constants and the reprs of its closure cells, so two closures over different values do not
 share an entry; module globals are not hashed — pass changing values as arguments.
+
+This file is longer than the ~600-line habit: the per-device paths share the compiler's two
+caches and counters under one lock, and the constructors older code builds by hand
+(`CompilationOptions`, `CompiledKernel`) must stay next to the code that fills them.
 """
 
 from __future__ import annotations
