@@ -115,7 +115,7 @@ class RingKernelTelemetry:
 
     # latencies recorded and not yet folded in (see `_fold`); set first in `__init__`,
     # before the latency fields (properties that look at it)
-    _pending: list[int] = field(default_factory=list, repr=False, compare=False)
+    _pending: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
     kernel_id: str = ""
     messages_processed: int = 0
     messages_dropped: int = 0
@@ -127,8 +127,10 @@ class RingKernelTelemetry:
     last_error: str | None = None
     messages_sent: int = 0
     restarts: int = 0
-    start_time: float = field(default_factory=time.monotonic)
-    histogram: LatencyHistogram = field(default_factory=LatencyHistogram, repr=False)
+    # not constructor arguments (`uptime_seconds` sets the clock), so that
+    # `dataclasses.replace` calls `__init__` with the arguments it takes
+    start_time: float = field(default_factory=time.monotonic, init=False)
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram, init=False, repr=False)
 
     def __init__(
         self,

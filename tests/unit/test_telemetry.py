@@ -434,6 +434,16 @@ def test_telemetry_built_the_0_2_way_every_argument_optional() -> None:
     assert t.to_dict()["uptime_seconds"] >= 20.0
 
 
+def test_telemetry_dataclass_replace_and_equality() -> None:
+    import dataclasses
+
+    t = RingKernelTelemetry("k", 3, 1)
+    t.record_message(500)
+    r = dataclasses.replace(t, messages_dropped=7)
+    assert (r.kernel_id, r.messages_processed, r.messages_dropped) == ("k", 4, 7)
+    assert RingKernelTelemetry("a", 1) != RingKernelTelemetry("b", 1)
+
+
 def test_telemetry_uptime_seconds_is_settable() -> None:
     t = RingKernelTelemetry(kernel_id="k", messages_processed=50, uptime_seconds=0.0)
     t.uptime_seconds = 100.0
