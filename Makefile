@@ -37,16 +37,18 @@ bench: install
 
 ## Everything CI checks: every step runs (a failing one does not stop the rest), then one
 ## summary of them all; make exits non-zero when any step failed.
-TEST_STEPS := lint types test-main test-purepython test-cudasim test-versions docs
-TEST_RECORD := $(VENV)/.test-steps.jsonl
-test: install
+## (tools/run_step.py needs only the standard library, so $(PY) runs it even when the
+## install step is the one that failed.)
+TEST_STEPS := install lint types test-main test-purepython test-cudasim test-versions docs
+TEST_RECORD := .test-steps.jsonl
+test:
 	@rm -f $(TEST_RECORD)
 	@for step in $(TEST_STEPS); do \
 	  echo "== make $$step"; \
-	  $(BIN)/python tools/run_step.py --record $(TEST_RECORD) --name $$step -- \
+	  $(PY) tools/run_step.py --record $(TEST_RECORD) --name $$step -- \
 	    $(MAKE) --no-print-directory $$step; \
 	done; \
-	$(BIN)/python tools/run_step.py --summary $(TEST_RECORD)
+	$(PY) tools/run_step.py --summary $(TEST_RECORD)
 
 LINT_PATHS := pydotcompute tests benchmarks examples tools
 lint: install
@@ -101,4 +103,4 @@ gpu-check:
 	$(PY) benchmarks/pagerank_benchmark.py
 
 clean:
-	rm -rf $(VENV) .venv-py3.* build site *.egg-info
+	rm -rf $(VENV) .venv-py3.* build site *.egg-info .test-steps.jsonl
