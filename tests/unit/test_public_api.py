@@ -669,3 +669,92 @@ def test_tier_status_says_why_a_tier_cannot_run(monkeypatch: pytest.MonkeyPatch)
     assert "simulator" in sim["why"]
     monkeypatch.setenv("PYDOTCOMPUTE_PUREPYTHON", "1")
     assert "PYDOTCOMPUTE_PUREPYTHON is set" in _info.tier_status(_libs(), True)["process"]["why"]
+
+
+# A program written against 0.2's compute toolkit, as such code reads; it must run unchanged.
+OLD_PROGRAM = """
+import asyncio
+import tempfile
+
+import numpy as np
+
+from pydotcompute.backends.cpu import CPUBackend, matrix_multiply_cpu, parallel_for, vector_add_cpu
+from pydotcompute.backends.metal import MetalBackend, get_vector_add_kernel
+from pydotcompute.compilation import (
+    CompilationOptions, CompiledKernel, KernelCache, KernelCompiler, compile_kernel,
+)
+from pydotcompute.core.memory_pool import MemoryPool, PoolStatistics, configure_memory_pool
+from pydotcompute.core.orchestrator import ComputeOrchestrator, KernelLaunchConfig
+from pydotcompute.decorators.kernel import KernelRegistry, cuda_source
+from pydotcompute.ring_kernels.telemetry import GPUInfo, RingKernelTelemetry, TelemetryCollector
+
+t = RingKernelTelemetry("worker", 100, 2, 5)
+t.uptime_seconds = 10.0
+assert round(t.throughput) == 10
+collector = TelemetryCollector()
+collector.register_kernel("worker").record_message(1000)
+assert collector.get_summary()["total_messages_processed"] == 1
+gpu = GPUInfo(0, "GPU", "GPU-0", 100, 25, 75, 1.0, 2.0, 40, 50.0, 300.0)
+assert gpu.memory_utilization == 25.0
+
+pool = MemoryPool(0, 64)
+stats = pool.get_stats()
+assert isinstance(stats, PoolStatistics) and stats.utilization == 0.0
+configure_memory_pool(initial_size_mb=0, max_size_mb=None, enable=True)
+
+
+def add(a, b, out):
+    out[:] = a + b
+
+
+async def main():
+    async with ComputeOrchestrator() as orch:
+        assert orch.is_active and orch.accelerator is not None and orch.memory_pool is not None
+        orch.register_kernel("add", add)
+        out = np.zeros(4)
+        a = b = np.ones(4)
+        execution = await orch.launch_kernel("add", KernelLaunchConfig(1, 4), a, b, out)
+        assert execution.duration_ms >= 0 and out.tolist() == [2.0] * 4
+        assert KernelLaunchConfig(1, 4).grid_size == (1,)
+        try:
+            await orch.launch_kernel("missing", KernelLaunchConfig(1, 1))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("an unknown kernel must raise ValueError")
+
+asyncio.run(main())
+
+opts = CompilationOptions(
+    device="cpu", fastmath=True, debug=False, lineinfo=False, opt_level=3, cache=True
+)
+compiler = KernelCompiler(options=opts)
+assert isinstance(compiler.numba_available, bool) and isinstance(compiler.cuda_available, bool)
+k = compiler.compile(add)
+assert compiler.get_cached_kernel(k.source_hash) is k and compiler.clear_cache() == 1
+assert isinstance(compile_kernel(add, signature=None, device="cpu"), CompiledKernel)
+cache = KernelCache(cache_dir=tempfile.mkdtemp(), max_entries=128, max_size_mb=256)
+assert cache.store("add", "abc", b"//ptx", signature=None, metadata=None) is True
+assert cache.load("add", "abc") == b"//ptx" and cache.contains("add", "abc")
+
+registry = KernelRegistry()
+registry.register("add", cuda_source("__global__ void add() {}")(add))
+assert registry.list() == ["add"] and registry.get("add").__cuda_source__
+
+assert vector_add_cpu(np.ones(2), np.ones(2)).tolist() == [2.0, 2.0]
+assert matrix_multiply_cpu(np.eye(2), np.eye(2)).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+assert CPUBackend().allocate_zeros((2,), np.float32).tolist() == [0.0, 0.0]
+seen = []
+parallel_for(0, 3, seen.append)
+assert seen == [0, 1, 2]
+if MetalBackend().is_available:
+    import mlx.core as mx
+    assert get_vector_add_kernel()(mx.array([1.0]), mx.array([2.0])).item() == 3.0
+print("0.2 program ran")
+"""
+
+
+def test_a_0_2_program_runs_unchanged() -> None:
+    proc = run_python("-c", OLD_PROGRAM)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("0.2 program ran")
