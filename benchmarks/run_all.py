@@ -42,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from _common import _fmt, machine_info, print_table  # noqa: E402
-from _suite import adapt_summary, json_flag  # noqa: E402
+from _suite import adapt_summary, design_target, json_flag, target_met, verdict  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,8 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
         for r in rec["summary"]:
+            target = design_target(name, r["name"]) or r.get("target")
+            met = target_met(target, r["value"], r.get("ratio"), r.get("unit"))
             rows.append(
                 {
                     "benchmark": name,
@@ -240,14 +242,50 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "baseline": r.get("baseline"),
                     "vs": r.get("baseline_name"),
                     "ratio": r.get("ratio"),
-                    "target": r.get("target"),
+                    "target": target,
+                    "met?": verdict(met, target, r["value"]),
                     "note": r.get("note"),
                 }
             )
     return rows
 
 
-COLUMNS = ["benchmark", "metric", "value", "unit", "baseline", "vs", "ratio", "target", "note"]
+COLUMNS = [
+    "benchmark",
+    "metric",
+    "value",
+    "unit",
+    "baseline",
+    "vs",
+    "ratio",
+    "target",
+    "met?",
+    "note",
+]
+
+
+def target_tally(rows: list[dict[str, Any]]) -> str:
+    """One line: how many targets were met, missed, not run here or unreadable."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        word = r.get("met?")
+        if word and word != "-":
+            counts[word] = counts.get(word, 0) + 1
+    if not counts:
+        return "targets: none in this run"
+    parts = [
+        f"{counts[w]} {label}"
+        for w, label in (
+            ("met", "met"),
+            ("MISSED", "MISSED"),
+            ("not run", "not measured here"),
+            ("?", "not checkable"),
+        )
+        if counts.get(w)
+    ]
+    missed = [f"{r['benchmark']}: {r['metric']}" for r in rows if r.get("met?") == "MISSED"]
+    line = "targets (DESIGN.md section 8 where it sets one): " + ", ".join(parts)
+    return line + ("\nmissed: " + "; ".join(missed) if missed else "")
 
 
 def _short(rows: list[dict[str, Any]], width: int = 48) -> list[dict[str, Any]]:
@@ -271,6 +309,7 @@ def print_summary(results: dict[str, Any]) -> None:
         _short(summary_rows(results)),
         COLUMNS,
     )
+    print("\n" + target_tally(summary_rows(results)))
 
 
 def markdown(results: dict[str, Any]) -> str:

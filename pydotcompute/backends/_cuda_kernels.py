@@ -1,9 +1,9 @@
 """CUDA kernels shipped with the CUDA backend, in Numba Python and in CUDA C.
 
-Numba kernels are built by :func:`numba_kernels` on first use (importing ``numba.cuda`` at
+Numba kernels are built by `numba_kernels` on first use (importing ``numba.cuda`` at
 module import would break the lazy-import rule). The same Python functions, with explicit
-signatures, are listed by :func:`shipped_kernels` so that
-:func:`pydotcompute.compilation.check_ptx` can compile every kernel to PTX on a machine without
+signatures, are listed by `shipped_kernels` so that
+`pydotcompute.compilation.check_ptx` can compile every kernel to PTX on a machine without
 a GPU. CUDA C kernels are plain source strings compiled by NVRTC through the
 ``KernelCompiler`` (and its on-disk PTX cache).
 """

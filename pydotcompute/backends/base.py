@@ -5,13 +5,13 @@ device, launches kernels and compiles them. The three implementations (``CPUBack
 ``CUDABackend``, ``MetalBackend``) load their libraries lazily, so importing this package never
 imports CuPy, Numba or MLX, and constructing a backend never raises when its library or device
 is missing: ``is_available`` is then ``False``, ``unavailable_reason`` says why, and every
-operation raises :class:`~pydotcompute.exceptions.BackendNotAvailableError` naming the extra
+operation raises `BackendNotAvailableError` naming the extra
 to install.
 
 Copies follow one contract on every backend: ``copy_to_device(a)`` returns an array that does
 not alias ``a`` (on the CPU backend, a NumPy copy), and ``out=`` copies into an existing array
 after checking that shapes and dtypes match; a mismatch raises
-:class:`~pydotcompute.exceptions.BufferMismatchError` naming both sides.
+`BufferMismatchError` naming both sides.
 """
 
 from __future__ import annotations

@@ -26,7 +26,13 @@ from .base import (
     normalize_grid,
 )
 
-__all__ = ("CPUBackend", "numba_available")
+__all__ = (
+    "CPUBackend",
+    "matrix_multiply_cpu",
+    "numba_available",
+    "parallel_for",
+    "vector_add_cpu",
+)
 
 
 def numba_available() -> bool:
@@ -81,6 +87,12 @@ class CPUBackend(Backend):
         """A zero-filled NumPy array."""
         self.require()
         return np.zeros(as_shape(shape), dtype=dtype)
+
+    def allocate_zeros(
+        self, shape: int | Shape, dtype: DTypeLike = np.float32
+    ) -> np.ndarray[Any, Any]:
+        """A zero-filled NumPy array (the same as `allocate`, which also zero-fills)."""
+        return self.allocate(shape, dtype)
 
     def empty(self, shape: int | Shape, dtype: DTypeLike = np.float32) -> np.ndarray[Any, Any]:
         """An uninitialised NumPy array."""
@@ -188,3 +200,58 @@ def _is_compiled(kernel: Any) -> bool:
     from ..compilation.compiler import CompiledKernel
 
     return isinstance(kernel, CompiledKernel)
+
+
+# --- module-level helpers older code imports -----------------------------------------------
+
+
+def vector_add_cpu(a: Any, b: Any) -> np.ndarray[Any, Any]:
+    """`a + b` as a new NumPy array.
+
+    Raises:
+        BufferMismatchError: the shapes do not broadcast together.
+    """
+    x, y = np.asarray(a), np.asarray(b)
+    try:
+        return np.asarray(np.add(x, y))
+    except ValueError as exc:
+        from ..exceptions import BufferMismatchError
+
+        raise BufferMismatchError(
+            f"vector_add_cpu: cannot add shapes {x.shape} and {y.shape}; give arrays of the "
+            "same length"
+        ) from exc
+
+
+def matrix_multiply_cpu(a: Any, b: Any) -> np.ndarray[Any, Any]:
+    """`a @ b` as a new NumPy array (BLAS).
+
+    Raises:
+        BufferMismatchError: the inner dimensions differ.
+    """
+    x, y = np.asarray(a), np.asarray(b)
+    try:
+        return np.asarray(np.matmul(x, y))
+    except ValueError as exc:
+        from ..exceptions import BufferMismatchError
+
+        raise BufferMismatchError(
+            f"matrix_multiply_cpu: cannot multiply {x.shape} by {y.shape}; the columns of "
+            "the first must equal the rows of the second"
+        ) from exc
+
+
+def parallel_for(start: int, end: int, func: Callable[[int], Any]) -> None:
+    """Call `func(i)` for every `i` in `range(start, end)`, in order, on this thread.
+
+    A loop and not a thread pool: Python callables gain nothing from threads under the
+    GIL, and in order is what a caller can rely on. For parallel loops write the body as
+    a Numba kernel with `numba.prange` and compile it with `CPUBackend.compile_kernel`.
+
+    Raises:
+        TypeError: `func` is not callable (nothing has run).
+    """
+    if not callable(func):
+        raise TypeError(f"parallel_for needs a callable func(i), got {type(func).__name__}")
+    for i in range(start, end):
+        func(i)

@@ -4,10 +4,10 @@ Design. The backend runs in one of three modes, picked by a probe that never rai
 
 * ``"cupy"`` — a GPU is visible to the CuPy runtime. Device arrays are ``cupy.ndarray``;
   Numba kernels take them through ``__cuda_array_interface__`` and run on CuPy streams
-  (wrapped with ``numba.cuda.external_stream``); CUDA C kernels are ``cupy.RawKernel``\\ s
+  (wrapped with ``numba.cuda.external_stream``); CUDA C kernels are ``cupy.RawKernel``s
   loaded from PTX that the ``KernelCompiler`` produced with NVRTC and cached on disk.
 * ``"numba"`` — a GPU is visible to Numba but CuPy is missing: device arrays are Numba
-  ``DeviceNDArray``\\ s. CUDA C kernels need CuPy and raise ``BackendNotAvailableError``.
+  ``DeviceNDArray``s. CUDA C kernels need CuPy and raise ``BackendNotAvailableError``.
 * ``"simulator"`` — ``NUMBA_ENABLE_CUDASIM=1``: the Numba CUDA simulator stands in for the
   GPU, so CI exercises the same allocation, copy, stream and launch logic without hardware.
 
@@ -546,3 +546,24 @@ def _is_numba_typing_error(exc: BaseException) -> bool:
     if numba_errors is None:
         return False
     return isinstance(exc, (numba_errors.TypingError, numba_errors.LoweringError))
+
+
+# --- module-level helpers older code imports -----------------------------------------------
+
+
+def get_vector_add_kernel() -> Callable[..., Any]:
+    """The shipped Numba CUDA vector add `(a, b, out)` of the default device.
+
+    Raises:
+        BackendNotAvailableError: no usable CUDA device (the message says what is missing).
+    """
+    return CUDABackend().get_vector_add_kernel()
+
+
+def get_matrix_multiply_kernel() -> Callable[..., Any]:
+    """The shipped tiled float32 matrix multiply `(a, b, out)` of the default device.
+
+    Raises:
+        BackendNotAvailableError: no usable CUDA device (the message says what is missing).
+    """
+    return CUDABackend().get_matrix_multiply_kernel()

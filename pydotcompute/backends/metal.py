@@ -32,7 +32,14 @@ from .base import (
     normalize_grid,
 )
 
-__all__ = ("ELEMENTWISE_OPS", "MetalBackend", "mlx_dtype")
+__all__ = (
+    "ELEMENTWISE_OPS",
+    "MetalBackend",
+    "get_elementwise_kernel",
+    "get_matrix_multiply_kernel",
+    "get_vector_add_kernel",
+    "mlx_dtype",
+)
 
 #: Names accepted by :meth:`MetalBackend.get_elementwise_kernel`.
 ELEMENTWISE_OPS = (
@@ -237,7 +244,7 @@ class MetalBackend(Backend):
         """A new MLX stream on the default device, usable from any thread.
 
         In recent MLX a stream from ``mx.new_stream`` exists only in the thread that made
-        it, but launches from :class:`~pydotcompute.core.ComputeOrchestrator` run in worker
+        it, but launches from `ComputeOrchestrator` run in worker
         threads. The stream returned is a ``ThreadLocalStream`` where MLX has one (each
         thread that uses it gets its own queue on the device), else an ordinary stream
         (older MLX, whose streams work in every thread).
@@ -247,12 +254,12 @@ class MetalBackend(Backend):
         return make(mx.default_device())
 
     def schedule_inputs(self, args: Sequence[Any]) -> None:
-        """Start evaluating the lazy ``mx.array``\\ s among ``args`` in this thread.
+        """Start evaluating the lazy ``mx.array``s among ``args`` in this thread.
 
         MLX with thread-local streams evaluates an unevaluated array only in the thread
         whose stream recorded it, so an input built lazily on an event loop
         (``mx.arange(n)``, ``a + b``) fails in a worker thread with "There is no
-        Stream(...) in current thread". :class:`~pydotcompute.core.ComputeOrchestrator`
+        Stream(...) in current thread". `ComputeOrchestrator`
         calls this on the caller's thread before it hands a launch to a worker:
         ``mx.async_eval`` queues the pending work there without waiting for it, and the
         worker waits for the results instead of evaluating them. Containers (lists,
@@ -319,7 +326,7 @@ class MetalBackend(Backend):
     def compile_kernel(
         self, func: Callable[..., Any] | str, signature: Any | None = None, **options: Any
     ) -> Any:
-        """Compile a Python function over ``mx.array``\\ s with ``mx.compile`` (once, cached).
+        """Compile a Python function over ``mx.array``s with ``mx.compile`` (once, cached).
 
         Example: ``MetalBackend().compile_kernel(lambda x: x * 2 + 1)``.
 
@@ -331,16 +338,16 @@ class MetalBackend(Backend):
         return get_compiler().compile(func, signature=signature, device="metal", **options)
 
     def get_vector_add_kernel(self) -> Callable[..., Any]:
-        """A compiled ``(a, b) -> a + b`` over ``mx.array``\\ s."""
+        """A compiled ``(a, b) -> a + b`` over ``mx.array``s."""
         return self.get_elementwise_kernel("add")
 
     def get_matrix_multiply_kernel(self) -> Callable[..., Any]:
-        """A compiled ``(a, b) -> a @ b`` over ``mx.array``\\ s."""
+        """A compiled ``(a, b) -> a @ b`` over ``mx.array``s."""
         mx = self._mx()
         return self.compile_kernel(mx.matmul, name="mlx_matmul")  # type: ignore[no-any-return]
 
     def get_elementwise_kernel(self, op: str) -> Callable[..., Any]:
-        """A compiled elementwise kernel; ``op`` is one of :data:`ELEMENTWISE_OPS`.
+        """A compiled elementwise kernel; ``op`` is one of `ELEMENTWISE_OPS`.
 
         Binary ops take ``(a, b)``, unary ops ``(a,)``.
 
@@ -362,6 +369,28 @@ class MetalBackend(Backend):
         else:
             fn = getattr(mx, op)
         return self.compile_kernel(fn, name=f"mlx_{op}")  # type: ignore[no-any-return]
+
+    def get_memory_info(self) -> dict[str, int]:
+        """MLX's memory figures in bytes: `active_memory` (held by live arrays),
+        `peak_memory` (the most active so far) and `cache_memory` (freed, kept for reuse).
+
+        Raises:
+            BackendNotAvailableError: MLX is not installed.
+        """
+        mx = self._mx()
+        return {
+            "active_memory": int(mx.get_active_memory()),
+            "peak_memory": int(mx.get_peak_memory()),
+            "cache_memory": int(mx.get_cache_memory()),
+        }
+
+    def clear_cache(self) -> None:
+        """Release the memory MLX keeps cached for reuse (`cache_memory` drops to 0).
+
+        Raises:
+            BackendNotAvailableError: MLX is not installed.
+        """
+        self._mx().clear_cache()
 
     def compile_metal_kernel(
         self,
@@ -391,3 +420,34 @@ def _relu(x: Any) -> Any:
 def elementwise_is_unary(op: str) -> bool:
     """Whether ``op`` takes one argument."""
     return op in _UNARY
+
+
+# --- module-level helpers older code imports -----------------------------------------------
+
+
+def get_vector_add_kernel() -> Callable[..., Any]:
+    """A compiled `(a, b) -> a + b` over `mx.array`s (`MetalBackend().get_vector_add_kernel()`).
+
+    Raises:
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_vector_add_kernel()
+
+
+def get_matrix_multiply_kernel() -> Callable[..., Any]:
+    """A compiled `(a, b) -> a @ b` over `mx.array`s.
+
+    Raises:
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_matrix_multiply_kernel()
+
+
+def get_elementwise_kernel(op: str) -> Callable[..., Any]:
+    """A compiled elementwise kernel; `op` is one of `ELEMENTWISE_OPS`.
+
+    Raises:
+        InvalidConfigurationError: unknown `op`.
+        BackendNotAvailableError: MLX is not installed.
+    """
+    return MetalBackend().get_elementwise_kernel(op)

@@ -12,6 +12,7 @@ from .compiler import CompilerStats as CompilerStats
 from .compiler import KernelCompiler as KernelCompiler
 from .compiler import compile_kernel as compile_kernel
 from .compiler import get_compiler as get_compiler
+from .compiler import warmup_kernels as warmup_kernels
 from .ptx_check import PtxCheckResult as PtxCheckResult
 from .ptx_check import ShippedKernel as ShippedKernel
 from .ptx_check import check_ptx as check_ptx
@@ -32,4 +33,5 @@ __all__ = (
     "cuda_ptx_check",
     "get_compiler",
     "get_kernel_cache",
+    "warmup_kernels",
 )

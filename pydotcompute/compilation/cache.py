@@ -15,6 +15,7 @@ else ``~/.cache/pydotcompute/kernels``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..exceptions import InvalidConfigurationError
 
@@ -45,13 +46,20 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """One cached artifact."""
+    """One cached artifact.
+
+    `kernel_name` and `source_hash` are those given to `store(kernel_name, source_hash,
+    ptx)`; for entries the compiler wrote, `kernel_name` is the kernel's name and
+    `source_hash` is empty (its key already covers the source).
+    """
 
     key: str
     kind: str
     size_bytes: int
     last_used: float
     metadata: dict[str, Any] = field(default_factory=dict)
+    kernel_name: str = ""
+    source_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +87,7 @@ class KernelCache:
     """An on-disk, process-safe, LRU-bounded store of compiled kernels.
 
     Args:
-        cache_dir: the directory (created on first store); default :func:`default_cache_dir`.
+        cache_dir: the directory (created on first store); default `default_cache_dir`.
         max_entries: keep at most this many entries.
         max_size_mb: keep at most this many MiB of artifacts.
 
@@ -121,23 +129,107 @@ class KernelCache:
 
     # --- operations ------------------------------------------------------------------------
 
+    @staticmethod
+    def entry_key(kernel_name: str, source_hash: str) -> str:
+        """The key `store(kernel_name, source_hash, ptx)` files an artifact under."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", str(kernel_name))[:64] or "kernel"
+        digest = hashlib.sha256(str(source_hash).encode()).hexdigest()[:40]
+        return f"{safe}-{digest}"
+
+    @overload
     def store(
         self,
         key: str,
         data: bytes | str,
         *,
-        kind: str = "ptx",
-        metadata: dict[str, Any] | None = None,
-    ) -> Path:
-        """Write ``data`` under ``key`` atomically, then evict down to the limits.
+        kind: str = ...,
+        metadata: dict[str, Any] | None = ...,
+    ) -> Path: ...
 
-        Returns:
-            The path of the artifact.
+    @overload
+    def store(
+        self,
+        kernel_name: str,
+        source_hash: str,
+        ptx: bytes | str,
+        /,
+        *,
+        signature: Any = ...,
+        metadata: dict[str, Any] | None = ...,
+    ) -> bool: ...
+
+    @overload
+    def store(
+        self,
+        *,
+        kernel_name: str,
+        source_hash: str,
+        ptx: bytes | str,
+        signature: Any = ...,
+        metadata: dict[str, Any] | None = ...,
+    ) -> bool: ...
+
+    def store(
+        self,
+        key: str | None = None,
+        data: bytes | str | None = None,
+        ptx: bytes | str | None = None,
+        *,
+        kind: str = "ptx",
+        signature: Any = None,
+        metadata: dict[str, Any] | None = None,
+        kernel_name: str | None = None,
+        source_hash: str | None = None,
+    ) -> Path | bool:
+        """Write an artifact atomically, then evict down to the limits.
+
+        Two forms:
+
+        - `store(key, data)` files `data` under `key` and returns its path; a write
+          failure raises `OSError`.
+        - `store(kernel_name, source_hash, ptx, signature=None)` (the form older code
+          uses) files `ptx` under `entry_key(kernel_name, source_hash)` and returns whether
+          it was written: a write failure returns False.
 
         Raises:
             InvalidConfigurationError: a malformed key.
-            OSError: the directory cannot be written.
+            OSError: the directory cannot be written (the two-argument form).
         """
+        key = key if kernel_name is None else kernel_name
+        data = data if source_hash is None else source_hash
+        if key is None or data is None:
+            raise TypeError(
+                "store() needs (key, data) or (kernel_name, source_hash, ptx), "
+                f"got key={key!r}, data={'...' if data is not None else None}"
+            )
+        if ptx is None:
+            return self._store(key, data, kind=kind, metadata=metadata)
+        named = {
+            "kernel_name": key,
+            "source_hash": str(data),
+            "signature": None if signature is None else str(signature),
+        }
+        try:
+            self._store(
+                self.entry_key(key, str(data)),
+                ptx,
+                kind=kind,
+                metadata=metadata,
+                extra=named,
+            )
+        except OSError:
+            return False
+        return True
+
+    def _store(
+        self,
+        key: str,
+        data: bytes | str,
+        *,
+        kind: str,
+        metadata: dict[str, Any] | None,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
         data_path, meta_path = self._paths(key)
         payload = data.encode() if isinstance(data, str) else bytes(data)
         meta = {
@@ -146,6 +238,7 @@ class KernelCache:
             "size": len(payload),
             "created": time.time(),
             "metadata": metadata or {},
+            **(extra or {}),
         }
         self._dir.mkdir(parents=True, exist_ok=True)
         self._atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
@@ -166,9 +259,22 @@ class KernelCache:
                 os.unlink(tmp)
             raise
 
-    def load(self, key: str) -> bytes | None:
-        """The artifact under ``key``, or ``None``; a hit refreshes its recency."""
-        data_path, _ = self._paths(key)
+    def _resolve(self, key: str | None, source_hash: str | None, kernel_name: str | None) -> str:
+        name = kernel_name if kernel_name is not None else key
+        if name is None:
+            raise TypeError("give a key, or kernel_name and source_hash")
+        return name if source_hash is None else self.entry_key(name, source_hash)
+
+    def load(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bytes | None:
+        """The artifact under `key` (or stored as `(kernel_name, source_hash)`), or `None`;
+        a hit refreshes its recency."""
+        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
         try:
             payload = data_path.read_bytes()
         except OSError:
@@ -186,9 +292,16 @@ class KernelCache:
         payload = self.load(key)
         return None if payload is None else payload.decode()
 
-    def contains(self, key: str) -> bool:
-        """Whether ``key`` is cached (does not count as a hit or refresh recency)."""
-        data_path, _ = self._paths(key)
+    def contains(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bool:
+        """Whether `key` (or `(kernel_name, source_hash)`) is cached (does not count as a
+        hit or refresh recency)."""
+        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
         return data_path.is_file()
 
     def __contains__(self, key: object) -> bool:
@@ -202,9 +315,15 @@ class KernelCache:
         except (OSError, ValueError):
             return None
 
-    def remove(self, key: str) -> bool:
-        """Delete ``key``; returns whether it existed."""
-        data_path, meta_path = self._paths(key)
+    def remove(
+        self,
+        key: str | None = None,
+        source_hash: str | None = None,
+        *,
+        kernel_name: str | None = None,
+    ) -> bool:
+        """Delete `key` (or `(kernel_name, source_hash)`); returns whether it existed."""
+        data_path, meta_path = self._paths(self._resolve(key, source_hash, kernel_name))
         existed = data_path.is_file()
         for path in (data_path, meta_path):
             with contextlib.suppress(FileNotFoundError):
@@ -232,13 +351,16 @@ class KernelCache:
             except OSError:
                 continue
             meta = self.metadata(key) or {}
+            user_meta = dict(meta.get("metadata", {}))
             found.append(
                 CacheEntry(
                     key=key,
                     kind=str(meta.get("kind", "unknown")),
                     size_bytes=st.st_size,
                     last_used=st.st_mtime,
-                    metadata=dict(meta.get("metadata", {})),
+                    metadata=user_meta,
+                    kernel_name=str(meta.get("kernel_name") or user_meta.get("name") or ""),
+                    source_hash=str(meta.get("source_hash") or ""),
                 )
             )
         found.sort(key=lambda e: (e.last_used, e.key))
@@ -284,7 +406,7 @@ _cache_lock = threading.Lock()
 
 
 def get_kernel_cache() -> KernelCache:
-    """The process-wide ``KernelCache`` in :func:`default_cache_dir`."""
+    """The process-wide ``KernelCache`` in `default_cache_dir`."""
     global _cache
     with _cache_lock:
         if _cache is None:

@@ -22,6 +22,10 @@ Compiler failures raise ``KernelCompilationError`` carrying the compiler's own m
 The source hash covers the function's source text (or bytecode when there is no source), its
 constants and the reprs of its closure cells, so two closures over different values do not
 share an entry; module globals are not hashed — pass changing values as arguments.
+
+This file is longer than the ~600-line habit: the per-device paths share the compiler's two
+caches and counters under one lock, and the constructors older code builds by hand
+(`CompilationOptions`, `CompiledKernel`) must stay next to the code that fills them.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import sys
 import textwrap
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +61,7 @@ __all__ = (
     "get_compiler",
     "nvrtc_compile_ptx",
     "source_hash",
+    "warmup_kernels",
 )
 
 #: PTX target used when no GPU is present to ask (Ampere; loads on every newer GPU).
@@ -65,31 +71,52 @@ _DEVICES = ("auto", "cpu", "cuda", "metal")
 
 @dataclass(frozen=True, slots=True)
 class CompilationOptions:
-    """Options that change the generated code (all part of the cache key).
+    """Options that change the generated code (all but `device`, `cache` and `name` are
+    part of the cache key).
+
+    The first six fields keep the order and defaults older code passes positionally.
 
     Attributes:
+        device: the device to compile for when these options are given to a compiler or a
+            `compile` call without `device=`: `"cuda"`, `"cpu"`, `"metal"` or `"auto"`.
         fastmath: allow fast, less exact floating point.
         debug: generate debug code (slower; exceptions checked on the device).
         lineinfo: keep source line information in PTX.
-        cc: CUDA compute capability to target; ``None`` means the current GPU's, else 8.0.
+        opt_level: optimisation level 0-3; 0 turns Numba CUDA's optimiser off.
+        cache: persist PTX in the `KernelCache`.
+        cc: CUDA compute capability to target; `None` means the current GPU's, else 8.0.
         nvrtc_options: extra NVRTC flags for CUDA C source.
-        cache: persist PTX in the ``KernelCache``.
         name: the kernel's name (the entry point for CUDA C source).
+
+    Raises:
+        InvalidConfigurationError: an unknown device or an `opt_level` outside 0-3.
     """
 
-    fastmath: bool = False
+    device: str = "cuda"
+    fastmath: bool = True
     debug: bool = False
     lineinfo: bool = False
+    opt_level: int = 3
+    cache: bool = True
     cc: tuple[int, int] | None = None
     nvrtc_options: tuple[str, ...] = ()
-    cache: bool = True
     name: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.device not in _DEVICES:
+            raise InvalidConfigurationError(
+                f"device must be one of {', '.join(_DEVICES)}, got {self.device!r}"
+            )
+        if isinstance(self.opt_level, bool) or self.opt_level not in (0, 1, 2, 3):
+            raise InvalidConfigurationError(
+                f"opt_level must be 0, 1, 2 or 3, got {self.opt_level!r}"
+            )
+
     def cache_key(self) -> str:
-        """The options as a stable string (``name`` and ``cache`` excluded)."""
+        """The options as a stable string (`device`, `name` and `cache` excluded)."""
         return (
             f"fm={int(self.fastmath)};dbg={int(self.debug)};li={int(self.lineinfo)};"
-            f"cc={self.cc};nv={','.join(self.nvrtc_options)}"
+            f"O={self.opt_level};cc={self.cc};nv={','.join(self.nvrtc_options)}"
         )
 
 
@@ -188,29 +215,45 @@ class CompiledKernel:
 
     def __init__(
         self,
+        kernel: Any = None,
+        name: str = "kernel",
+        source_hash: str = "",
+        signature: Any = None,
+        options: CompilationOptions | None = None,
+        compile_time_ms: float = 0.0,
+        ptx: str | None = None,
         *,
-        name: str,
-        device: str,
-        signature: Any,
-        key: str,
-        options: CompilationOptions,
-        source: Callable[..., Any] | str,
-        ptx: str | None,
-        from_disk_cache: bool,
-        compile_time_ms: float,
-        build: Callable[[], Any],
+        device: str | None = None,
+        key: str | None = None,
+        source: Callable[..., Any] | str | None = None,
+        from_disk_cache: bool = False,
+        build: Callable[[], Any] | None = None,
     ) -> None:
+        """Wrap a compiled `kernel` (as older code builds one), or a `build` function the
+        compiler gives to make it on first use.
+
+        Raises:
+            InvalidConfigurationError: neither `kernel` nor `build` was given.
+        """
+        if kernel is None and build is None:
+            raise InvalidConfigurationError(
+                "CompiledKernel needs the compiled kernel (first argument) or build="
+            )
+        opts = options if options is not None else CompilationOptions()
         self.name = name
-        self.device = device
+        self.device = device if device is not None else opts.device
         self.signature = signature
-        self.key = key
-        self.options = options
-        self.source = source
+        self.source_hash = source_hash
+        self.key = key if key is not None else source_hash
+        self.options = opts
+        self.source: Callable[..., Any] | str = (
+            source if source is not None else getattr(kernel, "py_func", kernel)
+        )
         self.ptx = ptx
         self.from_disk_cache = from_disk_cache
         self.compile_time_ms = compile_time_ms
-        self._build = build
-        self._kernel: Any = None
+        self._build = build if build is not None else (lambda: kernel)
+        self._kernel: Any = kernel
         self._lock = threading.Lock()
 
     @property
@@ -288,6 +331,8 @@ class KernelCompiler:
         *,
         cache: KernelCache | bool | None = None,
     ) -> None:
+        # options given here also choose the default device (see `compile`)
+        self._device_from_options = options is not None
         self.options = options or CompilationOptions()
         self._cache_spec = cache
         self._kernels: dict[str, CompiledKernel] = {}
@@ -306,6 +351,19 @@ class KernelCompiler:
             return get_kernel_cache()
         return self._cache_spec
 
+    @property
+    def cuda_available(self) -> bool:
+        """Whether CUDA kernels can run here (a GPU and its libraries, or the simulator)."""
+        from ..core.accelerator import get_accelerator
+
+        return bool(get_accelerator().cuda_available)
+
+    @property
+    def numba_available(self) -> bool:
+        """Whether Numba is installed (CPU kernels are then JIT-compiled; checked without
+        importing it)."""
+        return "numba" in sys.modules or importlib.util.find_spec("numba") is not None
+
     # --- public ----------------------------------------------------------------------------
 
     def compile(
@@ -315,7 +373,7 @@ class KernelCompiler:
         signature: Any | None = None,
         name: str | None = None,
         options: CompilationOptions | None = None,
-        device: str = "auto",
+        device: str | None = None,
         **overrides: Any,
     ) -> CompiledKernel:
         """Compile ``func`` (a Python function, or CUDA C source for ``device="cuda"``).
@@ -326,7 +384,9 @@ class KernelCompiler:
                 argument types (CPU/CUDA) or traces on first call (Metal).
             name: the kernel name; required for CUDA C (the ``extern "C"`` entry point).
             options: per-call options (default: the compiler's).
-            device: ``"auto"`` (the accelerator's backend), ``"cpu"``, ``"cuda"``, ``"metal"``.
+            device: `"auto"` (the accelerator's backend), `"cpu"`, `"cuda"`, `"metal"`;
+                `None` takes `options.device` when options were given (here or to the
+                compiler), else `"auto"`.
             **overrides: ``CompilationOptions`` fields to change for this call.
 
         Raises:
@@ -335,6 +395,9 @@ class KernelCompiler:
             InvalidConfigurationError: unknown device or option.
         """
         opts = options or self.options
+        if device is None:
+            explicit = options is not None or self._device_from_options
+            device = opts.device if explicit else "auto"
         if overrides:
             fields = {f.name for f in dataclasses.fields(CompilationOptions)}
             unknown = sorted(set(overrides) - fields)
@@ -361,7 +424,8 @@ class KernelCompiler:
                 f"a kernel must be a Python function or CUDA C source, got {type(func).__name__}"
             )
         kname = str(opts.name or getattr(func, "__name__", None) or "kernel")
-        key = self._key(func, signature, dev, opts)
+        src_hash = source_hash(func)
+        key = self._key(src_hash, signature, dev, opts)
         with self._lock:
             hit = self._kernels.get(key)
             if hit is not None:
@@ -373,6 +437,7 @@ class KernelCompiler:
             except Exception:
                 self._errors += 1
                 raise
+            compiled.source_hash = src_hash
             self._kernels[key] = compiled
             return compiled
 
@@ -409,6 +474,35 @@ class KernelCompiler:
             self._hits = self._misses = self._disk_hits = self._compilations = 0
             self._nvrtc = self._ptx = self._errors = 0
 
+    def get_cached_kernel(self, key_or_hash: str) -> CompiledKernel | None:
+        """The kernel compiled under a cache key or a source hash, or `None`.
+
+        A source hash (`CompiledKernel.source_hash`) may match several kernels (one per
+        signature, device and options); the first compiled is returned.
+        """
+        with self._lock:
+            hit = self._kernels.get(key_or_hash)
+            if hit is not None:
+                return hit
+            return next((k for k in self._kernels.values() if k.source_hash == key_or_hash), None)
+
+    def clear_cache(self) -> int:
+        """Forget in-memory kernels (the disk cache is untouched); returns how many."""
+        with self._lock:
+            n = len(self._kernels)
+            self._kernels.clear()
+            return n
+
+    def __repr__(self) -> str:
+        from ..backends.cuda import cuda_simulator_enabled
+
+        cuda = "simulator" if cuda_simulator_enabled() else self.cuda_available
+        device = self.options.device if self._device_from_options else "auto"
+        return (
+            f"<KernelCompiler cuda={cuda} numba={self.numba_available} "
+            f"kernels={len(self._kernels)} device={device}>"
+        )
+
     # --- internals -------------------------------------------------------------------------
 
     @staticmethod
@@ -424,11 +518,9 @@ class KernelCompiler:
         return device
 
     @staticmethod
-    def _key(
-        func: Callable[..., Any] | str, signature: Any, device: str, opts: CompilationOptions
-    ) -> str:
+    def _key(src_hash: str, signature: Any, device: str, opts: CompilationOptions) -> str:
         h = hashlib.sha256()
-        h.update(source_hash(func).encode())
+        h.update(src_hash.encode())
         h.update(f"|{signature}|{device}|{opts.cache_key()}|{opts.name}".encode())
         return h.hexdigest()[:40]
 
@@ -648,8 +740,10 @@ class KernelCompiler:
             cuda = numba_cuda()
 
             jit_kwargs: dict[str, Any] = {"fastmath": opts.fastmath}
+            if opts.debug or not opts.opt_level:
+                jit_kwargs["opt"] = False
             if opts.debug:
-                jit_kwargs.update(debug=True, opt=False)
+                jit_kwargs["debug"] = True
             if opts.lineinfo:
                 jit_kwargs["lineinfo"] = True
             try:
@@ -706,8 +800,10 @@ def numba_compile_ptx(
         ) from None
     opts = opts or CompilationOptions()
     kwargs: dict[str, Any] = {"cc": cc, "fastmath": opts.fastmath}
+    if opts.debug or not opts.opt_level:
+        kwargs["opt"] = False
     if opts.debug:
-        kwargs.update(debug=True, opt=False)
+        kwargs["debug"] = True
     if opts.lineinfo:
         kwargs["lineinfo"] = True
     name = getattr(func, "__name__", "kernel")
@@ -758,8 +854,40 @@ def compile_kernel(
     *,
     signature: Any | None = None,
     name: str | None = None,
-    device: str = "auto",
+    device: str | None = None,
     **options: Any,
 ) -> CompiledKernel:
-    """``get_compiler().compile(...)``: compile once, cached in memory and (PTX) on disk."""
+    """`get_compiler().compile(...)`: compile once, cached in memory and (PTX) on disk.
+
+    `options` are `CompilationOptions` fields (`fastmath=False`, `debug=True`, ...);
+    `device=None` compiles for the accelerator's backend.
+    """
     return get_compiler().compile(func, signature=signature, name=name, device=device, **options)
+
+
+def warmup_kernels(
+    kernels: Iterable[Callable[..., Any] | tuple[Callable[..., Any], Any]],
+    *,
+    device: str | None = None,
+    **options: Any,
+) -> dict[str, CompiledKernel]:
+    """Compile `kernels` ahead of their first launch (each once; later calls hit caches).
+
+    Args:
+        kernels: functions, or `(function, signature)` pairs (with a signature, CPU kernels
+            compile now and CUDA kernels get their PTX now).
+        device: as for `compile_kernel`.
+        **options: `CompilationOptions` fields.
+
+    Returns:
+        The compiled kernels by name.
+
+    Raises:
+        KernelCompilationError: a kernel does not compile (the ones before it are cached).
+    """
+    compiled: dict[str, CompiledKernel] = {}
+    for item in kernels:
+        func, signature = item if isinstance(item, tuple) else (item, None)
+        k = compile_kernel(func, signature=signature, device=device, **options)
+        compiled[k.name] = k
+    return compiled

@@ -2,10 +2,10 @@
 
 CI has no GPU, so a typo in a kernel would otherwise surface only on hardware. Each module
 that ships CUDA kernels exposes ``shipped_kernels() -> list[ShippedKernel]``; the modules are
-listed in :data:`KERNEL_PROVIDERS` (a provider that does not exist yet, or has no such
-function, is skipped). :func:`check_ptx` compiles Python kernels with
+listed in `KERNEL_PROVIDERS` (a provider that does not exist yet, or has no such
+function, is skipped). `check_ptx` compiles Python kernels with
 ``numba.cuda.compile_ptx`` for an explicit compute capability and CUDA C kernels with NVRTC;
-:func:`cuda_ptx_check` raises if any fails. Neither needs a GPU, but both need the ``cuda``
+`cuda_ptx_check` raises if any fails. Neither needs a GPU, but both need the ``cuda``
 extra and cannot run while the Numba CUDA simulator is on.
 """
 

@@ -63,17 +63,23 @@ def size_class(nbytes: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PoolStatistics:
-    """A snapshot of a pool's counters (``MemoryPool.get_stats()``)."""
+    """A snapshot of a pool's counters (`MemoryPool.get_stats()`).
 
+    The first three fields are the ones older code builds and reads
+    (`PoolStatistics(used_bytes, total_bytes, n_free_blocks)`): bytes handed out, bytes
+    held (handed out plus cached), and blocks cached for reuse. The rest are counters
+    this pool keeps as well.
+    """
+
+    used_bytes: int = 0
+    total_bytes: int = 0
+    n_free_blocks: int = 0
     hits: int = 0
     misses: int = 0
     evictions: int = 0
     acquires: int = 0
     releases: int = 0
     blocks_in_use: int = 0
-    bytes_in_use: int = 0
-    blocks_cached: int = 0
-    bytes_cached: int = 0
     limit_bytes: int | None = None
     bytes_by_location: dict[str, int] = field(default_factory=dict)
     cupy_used_bytes: int = 0
@@ -86,19 +92,39 @@ class PoolStatistics:
         return self.hits / self.acquires if self.acquires else 0.0
 
     @property
-    def used_bytes(self) -> int:
-        """Bytes handed out and not yet released (0.2 name)."""
-        return self.bytes_in_use
+    def bytes_in_use(self) -> int:
+        """Bytes handed out and not yet released (the same as `used_bytes`)."""
+        return self.used_bytes
 
     @property
-    def total_bytes(self) -> int:
-        """Bytes the pool holds: in use plus cached (0.2 name)."""
-        return self.bytes_in_use + self.bytes_cached
+    def bytes_cached(self) -> int:
+        """Bytes cached for reuse (the same as `free_bytes`)."""
+        return self.total_bytes - self.used_bytes
+
+    @property
+    def blocks_cached(self) -> int:
+        """Blocks cached for reuse (the same as `n_free_blocks`)."""
+        return self.n_free_blocks
 
     @property
     def free_bytes(self) -> int:
-        """Bytes cached for reuse (0.2 name)."""
-        return self.bytes_cached
+        """Bytes held but not handed out: `total_bytes - used_bytes`."""
+        return self.total_bytes - self.used_bytes
+
+    @property
+    def utilization(self) -> float:
+        """`used_bytes / total_bytes` (0.0 while the pool holds nothing)."""
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def used_mb(self) -> float:
+        """`used_bytes` in MiB."""
+        return self.used_bytes / 2**20
+
+    @property
+    def total_mb(self) -> float:
+        """`total_bytes` in MiB."""
+        return self.total_bytes / 2**20
 
 
 @dataclass(slots=True)
@@ -119,9 +145,18 @@ class MemoryPool:
     """Size-class pool of host, pinned and device blocks with LRU eviction.
 
     Args:
-        max_bytes: bound on bytes held (in use + cached); ``None`` for no bound.
-        enabled: when ``False`` every acquire allocates and every release frees.
-        backend: device backend for ``location="device"`` (default: the accelerator's).
+        initial_size_mb: MiB the pool is expected to grow to at first. The pool allocates
+            on demand, so this is checked (non-negative, within `max_size_mb`) and kept
+            as `initial_size_mb`, not reserved up front.
+        max_size_mb: bound on what the pool holds, in MiB; `None` for no bound. The same
+            as `max_bytes` in other units; give one or the other.
+        max_bytes: bound on bytes held (in use + cached); `None` for no bound.
+        enabled: when `False` every acquire allocates and every release frees.
+        backend: device backend for `location="device"` (default: the accelerator's).
+
+    Raises:
+        InvalidConfigurationError: a negative size, `initial_size_mb` above the bound, or
+            `max_size_mb` and `max_bytes` that disagree.
 
     Thread-safe: one lock guards the tables; allocation happens under it too, so keep blocks
     large enough that pooling is worth it (it is for anything over a few KiB).
@@ -129,12 +164,36 @@ class MemoryPool:
 
     def __init__(
         self,
+        initial_size_mb: float = 0,
+        max_size_mb: float | None = None,
         *,
         max_bytes: int | None = None,
         enabled: bool = True,
         backend: Backend | str | None = None,
     ) -> None:
         self._check_limit(max_bytes)
+        if max_size_mb is not None:
+            if max_size_mb < 0:
+                raise InvalidConfigurationError(
+                    f"max_size_mb must be >= 0 or None, got {max_size_mb!r}"
+                )
+            from_mb = int(max_size_mb * 2**20)
+            if max_bytes is not None and max_bytes != from_mb:
+                raise InvalidConfigurationError(
+                    f"max_size_mb={max_size_mb!r} and max_bytes={max_bytes!r} disagree; "
+                    "give one of them"
+                )
+            max_bytes = from_mb
+        if initial_size_mb < 0:
+            raise InvalidConfigurationError(
+                f"initial_size_mb must be >= 0, got {initial_size_mb!r}"
+            )
+        if max_bytes and initial_size_mb * 2**20 > max_bytes:
+            raise InvalidConfigurationError(
+                f"initial_size_mb={initial_size_mb!r} is above the pool's bound of "
+                f"{max_bytes / 2**20:g} MiB; raise max_size_mb or lower initial_size_mb"
+            )
+        self.initial_size_mb = initial_size_mb
         self._limit = max_bytes or None
         self._enabled = enabled
         self._backend_spec = backend
@@ -390,15 +449,15 @@ class MemoryPool:
             for block in self._lru.values():
                 by_location[block.key[0]] += block.nbytes
             return PoolStatistics(
+                used_bytes=self._bytes_in_use,
+                total_bytes=self._bytes_in_use + self._bytes_cached,
+                n_free_blocks=len(self._lru),
                 hits=self._hits,
                 misses=self._misses,
                 evictions=self._evictions,
                 acquires=self._acquires,
                 releases=self._releases,
                 blocks_in_use=len(self._leases),
-                bytes_in_use=self._bytes_in_use,
-                blocks_cached=len(self._lru),
-                bytes_cached=self._bytes_cached,
                 limit_bytes=self._limit,
                 bytes_by_location=by_location,
                 cupy_used_bytes=cupy_used,
@@ -432,9 +491,11 @@ class MemoryPool:
 
     def __repr__(self) -> str:
         s = self.get_stats()
+        limit = "none" if s.limit_bytes is None else f"{s.limit_bytes}B"
         return (
-            f"<MemoryPool in_use={s.bytes_in_use}B cached={s.bytes_cached}B "
-            f"hits={s.hits} misses={s.misses} evictions={s.evictions}>"
+            f"<MemoryPool enabled={s.enabled} in_use={s.bytes_in_use}B "
+            f"cached={s.bytes_cached}B limit={limit} hits={s.hits} misses={s.misses} "
+            f"evictions={s.evictions}>"
         )
 
 
@@ -452,6 +513,9 @@ def get_memory_pool() -> MemoryPool:
 
 
 def configure_memory_pool(
+    initial_size_mb: float = 0,
+    max_size_mb: float | None = None,
+    enable: bool = True,
     *,
     limit_mb: float | None = None,
     enabled: bool | None = None,
@@ -459,18 +523,37 @@ def configure_memory_pool(
 ) -> MemoryPool:
     """Configure (creating if needed) the process-wide pool; returns it.
 
+    The three positional arguments are the ones older code passes; the keyword-only ones
+    say the same in this pool's terms and win when both are given.
+
     Args:
-        limit_mb: byte bound in MiB (``None`` leaves it unchanged, 0 removes it).
-        enabled: enable or disable caching (``None`` leaves it unchanged).
-        backend: device backend for device blocks (``None`` leaves it unchanged).
+        initial_size_mb: checked as in `MemoryPool` (the pool allocates on demand).
+        max_size_mb: byte bound in MiB (`None` leaves it unchanged, 0 removes it).
+        enable: turn caching on (the default) or off.
+        limit_mb: byte bound in MiB (`None` leaves it unchanged, 0 removes it).
+        enabled: turn caching on or off; `None` defers to `enable`.
+        backend: device backend for device blocks (`None` leaves it unchanged).
+
+    Raises:
+        InvalidConfigurationError: a negative size, or `initial_size_mb` above the bound.
     """
+    limit = limit_mb if limit_mb is not None else max_size_mb
+    if initial_size_mb < 0:
+        raise InvalidConfigurationError(f"initial_size_mb must be >= 0, got {initial_size_mb!r}")
+    if limit and initial_size_mb > limit:
+        raise InvalidConfigurationError(
+            f"initial_size_mb={initial_size_mb!r} is above the bound of {limit!r} MiB; "
+            "raise max_size_mb or lower initial_size_mb"
+        )
     pool = get_memory_pool()
     if backend is not None:
         pool._backend_spec = backend
-    if limit_mb is not None:
-        pool.set_limit(limit_mb)
-    if enabled is True:
+    if initial_size_mb:
+        pool.initial_size_mb = initial_size_mb
+    if limit is not None:
+        pool.set_limit(limit)
+    if enabled if enabled is not None else enable:
         pool.enable()
-    elif enabled is False:
+    else:
         pool.disable()
     return pool

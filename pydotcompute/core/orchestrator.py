@@ -34,8 +34,23 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ..backends.base import Backend, BackendType
+    from .accelerator import Accelerator
+    from .memory_pool import MemoryPool
 
-__all__ = ("ComputeOrchestrator", "KernelExecution", "KernelLaunchConfig")
+__all__ = (
+    "ComputeOrchestrator",
+    "KernelExecution",
+    "KernelLaunchConfig",
+    "KernelNotRegisteredError",
+)
+
+
+class KernelNotRegisteredError(KernelNotFoundError, ValueError):
+    """Raised when a kernel name given to a `ComputeOrchestrator` is not registered.
+
+    A `KernelNotFoundError` (a `KeyError`) like every unknown kernel, and a `ValueError`,
+    which is what older code catches around `launch_kernel`.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +58,9 @@ class KernelLaunchConfig:
     """How to launch a kernel.
 
     Attributes:
-        grid_size: blocks per grid (an int or up to three ints).
-        block_size: threads per block (an int or up to three ints).
+        grid_size: blocks per grid (an int or up to three ints; kept as a tuple, so
+            `KernelLaunchConfig(4, 8).grid_size == (4,)`).
+        block_size: threads per block (an int or up to three ints; kept as a tuple).
         shared_memory_bytes: dynamic shared memory per block (CUDA C kernels).
         stream: the stream to launch on (``None``: the orchestrator's current stream).
 
@@ -58,8 +74,9 @@ class KernelLaunchConfig:
     stream: Any = None
 
     def __post_init__(self) -> None:
-        normalize_grid(self.grid_size, "grid_size")
-        normalize_grid(self.block_size, "block_size")
+        # sizes are kept as tuples (an int becomes a 1-tuple), as older code reads them
+        object.__setattr__(self, "grid_size", normalize_grid(self.grid_size, "grid_size"))
+        object.__setattr__(self, "block_size", normalize_grid(self.block_size, "block_size"))
         if not isinstance(self.shared_memory_bytes, int) or self.shared_memory_bytes < 0:
             raise InvalidConfigurationError(
                 f"shared_memory_bytes must be an int >= 0, got {self.shared_memory_bytes!r}"
@@ -158,6 +175,25 @@ class ComputeOrchestrator:
         return self._initialized and not self._closed
 
     @property
+    def is_active(self) -> bool:
+        """The same as `is_initialized`: ready to launch."""
+        return self.is_initialized
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The process-wide `Accelerator` (device discovery and selection)."""
+        from .accelerator import get_accelerator
+
+        return get_accelerator()
+
+    @property
+    def memory_pool(self) -> MemoryPool:
+        """The process-wide `MemoryPool` kernels' buffers can come from."""
+        from .memory_pool import get_memory_pool
+
+        return get_memory_pool()
+
+    @property
     def backend(self) -> Backend:
         """The backend kernels run on (resolved on first use)."""
         if self._backend is None:
@@ -240,23 +276,23 @@ class ComputeOrchestrator:
         """Forget ``name``.
 
         Raises:
-            KernelNotFoundError: unknown ``name``.
+            KernelNotRegisteredError: unknown ``name``.
         """
         with self._lock:
             if name not in self._kernels:
-                raise KernelNotFoundError(name, self._kernels, where="orchestrator")
+                raise KernelNotRegisteredError(name, self._kernels, where="orchestrator")
             del self._kernels[name]
 
     def get_kernel(self, name: str) -> Callable[..., Any]:
         """The kernel registered under ``name``.
 
         Raises:
-            KernelNotFoundError: unknown ``name`` (the message lists the registered ones).
+            KernelNotRegisteredError: unknown ``name`` (the message lists the registered ones).
         """
         try:
             return self._kernels[name]
         except KeyError:
-            raise KernelNotFoundError(name, self._kernels, where="orchestrator") from None
+            raise KernelNotRegisteredError(name, self._kernels, where="orchestrator") from None
 
     @property
     def kernel_names(self) -> list[str]:
@@ -280,7 +316,7 @@ class ComputeOrchestrator:
             The recorded ``KernelExecution``.
 
         Raises:
-            KernelNotFoundError: unknown name.
+            KernelNotRegisteredError: unknown name (a `KeyError` and a `ValueError`).
             KernelStateError: the orchestrator was shut down.
             Exception: whatever the kernel or backend raised (also recorded in the history).
         """

@@ -19,7 +19,13 @@ from .validators import validate_message as validate_message
 from .validators import validate_priority as validate_priority
 from .validators import validate_queue_size as validate_queue_size
 
-_LAZY = {"kernel": "kernel", "gpu_kernel": "kernel"}
+_LAZY = {
+    "kernel": "kernel",
+    "gpu_kernel": "kernel",
+    "KernelRegistry": "kernel",
+    "get_kernel_registry": "kernel",
+    "cuda_source": "kernel",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,9 +38,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = (
+    "KernelRegistry",
     "RingKernelBuilder",
     "RingKernelMeta",
     "RuntimeValidator",
+    "cuda_source",
+    "get_kernel_registry",
     "get_ring_kernel_meta",
     "gpu_kernel",
     "is_ring_kernel",

@@ -15,12 +15,23 @@ on-disk ``KernelCache`` (``cache=False`` keeps it off disk).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
-from ..exceptions import InvalidConfigurationError
+from ..exceptions import InvalidConfigurationError, KernelAlreadyExistsError
 
-__all__ = ("GPUKernel", "KernelFunction", "get_kernel_meta", "gpu_kernel", "is_kernel", "kernel")
+__all__ = (
+    "GPUKernel",
+    "KernelFunction",
+    "KernelRegistry",
+    "cuda_source",
+    "get_kernel_meta",
+    "get_kernel_registry",
+    "gpu_kernel",
+    "is_kernel",
+    "kernel",
+)
 
 _DEVICES = ("auto", "cpu", "cuda", "metal")
 
@@ -70,7 +81,7 @@ class KernelFunction:
             raise InvalidConfigurationError(f"@kernel needs a function, got {type(func).__name__}")
         functools.update_wrapper(self, func)
         self.py_func = func
-        self.name = name or getattr(func, "__name__", "kernel")
+        self.name: str = str(name or getattr(func, "__name__", None) or "kernel")
         self.device = device
         self.fastmath = fastmath
         self.cache = cache
@@ -156,7 +167,7 @@ class GPUKernel:
             )
         functools.update_wrapper(self, func)
         self.py_func = func
-        self.name = name or getattr(func, "__name__", "kernel")
+        self.name: str = str(name or getattr(func, "__name__", None) or "kernel")
         self.signature = signature
         self.fastmath = fastmath
         self.debug = debug
@@ -282,7 +293,9 @@ def kernel(
     """
 
     def wrap(fn: Callable[..., Any]) -> KernelFunction:
-        return KernelFunction(fn, name=name, device=device, fastmath=fastmath, cache=cache)
+        k = KernelFunction(fn, name=name, device=device, fastmath=fastmath, cache=cache)
+        get_kernel_registry().register(k.name, k, overwrite=True)
+        return k
 
     return wrap(func) if func is not None else wrap
 
@@ -321,9 +334,11 @@ def gpu_kernel(
     """
 
     def wrap(fn: Callable[..., Any]) -> GPUKernel:
-        return GPUKernel(
+        k = GPUKernel(
             fn, name=name, signature=signature, fastmath=fastmath, debug=debug, cache=cache
         )
+        get_kernel_registry().register(k.name, k, overwrite=True)
+        return k
 
     return wrap(func) if func is not None else wrap
 
@@ -336,3 +351,94 @@ def is_kernel(obj: Any) -> bool:
 def get_kernel_meta(obj: Any) -> dict[str, Any] | None:
     """The metadata of a ``@kernel``/``@gpu_kernel`` object, else ``None``."""
     return obj.metadata if is_kernel(obj) else None
+
+
+class KernelRegistry:
+    """Compute kernels by name. `@kernel` and `@gpu_kernel` register what they wrap in the
+    process-wide registry (`get_kernel_registry()`), a later definition under the same name
+    replacing the earlier one; code may keep registries of its own.
+
+    Thread-safe: one lock guards the table.
+    """
+
+    def __init__(self) -> None:
+        self._kernels: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, kernel: Any, *, overwrite: bool = False) -> None:
+        """Register `kernel` under `name`.
+
+        Raises:
+            KernelAlreadyExistsError: `name` is taken and `overwrite` is False (a
+                `ValueError`).
+            InvalidConfigurationError: `name` is empty or not a str.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidConfigurationError(f"kernel name must be a non-empty str, got {name!r}")
+        with self._lock:
+            if not overwrite and name in self._kernels:
+                raise KernelAlreadyExistsError(
+                    f"a kernel named {name!r} is already registered; pass overwrite=True to "
+                    "replace it or unregister() it first"
+                )
+            self._kernels[name] = kernel
+
+    def unregister(self, name: str) -> bool:
+        """Forget `name`; returns whether it was registered."""
+        with self._lock:
+            return self._kernels.pop(name, None) is not None
+
+    def get(self, name: str) -> Any | None:
+        """The kernel registered under `name`, or `None`."""
+        return self._kernels.get(name)
+
+    def list(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._kernels)
+
+    def clear(self) -> None:
+        """Forget every kernel."""
+        with self._lock:
+            self._kernels.clear()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kernels
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def __repr__(self) -> str:
+        return f"<KernelRegistry kernels={len(self._kernels)}>"
+
+
+_registry = KernelRegistry()
+
+
+def get_kernel_registry() -> KernelRegistry:
+    """The process-wide `KernelRegistry` that `@kernel` and `@gpu_kernel` fill."""
+    return _registry
+
+
+_F = TypeVar("_F")
+
+
+def cuda_source(source: str) -> Callable[[_F], _F]:
+    """Attach CUDA C `source` to a kernel as its `__cuda_source__` attribute.
+
+    `@cuda_source(src)` keeps the source next to the Python function it belongs to, for
+    tools (and people) that want the CUDA C a kernel corresponds to; compile it with
+    `compile_kernel(kernel.__cuda_source__, name=..., device="cuda")`.
+
+    Raises:
+        InvalidConfigurationError: `source` is not a non-empty str.
+    """
+    if not isinstance(source, str) or not source.strip():
+        raise InvalidConfigurationError(
+            f"cuda_source() takes the CUDA C source as a non-empty str, got {source!r:.60}"
+        )
+
+    def attach(obj: _F) -> _F:
+        obj.__cuda_source__ = source  # type: ignore[attr-defined]
+        return obj
+
+    return attach

@@ -102,7 +102,7 @@ class LatencyHistogram:
         self.count = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RingKernelTelemetry:
     """Counters and latencies of one kernel (``runtime.get_telemetry(id)``).
 
@@ -113,22 +113,60 @@ class RingKernelTelemetry:
     first.
     """
 
-    kernel_id: str
-    # latencies recorded and not yet folded in (see ``_fold``); first, so that it exists
-    # before ``__init__`` sets the latency fields (properties that look at it)
+    # latencies recorded and not yet folded in (see `_fold`); set first in `__init__`,
+    # before the latency fields (properties that look at it)
     _pending: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    kernel_id: str = ""
     messages_processed: int = 0
     messages_dropped: int = 0
-    messages_sent: int = 0
     queue_depth: int = 0
     total_latency_ns: int = 0
     max_latency_ns: int = 0
     min_latency_ns: int = 0
     error_count: int = 0
     last_error: str | None = None
+    messages_sent: int = 0
     restarts: int = 0
-    start_time: float = field(default_factory=time.monotonic)
-    histogram: LatencyHistogram = field(default_factory=LatencyHistogram, repr=False)
+    # not constructor arguments (`uptime_seconds` sets the clock), so that
+    # `dataclasses.replace` calls `__init__` with the arguments it takes
+    start_time: float = field(default_factory=time.monotonic, init=False)
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram, init=False, repr=False)
+
+    def __init__(
+        self,
+        kernel_id: str = "",
+        messages_processed: int = 0,
+        messages_dropped: int = 0,
+        queue_depth: int = 0,
+        total_latency_ns: int = 0,
+        max_latency_ns: int = 0,
+        min_latency_ns: int = 0,
+        error_count: int = 0,
+        last_error: str | None = None,
+        uptime_seconds: float = 0.0,
+        *,
+        messages_sent: int = 0,
+        restarts: int = 0,
+    ) -> None:
+        """Start the counters (all zero by default) and the uptime clock.
+
+        The positional order is the one older code passes; `uptime_seconds` says how long
+        the kernel has already been up (the clock starts that far back).
+        """
+        self._pending = []
+        self.kernel_id = kernel_id
+        self.messages_processed = messages_processed
+        self.messages_dropped = messages_dropped
+        self.queue_depth = queue_depth
+        self.histogram = LatencyHistogram()
+        self.total_latency_ns = total_latency_ns
+        self.max_latency_ns = max_latency_ns
+        self.min_latency_ns = min_latency_ns
+        self.error_count = error_count
+        self.last_error = last_error
+        self.messages_sent = messages_sent
+        self.restarts = restarts
+        self.start_time = time.monotonic() - float(uptime_seconds)
 
     def record_message(self, latency_ns: int) -> None:
         """Count one processed message that took ``latency_ns``."""
@@ -206,7 +244,13 @@ class RingKernelTelemetry:
 
     @property
     def uptime_seconds(self) -> float:
+        """Seconds since the telemetry started (or was reset); settable."""
         return time.monotonic() - self.start_time
+
+    @uptime_seconds.setter
+    def uptime_seconds(self, seconds: float) -> None:
+        # moves the start of the clock: it keeps counting from `seconds`
+        self.start_time = time.monotonic() - float(seconds)
 
     @property
     def avg_latency_ns(self) -> float:
@@ -293,21 +337,49 @@ for _name, _slot in (
 
 @dataclass(frozen=True)
 class GPUInfo:
-    """One GPU as NVML sees it."""
+    """One GPU as NVML sees it.
+
+    Memory is in bytes, utilization in percent, temperature in degrees Celsius, power in
+    watts; a reading the board does not support is None.
+    """
 
     index: int
     name: str
-    total_memory: int
-    used_memory: int
-    free_memory: int
+    uuid: str
+    memory_total: int
+    memory_used: int
+    memory_free: int
     utilization_gpu: float
     utilization_memory: float
-    temperature_c: float | None = None
-    power_w: float | None = None
+    temperature: float | None = None
+    power_usage: float | None = None
+    power_limit: float | None = None
     driver_version: str | None = None
 
+    @property
+    def memory_utilization(self) -> float:
+        """Used memory as a percentage of the total (0.0 when the total is unknown)."""
+        return 100.0 * self.memory_used / self.memory_total if self.memory_total else 0.0
+
+    @property
+    def total_memory(self) -> int:
+        """The same as `memory_total`."""
+        return self.memory_total
+
+    @property
+    def used_memory(self) -> int:
+        """The same as `memory_used`."""
+        return self.memory_used
+
+    @property
+    def free_memory(self) -> int:
+        """The same as `memory_free`."""
+        return self.memory_free
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["memory_utilization"] = self.memory_utilization
+        return d
 
 
 class GPUMonitor:
@@ -375,7 +447,7 @@ class GPUMonitor:
         name = nv.nvmlDeviceGetName(h)
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         util = nv.nvmlDeviceGetUtilizationRates(h)
-        temp = power = None
+        temp = power = limit = None
         try:
             temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
         except Exception:  # not supported on every board
@@ -385,19 +457,29 @@ class GPUMonitor:
         except Exception:  # not supported on every board
             power = None
         try:
+            limit = nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
+        except Exception:  # not supported on every board
+            limit = None
+        try:
+            uuid = nv.nvmlDeviceGetUUID(h)
+        except Exception:  # very old drivers
+            uuid = ""
+        try:
             driver = nv.nvmlSystemGetDriverVersion()
         except Exception:  # very old drivers
             driver = None
         return GPUInfo(
             index=index,
             name=name.decode() if isinstance(name, bytes) else str(name),
-            total_memory=int(mem.total),
-            used_memory=int(mem.used),
-            free_memory=int(mem.free),
+            uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+            memory_total=int(mem.total),
+            memory_used=int(mem.used),
+            memory_free=int(mem.free),
             utilization_gpu=float(util.gpu),
             utilization_memory=float(util.memory),
-            temperature_c=temp,
-            power_w=power,
+            temperature=temp,
+            power_usage=power,
+            power_limit=limit,
             driver_version=driver.decode() if isinstance(driver, bytes) else driver,
         )
 
@@ -413,7 +495,12 @@ class GPUMonitor:
         info = self.get_gpu_info(index)
         if info is None:
             return None
-        return {"total": info.total_memory, "used": info.used_memory, "free": info.free_memory}
+        return {"total": info.memory_total, "used": info.memory_used, "free": info.memory_free}
+
+    def __repr__(self) -> str:
+        if not self._init():
+            return f"<GPUMonitor available=False reason={self._reason!r}>"
+        return f"<GPUMonitor available=True devices={self.device_count}>"
 
     def shutdown(self) -> None:
         with self._lock:
@@ -430,7 +517,7 @@ _monitor: GPUMonitor | None = None
 
 
 def get_gpu_monitor() -> GPUMonitor:
-    """The process-wide :class:`GPUMonitor`."""
+    """The process-wide `GPUMonitor`."""
     global _monitor
     if _monitor is None:
         _monitor = GPUMonitor()
@@ -438,7 +525,7 @@ def get_gpu_monitor() -> GPUMonitor:
 
 
 class TelemetryCollector:
-    """Collects :class:`RingKernelTelemetry` of many kernels and summarizes them."""
+    """Collects `RingKernelTelemetry` of many kernels and summarizes them."""
 
     def __init__(self) -> None:
         self._kernels: dict[str, RingKernelTelemetry] = {}
@@ -458,6 +545,36 @@ class TelemetryCollector:
 
     def all(self) -> dict[str, RingKernelTelemetry]:
         return dict(self._kernels)
+
+    def reset_all(self) -> None:
+        """Zero every kernel's counters and restart the collector's uptime clock."""
+        for t in self._kernels.values():
+            t.reset()
+        self.start_time = time.monotonic()
+
+    # The names older code calls; each is the method above it under another name.
+    def register_kernel(self, kernel_id: str) -> RingKernelTelemetry:
+        """The same as `register`."""
+        return self.register(kernel_id)
+
+    def unregister_kernel(self, kernel_id: str) -> None:
+        """The same as `unregister`."""
+        self.unregister(kernel_id)
+
+    def get_kernel_telemetry(self, kernel_id: str) -> RingKernelTelemetry | None:
+        """The same as `get`."""
+        return self.get(kernel_id)
+
+    def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
+        """The same as `all`."""
+        return self.all()
+
+    def get_summary(self) -> dict[str, Any]:
+        """The same as `summary()`."""
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<TelemetryCollector kernels={len(self._kernels)}>"
 
     def summary(self, *, gpu: bool = True) -> dict[str, Any]:
         ks = self._kernels.values()

@@ -201,3 +201,23 @@ def test_typing_error_in_cuda_kernel_is_a_compilation_error(backend: CUDABackend
 
     with pytest.raises((KernelCompilationError, CUDAError), match="missing_global"):
         backend.execute_kernel(backend.compile_kernel(uses_missing), 1, 1, backend.allocate(1))
+
+
+def test_module_level_kernel_helpers_launch(backend: CUDABackend) -> None:
+    from pydotcompute.backends.cuda import get_matrix_multiply_kernel, get_vector_add_kernel
+
+    d = backend.copy_to_device(np.arange(32, dtype=np.float32))
+    out = backend.empty(32, np.float32)
+    backend.execute_kernel(get_vector_add_kernel(), 1, 32, d, d, out)
+    np.testing.assert_array_equal(backend.copy_to_host(out), 2 * np.arange(32))
+    a = np.eye(16, dtype=np.float32) * 3
+    c = backend.empty((16, 16), np.float32)
+    backend.execute_kernel(
+        get_matrix_multiply_kernel(),
+        (1, 1),
+        (16, 16),
+        backend.copy_to_device(a),
+        backend.copy_to_device(a),
+        c,
+    )
+    np.testing.assert_allclose(backend.copy_to_host(c), a @ a)

@@ -138,3 +138,37 @@ def test_compile_error_carries_numba_message(
     lazy = backend.compile_kernel(broken)
     with pytest.raises(KernelCompilationError, match=r"kernel 'broken' for arguments \(ndarray\)"):
         lazy(np.zeros(2))
+
+
+# --- the helpers code written for 0.2 imports ------------------------------------------
+
+
+def test_vector_add_cpu_and_matrix_multiply_cpu() -> None:
+    from pydotcompute.backends.cpu import matrix_multiply_cpu, vector_add_cpu
+
+    a = np.arange(4, dtype=np.float32)
+    out = vector_add_cpu(a, np.ones(4, dtype=np.float32))
+    assert out.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert out.dtype == np.float32
+    assert vector_add_cpu([1, 2], [3, 4]).tolist() == [4, 6]  # lists are accepted
+    m = np.array([[1.0, 2.0], [3.0, 4.0]])
+    assert matrix_multiply_cpu(m, np.eye(2)).tolist() == m.tolist()
+    assert matrix_multiply_cpu(m, m).tolist() == [[7.0, 10.0], [15.0, 22.0]]
+    with pytest.raises(BufferMismatchError, match=r"cannot add shapes \(3,\) and \(4,\)"):
+        vector_add_cpu(np.ones(3), np.ones(4))
+    with pytest.raises(BufferMismatchError, match=r"cannot multiply \(2, 3\) by \(2, 3\)"):
+        matrix_multiply_cpu(np.ones((2, 3)), np.ones((2, 3)))
+
+
+def test_allocate_zeros_and_parallel_for() -> None:
+    from pydotcompute.backends.cpu import parallel_for
+
+    z = CPUBackend().allocate_zeros((2, 3), np.int32)
+    assert (z.shape, z.dtype, int(z.sum())) == ((2, 3), np.int32, 0)
+    seen: list[int] = []
+    parallel_for(2, 6, seen.append)
+    assert seen == [2, 3, 4, 5]
+    parallel_for(5, 5, seen.append)  # an empty range runs nothing
+    assert seen == [2, 3, 4, 5]
+    with pytest.raises(TypeError, match="parallel_for needs a callable func"):
+        parallel_for(0, 3, 42)  # type: ignore[arg-type]

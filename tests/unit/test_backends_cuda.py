@@ -86,3 +86,19 @@ def test_bad_device_id() -> None:
 def test_raw_kernel_needs_cupy_and_a_gpu() -> None:
     with pytest.raises(BackendNotAvailableError, match=r"pydotcompute\[cuda\]"):
         CUDABackend().get_raw_vector_add_kernel()
+
+
+# --- the helpers code written for 0.2 imports ------------------------------------------
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("name", ["get_vector_add_kernel", "get_matrix_multiply_kernel"])
+def test_module_level_kernel_helpers_name_the_extra(name: str) -> None:
+    from pydotcompute.backends import cuda
+
+    helper = getattr(cuda, name)
+    if CUDABackend().is_available:  # the simulator: the shipped kernel comes back
+        assert callable(helper())
+        return
+    with pytest.raises(BackendNotAvailableError, match=r'pip install "pydotcompute\[cuda\]"'):
+        helper()

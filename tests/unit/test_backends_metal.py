@@ -245,3 +245,46 @@ def test_scheduled_lazy_inputs_can_be_used_in_a_worker_thread(backend: MetalBack
     thread.start()
     thread.join(timeout=30)
     assert results == [[1, 3, 5, 7]]
+
+
+# --- the helpers code written for 0.2 imports ------------------------------------------
+
+
+def test_module_level_helpers_the_seed_example_imports() -> None:
+    from pydotcompute.backends.metal import (
+        MetalBackend,
+        get_elementwise_kernel,
+        get_matrix_multiply_kernel,
+        get_vector_add_kernel,
+    )
+
+    backend = MetalBackend()
+    a = mx.array([1.0, 2.0, 3.0])
+    res = backend.execute_kernel(get_vector_add_kernel(), 1, 3, a, a)
+    assert np.asarray(res.output).tolist() == [2.0, 4.0, 6.0]
+    m = mx.array([[1.0, 2.0], [3.0, 4.0]])
+    assert np.asarray(get_matrix_multiply_kernel()(m, m)).tolist() == [[7.0, 10.0], [15.0, 22.0]]
+    assert np.asarray(get_elementwise_kernel("relu")(mx.array([-1.0, 2.0]))).tolist() == [0, 2]
+    with pytest.raises(InvalidConfigurationError, match="unknown elementwise op 'nope'"):
+        get_elementwise_kernel("nope")
+
+
+def test_memory_info_and_clear_cache(backend: MetalBackend) -> None:
+    big = mx.ones((256, 1024))
+    mx.eval(big)
+    info = backend.get_memory_info()
+    assert set(info) == {"active_memory", "peak_memory", "cache_memory"}
+    assert info["active_memory"] >= 256 * 1024 * 4  # the array above is live
+    assert info["peak_memory"] >= info["active_memory"]
+    del big
+    backend.clear_cache()
+    assert backend.get_memory_info()["cache_memory"] == 0
+
+
+def test_memory_helpers_without_mlx_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mlx", None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "mlx.core", None)  # type: ignore[arg-type]
+    backend = MetalBackend()
+    for call in (backend.get_memory_info, backend.clear_cache):
+        with pytest.raises(BackendNotAvailableError, match="metal"):
+            call()

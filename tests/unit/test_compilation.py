@@ -20,6 +20,7 @@ from pydotcompute.backends._cuda_kernels import VECTOR_ADD_CU, VECTOR_ADD_CU_NAM
 from pydotcompute.backends.cuda import cuda_simulator_enabled
 from pydotcompute.compilation import (
     CompilationOptions,
+    CompiledKernel,
     KernelCache,
     KernelCompiler,
     check_ptx,
@@ -162,7 +163,7 @@ def test_compiles_once_per_key(compiler: KernelCompiler) -> None:
     k1 = compiler.compile(add_one, device="cpu")
     k2 = compiler.compile(add_one, device="cpu")
     k3 = compiler.compile(add_one, device="cpu", signature="void(float64[:], float64[:])")
-    k4 = compiler.compile(add_one, device="cpu", fastmath=True)
+    k4 = compiler.compile(add_one, device="cpu", fastmath=False)
     assert k1 is k2
     assert len({id(k1), id(k3), id(k4)}) == 3
     s = compiler.get_stats()
@@ -355,3 +356,125 @@ def test_ptx_check_inside_simulator_is_refused(monkeypatch: pytest.MonkeyPatch) 
         BackendNotAvailableError, match="PTX cannot be produced while the Numba CUDA simulator"
     ):
         compiler_mod.numba_compile_ptx(add_one, "void(float64[:], float64[:])", (8, 0))
+
+
+# --- the shapes code written for 0.2 calls ---------------------------------------------
+
+
+def test_compilation_options_0_2_shape() -> None:
+    opts = CompilationOptions(
+        device="cuda", fastmath=True, debug=False, lineinfo=False, opt_level=3, cache=True
+    )
+    assert (opts.device, opts.fastmath, opts.opt_level, opts.cache) == ("cuda", True, 3, True)
+    positional = CompilationOptions("cpu", False, True, True, 1, False)
+    assert (positional.device, positional.fastmath, positional.debug) == ("cpu", False, True)
+    assert (positional.lineinfo, positional.opt_level, positional.cache) == (True, 1, False)
+    assert CompilationOptions() == opts  # 0.2's defaults
+    assert CompilationOptions(opt_level=0).cache_key() != opts.cache_key()
+    with pytest.raises(InvalidConfigurationError, match="opt_level must be 0, 1, 2 or 3, got 7"):
+        CompilationOptions(opt_level=7)
+    with pytest.raises(InvalidConfigurationError, match=r"device must be one of .* got 'tpu'"):
+        CompilationOptions(device="tpu")
+
+
+def test_options_given_to_the_compiler_choose_its_device(cache: KernelCache) -> None:
+    compiler = KernelCompiler(CompilationOptions(device="cpu", fastmath=False), cache=cache)
+    k = compiler.compile(add_one)
+    assert k.device == "cpu"
+    a = np.zeros(3)
+    out = np.empty(3)
+    k(a, out)
+    assert out.tolist() == [1.0, 1.0, 1.0]
+    assert "device=cpu" in repr(compiler)
+
+
+def test_compiled_kernel_built_the_0_2_way() -> None:
+    def double(x: float) -> float:
+        return 2 * x
+
+    opts = CompilationOptions(device="cpu")
+    k = CompiledKernel(double, "double", "abc123", None, opts, compile_time_ms=1.5, ptx=None)
+    assert k(4) == 8  # calls the kernel it wraps
+    assert (k.kernel, k.name, k.source_hash, k.signature) == (double, "double", "abc123", None)
+    assert (k.options, k.compile_time_ms, k.ptx, k.device) == (opts, 1.5, None, "cpu")
+    assert k.py_func is double
+    positional = CompiledKernel(double, "d", "h", "f8(f8)", opts, 0.0, ".ptx")
+    assert (positional.signature, positional.ptx) == ("f8(f8)", ".ptx")
+    with pytest.raises(InvalidConfigurationError, match="needs the compiled kernel"):
+        CompiledKernel()
+
+
+def test_kernel_compiler_0_2_methods(compiler: KernelCompiler) -> None:
+    assert isinstance(compiler.cuda_available, bool)
+    assert compiler.numba_available == (importlib.util.find_spec("numba") is not None)
+    k = compiler.compile(add_one, device="cpu")
+    assert k.source_hash == source_hash(add_one)
+    assert compiler.get_cached_kernel(k.source_hash) is k
+    assert compiler.get_cached_kernel(k.key) is k
+    assert compiler.get_cached_kernel("no-such-hash") is None
+    stats = compiler.get_cache_stats()
+    assert (stats["misses"], stats["size"]) == (1, 1)
+    assert compiler.clear_cache() == 1
+    assert compiler.get_cached_kernel(k.source_hash) is None
+    assert compiler.clear_cache() == 0
+    assert repr(compiler).startswith(f"<KernelCompiler cuda={compiler.cuda_available} ")
+
+
+def test_compile_kernel_takes_options_as_keywords() -> None:
+    k = compile_kernel(add_one, signature=None, device="cpu", fastmath=False, opt_level=2)
+    assert (k.options.fastmath, k.options.opt_level) == (False, 2)
+    with pytest.raises(InvalidConfigurationError, match=r"unknown compile option.*bogus"):
+        compile_kernel(add_one, device="cpu", bogus=1)
+
+
+def test_kernel_cache_0_2_shape(tmp_path: Path) -> None:
+    cache = KernelCache(cache_dir=tmp_path / "c", max_entries=128, max_size_mb=256)
+    assert cache.load("vector_add", "h1") is None
+    assert not cache.contains("vector_add", "h1")
+    assert cache.store("vector_add", "h1", b".ptx one", signature="void(f4[:])") is True
+    assert cache.store("vector_add", "h2", ".ptx two", metadata={"arch": "sm_80"}) is True
+    assert cache.load("vector_add", "h1") == b".ptx one"
+    assert cache.load("vector_add", "h2") == b".ptx two"  # a text PTX comes back as bytes
+    assert cache.contains("vector_add", "h1")
+    entries = {e.source_hash: e for e in cache.entries()}
+    assert set(entries) == {"h1", "h2"}
+    assert entries["h1"].kernel_name == "vector_add"
+    assert entries["h2"].metadata == {"arch": "sm_80"}
+    assert cache.metadata(cache.entry_key("vector_add", "h1"))["signature"] == "void(f4[:])"  # type: ignore[index]
+    assert cache.get_stats().entries == 2
+    assert cache.remove("vector_add", "h1") is True
+    assert cache.remove("vector_add", "h1") is False
+    assert cache.clear() == 1
+    # keyword form, and names that are not valid keys on their own
+    assert cache.store(kernel_name="my kernel/v2", source_hash="x", ptx=b"p") is True
+    assert cache.load("my kernel/v2", "x") == b"p"
+    assert cache.load(kernel_name="my kernel/v2", source_hash="x") == b"p"
+    assert cache.contains(kernel_name="my kernel/v2", source_hash="x")
+    assert cache.remove(kernel_name="my kernel/v2", source_hash="x") is True
+    assert not cache.contains("my kernel/v2", "x")
+
+
+def test_kernel_cache_0_2_store_returns_false_when_it_cannot_write(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = KernelCache(cache_dir=blocker / "sub")
+    assert cache.store("k", "h", b"ptx") is False
+    with pytest.raises(OSError):
+        cache.store("k", b"ptx")  # the two-argument form raises
+
+
+def test_warmup_kernels_compiles_ahead(compiler: KernelCompiler) -> None:
+    from pydotcompute.compilation import warmup_kernels
+
+    def scale(x: np.ndarray, out: np.ndarray) -> None:
+        for i in range(x.shape[0]):
+            out[i] = x[i] * 3.0
+
+    compiled = warmup_kernels([add_one, (scale, "void(float64[:], float64[:])")], device="cpu")
+    assert set(compiled) == {"add_one", "scale"}
+    assert compiled["scale"].signature == "void(float64[:], float64[:])"
+    again = warmup_kernels([add_one], device="cpu")
+    assert again["add_one"] is compiled["add_one"]  # cached: compiled once
+    out = np.empty(2)
+    compiled["scale"](np.ones(2), out)
+    assert out.tolist() == [3.0, 3.0]

@@ -172,3 +172,74 @@ def test_gpu_kernel_ptx_without_gpu(private_compiler: KernelCompiler) -> None:
     assert ".target sm_80" in ptx
     assert add_scalar.ptx(cc=(8, 0)) == ptx
     assert private_compiler.get_stats().ptx_compilations == 1  # the second call hit the cache
+
+
+# --- the shapes code written for 0.2 calls ---------------------------------------------
+
+
+def test_kernel_registry_0_2_shape() -> None:
+    from pydotcompute.decorators import KernelRegistry
+    from pydotcompute.exceptions import KernelAlreadyExistsError
+
+    reg = KernelRegistry()
+    assert reg.list() == []
+    reg.register("add", np.add)
+    with pytest.raises(ValueError, match="a kernel named 'add' is already registered") as info:
+        reg.register("add", np.subtract)
+    assert isinstance(info.value, KernelAlreadyExistsError)
+    assert reg.get("add") is np.add  # the duplicate did not replace it
+    reg.register("add", np.subtract, overwrite=True)
+    assert reg.get("add") is np.subtract
+    reg.register("mul", np.multiply)
+    assert reg.list() == ["add", "mul"]
+    assert reg.get("missing") is None
+    assert ("mul" in reg, len(reg)) == (True, 2)
+    reg.clear()
+    assert reg.list() == []
+    with pytest.raises(InvalidConfigurationError, match="non-empty str, got ''"):
+        reg.register("", np.add)
+
+
+def test_kernel_decorators_fill_the_process_wide_registry() -> None:
+    from pydotcompute.decorators import get_kernel_registry
+
+    registry = get_kernel_registry()
+    assert get_kernel_registry() is registry
+
+    @kernel(name="registry_probe_cpu", device="cpu")
+    def probe(a: np.ndarray) -> np.ndarray:
+        return a + 1
+
+    @gpu_kernel(name="registry_probe_gpu")
+    def probe_gpu(a: Any) -> None:
+        pass
+
+    try:
+        assert registry.get("registry_probe_cpu") is probe
+        assert registry.get("registry_probe_gpu") is probe_gpu
+        assert {"registry_probe_cpu", "registry_probe_gpu"} <= set(registry.list())
+    finally:
+        registry.unregister("registry_probe_cpu")
+        registry.unregister("registry_probe_gpu")
+
+
+def test_cuda_source_attaches_the_source() -> None:
+    from pydotcompute.decorators import cuda_source
+
+    src = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; }'
+
+    @cuda_source(src)
+    def k(x: Any) -> None:
+        pass
+
+    assert k.__cuda_source__ == src  # type: ignore[attr-defined]
+
+    @kernel(device="cpu")
+    @cuda_source(src)
+    def wrapped(a: np.ndarray) -> np.ndarray:
+        return a * 2
+
+    assert wrapped.__cuda_source__ == src  # type: ignore[attr-defined]
+    assert wrapped(np.ones(2)).tolist() == [2.0, 2.0]  # still a working kernel
+    with pytest.raises(InvalidConfigurationError, match="non-empty str"):
+        cuda_source("")

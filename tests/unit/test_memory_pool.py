@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pydotcompute.backends import MetalBackend
 from pydotcompute.core import MemoryPool, configure_memory_pool, get_memory_pool
-from pydotcompute.core.memory_pool import MIN_BLOCK, size_class
+from pydotcompute.core.memory_pool import MIN_BLOCK, PoolStatistics, size_class
 from pydotcompute.exceptions import BufferNotAllocatedError, InvalidConfigurationError
 
 
@@ -278,3 +278,86 @@ def test_process_wide_pool_and_configure() -> None:
         if saved_enabled:
             pool.enable()
     assert "MemoryPool" in repr(pool)
+
+
+# --- the shapes code written for 0.2 calls ---------------------------------------------
+
+
+def test_pool_statistics_built_the_0_2_way() -> None:
+    s = PoolStatistics(3 * 2**20, 4 * 2**20, 2)  # used_bytes, total_bytes, n_free_blocks
+    assert (s.used_bytes, s.total_bytes, s.n_free_blocks) == (3 * 2**20, 4 * 2**20, 2)
+    assert s.free_bytes == 2**20
+    assert s.utilization == pytest.approx(0.75)
+    assert (s.used_mb, s.total_mb) == (pytest.approx(3.0), pytest.approx(4.0))
+    assert PoolStatistics().utilization == 0.0  # an empty pool: no division by zero
+
+
+def test_pool_statistics_0_2_fields_follow_the_pool() -> None:
+    pool = MemoryPool()
+    a = pool.acquire(1024, np.uint8)
+    b = pool.acquire(2048, np.uint8)
+    pool.release(b)
+    s = pool.get_stats()
+    assert (s.used_bytes, s.total_bytes, s.n_free_blocks) == (1024, 3072, 1)
+    assert (s.bytes_in_use, s.bytes_cached, s.blocks_cached) == (1024, 2048, 1)
+    assert s.free_bytes == 2048
+    assert s.utilization == pytest.approx(1 / 3)
+    pool.release(a)
+
+
+def test_memory_pool_built_the_0_2_way() -> None:
+    pool = MemoryPool(initial_size_mb=0, max_size_mb=None)
+    assert pool.limit_bytes is None
+    bounded = MemoryPool(1, 2)  # positionally: initial_size_mb, max_size_mb
+    assert bounded.limit_bytes == 2 * 2**20
+    assert bounded.initial_size_mb == 1
+    a = bounded.acquire(3 * 2**20, np.uint8)  # in use is never refused...
+    bounded.release(a)
+    assert bounded.get_stats().bytes_cached == 0  # ...but not kept above the bound
+    assert bounded.get_stats().evictions == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"initial_size_mb": -1}, r"initial_size_mb must be >= 0, got -1"),
+        ({"max_size_mb": -2}, r"max_size_mb must be >= 0 or None, got -2"),
+        ({"initial_size_mb": 8, "max_size_mb": 4}, r"initial_size_mb=8 is above .* 4 MiB"),
+        ({"max_size_mb": 1, "max_bytes": 5}, r"max_size_mb=1 and max_bytes=5 disagree"),
+    ],
+)
+def test_memory_pool_0_2_arguments_checked(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(InvalidConfigurationError, match=match):
+        MemoryPool(**kwargs)  # type: ignore[arg-type]
+
+
+def test_configure_memory_pool_the_0_2_way() -> None:
+    pool = get_memory_pool()
+    saved_limit, saved_enabled = pool.limit_bytes, pool.enabled
+    try:
+        pool.disable()
+        assert configure_memory_pool(initial_size_mb=0, max_size_mb=3, enable=True) is pool
+        assert (pool.limit_bytes, pool.enabled) == (3 * 2**20, True)
+        configure_memory_pool(0, None, False)  # positionally; None leaves the bound
+        assert (pool.limit_bytes, pool.enabled) == (3 * 2**20, False)
+        configure_memory_pool()  # 0.2's default turns caching on
+        assert pool.enabled
+        with pytest.raises(InvalidConfigurationError, match="initial_size_mb=9 is above"):
+            configure_memory_pool(initial_size_mb=9, max_size_mb=3)
+    finally:
+        pool.set_limit((saved_limit or 0) / 2**20)
+        if saved_enabled:
+            pool.enable()
+        else:
+            pool.disable()
+
+
+def test_memory_pool_repr_shows_state() -> None:
+    pool = MemoryPool(max_bytes=4096)
+    a = pool.acquire(512, np.uint8)
+    assert repr(pool) == (
+        "<MemoryPool enabled=True in_use=512B cached=0B limit=4096B hits=0 misses=1 evictions=0>"
+    )
+    pool.release(a)
+    pool.disable()
+    assert repr(pool).startswith("<MemoryPool enabled=False ")

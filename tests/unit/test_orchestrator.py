@@ -181,3 +181,38 @@ async def test_metal_stream_context_launches_in_a_worker_thread() -> None:
         assert execution.result is not None
         assert execution.result.output.tolist() == [30, 33, 36]
         orch.synchronize()
+
+
+# --- the shapes code written for 0.2 calls ---------------------------------------------
+
+
+def test_launch_config_promotes_ints_to_tuples() -> None:
+    cfg = KernelLaunchConfig(4, 8)
+    assert (cfg.grid_size, cfg.block_size) == ((4,), (8,))
+    assert KernelLaunchConfig(grid_size=(2, 3), block_size=(4, 4)).grid_size == (2, 3)
+    assert cfg.total_threads == 32
+
+
+async def test_orchestrator_0_2_properties() -> None:
+    from pydotcompute.core import get_accelerator, get_memory_pool
+
+    orch = ComputeOrchestrator(CPUBackend())
+    assert orch.is_active is False
+    assert orch.accelerator is get_accelerator()
+    assert orch.memory_pool is get_memory_pool()
+    async with orch:
+        assert orch.is_active is True
+    assert orch.is_active is False
+
+
+async def test_launching_an_unknown_name_raises_a_value_error() -> None:
+    from pydotcompute.core.orchestrator import KernelNotRegisteredError
+
+    async with ComputeOrchestrator(CPUBackend()) as orch:
+        orch.register_kernel("known", vector_add)
+        with pytest.raises(ValueError, match=r"'nope'.*known") as info:
+            await orch.launch_kernel("nope", KernelLaunchConfig(1, 1))
+        assert isinstance(info.value, KernelNotRegisteredError)
+        assert isinstance(info.value, KernelNotFoundError)  # and still a KeyError
+        with pytest.raises(KeyError):
+            orch.get_kernel("nope")

@@ -395,4 +395,366 @@ def test_python_m_pydotcompute_info(argv: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"pydotcompute {pydotcompute.__version__}")
     assert "event loop    : uvloop available=" in proc.stdout
-    assert "tiers         : asyncio=True" in proc.stdout
+    assert "tiers         : can each run here?\n  asyncio      yes" in proc.stdout
+    gpu = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  gpu "))
+    assert gpu.startswith(("  gpu          yes  ", "  gpu          no   "))
+    assert gpu.split(maxsplit=2)[2]  # and says why
+
+
+# --- the shapes code written for 0.2 calls (API.md, last section) ------------------------
+# Each is pinned here by signature; its behaviour is tested beside its module.
+
+
+def _old_shapes() -> dict[str, tuple[Any, Spec]]:
+    from pydotcompute.backends import cpu as cpu_backend
+    from pydotcompute.compilation import (
+        CompilationOptions,
+        CompiledKernel,
+        KernelCache,
+        KernelCompiler,
+        compile_kernel,
+        warmup_kernels,
+    )
+    from pydotcompute.core import memory_pool as mp
+    from pydotcompute.decorators import KernelRegistry, cuda_source
+    from pydotcompute.ring_kernels import telemetry as tel
+
+    return {
+        "RingKernelTelemetry": (
+            tel.RingKernelTelemetry,
+            [
+                ("kernel_id", POS, ""),
+                ("messages_processed", POS, 0),
+                ("messages_dropped", POS, 0),
+                ("queue_depth", POS, 0),
+                ("total_latency_ns", POS, 0),
+                ("max_latency_ns", POS, 0),
+                ("min_latency_ns", POS, 0),
+                ("error_count", POS, 0),
+                ("last_error", POS, None),
+                ("uptime_seconds", POS, 0.0),
+            ],
+        ),
+        "GPUInfo": (
+            tel.GPUInfo,
+            [
+                ("index", POS, _),
+                ("name", POS, _),
+                ("uuid", POS, _),
+                ("memory_total", POS, _),
+                ("memory_used", POS, _),
+                ("memory_free", POS, _),
+                ("utilization_gpu", POS, _),
+                ("utilization_memory", POS, _),
+                ("temperature", POS, None),
+                ("power_usage", POS, None),
+                ("power_limit", POS, None),
+            ],
+        ),
+        "GPUMonitor.get_memory_info": (tel.GPUMonitor.get_memory_info, [("index", POS, 0)]),
+        "PoolStatistics": (
+            mp.PoolStatistics,
+            [("used_bytes", POS, 0), ("total_bytes", POS, 0), ("n_free_blocks", POS, 0)],
+        ),
+        "MemoryPool": (mp.MemoryPool, [("initial_size_mb", POS, 0), ("max_size_mb", POS, None)]),
+        "configure_memory_pool": (
+            mp.configure_memory_pool,
+            [("initial_size_mb", POS, 0), ("max_size_mb", POS, None), ("enable", POS, True)],
+        ),
+        "CompilationOptions": (
+            CompilationOptions,
+            [
+                ("device", POS, "cuda"),
+                ("fastmath", POS, True),
+                ("debug", POS, False),
+                ("lineinfo", POS, False),
+                ("opt_level", POS, 3),
+                ("cache", POS, True),
+            ],
+        ),
+        "CompiledKernel": (
+            CompiledKernel,
+            [
+                ("kernel", POS, None),
+                ("name", POS, "kernel"),
+                ("source_hash", POS, ""),
+                ("signature", POS, None),
+                ("options", POS, None),
+                ("compile_time_ms", POS, 0.0),
+                ("ptx", POS, None),
+            ],
+        ),
+        "KernelCompiler": (KernelCompiler, [("options", POS, None)]),
+        "compile_kernel": (compile_kernel, [("func", POS, _), ("signature", KW, None)]),
+        "KernelCache": (
+            KernelCache,
+            [("cache_dir", POS, None), ("max_entries", POS, 128), ("max_size_mb", POS, 256)],
+        ),
+        "warmup_kernels": (warmup_kernels, [("kernels", POS, _)]),
+        "KernelRegistry.register": (
+            KernelRegistry.register,
+            [("name", POS, _), ("kernel", POS, _), ("overwrite", KW, False)],
+        ),
+        "cuda_source": (cuda_source, [("source", POS, _)]),
+        "vector_add_cpu": (cpu_backend.vector_add_cpu, [("a", POS, _), ("b", POS, _)]),
+        "matrix_multiply_cpu": (cpu_backend.matrix_multiply_cpu, [("a", POS, _), ("b", POS, _)]),
+        "parallel_for": (
+            cpu_backend.parallel_for,
+            [("start", POS, _), ("end", POS, _), ("func", POS, _)],
+        ),
+    }
+
+
+@pytest.mark.parametrize("what", list(_old_shapes()))
+def test_0_2_signature(what: str) -> None:
+    obj, expected = _old_shapes()[what]
+    _check(obj, expected)
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        (
+            "pydotcompute.ring_kernels.telemetry",
+            "RingKernelTelemetry GPUInfo GPUMonitor TelemetryCollector",
+        ),
+        ("pydotcompute.core.memory_pool", "PoolStatistics MemoryPool configure_memory_pool"),
+        ("pydotcompute.core.orchestrator", "ComputeOrchestrator KernelLaunchConfig"),
+        (
+            "pydotcompute.compilation",
+            "CompilationOptions CompiledKernel KernelCompiler compile_kernel KernelCache "
+            "CacheEntry get_kernel_cache warmup_kernels",
+        ),
+        ("pydotcompute.decorators", "KernelRegistry get_kernel_registry cuda_source"),
+        ("pydotcompute.decorators.kernel", "KernelRegistry get_kernel_registry cuda_source"),
+        (
+            "pydotcompute.backends.cpu",
+            "CPUBackend vector_add_cpu matrix_multiply_cpu parallel_for",
+        ),
+        ("pydotcompute.backends.cuda", "get_vector_add_kernel get_matrix_multiply_kernel"),
+        (
+            "pydotcompute.backends.metal",
+            "MetalBackend get_vector_add_kernel get_matrix_multiply_kernel get_elementwise_kernel",
+        ),
+    ],
+)
+def test_0_2_import_paths(module: str, names: str) -> None:
+    proc = run_python("-c", f"from {module} import {', '.join(names.split())}")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_0_2_members() -> None:
+    from pydotcompute.backends import CPUBackend, MetalBackend
+    from pydotcompute.compilation import CacheEntry, KernelCompiler
+    from pydotcompute.core import ComputeOrchestrator
+    from pydotcompute.ring_kernels.telemetry import GPUInfo, TelemetryCollector
+
+    wanted = {
+        TelemetryCollector: "register_kernel unregister_kernel get_kernel_telemetry "
+        "get_all_telemetry get_summary reset_all",
+        GPUInfo: "memory_utilization",
+        ComputeOrchestrator: "is_active accelerator memory_pool",
+        KernelCompiler: "cuda_available numba_available compile get_cached_kernel "
+        "clear_cache get_cache_stats",
+        CPUBackend: "allocate_zeros",
+        MetalBackend: "get_memory_info clear_cache",
+    }
+    for cls, attrs in wanted.items():
+        missing = [a for a in attrs.split() if not hasattr(cls, a)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    assert {"kernel_name", "source_hash"} <= {f.name for f in dataclasses.fields(CacheEntry)}
+
+
+def test_reprs_say_what_a_person_debugging_needs() -> None:
+    from pydotcompute.compilation import KernelCompiler
+    from pydotcompute.core import Accelerator, MemoryPool
+    from pydotcompute.ring_kernels.telemetry import GPUMonitor
+
+    assert repr(MemoryPool()).startswith("<MemoryPool enabled=True ")
+    acc = repr(Accelerator())
+    assert acc.startswith("<Accelerator ")
+    assert f"devices={Accelerator().device_count}" in acc
+    assert repr(KernelCompiler()).startswith("<KernelCompiler cuda=")
+    assert repr(GPUMonitor()).startswith("<GPUMonitor available=")
+
+
+# --- info: can each tier run here, and why not -------------------------------------------
+
+
+def _libs(**installed: bool) -> dict[str, Any]:
+    names = ("numba", "numba_cuda", "cupy", "ray")
+    return {
+        n: {"installed": installed.get(n, False), "version": "9.9" if installed.get(n) else None}
+        for n in names
+    }
+
+
+class _FakeDriver:
+    def __init__(self, init_rc: int = 0, count: int = 1) -> None:
+        self.init_rc, self.count = init_rc, count
+
+    def cuInit(self, flags: int) -> int:
+        return self.init_rc
+
+    def cuDeviceGetCount(self, ref: Any) -> int:
+        ref._obj.value = self.count
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        (None, (0, "no NVIDIA driver (libcuda.so.1 not found)")),
+        (
+            _FakeDriver(init_rc=100),
+            (0, "no CUDA device (the NVIDIA driver is loaded but sees no GPU)"),
+        ),
+        (_FakeDriver(init_rc=34), (0, "the NVIDIA driver did not start (CUDA_ERROR_STUB_LIBRARY")),
+        (_FakeDriver(count=0), (0, "no CUDA device")),
+        (_FakeDriver(count=2), (2, "")),
+    ],
+    ids=["no-driver", "no-device", "stub", "zero-devices", "two-gpus"],
+)
+def test_cuda_driver_probe(
+    monkeypatch: pytest.MonkeyPatch, driver: Any, expected: tuple[int, str]
+) -> None:
+    from pydotcompute import _info
+
+    def cdll(name: str) -> Any:
+        if driver is None:
+            raise OSError(f"{name}: cannot open shared object file")
+        return driver
+
+    monkeypatch.setattr(_info.sys, "platform", "linux")
+    monkeypatch.setattr(_info.ctypes, "CDLL", cdll)
+    count, why = _info.cuda_driver_devices()
+    assert count == expected[0]
+    assert why.startswith(expected[1])
+
+
+def test_tier_status_says_why_a_tier_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydotcompute import _info
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.delenv("PYDOTCOMPUTE_PUREPYTHON", raising=False)
+    monkeypatch.setattr(_info, "cuda_driver_devices", lambda: (0, "no NVIDIA driver (x)"))
+    bare = _info.tier_status(_libs(), cython_ext=False)
+    assert (bare["asyncio"]["runs"], bare["thread"]["runs"], bare["process"]["runs"]) == (
+        True,
+        True,
+        True,
+    )
+    assert "pure-Python twin, slower" in bare["process"]["why"]
+    assert bare["process"]["why"].count('pip install "pydotcompute[cython]"') == 1
+    assert bare["gpu"] == {
+        "runs": False,
+        "why": 'numba-cuda is not installed: pip install "pydotcompute[cuda]"',
+    }
+    assert bare["ray"] == {
+        "runs": False,
+        "why": 'ray is not installed: pip install "pydotcompute[ray]"',
+    }
+    full = _info.tier_status(_libs(numba=True, numba_cuda=True, ray=True), cython_ext=True)
+    assert full["gpu"] == {"runs": False, "why": "no NVIDIA driver (x)"}  # the code is not enough
+    assert full["process"]["why"] == "shared-memory ring: the compiled extension"
+    assert full["ray"] == {"runs": True, "why": "ray 9.9"}
+    monkeypatch.setattr(_info, "cuda_driver_devices", lambda: (4, ""))
+    assert _info.tier_status(_libs(numba=True), True)["gpu"] == {
+        "runs": True,
+        "why": "4 CUDA device(s)",
+    }
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    sim = _info.tier_status(_libs(numba=True), True)["gpu"]
+    assert sim["runs"] is True
+    assert "simulator" in sim["why"]
+    monkeypatch.setenv("PYDOTCOMPUTE_PUREPYTHON", "1")
+    assert "PYDOTCOMPUTE_PUREPYTHON is set" in _info.tier_status(_libs(), True)["process"]["why"]
+
+
+# A program written against 0.2's compute toolkit, as such code reads; it must run unchanged.
+OLD_PROGRAM = """
+import asyncio
+import tempfile
+
+import numpy as np
+
+from pydotcompute.backends.cpu import CPUBackend, matrix_multiply_cpu, parallel_for, vector_add_cpu
+from pydotcompute.backends.metal import MetalBackend, get_vector_add_kernel
+from pydotcompute.compilation import (
+    CompilationOptions, CompiledKernel, KernelCache, KernelCompiler, compile_kernel,
+)
+from pydotcompute.core.memory_pool import MemoryPool, PoolStatistics, configure_memory_pool
+from pydotcompute.core.orchestrator import ComputeOrchestrator, KernelLaunchConfig
+from pydotcompute.decorators.kernel import KernelRegistry, cuda_source
+from pydotcompute.ring_kernels.telemetry import GPUInfo, RingKernelTelemetry, TelemetryCollector
+
+t = RingKernelTelemetry("worker", 100, 2, 5)
+t.uptime_seconds = 10.0
+assert round(t.throughput) == 10
+collector = TelemetryCollector()
+collector.register_kernel("worker").record_message(1000)
+assert collector.get_summary()["total_messages_processed"] == 1
+gpu = GPUInfo(0, "GPU", "GPU-0", 100, 25, 75, 1.0, 2.0, 40, 50.0, 300.0)
+assert gpu.memory_utilization == 25.0
+
+pool = MemoryPool(0, 64)
+stats = pool.get_stats()
+assert isinstance(stats, PoolStatistics) and stats.utilization == 0.0
+configure_memory_pool(initial_size_mb=0, max_size_mb=None, enable=True)
+
+
+def add(a, b, out):
+    out[:] = a + b
+
+
+async def main():
+    async with ComputeOrchestrator() as orch:
+        assert orch.is_active and orch.accelerator is not None and orch.memory_pool is not None
+        orch.register_kernel("add", add)
+        out = np.zeros(4)
+        a = b = np.ones(4)
+        execution = await orch.launch_kernel("add", KernelLaunchConfig(1, 4), a, b, out)
+        assert execution.duration_ms >= 0 and out.tolist() == [2.0] * 4
+        assert KernelLaunchConfig(1, 4).grid_size == (1,)
+        try:
+            await orch.launch_kernel("missing", KernelLaunchConfig(1, 1))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("an unknown kernel must raise ValueError")
+
+asyncio.run(main())
+
+opts = CompilationOptions(
+    device="cpu", fastmath=True, debug=False, lineinfo=False, opt_level=3, cache=True
+)
+compiler = KernelCompiler(options=opts)
+assert isinstance(compiler.numba_available, bool) and isinstance(compiler.cuda_available, bool)
+k = compiler.compile(add)
+assert compiler.get_cached_kernel(k.source_hash) is k and compiler.clear_cache() == 1
+assert isinstance(compile_kernel(add, signature=None, device="cpu"), CompiledKernel)
+cache = KernelCache(cache_dir=tempfile.mkdtemp(), max_entries=128, max_size_mb=256)
+assert cache.store("add", "abc", b"//ptx", signature=None, metadata=None) is True
+assert cache.load("add", "abc") == b"//ptx" and cache.contains("add", "abc")
+
+registry = KernelRegistry()
+registry.register("add", cuda_source("__global__ void add() {}")(add))
+assert registry.list() == ["add"] and registry.get("add").__cuda_source__
+
+assert vector_add_cpu(np.ones(2), np.ones(2)).tolist() == [2.0, 2.0]
+assert matrix_multiply_cpu(np.eye(2), np.eye(2)).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+assert CPUBackend().allocate_zeros((2,), np.float32).tolist() == [0.0, 0.0]
+seen = []
+parallel_for(0, 3, seen.append)
+assert seen == [0, 1, 2]
+if MetalBackend().is_available:
+    import mlx.core as mx
+    assert get_vector_add_kernel()(mx.array([1.0]), mx.array([2.0])).item() == 3.0
+print("0.2 program ran")
+"""
+
+
+def test_a_0_2_program_runs_unchanged() -> None:
+    proc = run_python("-c", OLD_PROGRAM)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("0.2 program ran")

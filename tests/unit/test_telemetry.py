@@ -375,15 +375,24 @@ def test_gpu_monitor_reads_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert info == GPUInfo(
         index=1,
         name="Fake GPU h1",
-        total_memory=80 << 30,
-        used_memory=10 << 30,
-        free_memory=70 << 30,
+        uuid="",  # the fake has no nvmlDeviceGetUUID: empty, not an error
+        memory_total=80 << 30,
+        memory_used=10 << 30,
+        memory_free=70 << 30,
         utilization_gpu=37.0,
         utilization_memory=12.0,
-        temperature_c=55.0,
-        power_w=None,  # unsupported on this board: None, not an error
+        temperature=55.0,
+        power_usage=None,  # unsupported on this board: None, not an error
+        power_limit=None,
         driver_version="550.1",
     )
+    assert info.memory_utilization == pytest.approx(12.5)
+    assert (info.total_memory, info.used_memory, info.free_memory) == (
+        80 << 30,
+        10 << 30,
+        70 << 30,
+    )
+    assert repr(mon) == "<GPUMonitor available=True devices=2>"
     assert info.to_dict()["name"] == "Fake GPU h1"
     assert [i.index for i in mon.get_all_gpu_info()] == [0, 1]
     assert mon.get_utilization(0) == 37.0
@@ -407,3 +416,75 @@ def test_gpu_monitor_when_nvml_init_fails(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_get_gpu_monitor_is_a_singleton() -> None:
     assert get_gpu_monitor() is get_gpu_monitor()
+
+
+# --- the shapes code written for 0.2 calls ---------------------------------------------
+
+
+def test_telemetry_built_the_0_2_way_every_argument_optional() -> None:
+    blank = RingKernelTelemetry()
+    assert (blank.kernel_id, blank.messages_processed, blank.queue_depth) == ("", 0, 0)
+    # positionally, in 0.2's order: kernel_id, processed, dropped, queue_depth, latencies...
+    t = RingKernelTelemetry("k", 10, 2, 3, 1_000, 400, 50, 1, "boom", 20.0)
+    assert (t.messages_processed, t.messages_dropped, t.queue_depth) == (10, 2, 3)
+    assert (t.total_latency_ns, t.max_latency_ns, t.min_latency_ns) == (1_000, 400, 50)
+    assert (t.error_count, t.last_error) == (1, "boom")
+    assert 20.0 <= t.uptime_seconds < 30.0  # the clock started 20 s back
+    assert t.throughput == pytest.approx(10 / t.uptime_seconds, rel=0.05)
+    assert t.to_dict()["uptime_seconds"] >= 20.0
+
+
+def test_telemetry_dataclass_replace_and_equality() -> None:
+    import dataclasses
+
+    t = RingKernelTelemetry("k", 3, 1)
+    t.record_message(500)
+    r = dataclasses.replace(t, messages_dropped=7)
+    assert (r.kernel_id, r.messages_processed, r.messages_dropped) == ("k", 4, 7)
+    assert RingKernelTelemetry("a", 1) != RingKernelTelemetry("b", 1)
+
+
+def test_telemetry_uptime_seconds_is_settable() -> None:
+    t = RingKernelTelemetry(kernel_id="k", messages_processed=50, uptime_seconds=0.0)
+    t.uptime_seconds = 100.0
+    assert 100.0 <= t.uptime_seconds < 110.0
+    assert t.throughput == pytest.approx(0.5, rel=0.1)
+    t.reset()
+    assert t.uptime_seconds < 10.0  # reset restarts the clock
+    assert t.messages_processed == 0
+
+
+def test_gpu_info_built_the_0_2_way() -> None:
+    info = GPUInfo(0, "GPU", "GPU-1234", 1000, 250, 750, 40.0, 20.0, 60, 120.5, 300.0)
+    assert info.memory_utilization == pytest.approx(25.0)
+    assert (info.temperature, info.power_usage, info.power_limit) == (60, 120.5, 300.0)
+    assert info.to_dict()["memory_utilization"] == pytest.approx(25.0)
+    empty = GPUInfo(0, "GPU", "", 0, 0, 0, 0.0, 0.0, None, None, None)
+    assert empty.memory_utilization == 0.0  # no division by zero
+
+
+def test_collector_0_2_method_names() -> None:
+    c = TelemetryCollector()
+    a = c.register_kernel("a")
+    assert c.register_kernel("a") is a
+    a.record_message(7)
+    a.record_error(RuntimeError("bad"))
+    assert c.get_kernel_telemetry("a") is a
+    assert c.get_kernel_telemetry("zz") is None
+    assert c.get_all_telemetry() == {"a": a}
+    s = c.get_summary()
+    assert (s["kernel_count"], s["total_messages_processed"], s["total_errors"]) == (1, 1, 1)
+    c.reset_all()
+    assert (a.messages_processed, a.error_count) == (0, 0)
+    assert c.get_summary()["total_messages_processed"] == 0
+    assert repr(c) == "<TelemetryCollector kernels=1>"
+    c.unregister_kernel("a")
+    assert c.get_all_telemetry() == {}
+
+
+def test_gpu_monitor_repr_says_why_it_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert repr(GPUMonitor()) == (
+        "<GPUMonitor available=False reason='nvidia-ml-py is not installed"
+        ' (pip install "pydotcompute[cuda]")\'>'
+    )
