@@ -228,3 +228,18 @@ async def test_a_kernel_that_exits_on_its_own_is_reported_failed(rt: RingKernelR
         await rt.send("quit", Add(a=1.0, b=2.0))
     await rt.terminate("quit")
     assert k.state is KernelState.TERMINATED
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+#: Rings far smaller than the message count: a scenario that sends everything before it reads
+#: anything deadlocks here by construction (staging + inbox + outbox + reply buffer is full).
+TIGHT = suite.Env("simulator, small rings", many=300, coop_block=4, settle=0.2, queue_size=16)
+
+
+@pytest.mark.parametrize("scenario", ["batches_of_objects_and_records", "ordering_is_kept"])
+async def test_bulk_scenarios_do_not_assume_ring_capacity(
+    rt: RingKernelRuntime, scenario: str
+) -> None:
+    assert suite.capacity(TIGHT) < TIGHT.many * 3
+    await asyncio.wait_for(suite.SCENARIOS[scenario](rt, TIGHT), 30)
