@@ -23,6 +23,7 @@ from pydotcompute import RingKernelRuntime
 from pydotcompute.decorators.ring_kernel import ring_kernel
 from pydotcompute.exceptions import (
     BackendNotAvailableError,
+    CUDAError,
     KernelFailedError,
     KernelStateError,
 )
@@ -243,3 +244,44 @@ async def test_bulk_scenarios_do_not_assume_ring_capacity(
 ) -> None:
     assert suite.capacity(TIGHT) < TIGHT.many * 3
     await asyncio.wait_for(suite.SCENARIOS[scenario](rt, TIGHT), 30)
+
+
+# --- no device-wide synchronization while GPU actors run ---------------------------------------
+
+
+async def test_device_wide_sync_is_refused_while_an_actor_runs(rt: RingKernelRuntime) -> None:
+    from pydotcompute.backends import CUDABackend, device_sync
+
+    backend = CUDABackend()
+    backend.synchronize()  # nothing runs yet
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert device_sync.running_ring_kernels() == ["pydotcompute-gpu:add"]
+    with pytest.raises(CUDAError, match=r"CUDABackend\.synchronize\(\) refused.*gpu:add"):
+        backend.synchronize()
+    backend.synchronize_stream()  # a stream-scoped wait is fine
+    await rt.terminate("add")
+    assert not device_sync.ring_kernels_running()
+    backend.synchronize()
+
+
+async def test_buffer_synchronize_waits_on_a_stream_while_an_actor_runs(
+    rt: RingKernelRuntime,
+) -> None:
+    core = pytest.importorskip("pydotcompute.core")
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    buf = core.UnifiedBuffer((4,), np.float32, backend="cuda").allocate()
+    buf.host[:] = 3.0
+    buf.mark_host_dirty()
+    buf.synchronize()  # copies, then waits for the current stream only
+    assert buf.state.value == "synchronized"
+
+
+async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert _device_threads()
+    assert resources.terminate_running_kernels(timeout=10) == []
+    assert not _device_threads()  # the kernel left its loop
+    assert k._rings is not None
+    assert k._rings.word(layout.TERMINATED) == 1

@@ -33,7 +33,10 @@ import numpy as np
 from numba import cuda as _numba_cuda
 from numba import types
 
+from ...backends.numba_compat import ensure_numpy_compat
 from . import layout as L
+
+ensure_numpy_compat()  # before the first compile (NumPy 2.5 lacks the np.row_stack it uses)
 
 cuda: Any = _numba_cuda  # the name the simulator swaps; typed Any (Numba has no stubs)
 
@@ -82,7 +85,15 @@ else:  # pragma: no cover - compiled for the device; checked by the PTX tests
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    cgutils: Any = importlib.import_module("numba.cuda.cgutils")
+    try:
+        cgutils: Any = importlib.import_module("numba.cuda.cgutils")
+    except ImportError as exc:
+        from ...backends.numba_compat import numba_cuda_version, version_problem
+
+        raise ImportError(
+            version_problem(numba_cuda_version())
+            or f"numba.cuda.cgutils is missing ({exc}); pip install 'numba-cuda>=0.20'"
+        ) from exc
 
     _I64 = ir.IntType(64)
 
