@@ -189,3 +189,41 @@ def test_the_numba_cuda_floor_is_checked() -> None:
     assert numba_compat.version_problem("0.20.0") is None
     assert numba_compat.version_problem("0.30.4") is None
     assert numba_compat.version_problem(None) is None  # the simulator-only numba bundle
+
+
+# --- the ptxas that matches the NVVM -------------------------------------------------------------
+
+
+def _fake_ptxas(tmp_path: Any, release: str) -> str:
+    path = tmp_path / f"ptxas-{release}"
+    path.write_text(
+        "#!/bin/sh\necho 'ptxas: NVIDIA (R) Ptx optimizing assembler'\n"
+        f"echo 'Cuda compilation tools, release {release}, V{release}.1'\n"
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ptx_isa_versions_map_to_cuda_releases() -> None:
+    from pydotcompute.compilation.ptx_check import cuda_release_for_ptx_isa, ptx_isa_version
+
+    assert ptx_isa_version("//\n.version 8.8\n.target sm_80\n") == (8, 8)
+    assert ptx_isa_version(".target sm_80") is None
+    assert cuda_release_for_ptx_isa((7, 8)) == (11, 8)
+    assert cuda_release_for_ptx_isa((8, 5)) == (12, 5)
+    assert cuda_release_for_ptx_isa((8, 8)) == (12, 9)
+    assert cuda_release_for_ptx_isa((9, 0)) == (13, 0)
+
+
+def test_ptxas_older_than_the_ptx_is_skipped(tmp_path: Any) -> None:
+    from pydotcompute.compilation.ptx_check import find_ptxas, ptxas_release
+
+    old, new = _fake_ptxas(tmp_path, "12.9"), _fake_ptxas(tmp_path, "13.0")
+    assert ptxas_release(old) == (12, 9)
+    ptx_129 = ".version 8.8\n.target sm_90\n"
+    ptx_130 = ".version 9.0\n.target sm_90\n"
+    ptx_future = ".version 9.5\n.target sm_90\n"
+    assert find_ptxas(ptx_129, [old, new]) == old  # the first that is new enough
+    assert find_ptxas(ptx_130, [old, new]) == new  # 12.9 would reject ISA 9.0
+    assert find_ptxas(ptx_future, [old, new]) is None  # none: skip assembling, do not fail
+    assert find_ptxas(None, [str(tmp_path / "missing"), old]) == old

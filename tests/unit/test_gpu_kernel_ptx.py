@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ if importlib.util.find_spec("numba") is None or importlib.util.find_spec("numba.
         'numba-cuda is not installed; pip install "pydotcompute[cuda]"', allow_module_level=True
     )
 
+from pydotcompute.compilation.ptx_check import find_ptxas
 from pydotcompute.exceptions import KernelCompilationError
 from pydotcompute.ring_kernels._gpu import cuda_c
 from pydotcompute.ring_kernels.gpu_kernel import (
@@ -63,30 +63,16 @@ HANDLERS: dict[str, tuple[Any, type, type, np.ndarray[Any, Any], bool]] = {
 }
 
 
-def _ptxas() -> str | None:
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia.cuda_nvcc")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            cand = Path(root) / "bin" / "ptxas"
-            if cand.exists():
-                return str(cand)
-    return None
-
-
-PTXAS = _ptxas()
-
-
 def assemble(ptx: str, cc: tuple[int, int], tmp_path: Path) -> None:
-    """Assemble with ptxas (skip the step, not the test, when ptxas is missing)."""
-    if PTXAS is None:
+    """Assemble with a ptxas new enough for this PTX (skip the step, not the test, when
+    none is installed)."""
+    ptxas = find_ptxas(ptx)
+    if ptxas is None:
         return
     src = tmp_path / f"k_{cc[0]}{cc[1]}.ptx"
     src.write_text(ptx)
     out = subprocess.run(
-        [PTXAS, f"-arch=sm_{cc[0]}{cc[1]}", str(src), "-o", str(tmp_path / "k.cubin")],
+        [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", str(src), "-o", str(tmp_path / "k.cubin")],
         capture_output=True,
         text=True,
         timeout=120,
