@@ -280,6 +280,23 @@ async def state_persists_across_messages(rt: RingKernelRuntime, env: Env) -> Non
     assert k.state_snapshot().tolist() == [105]
 
 
+async def unified_buffer_state_is_updated_in_place(rt: RingKernelRuntime, env: Env) -> None:
+    """State in a ``UnifiedBuffer``: a CuPy array on a GPU (typed through the CUDA typing
+    module), NumPy under the simulator; the kernel updates it in place."""
+    from pydotcompute.core import UnifiedBuffer
+
+    buf = UnifiedBuffer((1,), np.int64, backend="cuda").allocate()
+    buf.host[:] = 7
+    buf.mark_host_dirty()
+    await launch_gpu(rt, "add", add_handler, Add, Sum, state=buf)
+    counts = [
+        (await rt.send_and_receive("add", Add(a=0.0, b=0.0), timeout=20)).count for _ in range(3)
+    ]
+    assert counts == [8, 9, 10]
+    await rt.terminate("add")
+    assert buf.host.tolist() == [10]  # terminate marked the device side dirty
+
+
 async def deactivate_holds_messages(rt: RingKernelRuntime, env: Env) -> None:
     k = await launch_gpu(rt, "add", add_handler, Add, Sum, state=np.zeros(1, np.int64))
     await rt.send_and_receive("add", Add(a=1.0, b=1.0), timeout=20)
@@ -528,6 +545,7 @@ SCENARIOS: dict[str, Scenario] = {
         ordering_is_kept,
         batches_of_objects_and_records,
         state_persists_across_messages,
+        unified_buffer_state_is_updated_in_place,
         deactivate_holds_messages,
         terminate_drains_queued_messages,
         terminate_while_deactivated_drains,
