@@ -24,10 +24,11 @@ queue is empty, so a round trip costs no task switch on the send side.
 Memory-ordering argument (inbox; the outbox is the mirror image with roles swapped):
 
 1. The host writes a slot's bytes (NumPy stores into mapped memory), then a full fence
-   (a lock acquire/release: a locked instruction on x86-64), then stores ``IN_TAIL``. On
-   x86-64 (TSO) stores become visible in program order anyway; the fence also stops the
-   interpreter/compiler side from reordering.
-2. Thread 0 of the kernel reads ``IN_TAIL`` with ``ld.acquire.sys``. Acquire at system
+   (a lock acquire/release: a locked instruction on x86-64), then stores ``IN_TAIL`` and
+   the ``DOORBELL`` word (``IN_TAIL << 2 | TERMINATE << 1 | ACTIVE``; the event loop is its
+   only writer). On x86-64 (TSO) stores become visible in program order anyway; the fence
+   also stops the interpreter/compiler side from reordering.
+2. Thread 0 of the kernel reads ``DOORBELL`` with ``ld.acquire.sys``. Acquire at system
    scope orders every later load of that thread after it, so once it sees the new tail it
    reads the slot bytes the host wrote before publishing (PTX memory model: the host's
    program-ordered stores and the acquire form a release/acquire pattern at system scope;
@@ -45,10 +46,10 @@ Memory-ordering argument (inbox; the outbox is the mirror image with roles swapp
    handler's loads precede the release), so the host reuses a slot only when the kernel is
    done with it.
 5. Every index is a monotonic 64-bit count (slot = count % size): no ABA, no wrap bit.
-6. ``ACTIVE`` and ``TERMINATE`` carry no data, so the kernel reads them with
-   ``ld.relaxed.sys``, issued together with the acquire load of ``IN_TAIL``: an idle poll
-   costs one round trip to host memory, not three. ``ACTIVE_ACK`` is a release store, so
-   when ``deactivate`` sees it, no message is being taken any more.
+6. ``ACTIVE`` and ``TERMINATE`` travel in the doorbell with the inbox tail, so a poll is one
+   system-scope load (one round trip to host memory), not three; the separate words stay
+   for host-side readers. ``ACTIVE_ACK`` is a release store, so when ``deactivate`` sees
+   it, no message is being taken any more.
 7. The inline-asm loads carry a ``memory`` clobber and side effects, so the compiler cannot
    hoist a poll out of the loop or move a slot access across it (what ``volatile`` would
    give, plus the hardware ordering). A burst of up to ``BATCH`` messages is handled in

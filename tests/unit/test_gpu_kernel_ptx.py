@@ -43,7 +43,6 @@ from tests import gpu_ring_kernel_suite as suite
 CCS = [(8, 0), (9, 0)]
 ORDERING = (
     "ld.acquire.sys.global.b64",
-    "ld.relaxed.sys.global.b64",
     "st.release.sys.global.b64",
     "st.relaxed.sys.global.b64",
     "nanosleep.u32",
@@ -208,3 +207,16 @@ def _benchmark_module() -> Any:
     finally:
         sys.path.remove(str(root))
     return sys.modules[spec.name]
+
+
+def test_the_poll_loop_reads_one_control_word(tmp_path: Path) -> None:
+    """TERMINATE, ACTIVE and the inbox tail arrive in one word (the doorbell): the loop
+    issues one system-scope acquire load for them, plus the one for the outbox head."""
+    ptx = compile_gpu_kernel_ptx(suite.add_handler, suite.Add, suite.Sum, state=I64, cc=(9, 0))
+    kernels = [("numba", ptx)]
+    if has_nvrtc():
+        _, cptx = compile_gpu_kernel_cuda_c(C_HANDLER, suite.Add, suite.Sum, state=I64)
+        kernels.append(("cuda_c", cptx))
+    for name, text in kernels:
+        assert text.count("ld.relaxed.sys") == 0, name
+        assert text.count("ld.acquire.sys") == 2, name

@@ -182,9 +182,11 @@ extern "C" __global__ void {kernel}(
     for (;;) {{
         if (tid == 0) {{
             pdc_i64 cmd = PDC_CMD_IDLE, count = 0;
-            const pdc_i64 terminate = pdc_load_relaxed(ctl + PDC_TERMINATE);
-            const pdc_i64 active = pdc_load_relaxed(ctl + PDC_ACTIVE);
-            if (tail_seen == head) tail_seen = pdc_load_acquire(ctl + PDC_IN_TAIL);
+            /* one word brings the inbox tail and both flags: one system-scope load */
+            const pdc_i64 bell = pdc_load_acquire(ctl + PDC_DOORBELL);
+            const pdc_i64 terminate = bell & PDC_DOORBELL_TERMINATE;
+            const pdc_i64 active = (bell & PDC_DOORBELL_ACTIVE) ? 1 : 0;
+            tail_seen = bell >> PDC_DOORBELL_SHIFT;
             if (terminate != 0) {{
                 cmd = PDC_CMD_EXIT;
             }} else {{

@@ -46,6 +46,8 @@ SIMULATOR: bool = bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
 
 # Layout constants as module globals: Numba freezes them into the kernel as literals.
 IN_TAIL, OUT_HEAD, ACTIVE, TERMINATE = L.IN_TAIL, L.OUT_HEAD, L.ACTIVE, L.TERMINATE
+DOORBELL, DOORBELL_SHIFT = L.DOORBELL, L.DOORBELL_SHIFT
+DOORBELL_ACTIVE, DOORBELL_TERMINATE = L.DOORBELL_ACTIVE, L.DOORBELL_TERMINATE
 OUTBOX_POLICY, MAX_BACKOFF_NS = L.OUTBOX_POLICY, L.MAX_BACKOFF_NS
 IN_HEAD, OUT_TAIL, STARTED, TERMINATED = L.IN_HEAD, L.OUT_TAIL, L.STARTED, L.TERMINATED
 ACTIVE_ACK, HEARTBEAT, PROCESSED, DROPPED = L.ACTIVE_ACK, L.HEARTBEAT, L.PROCESSED, L.DROPPED
@@ -225,12 +227,12 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
             if tid == 0:
                 cmd = CMD_IDLE
                 count = 0
-                # the flags carry no data (relaxed); the three loads overlap, so an idle poll
-                # costs one round trip to host memory
-                terminate = load_relaxed(ctl, TERMINATE)
-                active = load_relaxed(ctl, ACTIVE)
-                if tail_seen == head:
-                    tail_seen = load_acquire(ctl, IN_TAIL)
+                # one word brings the inbox tail and both flags: an idle poll is one
+                # system-scope load (one round trip to host memory)
+                bell = load_acquire(ctl, DOORBELL)
+                terminate = bell & DOORBELL_TERMINATE
+                active = 1 if bell & DOORBELL_ACTIVE else 0
+                tail_seen = bell >> DOORBELL_SHIFT
                 if terminate != 0:
                     cmd = CMD_EXIT
                 else:

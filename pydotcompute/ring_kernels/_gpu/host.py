@@ -32,7 +32,17 @@ class HostRings:
         views: ``inbox``, ``outbox`` (ring + scratch slot), ``ostat``, ``lat``, ``ctl``.
     """
 
-    __slots__ = ("ctl", "in_tail", "inbox", "lat", "ostat", "out_bytes", "out_head", "outbox")
+    __slots__ = (
+        "ctl",
+        "flags",
+        "in_tail",
+        "inbox",
+        "lat",
+        "ostat",
+        "out_bytes",
+        "out_head",
+        "outbox",
+    )
 
     def __init__(self, views: dict[str, np.ndarray[Any, Any]]) -> None:
         self.inbox = views["inbox"]
@@ -44,6 +54,7 @@ class HostRings:
         self.out_bytes = out.view(np.uint8).reshape(len(out), out.dtype.itemsize)
         self.in_tail = 0  # requests published (the host's copy of ctl[IN_TAIL])
         self.out_head = 0  # replies taken (the host's copy of ctl[OUT_HEAD])
+        self.flags = 0  # the doorbell's TERMINATE / ACTIVE bits
 
     @property
     def capacity_in(self) -> int:
@@ -58,8 +69,14 @@ class HostRings:
         return int(self.ctl[index])
 
     def set_word(self, index: int, value: int) -> None:
+        """Store a host-written word; ACTIVE and TERMINATE also ring the doorbell."""
         fence()
         self.ctl[index] = value
+        bit = L.DOORBELL_ACTIVE if index == L.ACTIVE else 0
+        bit = L.DOORBELL_TERMINATE if index == L.TERMINATE else bit
+        if bit:
+            self.flags = self.flags | bit if value else self.flags & ~bit
+            self.ctl[L.DOORBELL] = (self.in_tail << L.DOORBELL_SHIFT) | self.flags
 
     # -- inbox --------------------------------------------------------------------------
 
@@ -87,6 +104,7 @@ class HostRings:
         self.in_tail += n
         fence()
         self.ctl[L.IN_TAIL] = self.in_tail
+        self.ctl[L.DOORBELL] = (self.in_tail << L.DOORBELL_SHIFT) | self.flags
 
     def unconsumed(self) -> np.ndarray[Any, Any]:
         """Copies of the requests the kernel never took (call once it stopped), and forget

@@ -241,8 +241,10 @@ def terminate_running_kernels(timeout: float = 2.0) -> list[str]:
         actors = [a for a in _running if a._started and not a._released]
     for actor in actors:
         try:
+            ctl = actor.host["ctl"]
             fence()
-            actor.host["ctl"][L.TERMINATE] = 1
+            ctl[L.TERMINATE] = 1
+            ctl[L.DOORBELL] = int(ctl[L.DOORBELL]) | L.DOORBELL_TERMINATE
         except Exception as exc:  # memory already gone: nothing to tell
             logger.debug("%s: could not write TERMINATE: %r", actor.name, exc)
     deadline = time.monotonic() + timeout
