@@ -111,6 +111,7 @@ __all__ = (
     "check_gpu_kernel_spec",
     "compile_gpu_kernel_cuda_c",
     "compile_gpu_kernel_ptx",
+    "reserve_gpu_memory",
 )
 
 logger = logging.getLogger("pydotcompute")
@@ -144,6 +145,29 @@ def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
         extra={k: v for k, v in meta.extra.items() if k not in PLACEMENT_OPTIONS},
         restart=meta.restart,
     )
+
+
+def reserve_gpu_memory(mapped_mb: float, device_mb: float = 0.0, device_id: int = 0) -> None:
+    """Set aside ring (mapped host) and state (device) memory for GPU actors up front.
+
+    GPU actors take their rings and state from two slabs that grow only while no GPU actor
+    runs (allocating may synchronize the device, which would wait for the running kernels
+    forever). The slabs grow by ``PYDOTCOMPUTE_GPU_SLAB_MB`` MiB (default 64) on demand;
+    call this before the first actor starts when more actors must start beside running
+    ones than that holds.
+
+    Raises:
+        CUDAError: GPU actors are running already.
+        InvalidConfigurationError: a negative size.
+    """
+    if mapped_mb < 0 or device_mb < 0:
+        raise InvalidConfigurationError(
+            f"reserve_gpu_memory sizes must be >= 0 MiB, got mapped_mb={mapped_mb!r}, "
+            f"device_mb={device_mb!r}"
+        )
+    from ._gpu.resources import reserve_memory
+
+    reserve_memory(int(mapped_mb * (1 << 20)), int(device_mb * (1 << 20)), device_id)
 
 
 def compile_gpu_kernel_ptx(

@@ -273,3 +273,52 @@ async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> No
     assert not _device_threads()  # the kernel left its loop
     assert k._rings is not None
     assert k._rings.word(layout.TERMINATED) == 1
+
+
+# --- memory comes from slabs made before the kernels run ----------------------------------------
+
+
+async def test_an_actor_started_beside_a_running_one_allocates_nothing(
+    rt: RingKernelRuntime,
+) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    slabs = resources.memory_slabs()
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
+    chunks = slabs.stats()["mapped"]["chunks"]
+    free = slabs.stats()["mapped"]["bytes_free"]
+    assert chunks >= 1
+    await launch_gpu(rt, "b", suite.seq_handler, Seq, SeqOut)
+    assert slabs.stats()["mapped"]["chunks"] == chunks  # carved from what was there
+    assert slabs.stats()["mapped"]["bytes_free"] < free
+    await rt.terminate("b")
+    assert slabs.stats()["mapped"]["bytes_free"] == free  # given back to the slab
+    assert (await rt.send_and_receive("a", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+
+
+async def test_a_full_slab_refuses_a_start_beside_running_actors(
+    rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    slabs = resources.memory_slabs()
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum, ring_size=8)
+    free = slabs.stats()["mapped"]["bytes_free"]
+    big = free // Seq.dtype.itemsize + 1  # more slots than the slab has bytes for
+    with pytest.raises(CUDAError, match="cannot grow while GPU actors run"):
+        await launch_gpu(rt, "b", suite.seq_handler, Seq, SeqOut, ring_size=big)
+    assert "b" not in rt
+    assert slabs.stats()["mapped"]["bytes_free"] == free  # the partial carve was given back
+    assert (await rt.send_and_receive("a", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+
+
+async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.gpu_kernel import reserve_gpu_memory
+
+    slabs = resources.memory_slabs()
+    reserve_gpu_memory(mapped_mb=100)
+    assert slabs.stats()["mapped"]["bytes_free"] >= 100 << 20
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
+    with pytest.raises(CUDAError, match="cannot reserve GPU actor memory while 1 GPU actor"):
+        reserve_gpu_memory(mapped_mb=200)

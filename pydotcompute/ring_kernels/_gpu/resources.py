@@ -13,9 +13,12 @@ A persistent kernel never finishes on its own, so it must not sit on a stream th
 synchronizes with the legacy default stream (every synchronous copy would wait for it):
 streams are created non-blocking, and when none can be made the launch is refused rather
 than put on a blocking stream. Freeing device or pinned memory is implicitly
-device-synchronizing in CUDA, and would wait for *every* running persistent kernel, so
-released memory is parked in a graveyard and freed only when no GPU actor is running, and
-Numba's own deferred frees are held back (`defer_cleanup`) for as long as one runs.
+device-synchronizing in CUDA, and would wait for *every* running persistent kernel, and
+so may allocating it: rings, control blocks and state are carved from slabs (`slab.py`) that
+grow only while no GPU actor runs, and go back to the slab, not to CUDA, when an actor ends.
+What else an actor holds (streams, events, modules) is parked in a graveyard and freed only
+when no GPU actor is running, and Numba's own deferred frees are held back
+(`defer_cleanup`) for as long as one runs.
 
 Module loading can synchronize too (lazy loading, the default since CUDA 12.2, loads a
 kernel at its first launch, beside the kernels already running): `CUDA_MODULE_LOADING`
@@ -52,6 +55,7 @@ from ...exceptions import (
 )
 from . import layout as L
 from .host import fence
+from .slab import Carve, MemorySlabs, default_chunk_bytes
 
 __all__ = (
     "STICKY_ERROR_CODES",
@@ -59,7 +63,9 @@ __all__ = (
     "KernelLiveness",
     "is_sticky_error",
     "live_actor_count",
+    "memory_slabs",
     "nonblocking_stream",
+    "reserve_memory",
     "terminate_running_kernels",
 )
 
@@ -71,6 +77,7 @@ _live_lock = threading.Lock()
 _running: weakref.WeakSet[DeviceActor] = weakref.WeakSet()
 _atexit_registered = False
 _deferred_cleanup: Any = None  # Numba's defer_cleanup context, held while a kernel runs
+_slabs: dict[bool, MemorySlabs] = {}
 
 #: CUDA errors after which the context is unusable (sticky): the kernel is gone with it.
 #: The driver and runtime API share these numbers.
@@ -170,6 +177,39 @@ def _numba_cuda() -> Any:
     from ...backends.numba_compat import import_numba_cuda
 
     return import_numba_cuda()
+
+
+def memory_slabs(simulator: bool | None = None) -> MemorySlabs:
+    """The process's ring and state memory slabs (the simulator's when it is on)."""
+    if simulator is None:
+        from .build import SIMULATOR
+
+        simulator = SIMULATOR
+    with _live_lock:
+        slabs = _slabs.get(simulator)
+        if slabs is None:
+            slabs = _slabs[simulator] = MemorySlabs(simulator)
+    return slabs
+
+
+def reserve_memory(mapped_bytes: int, device_bytes: int, device_id: int = 0) -> None:
+    """Make sure the slabs hold this much free memory before GPU actors start.
+
+    Raises:
+        CUDAError: GPU actors are running (growing a slab may synchronize the device).
+    """
+    if _live:
+        raise CUDAError(
+            f"cannot reserve GPU actor memory while {_live} GPU actor(s) run: allocating may "
+            "synchronize the device, which waits for them forever; reserve before the first "
+            "one starts"
+        )
+    slabs = memory_slabs()
+    if slabs.mapped.simulator:
+        slabs.reserve(mapped_bytes, device_bytes)
+        return
+    with _numba_cuda().gpus[device_id]:
+        slabs.reserve(mapped_bytes, device_bytes)
 
 
 def live_actor_count() -> int:
@@ -329,16 +369,23 @@ class DeviceActor:
         self._liveness: KernelLiveness | None = None
         self._stream: Any = None
         self._keep: list[Any] = []
+        self._carves: list[Carve] = []
+        self._host_views: dict[str, np.ndarray[Any, Any]] = {}
         self._started = False
         self._released = False
         self._abandoned = False
-        with self._device():
-            self.inbox = self._mapped(ring_in, in_dtype)
-            self.outbox = self._mapped(ring_out + 1, out_dtype)  # + the scratch slot
-            self.ostat = self._mapped(ring_out + 1, np.dtype(np.int64))
-            self.lat = self._mapped(ring_in, np.dtype(np.int64))
-            self.ctl = self._mapped(L.CTL_WORDS, np.dtype(np.int64))
-            self.state_dev = self._state_array(state)
+        self._slabs = memory_slabs(self.simulator)
+        try:
+            with self._device():
+                self.inbox = self._mapped("inbox", ring_in, in_dtype)
+                self.outbox = self._mapped("outbox", ring_out + 1, out_dtype)  # + scratch slot
+                self.ostat = self._mapped("ostat", ring_out + 1, np.dtype(np.int64))
+                self.lat = self._mapped("lat", ring_in, np.dtype(np.int64))
+                self.ctl = self._mapped("ctl", L.CTL_WORDS, np.dtype(np.int64))
+                self.state_dev = self._state_array(state)
+        except BaseException:
+            self._give_back_carves()
+            raise
         h = self.host
         h["ctl"][L.MAX_BACKOFF_NS] = max_backoff_ns
         h["ctl"][L.OUTBOX_POLICY] = 1 if drop_when_full else 0
@@ -354,26 +401,32 @@ class DeviceActor:
 
         return cuda.gpus[self.device_id]
 
-    def _mapped(self, n: int, dtype: np.dtype[Any]) -> Any:
-        if self.simulator:
-            return np.zeros(n, dtype=dtype)
-        cuda = _numba_cuda()
+    def _take(self, kind: str, n: int, dtype: np.dtype[Any]) -> Carve:
+        """``n`` zeroed elements from a slab; it grows only while no GPU actor runs."""
+        slab = self._slabs.mapped if kind == "mapped" else self._slabs.device
+        carve = slab.take(
+            n * dtype.itemsize, dtype, may_grow=_live == 0, chunk_bytes=default_chunk_bytes()
+        )
+        self._carves.append(carve)
+        return carve
 
-        arr = cuda.mapped_array(n, dtype=dtype)
-        np.asarray(arr).view(np.uint8)[...] = 0
-        return arr
+    def _mapped(self, key: str, n: int, dtype: np.dtype[Any]) -> Any:
+        """A ring or control array in mapped memory: the host view is kept under ``key``,
+        the device view (what the kernel gets) is returned."""
+        carve = self._take("mapped", n, dtype)
+        assert carve.host is not None
+        self._host_views[key] = carve.host
+        return carve.device
+
+    def _give_back_carves(self) -> None:
+        carves, self._carves = self._carves, []
+        for carve in carves:
+            carve.release()
 
     @property
     def host(self) -> dict[str, np.ndarray[Any, Any]]:
         """Plain NumPy views of the mapped arrays (what the host reads and writes)."""
-        views = getattr(self, "_host_views", None)
-        if views is None:
-            views = {
-                k: np.asarray(getattr(self, k)).view(np.ndarray)
-                for k in ("inbox", "outbox", "ostat", "lat", "ctl")
-            }
-            self._host_views = views
-        return views
+        return self._host_views
 
     def _state_array(self, state: Any) -> Any:
         owner = self._state_owner
@@ -396,9 +449,11 @@ class DeviceActor:
             return dev
         if self.simulator:
             return np.array(state, copy=True)
-        cuda = _numba_cuda()
-
-        return cuda.to_device(np.ascontiguousarray(state))
+        arr = np.ascontiguousarray(state)
+        dev = self._take("device", max(1, arr.size), arr.dtype).device[: arr.size]
+        dev = dev.reshape(arr.shape)
+        dev.copy_to_device(arr)
+        return dev
 
     def read_state(self) -> np.ndarray[Any, Any]:
         """A host copy of the actor's state (may be mid-update while the kernel runs)."""
@@ -604,8 +659,8 @@ class DeviceActor:
                 self._state_owner.mark_device_dirty()
             except Exception as exc:  # the owner may have been freed by the user
                 logger.debug("%s: could not mark the state buffer device-dirty: %r", self.name, exc)
-        keep = [*self._keep, self.inbox, self.outbox, self.ostat, self.lat, self.ctl]
-        keep += [self.state_dev, self._stream, self._event, self._kernel]
+        self._give_back_carves()  # the kernel ended: its slab memory is free again
+        keep = [*self._keep, self._stream, self._event, self._kernel]
         if self._abandoned:
             with _live_lock:
                 if self in _graveyard:
