@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import print_table, save_json  # noqa: E402
+from _common import print_table, save_json
 
-from pydotcompute.ring_kernels._gpu import layout as L  # noqa: E402
-from pydotcompute.ring_kernels._gpu.host import HostRings  # noqa: E402
-from pydotcompute.ring_kernels.message import message  # noqa: E402
+from pydotcompute.ring_kernels._gpu import layout as L
+from pydotcompute.ring_kernels._gpu.host import HostRings
+from pydotcompute.ring_kernels.message import message
 
 
 @message
@@ -174,5 +173,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    _runner: Callable[..., Any] = main
-    _runner()
+    main()
