@@ -111,6 +111,7 @@ __all__ = (
     "check_gpu_kernel_spec",
     "compile_gpu_kernel_cuda_c",
     "compile_gpu_kernel_ptx",
+    "prepare_gpu_kernel",
     "reserve_gpu_memory",
 )
 
@@ -168,6 +169,72 @@ def reserve_gpu_memory(mapped_mb: float, device_mb: float = 0.0, device_id: int 
     from ._gpu.resources import reserve_memory
 
     reserve_memory(int(mapped_mb * (1 << 20)), int(device_mb * (1 << 20)), device_id)
+
+
+def prepare_gpu_kernel(
+    handler: Any,
+    input_type: type,
+    output_type: type,
+    *,
+    state: Any = None,
+    cooperative: bool = False,
+    block_size: int = 32,
+    device_id: int = 0,
+    cuda_source: str | None = None,
+    handler_name: str = "handle",
+) -> str:
+    """Compile a handler's persistent kernel and load it onto the GPU now.
+
+    Loading a module beside running persistent kernels may synchronize the device, which
+    waits for them forever. Call this for every handler (with a state of the same dtype
+    and shape as the actors will use) before the first GPU actor starts; actors launched
+    later with the same handler and layouts reuse the loaded kernel. Under the CUDA
+    simulator it only checks the declaration.
+
+    Returns:
+        The flavour: ``"numba"``, ``"cuda_c"`` or ``"simulator"``.
+
+    Raises:
+        KernelCompilationError: the handler does not compile.
+        BackendNotAvailableError: no GPU (and the simulator is off).
+    """
+    extra: dict[str, Any] = {"cooperative": cooperative, "device_id": device_id}
+    if cuda_source is not None:
+        extra.update(cuda_source=cuda_source, handler_name=handler_name)
+    opts, in_dt, out_dt = check_spec(
+        "<prepare>",
+        handler,
+        input_type,
+        output_type,
+        grid_size=1,
+        block_size=block_size,
+        extra=extra,
+    )
+    from ._gpu.resources import DeviceActor
+
+    dev = DeviceActor(
+        name="pydotcompute-gpu:<prepare>",
+        handler=handler,
+        cuda_source=opts.cuda_source,
+        handler_name=opts.handler_name,
+        in_name=input_type.__name__,
+        out_name=output_type.__name__,
+        in_dtype=in_dt,
+        out_dtype=out_dt,
+        state=normalize_state("<prepare>", state),
+        cooperative=opts.cooperative,
+        block_size=block_size,
+        ring_in=1,
+        ring_out=1,
+        max_backoff_ns=opts.max_backoff_ns,
+        drop_when_full=False,
+        device_id=opts.device_id,
+    )
+    try:
+        dev.compile()
+    finally:
+        dev.release()
+    return dev.flavour
 
 
 def compile_gpu_kernel_ptx(

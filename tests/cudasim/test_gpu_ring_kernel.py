@@ -26,6 +26,7 @@ from pydotcompute.exceptions import (
     CUDAError,
     KernelFailedError,
     KernelStateError,
+    TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState
 from pydotcompute.ring_kernels._gpu import layout
@@ -322,3 +323,20 @@ async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
     await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
     with pytest.raises(CUDAError, match="cannot reserve GPU actor memory while 1 GPU actor"):
         reserve_gpu_memory(mapped_mb=200)
+
+
+async def test_a_handler_is_prepared_before_actors_run(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
+
+    slabs = resources.memory_slabs()
+    free = slabs.stats()["mapped"]["bytes_free"]
+    state = np.zeros(1, np.int64)
+    assert prepare_gpu_kernel(suite.seq_handler, Seq, SeqOut, state=state) == "simulator"
+    assert resources.live_actor_count() == 0  # nothing was launched
+    assert slabs.stats()["mapped"]["bytes_free"] in (free, slabs.stats()["mapped"]["bytes"])
+    k = await launch_gpu(rt, "seq", suite.seq_handler, Seq, SeqOut, state=state)
+    assert (await rt.send_and_receive("seq", Seq(seq=5), timeout=20)).running == 5
+    assert k.flavour == "simulator"
+    with pytest.raises(TypeValidationError, match="output_type int is not a fixed-layout"):
+        prepare_gpu_kernel(suite.seq_handler, Seq, int, state=state)

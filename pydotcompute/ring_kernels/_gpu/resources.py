@@ -78,6 +78,7 @@ _running: weakref.WeakSet[DeviceActor] = weakref.WeakSet()
 _atexit_registered = False
 _deferred_cleanup: Any = None  # Numba's defer_cleanup context, held while a kernel runs
 _slabs: dict[bool, MemorySlabs] = {}
+_c_modules: dict[tuple[str, int], tuple[Any, Any]] = {}  # loaded CUDA C kernels, kept
 
 #: CUDA errors after which the context is unusable (sticky): the kernel is gone with it.
 #: The driver and runtime API share these numbers.
@@ -535,15 +536,22 @@ class DeviceActor:
             int(np.prod(self.state_dev.shape)),
             cooperative=self.cooperative,
         )
-        try:
-            with cupy.cuda.Device(self.device_id):
-                module = cupy.RawModule(code=src, options=("-std=c++17",))
-                self._kernel = module.get_function(cuda_c.KERNEL_NAME)
-        except Exception as exc:
-            raise KernelCompilationError(
-                f"{self.name}: the CUDA C handler does not compile: {exc}"
-            ) from exc
-        self._keep.append(module)
+        key = (src, self.device_id)
+        with _live_lock:
+            cached = _c_modules.get(key)
+        if cached is None:  # a loaded module is reused: loading beside kernels may sync
+            try:
+                with cupy.cuda.Device(self.device_id):
+                    module = cupy.RawModule(code=src, options=("-std=c++17",))
+                    cached = (module, module.get_function(cuda_c.KERNEL_NAME))
+            except Exception as exc:
+                raise KernelCompilationError(
+                    f"{self.name}: the CUDA C handler does not compile: {exc}"
+                ) from exc
+            with _live_lock:
+                _c_modules[key] = cached
+        self._kernel = cached[1]
+        self._keep.append(cached[0])
 
     def start(self) -> None:
         """Launch the persistent kernel; returns at once (the kernel keeps running)."""
