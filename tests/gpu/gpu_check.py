@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_child(step: str, limit: int, result_path: Path) -> int:
     faulthandler.enable()
     # a hang prints every thread's stack, then ends the step, before the parent's limit
-    faulthandler.dump_traceback_later(max(10, limit - WATCHDOG_MARGIN), exit=True)
+    faulthandler.dump_traceback_later(max(1, limit - WATCHDOG_MARGIN), exit=True)
     result: dict[str, Any] = {}
     try:
         rc = CHILD_STEPS[step](result)
@@ -483,7 +483,15 @@ async def probe(seconds: float) -> dict[str, Any]:
     }
 
 
+def _hang(result: dict[str, Any]) -> int:
+    """A step that never ends: shows that the watchdog prints the stacks and ends it."""
+    result["hanging"] = True
+    while True:
+        time.sleep(0.05)
+
+
 CHILD_STEPS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "_hang": _hang,  # not a user step: the watchdog's own check
     "versions": step_versions,
     "compile": step_compile,
     "probe": step_probe,

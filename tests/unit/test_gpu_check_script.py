@@ -49,5 +49,18 @@ def test_every_step_has_a_child(step: str) -> None:
     assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert set(mod.CHILD_STEPS) == set(mod.STEPS)
+    assert {k for k in mod.CHILD_STEPS if not k.startswith("_")} == set(mod.STEPS)
     assert callable(mod.CHILD_STEPS[step])
+
+
+def test_the_watchdog_prints_where_a_step_hangs_and_ends_it(tmp_path: Path) -> None:
+    result = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--child", "_hang", "--limit", "22", "--result", str(result)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "Timeout (0:00:02)!" in out.stderr
+    assert "in _hang" in out.stderr  # the stack of the hanging step
