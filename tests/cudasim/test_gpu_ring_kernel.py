@@ -340,3 +340,20 @@ async def test_a_handler_is_prepared_before_actors_run(rt: RingKernelRuntime) ->
     assert k.flavour == "simulator"
     with pytest.raises(TypeValidationError, match="output_type int is not a fixed-layout"):
         prepare_gpu_kernel(suite.seq_handler, Seq, int, state=state)
+
+
+async def test_a_cooperative_block_stages_the_batch_before_handling_it(
+    rt: RingKernelRuntime,
+) -> None:
+    k = await launch_gpu(
+        rt, "vec", suite.vec_handler, suite.Vec, suite.VecOut, cooperative=True, block_size=3
+    )
+    x = np.arange(suite.VEC, dtype=np.float32)
+    req = suite.Vec(values=x, scale=np.float32(3.0))
+    reply = await rt.send_and_receive("vec", req, timeout=20)
+    np.testing.assert_allclose(reply.values, x * 3)
+    assert k._dev is not None
+    staged = k._dev.stage[0]  # the block copied the slot before the handler ran
+    assert float(staged["scale"]) == 3.0
+    np.testing.assert_array_equal(staged["values"], x)
+    assert int(staged["_mid_lo"]) == req.message_id.int & ((1 << 64) - 1)

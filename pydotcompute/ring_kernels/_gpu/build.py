@@ -68,6 +68,7 @@ def record_types(in_dtype: np.dtype[Any], out_dtype: np.dtype[Any], state: Any) 
         types.int64[::1],
         types.int64[::1],
         state_ty,
+        from_dtype(in_dtype)[::1],
     )
 
 

@@ -181,7 +181,8 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     Arguments of the returned kernel: ``inbox`` (ring of input records), ``outbox`` (ring of
     output records plus one scratch slot at the end), ``ostat`` (int64 status per outbox
     slot), ``lat`` (int64 latency ring, one entry per processed message modulo its size),
-    ``ctl`` (the control block, ``layout.py``) and ``state`` (the actor's device array).
+    ``ctl`` (the control block, ``layout.py``), ``state`` (the actor's device array) and
+    ``stage`` (``BATCH`` input records in device memory; cooperative kernels only).
 
     Thread 0 polls and decides; the decision reaches the block through shared memory and
     ``syncthreads``. When several messages wait, up to ``BATCH`` are handled one after the
@@ -189,11 +190,14 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     so a burst pays for one system-scope fence instead of one per message. With
     ``cooperative`` every thread of the block calls the handler on the same message
     (splitting an array payload by ``cuda.threadIdx.x``); otherwise the kernel runs with one
-    thread.
+    thread. A cooperative block first copies the batch's inbox slots into ``stage`` together
+    (thread ``t`` copies slots ``t``, ``t + blockDim``, ...: many reads of host memory in
+    flight at once instead of every thread reading every field across PCIe), then handles
+    the staged copies.
     """
 
     def pdc_ring_kernel(
-        inbox: Any, outbox: Any, ostat: Any, lat: Any, ctl: Any, state: Any
+        inbox: Any, outbox: Any, ostat: Any, lat: Any, ctl: Any, state: Any, stage: Any
     ) -> None:
         tid = cuda.threadIdx.x
         sh = cuda.shared.array(4, types.int64)
@@ -270,18 +274,23 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                 break
             if cmd == CMD_PROCESS or cmd == CMD_PROCESS_DROP:  # noqa: SIM109 - Numba
                 count = sh[3]
+                if cooperative:  # stage the batch: the block's reads overlap
+                    for j in range(tid, count, cuda.blockDim.x):
+                        stage[j] = inbox[(sh[1] + j) % cap_in]
+                    cuda.syncthreads()
                 for j in range(count):
                     i = (sh[1] + j) % cap_in
                     o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS else cap_out
                     t0 = now_ns()
                     status = 0
-                    if cooperative or tid == 0:
-                        status = handler(inbox[i], outbox[o], state)
                     if cooperative:
+                        status = handler(stage[j], outbox[o], state)
                         cuda.threadfence_system()
                         cuda.syncthreads()
+                    elif tid == 0:
+                        status = handler(inbox[i], outbox[o], state)
                     if tid == 0:
-                        rin = inbox[i]
+                        rin = stage[j] if cooperative else inbox[i]
                         rout = outbox[o]
                         rout._mid_hi = 0
                         rout._mid_lo = 0

@@ -384,6 +384,12 @@ class DeviceActor:
                 self.lat = self._mapped("lat", ring_in, np.dtype(np.int64))
                 self.ctl = self._mapped("ctl", L.CTL_WORDS, np.dtype(np.int64))
                 self.state_dev = self._state_array(state)
+                # where a cooperative block stages a batch of inbox slots (device memory)
+                n_stage = L.BATCH if cooperative else 1
+                if self.simulator:
+                    self.stage: Any = np.zeros(n_stage, in_dtype).view(np.recarray)
+                else:
+                    self.stage = self._take("device", n_stage, in_dtype).device
         except BaseException:
             self._give_back_carves()
             raise
@@ -479,8 +485,17 @@ class DeviceActor:
                 h["lat"],
                 h["ctl"],
                 self.state_dev,
+                self.stage,
             )
-        return (self.inbox, self.outbox, self.ostat, self.lat, self.ctl, self.state_dev)
+        return (
+            self.inbox,
+            self.outbox,
+            self.ostat,
+            self.lat,
+            self.ctl,
+            self.state_dev,
+            self.stage,
+        )
 
     def compile(self) -> None:
         """Compile the kernel (slow; the caller runs it in a worker thread). No-op simulated."""
@@ -606,6 +621,7 @@ class DeviceActor:
             np.uint64(ptr(self.lat)),
             np.uint64(ptr(self.ctl)),
             np.uint64(ptr(self.state_dev)),
+            np.uint64(ptr(self.stage)),
             np.int64(len(h["inbox"])),
             np.int64(len(h["outbox"]) - 1),
             np.int64(len(h["lat"])),
