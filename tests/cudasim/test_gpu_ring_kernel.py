@@ -357,3 +357,22 @@ async def test_a_cooperative_block_stages_the_batch_before_handling_it(
     assert float(staged["scale"]) == 3.0
     np.testing.assert_array_equal(staged["values"], x)
     assert int(staged["_mid_lo"]) == req.message_id.int & ((1 << 64) - 1)
+
+
+async def test_the_hardware_check_probe_runs_on_the_simulator() -> None:
+    """The probe of tests/gpu/gpu_check.py, short, so the hardware run meets working code."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_probe", path)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result: dict[str, Any] = {}
+    await asyncio.wait_for(mod.probe(1.0, result), 60)
+    assert result["ok"], result
+    assert {x["phase"] for x in result["launches"]} == {"prepared", "careless"}
+    assert result["a_round_trips"] > 0
+    assert not _device_threads()

@@ -186,7 +186,18 @@ def main(argv: list[str] | None = None) -> int:
 # --- child: one step under a watchdog ------------------------------------------------------------
 
 
+_RESULT_PATH: Path | None = None
+
+
+def flush_result(result: dict[str, Any]) -> None:
+    """Write what a step found so far (a watchdog exit skips the final write)."""
+    if _RESULT_PATH is not None:
+        _RESULT_PATH.write_text(json.dumps(result, indent=2, default=str))
+
+
 def run_child(step: str, limit: int, result_path: Path) -> int:
+    global _RESULT_PATH
+    _RESULT_PATH = result_path
     faulthandler.enable()
     # a hang prints every thread's stack, then ends the step, before the parent's limit
     faulthandler.dump_traceback_later(max(1, limit - WATCHDOG_MARGIN), exit=True)
@@ -198,7 +209,7 @@ def run_child(step: str, limit: int, result_path: Path) -> int:
         raise
     finally:
         faulthandler.cancel_dump_traceback_later()
-        result_path.write_text(json.dumps(result, indent=2, default=str))
+        flush_result(result)
     return rc
 
 
@@ -397,24 +408,35 @@ def _bench(result: dict[str, Any], quick: bool) -> int:
 
 
 def step_probe(result: dict[str, Any], seconds: float = 60.0) -> int:
-    result.update(asyncio.run(probe(seconds)))
+    asyncio.run(probe(seconds, result))
     return 0 if result["ok"] else 1
 
 
-async def probe(seconds: float) -> dict[str, Any]:
+async def probe(seconds: float, result: dict[str, Any]) -> None:
     """Keep actor ``a`` busy with round trips while other actors start, answer and stop.
 
-    Every other start compiles a handler never seen before (a new module load beside the
-    running kernel); the rest reuse a compiled one with state in a CuPy `UnifiedBuffer`. A
-    device synchronization on that path would stall ``a``'s round trips (or hang: the
-    watchdog then prints where).
+    First half, the way the GPU guide says to do it: handlers loaded with
+    `prepare_gpu_kernel` and `UnifiedBuffer` states allocated before ``a`` starts. Second
+    half, what a careless program does: a handler never seen before (a compile and a module
+    load beside the running kernel) and a `UnifiedBuffer` allocated meanwhile. A device
+    synchronization on either path stalls ``a``'s round trips (or hangs: the watchdog then
+    prints where, and the launches so far are already in the result file).
     """
     import numpy as np
 
     from pydotcompute import RingKernelRuntime
     from pydotcompute.core import UnifiedBuffer
+    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
     from tests import gpu_ring_kernel_suite as suite
 
+    def copy_of_handler(name: str) -> Any:  # a new function: its own compile and module
+        h = suite.add_handler
+        return types.FunctionType(h.__code__, h.__globals__, name)
+
+    prepared = [copy_of_handler(f"prepared_{k}") for k in range(4)]
+    for h in prepared:
+        prepare_gpu_kernel(h, suite.Add, suite.Sum, state=np.zeros(1, np.int64))
+    buffers = [UnifiedBuffer((1,), np.int64, backend="cuda").allocate() for _ in range(4)]
     rt = RingKernelRuntime()
     await rt.start()
     await suite.launch_gpu(rt, "a", suite.add_handler, suite.Add, suite.Sum)
@@ -429,22 +451,26 @@ async def probe(seconds: float) -> dict[str, Any]:
 
     pinger = asyncio.create_task(ping())
     launches: list[dict[str, Any]] = []
-    deadline = time.monotonic() + seconds
+    result.update(ok=False, launches=launches)
+    start = time.monotonic()
     i = 0
     try:
-        while time.monotonic() < deadline and not pinger.done() and i < 500:
-            fresh = i % 2 == 0
+        while time.monotonic() < start + seconds and not pinger.done() and i < 500:
+            phase = "prepared" if time.monotonic() < start + seconds / 2 else "careless"
             kid = f"b{i}"
             before = len(lat)
             t0 = time.perf_counter()
-            if fresh:  # a new function object: a new compile and module load
-                h = types.FunctionType(
-                    suite.add_handler.__code__, suite.add_handler.__globals__, f"add_{i}"
-                )
-                state: Any = np.zeros(1, np.int64)
+            state: Any
+            if phase == "prepared":
+                if i % 2:
+                    h, state = suite.add_handler, buffers[(i // 2) % len(buffers)]
+                else:
+                    h, state = prepared[(i // 2) % len(prepared)], np.zeros(1, np.int64)
+            elif i % 2:
+                h, state = suite.add_handler, UnifiedBuffer((1,), np.int64, backend="cuda")
+                state.allocate()
             else:
-                h = suite.add_handler
-                state = UnifiedBuffer((1,), np.int64, backend="cuda").allocate()
+                h, state = copy_of_handler(f"fresh_{i}"), np.zeros(1, np.int64)
             await asyncio.wait_for(
                 suite.launch_gpu(rt, kid, h, suite.Add, suite.Sum, state=state), 120
             )
@@ -455,7 +481,8 @@ async def probe(seconds: float) -> dict[str, Any]:
             launches.append(
                 {
                     "actor": kid,
-                    "fresh_compile": fresh,
+                    "phase": phase,
+                    "handler": h.__name__,
                     "state": type(state).__name__,
                     "launch_s": round(t1 - t0, 4),
                     "reply_ok": reply.total == i + 1.0,
@@ -465,22 +492,22 @@ async def probe(seconds: float) -> dict[str, Any]:
                 }
             )
             print(launches[-1], flush=True)
+            flush_result(result)  # a hang later still leaves these
             i += 1
     finally:
         stop.set()
         await asyncio.wait({pinger}, timeout=30)
         await rt.shutdown(timeout=30)
     lat_us = sorted(x * 1e6 for x in lat)
-    ok = bool(launches) and all(x["reply_ok"] for x in launches) and pinger.done()
-    ok = ok and pinger.exception() is None
-    return {
-        "ok": ok,
-        "launches": launches,
-        "a_round_trips": len(lat),
-        "a_p50_us": lat_us[len(lat_us) // 2] if lat_us else None,
-        "a_max_us": lat_us[-1] if lat_us else None,
-        "pinger_error": repr(pinger.exception()) if ok is False and pinger.done() else None,
-    }
+    error = pinger.exception() if pinger.done() and not pinger.cancelled() else None
+    ok = bool(launches) and all(x["reply_ok"] for x in launches) and error is None
+    result.update(
+        ok=ok,
+        a_round_trips=len(lat),
+        a_p50_us=lat_us[len(lat_us) // 2] if lat_us else None,
+        a_max_us=lat_us[-1] if lat_us else None,
+        pinger_error=None if error is None else repr(error),
+    )
 
 
 def _hang(result: dict[str, Any]) -> int:
