@@ -54,3 +54,28 @@ def test_the_doorbell_is_on_a_host_written_line() -> None:
     assert L.DOORBELL // 8 == L.IN_TAIL // 8
     device_words = (L.IN_HEAD, L.OUT_TAIL, L.STARTED, L.PROCESSED)
     assert all(w // 8 != L.DOORBELL // 8 for w in device_words)
+
+
+def test_publish_and_take_wrap_around_the_rings() -> None:
+    r = _rings(cap=4)
+    seen: list[int] = []
+    sent = 0
+    for batch in (3, 3, 2, 4, 1, 3):  # every offset, every wrap
+        recs = np.zeros(batch, IN)
+        recs["x"] = np.arange(sent, sent + batch)
+        r.publish(recs)
+        sent += batch
+        head = r.word(L.IN_HEAD)  # the device's part: echo every request
+        for k in range(head, r.in_tail):
+            slot = r.inbox[k % 4]
+            r.outbox[r.word(L.OUT_TAIL) % 4] = slot
+            r.ostat[r.word(L.OUT_TAIL) % 4] = 0
+            r.ctl[L.OUT_TAIL] += 1
+        r.ctl[L.IN_HEAD] = r.in_tail
+        got, stats = r.take(r.ready())
+        assert stats.tolist() == [0] * batch
+        seen += got["x"].tolist()
+        assert r.word(L.OUT_HEAD) == sent
+        assert not r.outbox.view(np.uint8).any()  # taken slots are zeroed
+    assert seen == list(range(sent))
+    assert r.word(L.DOORBELL) >> L.DOORBELL_SHIFT == sent
