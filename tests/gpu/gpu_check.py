@@ -80,9 +80,20 @@ def install_wheels(wheels: Path, log: Callable[[str], None]) -> bool:
     log("$ " + " ".join(cmd))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     log(out.stdout + out.stderr)
-    if out.returncode == 0:
+    ok = out.returncode == 0
+    if not ok and "No module named pip" in out.stderr:  # no pip: a wheel is a zip archive
+        import zipfile
+
+        SITE.mkdir(parents=True, exist_ok=True)
+        for name in found:
+            with zipfile.ZipFile(wheels / name) as wheel:
+                wheel.extractall(SITE)
+            log(f"extracted {name} into {SITE}")
+        ok = True
+    if ok:
+        SITE.mkdir(parents=True, exist_ok=True)
         stamp.write_text("\n".join(found))
-    return out.returncode == 0
+    return ok
 
 
 def child_env() -> dict[str, str]:
