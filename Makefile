@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install demo bench test lint types test-main test-purepython test-cudasim test-versions docs gpu-check clean
+.PHONY: install demo bench test lint types test-main test-purepython test-cudasim test-versions docs gpu-check gpu-wheels gpu-check-step clean
 
 $(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
 	$(PY) -m venv $(VENV)
@@ -101,6 +101,24 @@ gpu-check:
 	$(PY) benchmarks/gpu_ring_kernel_benchmark.py
 	$(PY) benchmarks/memory_benchmark.py --quick
 	$(PY) benchmarks/pagerank_benchmark.py
+
+## The hardware check in short steps (docs/guides/gpu-actors.md, "Checking a GPU machine").
+## Here, with network: fetch the cp312 wheels a bare CUDA image lacks into .whl/ (git-ignored).
+GPU_WHEELS ?= msgspec==0.22.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.3 \
+	pygments==2.21.0 pytest-asyncio==1.5.0 typing-extensions==4.16.0 pytest-timeout==2.4.0
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	ls -l .whl
+
+## On the GPU machine: one or more steps (versions compile probe suite bench-quick bench soak),
+## each under its own limit, writing $(OUT)/<step>.log and $(OUT)/<step>.json.
+STEP ?= versions
+OUT ?= gpu-check-out
+gpu-check-step:
+	$(PY) tests/gpu/gpu_check.py --wheels .whl --out $(OUT) $(STEP)
 
 clean:
 	rm -rf $(VENV) .venv-py3.* build site *.egg-info .test-steps.jsonl

@@ -28,7 +28,7 @@ from pydotcompute.exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels import KernelState
+from pydotcompute.ring_kernels import KernelState, RingKernelConfig
 from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
 from pydotcompute.ring_kernels.message import message
 
@@ -136,10 +136,26 @@ class Env:
     many: int  # messages in the ordering / batch scenarios
     coop_block: int  # threads of the cooperative block
     settle: float  # seconds to let the device show it does nothing
+    queue_size: int | None = None  # the bulk scenarios' queue (and ring) size; None: default
+
+    def sizes(self) -> dict[str, Any]:
+        """Launch options of the bulk scenarios."""
+        return {} if self.queue_size is None else {"queue_size": self.queue_size}
 
 
 SIM = Env("simulator", many=400, coop_block=4, settle=0.2)
 HW = Env("hardware", many=20_000, coop_block=128, settle=0.05)
+
+
+def capacity(env: Env) -> int:
+    """Messages a kernel holds unread: staging queue + inbox ring + outbox ring + reply buffer.
+
+    A scenario that sends more than this before it reads deadlocks by construction, so the
+    bulk scenarios receive while they send.
+    """
+    q = env.queue_size or RingKernelConfig(kernel_id="capacity").input_queue_size
+    ring = min(q, 4096)
+    return q + ring + ring + q
 
 
 async def launch_gpu(
@@ -206,33 +222,45 @@ async def concurrent_send_and_receive(rt: RingKernelRuntime, env: Env) -> None:
 
 
 async def ordering_is_kept(rt: RingKernelRuntime, env: Env) -> None:
-    k = await launch_gpu(rt, "seq", seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64))
+    k = await launch_gpu(
+        rt, "seq", seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64), **env.sizes()
+    )
     n = env.many
-    for i in range(n):
-        await rt.send("seq", Seq(seq=i))
+
+    async def send_all() -> None:
+        for i in range(n):
+            await rt.send("seq", Seq(seq=i))
+
+    sender = asyncio.ensure_future(send_all())  # more than the rings hold: read meanwhile
     got = [await rt.receive("seq", timeout=30) for _ in range(n)]
+    await sender
     assert [g.seq for g in got] == list(range(n))
     assert [g.running for g in got] == np.cumsum(np.arange(n)).tolist()
     assert k.statistics().processed == n
 
 
 async def batches_of_objects_and_records(rt: RingKernelRuntime, env: Env) -> None:
-    k = await launch_gpu(rt, "seq", seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64))
+    k = await launch_gpu(
+        rt, "seq", seq_handler, Seq, SeqOut, state=np.zeros(1, np.int64), **env.sizes()
+    )
     n = env.many
-    assert await k.send_batch([Seq(seq=i) for i in range(n)]) == n
+    # more than the rings hold (see capacity): each batch is received while it is sent
+    sender = asyncio.ensure_future(k.send_batch([Seq(seq=i) for i in range(n)]))
     got: list[Any] = []
     while len(got) < n:
         got += await k.receive_batch(n, timeout=30)
+    assert await sender == n
     assert [g.seq for g in got] == list(range(n))
     recs = np.zeros(3 * n, dtype=Seq.dtype)
     recs["seq"] = np.arange(n, 4 * n)
-    assert await k.send_records(recs, timeout=60) == 3 * n
+    sender = asyncio.ensure_future(k.send_records(recs, timeout=60))
     out = []
     total = 0
     while total < 3 * n:
         chunk = await k.receive_records(4096, timeout=30)
         out.append(chunk)
         total += len(chunk)
+    assert await sender == 3 * n
     allrec = np.concatenate(out)
     assert allrec.dtype == SeqOut.dtype
     np.testing.assert_array_equal(allrec["seq"], np.arange(n, 4 * n))
@@ -250,6 +278,23 @@ async def state_persists_across_messages(rt: RingKernelRuntime, env: Env) -> Non
     assert k.final_state is not None
     assert k.final_state.tolist() == [105]
     assert k.state_snapshot().tolist() == [105]
+
+
+async def unified_buffer_state_is_updated_in_place(rt: RingKernelRuntime, env: Env) -> None:
+    """State in a ``UnifiedBuffer``: a CuPy array on a GPU (typed through the CUDA typing
+    module), NumPy under the simulator; the kernel updates it in place."""
+    from pydotcompute.core import UnifiedBuffer
+
+    buf = UnifiedBuffer((1,), np.int64, backend="cuda").allocate()
+    buf.host[:] = 7
+    buf.mark_host_dirty()
+    await launch_gpu(rt, "add", add_handler, Add, Sum, state=buf)
+    counts = [
+        (await rt.send_and_receive("add", Add(a=0.0, b=0.0), timeout=20)).count for _ in range(3)
+    ]
+    assert counts == [8, 9, 10]
+    await rt.terminate("add")
+    assert buf.host.tolist() == [10]  # terminate marked the device side dirty
 
 
 async def deactivate_holds_messages(rt: RingKernelRuntime, env: Env) -> None:
@@ -500,6 +545,7 @@ SCENARIOS: dict[str, Scenario] = {
         ordering_is_kept,
         batches_of_objects_and_records,
         state_persists_across_messages,
+        unified_buffer_state_is_updated_in_place,
         deactivate_holds_messages,
         terminate_drains_queued_messages,
         terminate_while_deactivated_drains,

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba import cuda as _numba_cuda
-from numba import float32 as _float32
+from .numba_compat import ensure_numpy_compat
 
-from ._cuda_kernels import MATMUL_TILE
+ensure_numpy_compat()  # before numba-cuda loads its NumPy support (NumPy 2.5: np.row_stack)
+
+from numba import cuda as _numba_cuda  # noqa: E402
+from numba import float32 as _float32  # noqa: E402
+
+from ._cuda_kernels import MATMUL_TILE  # noqa: E402
 
 # Typed Any: Numba ships no type hints. Still module globals, as the simulator requires.
 cuda: Any = _numba_cuda

@@ -293,6 +293,13 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait until all work queued on the device has finished."""
 
+    def synchronize_stream(self, stream: Any = None) -> None:
+        """Wait for the work queued on one stream (the current one when ``None``).
+
+        Backends without streams wait for the whole device.
+        """
+        self.synchronize()
+
     def create_stream(self) -> Any:
         """Create a stream (a queue of device work); ``None`` where the backend has none."""
         self.require()

@@ -37,6 +37,7 @@ from .base import (
     normalize_grid,
     numpy_dtype_of,
 )
+from .device_sync import refuse_device_sync
 
 __all__ = ("CUDABackend", "cuda_simulator_enabled", "numba_cuda")
 
@@ -47,9 +48,9 @@ def numba_cuda() -> Any:
     Raises:
         ImportError: Numba CUDA is not installed.
     """
-    import importlib
+    from .numba_compat import import_numba_cuda
 
-    return importlib.import_module("numba.cuda")
+    return import_numba_cuda()
 
 
 def cuda_simulator_enabled() -> bool:
@@ -327,7 +328,16 @@ class CUDABackend(Backend):
         return cuda.stream()
 
     def synchronize(self) -> None:
-        """Wait for all work on this device."""
+        """Wait for all work on this device.
+
+        Raises:
+            CUDAError: persistent GPU ring kernels are running (the wait would never end:
+                they stop only when told to); use `synchronize_stream` instead.
+        """
+        refuse_device_sync(
+            "CUDABackend.synchronize()",
+            "Wait for your own work with backend.synchronize_stream(stream) or an event",
+        )
         self.require()
         try:
             if self._mode == "cupy":
@@ -340,6 +350,26 @@ class CUDABackend(Backend):
             cuda.synchronize()
         except Exception as exc:
             raise self._wrap(exc, "synchronize") from exc
+
+    def synchronize_stream(self, stream: Any = None) -> None:
+        """Wait for the work queued on ``stream`` (the current stream when ``None``).
+
+        Never waits for a persistent ring kernel: those run on non-blocking streams, which
+        the legacy default stream does not wait for.
+        """
+        self.require()
+        try:
+            if stream is not None and hasattr(stream, "synchronize"):
+                stream.synchronize()
+            elif self._mode == "cupy":
+                import cupy
+
+                with self._device_ctx():
+                    cupy.cuda.get_current_stream().synchronize()
+            else:
+                _default_stream_sync()
+        except Exception as exc:
+            raise self._wrap(exc, "synchronize a stream") from exc
 
     def _numba_stream(self, stream: Any | None) -> Any:
         """The stream in the form a Numba launch accepts (0 is the default stream)."""
@@ -392,12 +422,12 @@ class CUDABackend(Backend):
                 else:
                     start = self._now()
                     output = self._launch(fn, grid, block, args, stream, shared_mem)
+                    # the launch stream only: a device-wide wait would wait for every
+                    # persistent ring kernel too
                     if stream is not None and hasattr(stream, "synchronize"):
                         stream.synchronize()
                     else:
-                        cuda = numba_cuda()
-
-                        cuda.synchronize()
+                        _default_stream_sync()
                     elapsed = (self._now() - start) * 1e3
         except (KernelCompilationError, BackendNotAvailableError):
             raise
@@ -539,6 +569,16 @@ class CUDABackend(Backend):
         return CUDAError(
             f"CUDA {what} failed on {self.name}: {type(exc).__name__}: {error_text(exc)}"
         )
+
+
+def _default_stream_sync() -> None:
+    """Wait for Numba's default stream (the simulator has none: its launches are synchronous)."""
+    cuda = numba_cuda()
+    default = getattr(cuda, "default_stream", None)
+    if default is None:
+        cuda.synchronize()
+    else:
+        default().synchronize()
 
 
 def _is_numba_typing_error(exc: BaseException) -> bool:

@@ -7,11 +7,25 @@ function, is skipped). `check_ptx` compiles Python kernels with
 ``numba.cuda.compile_ptx`` for an explicit compute capability and CUDA C kernels with NVRTC;
 `cuda_ptx_check` raises if any fails. Neither needs a GPU, but both need the ``cuda``
 extra and cannot run while the Numba CUDA simulator is on.
+
+Assembling the PTX with `ptxas` also checks inline PTX, but only a `ptxas` at least as new
+as the NVVM (or NVRTC) that emitted the PTX accepts it: the PTX names its ISA version
+(`.version 8.8` is CUDA 12.9, `.version 9.0` CUDA 13.0) and an older `ptxas` rejects a newer
+ISA. A machine often has several (a system toolkit, the `nvidia-cuda-nvcc` wheel beside
+Numba's NVVM), so `find_ptxas` picks, for a given PTX text, the first that is new enough,
+trying the one beside Numba's NVVM first.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import importlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,6 +38,11 @@ __all__ = (
     "ShippedKernel",
     "check_ptx",
     "cuda_ptx_check",
+    "cuda_release_for_ptx_isa",
+    "find_ptxas",
+    "ptx_isa_version",
+    "ptxas_candidates",
+    "ptxas_release",
     "shipped_kernels",
 )
 
@@ -132,3 +151,99 @@ def cuda_ptx_check(cc: tuple[int, int] = (8, 0)) -> list[PtxCheckResult]:
             f"cc {cc[0]}.{cc[1]}:\n{lines}"
         )
     return results
+
+
+# --- picking a ptxas -----------------------------------------------------------------------------
+
+_VERSION_LINE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+
+
+def ptx_isa_version(ptx: str) -> tuple[int, int] | None:
+    """The PTX ISA version a PTX text declares (``.version 8.8`` -> ``(8, 8)``)."""
+    m = _VERSION_LINE.search(ptx)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def cuda_release_for_ptx_isa(isa: tuple[int, int]) -> tuple[int, int]:
+    """The first CUDA release whose ``ptxas`` accepts PTX ISA ``isa``.
+
+    ISA 7.x is CUDA 11.x; 8.0-8.5 are 12.0-12.5 (12.6 kept 8.5), 8.6 is 12.7, 8.7 12.8,
+    8.8 12.9; 9.x is 13.x. Later ISAs are assumed to keep that last step.
+    """
+    major, minor = isa
+    if major < 7:
+        return (10, 0)
+    if major == 7:
+        return (11, minor)
+    if major == 8:
+        return (12, minor) if minor <= 5 else (12, minor + 1)
+    return (major + 4, minor)
+
+
+@functools.cache
+def ptxas_release(path: str) -> tuple[int, int] | None:
+    """The CUDA release of a ``ptxas`` (from ``--version``), or None when it does not run."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _RELEASE.search(out.stdout + out.stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _nvvm_sibling() -> str | None:
+    """The ``ptxas`` of the toolkit whose NVVM Numba uses (``<root>/nvvm/lib64/libnvvm.so``
+    -> ``<root>/bin/ptxas``)."""
+    try:
+        paths: Any = importlib.import_module("numba.cuda.cuda_paths")
+        nvvm = paths.get_cuda_paths()["nvvm"]
+        lib = getattr(nvvm, "info", None)
+    except Exception:
+        return None
+    if not lib:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.dirname(str(lib))))
+    cand = os.path.join(root, "bin", "ptxas")
+    return cand if os.path.isfile(cand) else None
+
+
+def ptxas_candidates() -> list[str]:
+    """Every ``ptxas`` found, most likely match for Numba's NVVM first, no duplicates."""
+    found: list[str | None] = [_nvvm_sibling()]
+    try:  # the CUDA wheels: nvidia/cuda_nvcc/bin (CUDA 12), nvidia/cu13/bin (CUDA 13)
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            found += sorted(glob.glob(os.path.join(root, "*", "bin", "ptxas")))
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            found.append(os.path.join(os.environ[env], "bin", "ptxas"))
+    found.append(shutil.which("ptxas"))
+    found += sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True)
+    seen: set[str] = set()
+    out = []
+    for cand in found:
+        if cand and os.path.isfile(cand):
+            real = os.path.realpath(cand)
+            if real not in seen:
+                seen.add(real)
+                out.append(cand)
+    return out
+
+
+def find_ptxas(ptx: str | None = None, candidates: Iterable[str] | None = None) -> str | None:
+    """A ``ptxas`` that accepts ``ptx`` (any that runs when ``ptx`` is None), else None.
+
+    Candidates are tried in order (``ptxas_candidates()`` by default); one older than the
+    CUDA release of the PTX's ISA version is skipped, since it would reject the PTX.
+    """
+    isa = ptx_isa_version(ptx) if ptx is not None else None
+    need = cuda_release_for_ptx_isa(isa) if isa is not None else (0, 0)
+    for cand in candidates if candidates is not None else ptxas_candidates():
+        release = ptxas_release(cand)
+        if release is not None and release >= need:
+            return cand
+    return None

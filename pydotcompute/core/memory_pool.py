@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..backends.base import BackendType, as_shape
+from ..backends.device_sync import refuse_device_sync
 from ..exceptions import BufferNotAllocatedError, InvalidConfigurationError
 
 if TYPE_CHECKING:
@@ -421,7 +422,17 @@ class MemoryPool:
             self._evictions += 1
 
     def free_all_blocks(self) -> int:
-        """Drop every cached block (and CuPy's cached blocks); returns the bytes dropped."""
+        """Drop every cached block (and CuPy's cached blocks); returns the bytes dropped.
+
+        Raises:
+            CUDAError: CuPy drives a GPU and persistent ring kernels run: freeing device
+                memory may synchronize the device, which would wait for them forever.
+        """
+        if self._cupy() is not None:
+            refuse_device_sync(
+                "MemoryPool.free_all_blocks()",
+                "Keep the cached blocks until the GPU actors are terminated",
+            )
         with self._lock:
             dropped = self._bytes_cached
             self._free.clear()

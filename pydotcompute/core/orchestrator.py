@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import KernelExecutionResult, normalize_grid
+from ..backends.device_sync import ring_kernels_running
 from ..exceptions import InvalidConfigurationError, KernelAlreadyExistsError, KernelNotFoundError
 
 if TYPE_CHECKING:
@@ -422,11 +423,18 @@ class ComputeOrchestrator:
                 target.synchronize()
 
     def synchronize(self) -> None:
-        """Wait for every stream this orchestrator created and for the device."""
+        """Wait for every stream this orchestrator created and for the device.
+
+        While persistent GPU ring kernels run, the device-wide wait would never end, so it
+        waits for the current stream instead (the kernels run on streams of their own).
+        """
         for stream in self._streams:
             if hasattr(stream, "synchronize"):
                 stream.synchronize()
-        self.backend.synchronize()
+        if ring_kernels_running():
+            self.backend.synchronize_stream()
+        else:
+            self.backend.synchronize()
 
     # --- history ---------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..backends.base import BackendType, as_shape, check_copy_compatible
+from ..backends.device_sync import ring_kernels_running
 from ..exceptions import (
     BufferMismatchError,
     BufferNotAllocatedError,
@@ -563,7 +564,10 @@ class UnifiedBuffer:
             elif self._state is BufferState.DEVICE_DIRTY:
                 self._host_array()
             if self._device is not None:
-                self.backend.synchronize()
+                if ring_kernels_running():  # a device-wide wait would wait for them forever
+                    self.backend.synchronize_stream()
+                else:
+                    self.backend.synchronize()
 
     async def ensure_on_device(self) -> Any:
         """Make the device side current (copying in a worker thread when large); returns it."""

@@ -24,10 +24,11 @@ queue is empty, so a round trip costs no task switch on the send side.
 Memory-ordering argument (inbox; the outbox is the mirror image with roles swapped):
 
 1. The host writes a slot's bytes (NumPy stores into mapped memory), then a full fence
-   (a lock acquire/release: a locked instruction on x86-64), then stores ``IN_TAIL``. On
-   x86-64 (TSO) stores become visible in program order anyway; the fence also stops the
-   interpreter/compiler side from reordering.
-2. Thread 0 of the kernel reads ``IN_TAIL`` with ``ld.acquire.sys``. Acquire at system
+   (a lock acquire/release: a locked instruction on x86-64), then stores ``IN_TAIL`` and
+   the ``DOORBELL`` word (``IN_TAIL << 2 | TERMINATE << 1 | ACTIVE``; the event loop is its
+   only writer). On x86-64 (TSO) stores become visible in program order anyway; the fence
+   also stops the interpreter/compiler side from reordering.
+2. Thread 0 of the kernel reads ``DOORBELL`` with ``ld.acquire.sys``. Acquire at system
    scope orders every later load of that thread after it, so once it sees the new tail it
    reads the slot bytes the host wrote before publishing (PTX memory model: the host's
    program-ordered stores and the acquire form a release/acquire pattern at system scope;
@@ -45,10 +46,10 @@ Memory-ordering argument (inbox; the outbox is the mirror image with roles swapp
    handler's loads precede the release), so the host reuses a slot only when the kernel is
    done with it.
 5. Every index is a monotonic 64-bit count (slot = count % size): no ABA, no wrap bit.
-6. ``ACTIVE`` and ``TERMINATE`` carry no data, so the kernel reads them with
-   ``ld.relaxed.sys``, issued together with the acquire load of ``IN_TAIL``: an idle poll
-   costs one round trip to host memory, not three. ``ACTIVE_ACK`` is a release store, so
-   when ``deactivate`` sees it, no message is being taken any more.
+6. ``ACTIVE`` and ``TERMINATE`` travel in the doorbell with the inbox tail, so a poll is one
+   system-scope load (one round trip to host memory), not three; the separate words stay
+   for host-side readers. ``ACTIVE_ACK`` is a release store, so when ``deactivate`` sees
+   it, no message is being taken any more.
 7. The inline-asm loads carry a ``memory`` clobber and side effects, so the compiler cannot
    hoist a poll out of the loop or move a slot access across it (what ``volatile`` would
    give, plus the hardware ordering). A burst of up to ``BATCH`` messages is handled in
@@ -110,6 +111,8 @@ __all__ = (
     "check_gpu_kernel_spec",
     "compile_gpu_kernel_cuda_c",
     "compile_gpu_kernel_ptx",
+    "prepare_gpu_kernel",
+    "reserve_gpu_memory",
 )
 
 logger = logging.getLogger("pydotcompute")
@@ -143,6 +146,95 @@ def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
         extra={k: v for k, v in meta.extra.items() if k not in PLACEMENT_OPTIONS},
         restart=meta.restart,
     )
+
+
+def reserve_gpu_memory(mapped_mb: float, device_mb: float = 0.0, device_id: int = 0) -> None:
+    """Set aside ring (mapped host) and state (device) memory for GPU actors up front.
+
+    GPU actors take their rings and state from two slabs that grow only while no GPU actor
+    runs (allocating may synchronize the device, which would wait for the running kernels
+    forever). The slabs grow by ``PYDOTCOMPUTE_GPU_SLAB_MB`` MiB (default 64) on demand;
+    call this before the first actor starts when more actors must start beside running
+    ones than that holds.
+
+    Raises:
+        CUDAError: GPU actors are running already.
+        InvalidConfigurationError: a negative size.
+    """
+    if mapped_mb < 0 or device_mb < 0:
+        raise InvalidConfigurationError(
+            f"reserve_gpu_memory sizes must be >= 0 MiB, got mapped_mb={mapped_mb!r}, "
+            f"device_mb={device_mb!r}"
+        )
+    from ._gpu.resources import reserve_memory
+
+    reserve_memory(int(mapped_mb * (1 << 20)), int(device_mb * (1 << 20)), device_id)
+
+
+def prepare_gpu_kernel(
+    handler: Any,
+    input_type: type,
+    output_type: type,
+    *,
+    state: Any = None,
+    cooperative: bool = False,
+    block_size: int = 32,
+    device_id: int = 0,
+    cuda_source: str | None = None,
+    handler_name: str = "handle",
+) -> str:
+    """Compile a handler's persistent kernel and load it onto the GPU now.
+
+    Loading a module beside running persistent kernels may synchronize the device, which
+    waits for them forever. Call this for every handler (with a state of the same dtype
+    and shape as the actors will use) before the first GPU actor starts; actors launched
+    later with the same handler and layouts reuse the loaded kernel. Under the CUDA
+    simulator it only checks the declaration.
+
+    Returns:
+        The flavour: ``"numba"``, ``"cuda_c"`` or ``"simulator"``.
+
+    Raises:
+        KernelCompilationError: the handler does not compile.
+        BackendNotAvailableError: no GPU (and the simulator is off).
+    """
+    extra: dict[str, Any] = {"cooperative": cooperative, "device_id": device_id}
+    if cuda_source is not None:
+        extra.update(cuda_source=cuda_source, handler_name=handler_name)
+    opts, in_dt, out_dt = check_spec(
+        "<prepare>",
+        handler,
+        input_type,
+        output_type,
+        grid_size=1,
+        block_size=block_size,
+        extra=extra,
+    )
+    from ._gpu.resources import DeviceActor
+
+    dev = DeviceActor(
+        name="pydotcompute-gpu:<prepare>",
+        handler=handler,
+        cuda_source=opts.cuda_source,
+        handler_name=opts.handler_name,
+        in_name=input_type.__name__,
+        out_name=output_type.__name__,
+        in_dtype=in_dt,
+        out_dtype=out_dt,
+        state=normalize_state("<prepare>", state),
+        cooperative=opts.cooperative,
+        block_size=block_size,
+        ring_in=1,
+        ring_out=1,
+        max_backoff_ns=opts.max_backoff_ns,
+        drop_when_full=False,
+        device_id=opts.device_id,
+    )
+    try:
+        dev.compile()
+    finally:
+        dev.release()
+    return dev.flavour
 
 
 def compile_gpu_kernel_ptx(

@@ -23,8 +23,10 @@ from pydotcompute import RingKernelRuntime
 from pydotcompute.decorators.ring_kernel import ring_kernel
 from pydotcompute.exceptions import (
     BackendNotAvailableError,
+    CUDAError,
     KernelFailedError,
     KernelStateError,
+    TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState
 from pydotcompute.ring_kernels._gpu import layout
@@ -116,18 +118,6 @@ async def test_decorated_kernel_launches_from_the_registry(rt: RingKernelRuntime
         assert (reply.total, reply.count) == (5.0, 42)
     finally:
         unregister_ring_kernel("gpu_registered_adder")
-
-
-async def test_unified_buffer_state_is_updated_in_place(rt: RingKernelRuntime) -> None:
-    core = pytest.importorskip("pydotcompute.core")
-    buf = core.UnifiedBuffer((1,), np.int64, backend="cuda").allocate()
-    buf.host[:] = 7
-    buf.mark_host_dirty()
-    await launch_gpu(rt, "add", suite.add_handler, Add, Sum, state=buf)
-    for _ in range(3):
-        await rt.send_and_receive("add", Add(a=0.0, b=0.0), timeout=20)
-    await rt.terminate("add")
-    assert buf.host.tolist() == [10]  # terminate marked the device side dirty
 
 
 async def test_cuda_c_handler_needs_a_real_gpu(rt: RingKernelRuntime) -> None:
@@ -228,3 +218,161 @@ async def test_a_kernel_that_exits_on_its_own_is_reported_failed(rt: RingKernelR
         await rt.send("quit", Add(a=1.0, b=2.0))
     await rt.terminate("quit")
     assert k.state is KernelState.TERMINATED
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+#: Rings far smaller than the message count: a scenario that sends everything before it reads
+#: anything deadlocks here by construction (staging + inbox + outbox + reply buffer is full).
+TIGHT = suite.Env("simulator, small rings", many=300, coop_block=4, settle=0.2, queue_size=16)
+
+
+@pytest.mark.parametrize("scenario", ["batches_of_objects_and_records", "ordering_is_kept"])
+async def test_bulk_scenarios_do_not_assume_ring_capacity(
+    rt: RingKernelRuntime, scenario: str
+) -> None:
+    assert suite.capacity(TIGHT) < TIGHT.many * 3
+    await asyncio.wait_for(suite.SCENARIOS[scenario](rt, TIGHT), 30)
+
+
+# --- no device-wide synchronization while GPU actors run ---------------------------------------
+
+
+async def test_device_wide_sync_is_refused_while_an_actor_runs(rt: RingKernelRuntime) -> None:
+    from pydotcompute.backends import CUDABackend, device_sync
+
+    backend = CUDABackend()
+    backend.synchronize()  # nothing runs yet
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert device_sync.running_ring_kernels() == ["pydotcompute-gpu:add"]
+    with pytest.raises(CUDAError, match=r"CUDABackend\.synchronize\(\) refused.*gpu:add"):
+        backend.synchronize()
+    backend.synchronize_stream()  # a stream-scoped wait is fine
+    await rt.terminate("add")
+    assert not device_sync.ring_kernels_running()
+    backend.synchronize()
+
+
+async def test_buffer_synchronize_waits_on_a_stream_while_an_actor_runs(
+    rt: RingKernelRuntime,
+) -> None:
+    core = pytest.importorskip("pydotcompute.core")
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    buf = core.UnifiedBuffer((4,), np.float32, backend="cuda").allocate()
+    buf.host[:] = 3.0
+    buf.mark_host_dirty()
+    buf.synchronize()  # copies, then waits for the current stream only
+    assert buf.state.value == "synchronized"
+
+
+async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    assert _device_threads()
+    assert resources.terminate_running_kernels(timeout=10) == []
+    assert not _device_threads()  # the kernel left its loop
+    assert k._rings is not None
+    assert k._rings.word(layout.TERMINATED) == 1
+
+
+# --- memory comes from slabs made before the kernels run ----------------------------------------
+
+
+async def test_an_actor_started_beside_a_running_one_allocates_nothing(
+    rt: RingKernelRuntime,
+) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    slabs = resources.memory_slabs()
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
+    chunks = slabs.stats()["mapped"]["chunks"]
+    free = slabs.stats()["mapped"]["bytes_free"]
+    assert chunks >= 1
+    await launch_gpu(rt, "b", suite.seq_handler, Seq, SeqOut)
+    assert slabs.stats()["mapped"]["chunks"] == chunks  # carved from what was there
+    assert slabs.stats()["mapped"]["bytes_free"] < free
+    await rt.terminate("b")
+    assert slabs.stats()["mapped"]["bytes_free"] == free  # given back to the slab
+    assert (await rt.send_and_receive("a", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+
+
+async def test_a_full_slab_refuses_a_start_beside_running_actors(
+    rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+
+    slabs = resources.memory_slabs()
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum, ring_size=8)
+    free = slabs.stats()["mapped"]["bytes_free"]
+    big = free // Seq.dtype.itemsize + 1  # more slots than the slab has bytes for
+    with pytest.raises(CUDAError, match="cannot grow while GPU actors run"):
+        await launch_gpu(rt, "b", suite.seq_handler, Seq, SeqOut, ring_size=big)
+    assert "b" not in rt
+    assert slabs.stats()["mapped"]["bytes_free"] == free  # the partial carve was given back
+    assert (await rt.send_and_receive("a", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+
+
+async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.gpu_kernel import reserve_gpu_memory
+
+    slabs = resources.memory_slabs()
+    reserve_gpu_memory(mapped_mb=100)
+    assert slabs.stats()["mapped"]["bytes_free"] >= 100 << 20
+    await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
+    with pytest.raises(CUDAError, match="cannot reserve GPU actor memory while 1 GPU actor"):
+        reserve_gpu_memory(mapped_mb=200)
+
+
+async def test_a_handler_is_prepared_before_actors_run(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
+
+    slabs = resources.memory_slabs()
+    free = slabs.stats()["mapped"]["bytes_free"]
+    state = np.zeros(1, np.int64)
+    assert prepare_gpu_kernel(suite.seq_handler, Seq, SeqOut, state=state) == "simulator"
+    assert resources.live_actor_count() == 0  # nothing was launched
+    assert slabs.stats()["mapped"]["bytes_free"] in (free, slabs.stats()["mapped"]["bytes"])
+    k = await launch_gpu(rt, "seq", suite.seq_handler, Seq, SeqOut, state=state)
+    assert (await rt.send_and_receive("seq", Seq(seq=5), timeout=20)).running == 5
+    assert k.flavour == "simulator"
+    with pytest.raises(TypeValidationError, match="output_type int is not a fixed-layout"):
+        prepare_gpu_kernel(suite.seq_handler, Seq, int, state=state)
+
+
+async def test_a_cooperative_block_stages_the_batch_before_handling_it(
+    rt: RingKernelRuntime,
+) -> None:
+    k = await launch_gpu(
+        rt, "vec", suite.vec_handler, suite.Vec, suite.VecOut, cooperative=True, block_size=3
+    )
+    x = np.arange(suite.VEC, dtype=np.float32)
+    req = suite.Vec(values=x, scale=np.float32(3.0))
+    reply = await rt.send_and_receive("vec", req, timeout=20)
+    np.testing.assert_allclose(reply.values, x * 3)
+    assert k._dev is not None
+    staged = k._dev.stage[0]  # the block copied the slot before the handler ran
+    assert float(staged["scale"]) == 3.0
+    np.testing.assert_array_equal(staged["values"], x)
+    assert int(staged["_mid_lo"]) == req.message_id.int & ((1 << 64) - 1)
+
+
+async def test_the_hardware_check_probe_runs_on_the_simulator() -> None:
+    """The probe of tests/gpu/gpu_check.py, short, so the hardware run meets working code."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_probe", path)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result: dict[str, Any] = {}
+    await asyncio.wait_for(mod.probe(1.0, result), 60)
+    assert result["ok"], result
+    assert {x["phase"] for x in result["launches"]} == {"prepared", "careless"}
+    assert result["a_round_trips"] > 0
+    assert not _device_threads()

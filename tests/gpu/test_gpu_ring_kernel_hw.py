@@ -120,8 +120,30 @@ async def test_terminating_one_actor_leaves_the_others_running(rt: RingKernelRun
     assert a.final_state.tolist() == [7]  # type: ignore[union-attr]
 
 
+async def test_device_wide_sync_is_refused_while_an_actor_runs(rt: RingKernelRuntime) -> None:
+    from pydotcompute.backends import CUDABackend
+    from pydotcompute.exceptions import CUDAError
+
+    await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    backend = CUDABackend()
+    with pytest.raises(CUDAError, match=r"synchronize\(\) refused"):
+        backend.synchronize()  # would wait for the persistent kernel forever
+    await asyncio.wait_for(asyncio.to_thread(backend.synchronize_stream), 30)
+    assert (await rt.send_and_receive("add", Add(a=1.0, b=1.0), timeout=30)).total == 2.0
+
+
+async def test_exit_hook_stops_a_running_kernel(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels._gpu import layout, resources
+
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
+    left = await asyncio.to_thread(resources.terminate_running_kernels, 10.0)
+    assert left == []
+    assert k._rings is not None
+    assert k._rings.word(layout.TERMINATED) == 1
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(280)
 async def test_soak_a_million_messages(rt: RingKernelRuntime) -> None:
     """>= 1,000,000 messages: nothing lost, order kept, state exact, clean terminate."""
     n = 1_000_000
@@ -130,11 +152,11 @@ async def test_soak_a_million_messages(rt: RingKernelRuntime) -> None:
     )
     recs = np.zeros(n, dtype=Seq.dtype)
     recs["seq"] = np.arange(n)
-    sender = asyncio.ensure_future(k.send_records(recs, timeout=600))
+    sender = asyncio.ensure_future(k.send_records(recs, timeout=240))
     parts = []
     got = 0
     while got < n:
-        chunk = await k.receive_records(1 << 16, timeout=120)
+        chunk = await k.receive_records(1 << 16, timeout=60)
         parts.append(chunk["seq"].copy())
         got += len(chunk)
     assert await sender == n

@@ -6,6 +6,7 @@ compute capability, and only outside the simulator.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,14 @@ from ...backends.base import error_text
 from ...exceptions import KernelCompilationError, TypeValidationError
 from . import device
 
-__all__ = ("SIMULATOR", "build_kernel", "compile_ptx", "python_handler", "record_types")
+__all__ = (
+    "SIMULATOR",
+    "argument_types",
+    "build_kernel",
+    "compile_ptx",
+    "python_handler",
+    "record_types",
+)
 
 SIMULATOR = device.SIMULATOR
 cuda: Any = _numba_cuda  # Numba ships no type stubs
@@ -60,7 +68,44 @@ def record_types(in_dtype: np.dtype[Any], out_dtype: np.dtype[Any], state: Any) 
         types.int64[::1],
         types.int64[::1],
         state_ty,
+        from_dtype(in_dtype)[::1],
     )
+
+
+def argument_types(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Numba types of the kernel's arguments, as the CUDA dispatcher will type them.
+
+    Core ``numba.typeof`` raises on objects that only export ``__cuda_array_interface__``
+    (a CuPy array as an actor's state); the CUDA typing module types them as device arrays.
+    """
+    return tuple(_typeof_argument(a) for a in args)
+
+
+def _typeof_argument(value: Any) -> Any:
+    try:
+        typing_mod: Any = importlib.import_module("numba.cuda.typing.typeof")
+    except ImportError:  # an older numba-cuda: core typing plus the interface by hand
+        cai = getattr(value, "__cuda_array_interface__", None)
+        if cai is None or hasattr(value, "_numba_type_"):
+            numba: Any = importlib.import_module("numba")
+            return numba.typeof(value)
+        return _typeof_interface(cai)
+    return typing_mod.typeof(value, typing_mod.Purpose.argument)
+
+
+def _typeof_interface(cai: dict[str, Any]) -> Any:
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    layout = "C"
+    if strides is not None:
+        expected = []
+        step = dtype.itemsize
+        for n in reversed(shape):
+            expected.append(step)
+            step *= n
+        layout = "C" if tuple(strides) == tuple(reversed(expected)) else "A"
+    return types.Array(from_dtype(dtype), len(shape), layout)
 
 
 def _state_type(state: Any) -> Any:

@@ -168,7 +168,7 @@ __device__ __forceinline__ pdc_i64 pdc_now_ns() {
 _KERNEL = r"""
 extern "C" __global__ void {kernel}(
     const pdc_in_t* inbox, pdc_out_t* outbox, pdc_i64* ostat, pdc_i64* lat, pdc_i64* ctl,
-    pdc_state_t* state, pdc_i64 cap_in, pdc_i64 cap_out, pdc_i64 nlat)
+    pdc_state_t* state, pdc_in_t* stage, pdc_i64 cap_in, pdc_i64 cap_out, pdc_i64 nlat)
 {{
     __shared__ pdc_i64 sh[4];
     const int tid = threadIdx.x;
@@ -182,9 +182,11 @@ extern "C" __global__ void {kernel}(
     for (;;) {{
         if (tid == 0) {{
             pdc_i64 cmd = PDC_CMD_IDLE, count = 0;
-            const pdc_i64 terminate = pdc_load_relaxed(ctl + PDC_TERMINATE);
-            const pdc_i64 active = pdc_load_relaxed(ctl + PDC_ACTIVE);
-            if (tail_seen == head) tail_seen = pdc_load_acquire(ctl + PDC_IN_TAIL);
+            /* one word brings the inbox tail and both flags: one system-scope load */
+            const pdc_i64 bell = pdc_load_acquire(ctl + PDC_DOORBELL);
+            const pdc_i64 terminate = bell & PDC_DOORBELL_TERMINATE;
+            const pdc_i64 active = (bell & PDC_DOORBELL_ACTIVE) ? 1 : 0;
+            tail_seen = bell >> PDC_DOORBELL_SHIFT;
             if (terminate != 0) {{
                 cmd = PDC_CMD_EXIT;
             }} else {{
@@ -229,12 +231,18 @@ extern "C" __global__ void {kernel}(
         if (cmd == PDC_CMD_EXIT) break;
         if (cmd == PDC_CMD_PROCESS || cmd == PDC_CMD_PROCESS_DROP) {{
             const pdc_i64 count = sh[3];
+            if ({cooperative}) {{  /* stage the batch: the block's reads overlap */
+                for (pdc_i64 j = tid; j < count; j += blockDim.x)
+                    stage[j] = inbox[(sh[1] + j) % cap_in];
+                __syncthreads();
+            }}
             for (pdc_i64 j = 0; j < count; ++j) {{
                 const pdc_i64 i = (sh[1] + j) % cap_in;
                 const pdc_i64 o = cmd == PDC_CMD_PROCESS ? (sh[2] + j) % cap_out : cap_out;
+                const pdc_in_t* in = {cooperative} ? &stage[j] : &inbox[i];
                 const pdc_i64 t0 = pdc_now_ns();
                 int status = 0;
-                if ({cooperative} || tid == 0) status = {handler}(&inbox[i], &outbox[o], state);
+                if ({cooperative} || tid == 0) status = {handler}(in, &outbox[o], state);
                 if ({cooperative}) {{
                     __threadfence_system();
                     __syncthreads();
@@ -242,9 +250,9 @@ extern "C" __global__ void {kernel}(
                 if (tid == 0) {{
                     outbox[o]._mid_hi = 0;
                     outbox[o]._mid_lo = 0;
-                    outbox[o]._cid_hi = inbox[i]._mid_hi;
-                    outbox[o]._cid_lo = inbox[i]._mid_lo;
-                    outbox[o]._priority = inbox[i]._priority;
+                    outbox[o]._cid_hi = in->_mid_hi;
+                    outbox[o]._cid_lo = in->_mid_lo;
+                    outbox[o]._priority = in->_priority;
                     ostat[o] = status;
                     dt = pdc_now_ns() - t0;
                     lat[processed % nlat] = dt;

@@ -33,7 +33,10 @@ import numpy as np
 from numba import cuda as _numba_cuda
 from numba import types
 
+from ...backends.numba_compat import ensure_numpy_compat
 from . import layout as L
+
+ensure_numpy_compat()  # before the first compile (NumPy 2.5 lacks the np.row_stack it uses)
 
 cuda: Any = _numba_cuda  # the name the simulator swaps; typed Any (Numba has no stubs)
 
@@ -43,6 +46,8 @@ SIMULATOR: bool = bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
 
 # Layout constants as module globals: Numba freezes them into the kernel as literals.
 IN_TAIL, OUT_HEAD, ACTIVE, TERMINATE = L.IN_TAIL, L.OUT_HEAD, L.ACTIVE, L.TERMINATE
+DOORBELL, DOORBELL_SHIFT = L.DOORBELL, L.DOORBELL_SHIFT
+DOORBELL_ACTIVE, DOORBELL_TERMINATE = L.DOORBELL_ACTIVE, L.DOORBELL_TERMINATE
 OUTBOX_POLICY, MAX_BACKOFF_NS = L.OUTBOX_POLICY, L.MAX_BACKOFF_NS
 IN_HEAD, OUT_TAIL, STARTED, TERMINATED = L.IN_HEAD, L.OUT_TAIL, L.STARTED, L.TERMINATED
 ACTIVE_ACK, HEARTBEAT, PROCESSED, DROPPED = L.ACTIVE_ACK, L.HEARTBEAT, L.PROCESSED, L.DROPPED
@@ -82,7 +87,15 @@ else:  # pragma: no cover - compiled for the device; checked by the PTX tests
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    cgutils: Any = importlib.import_module("numba.cuda.cgutils")
+    try:
+        cgutils: Any = importlib.import_module("numba.cuda.cgutils")
+    except ImportError as exc:
+        from ...backends.numba_compat import numba_cuda_version, version_problem
+
+        raise ImportError(
+            version_problem(numba_cuda_version())
+            or f"numba.cuda.cgutils is missing ({exc}); pip install 'numba-cuda>=0.20'"
+        ) from exc
 
     _I64 = ir.IntType(64)
 
@@ -168,7 +181,8 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     Arguments of the returned kernel: ``inbox`` (ring of input records), ``outbox`` (ring of
     output records plus one scratch slot at the end), ``ostat`` (int64 status per outbox
     slot), ``lat`` (int64 latency ring, one entry per processed message modulo its size),
-    ``ctl`` (the control block, ``layout.py``) and ``state`` (the actor's device array).
+    ``ctl`` (the control block, ``layout.py``), ``state`` (the actor's device array) and
+    ``stage`` (``BATCH`` input records in device memory; cooperative kernels only).
 
     Thread 0 polls and decides; the decision reaches the block through shared memory and
     ``syncthreads``. When several messages wait, up to ``BATCH`` are handled one after the
@@ -176,11 +190,14 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     so a burst pays for one system-scope fence instead of one per message. With
     ``cooperative`` every thread of the block calls the handler on the same message
     (splitting an array payload by ``cuda.threadIdx.x``); otherwise the kernel runs with one
-    thread.
+    thread. A cooperative block first copies the batch's inbox slots into ``stage`` together
+    (thread ``t`` copies slots ``t``, ``t + blockDim``, ...: many reads of host memory in
+    flight at once instead of every thread reading every field across PCIe), then handles
+    the staged copies.
     """
 
     def pdc_ring_kernel(
-        inbox: Any, outbox: Any, ostat: Any, lat: Any, ctl: Any, state: Any
+        inbox: Any, outbox: Any, ostat: Any, lat: Any, ctl: Any, state: Any, stage: Any
     ) -> None:
         tid = cuda.threadIdx.x
         sh = cuda.shared.array(4, types.int64)
@@ -214,12 +231,12 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
             if tid == 0:
                 cmd = CMD_IDLE
                 count = 0
-                # the flags carry no data (relaxed); the three loads overlap, so an idle poll
-                # costs one round trip to host memory
-                terminate = load_relaxed(ctl, TERMINATE)
-                active = load_relaxed(ctl, ACTIVE)
-                if tail_seen == head:
-                    tail_seen = load_acquire(ctl, IN_TAIL)
+                # one word brings the inbox tail and both flags: an idle poll is one
+                # system-scope load (one round trip to host memory)
+                bell = load_acquire(ctl, DOORBELL)
+                terminate = bell & DOORBELL_TERMINATE
+                active = 1 if bell & DOORBELL_ACTIVE else 0
+                tail_seen = bell >> DOORBELL_SHIFT
                 if terminate != 0:
                     cmd = CMD_EXIT
                 else:
@@ -257,18 +274,23 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                 break
             if cmd == CMD_PROCESS or cmd == CMD_PROCESS_DROP:  # noqa: SIM109 - Numba
                 count = sh[3]
+                if cooperative:  # stage the batch: the block's reads overlap
+                    for j in range(tid, count, cuda.blockDim.x):
+                        stage[j] = inbox[(sh[1] + j) % cap_in]
+                    cuda.syncthreads()
                 for j in range(count):
                     i = (sh[1] + j) % cap_in
                     o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS else cap_out
                     t0 = now_ns()
                     status = 0
-                    if cooperative or tid == 0:
-                        status = handler(inbox[i], outbox[o], state)
                     if cooperative:
+                        status = handler(stage[j], outbox[o], state)
                         cuda.threadfence_system()
                         cuda.syncthreads()
+                    elif tid == 0:
+                        status = handler(inbox[i], outbox[o], state)
                     if tid == 0:
-                        rin = inbox[i]
+                        rin = stage[j] if cooperative else inbox[i]
                         rout = outbox[o]
                         rout._mid_hi = 0
                         rout._mid_lo = 0

@@ -19,6 +19,10 @@ __all__ = (
     "CMD_PROCESS_DROP",
     "CMD_STALL",
     "CTL_WORDS",
+    "DOORBELL",
+    "DOORBELL_ACTIVE",
+    "DOORBELL_SHIFT",
+    "DOORBELL_TERMINATE",
     "DROPPED",
     "ERRORS",
     "HEARTBEAT",
@@ -44,6 +48,13 @@ __all__ = (
 
 # -- written by the host ----------------------------------------------------------------------
 IN_TAIL = 0  # messages published into the inbox ring (monotonic)
+# What the kernel polls: IN_TAIL << DOORBELL_SHIFT | TERMINATE bit | ACTIVE bit, stored by the
+# host (one writer: the event loop) after the words it summarizes, so one system-scope load
+# per poll brings all three. The separate words stay for readers (telemetry, the watchdog).
+DOORBELL = 1
+DOORBELL_ACTIVE = 1
+DOORBELL_TERMINATE = 2
+DOORBELL_SHIFT = 2
 OUT_HEAD = 8  # replies consumed from the outbox ring (monotonic)
 ACTIVE = 16  # 1 = process messages, 0 = hold them (deactivated)
 TERMINATE = 17  # 1 = leave the loop at the next iteration

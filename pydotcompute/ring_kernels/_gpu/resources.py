@@ -11,20 +11,42 @@ Three flavours share this interface:
 
 A persistent kernel never finishes on its own, so it must not sit on a stream that
 synchronizes with the legacy default stream (every synchronous copy would wait for it):
-streams are created non-blocking. Freeing device or pinned memory is implicitly
-device-synchronizing in CUDA, and would wait for *every* running persistent kernel, so
-released memory is parked in a graveyard and freed only when no GPU actor is running.
+streams are created non-blocking, and when none can be made the launch is refused rather
+than put on a blocking stream. Freeing device or pinned memory is implicitly
+device-synchronizing in CUDA, and would wait for *every* running persistent kernel, and
+so may allocating it: rings, control blocks and state are carved from slabs (`slab.py`) that
+grow only while no GPU actor runs, and go back to the slab, not to CUDA, when an actor ends.
+What else an actor holds (streams, events, modules) is parked in a graveyard and freed only
+when no GPU actor is running, and Numba's own deferred frees are held back
+(`defer_cleanup`) for as long as one runs.
+
+Module loading can synchronize too (lazy loading, the default since CUDA 12.2, loads a
+kernel at its first launch, beside the kernels already running): `CUDA_MODULE_LOADING`
+defaults to `EAGER` for the process when the GPU tier is the first to touch CUDA, and
+`compile` loads the module and resolves the kernel (`bind`) before `start` launches it.
+
+Liveness fails closed: "has the kernel finished?" is answered True only by the event or by
+a sticky context error (an illegal address, a launch failure: the context is gone, and the
+kernel with it). Any other error while asking means "still running", so memory a kernel may
+still use is never freed on a guess. At interpreter exit, every kernel still running is
+told to terminate (an abandoned persistent kernel would hold up process exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
+import os
+import re
 import threading
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
+from ...backends import device_sync
 from ...exceptions import (
     BackendNotAvailableError,
     CUDAError,
@@ -32,19 +54,163 @@ from ...exceptions import (
     TypeValidationError,
 )
 from . import layout as L
+from .host import fence
+from .slab import Carve, MemorySlabs, default_chunk_bytes
 
-__all__ = ("DeviceActor", "live_actor_count")
+__all__ = (
+    "STICKY_ERROR_CODES",
+    "DeviceActor",
+    "KernelLiveness",
+    "is_sticky_error",
+    "live_actor_count",
+    "memory_slabs",
+    "nonblocking_stream",
+    "reserve_memory",
+    "terminate_running_kernels",
+)
 
 logger = logging.getLogger("pydotcompute")
 
 _graveyard: list[Any] = []
 _live = 0
 _live_lock = threading.Lock()
+_running: weakref.WeakSet[DeviceActor] = weakref.WeakSet()
+_atexit_registered = False
+_deferred_cleanup: Any = None  # Numba's defer_cleanup context, held while a kernel runs
+_slabs: dict[bool, MemorySlabs] = {}
+_c_modules: dict[tuple[str, int], tuple[Any, Any]] = {}  # loaded CUDA C kernels, kept
+
+#: CUDA errors after which the context is unusable (sticky): the kernel is gone with it.
+#: The driver and runtime API share these numbers.
+STICKY_ERROR_CODES: dict[int, str] = {
+    4: "deinitialized (the driver is shutting down)",
+    214: "uncorrectable ECC error",
+    700: "illegal address",
+    702: "launch timeout",
+    709: "context destroyed",
+    710: "device-side assert",
+    714: "hardware stack error",
+    715: "illegal instruction",
+    716: "misaligned address",
+    717: "invalid address space",
+    718: "invalid program counter",
+    719: "launch failed",
+}
+_STICKY_TEXT = re.compile(
+    r"ILLEGAL_ADDRESS|IllegalAddress|illegal memory access|LAUNCH_FAILED|LaunchFailure|"
+    r"unspecified launch failure|device-side assert|ILLEGAL_INSTRUCTION|IllegalInstruction|"
+    r"MISALIGNED_ADDRESS|MisalignedAddress|HARDWARE_STACK_ERROR|ECC_UNCORRECTABLE|"
+    r"CONTEXT_IS_DESTROYED|DEINITIALIZED|CudartUnloading|INVALID_PC|InvalidPc|"
+    r"INVALID_ADDRESS_SPACE|LAUNCH_TIMEOUT",
+)
+
+
+def is_sticky_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a sticky CUDA error (the context, and every kernel in it, is gone).
+
+    Reads the numeric code Numba (``code``) or CuPy (``status``) attach, else the error
+    name or text. Anything else (a busy driver, a wrong thread, a bug) is not sticky.
+    """
+    for attr in ("code", "status", "error", "result"):
+        value = getattr(exc, attr, None)
+        try:
+            code = int(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if code in STICKY_ERROR_CODES:
+            return True
+    return bool(_STICKY_TEXT.search(f"{type(exc).__name__} {exc}"))
+
+
+class KernelLiveness:
+    """Asks a launch's completion event whether the kernel ended, failing closed.
+
+    Args:
+        event: A Numba event (``query()``) or a CuPy event (``done``), recorded after the
+            launch on the kernel's stream.
+        flavour: ``"numba"`` or ``"cuda_c"`` (which of the two to ask).
+        name: For messages.
+    """
+
+    def __init__(self, event: Any, flavour: str, name: str) -> None:
+        self.event = event
+        self.flavour = flavour
+        self.name = name
+        self.fault: CUDAError | None = None
+        self.last_query_error: BaseException | None = None
+
+    def _query(self) -> bool:
+        if self.flavour == "numba":
+            return bool(self.event.query())
+        return bool(self.event.done)
+
+    def finished(self) -> bool:
+        """True once the kernel ended, cleanly or with a sticky error; False otherwise,
+        including when the question itself failed for another reason."""
+        if self.fault is not None:
+            return True
+        try:
+            return self._query()
+        except Exception as exc:
+            if is_sticky_error(exc):
+                fault = CUDAError(f"{self.name}: the persistent kernel faulted: {exc}")
+                fault.__cause__ = exc
+                self.fault = fault
+                return True
+            if self.last_query_error is None:
+                logger.warning(
+                    "%s: could not ask whether the kernel finished (%r); treating it as "
+                    "still running",
+                    self.name,
+                    exc,
+                )
+            self.last_query_error = exc
+            return False
+
+    def failure(self) -> CUDAError | None:
+        """The sticky error that ended the kernel (None while it runs or after a clean end)."""
+        self.finished()
+        return self.fault
 
 
 def _numba_cuda() -> Any:
     """``numba.cuda``, typed ``Any`` (Numba ships no type stubs), imported on first use."""
-    return importlib.import_module("numba.cuda")
+    from ...backends.numba_compat import import_numba_cuda
+
+    return import_numba_cuda()
+
+
+def memory_slabs(simulator: bool | None = None) -> MemorySlabs:
+    """The process's ring and state memory slabs (the simulator's when it is on)."""
+    if simulator is None:
+        from .build import SIMULATOR
+
+        simulator = SIMULATOR
+    with _live_lock:
+        slabs = _slabs.get(simulator)
+        if slabs is None:
+            slabs = _slabs[simulator] = MemorySlabs(simulator)
+    return slabs
+
+
+def reserve_memory(mapped_bytes: int, device_bytes: int, device_id: int = 0) -> None:
+    """Make sure the slabs hold this much free memory before GPU actors start.
+
+    Raises:
+        CUDAError: GPU actors are running (growing a slab may synchronize the device).
+    """
+    if _live:
+        raise CUDAError(
+            f"cannot reserve GPU actor memory while {_live} GPU actor(s) run: allocating may "
+            "synchronize the device, which waits for them forever; reserve before the first "
+            "one starts"
+        )
+    slabs = memory_slabs()
+    if slabs.mapped.simulator:
+        slabs.reserve(mapped_bytes, device_bytes)
+        return
+    with _numba_cuda().gpus[device_id]:
+        slabs.reserve(mapped_bytes, device_bytes)
 
 
 def live_actor_count() -> int:
@@ -52,19 +218,90 @@ def live_actor_count() -> int:
     return _live
 
 
-def _actor_started() -> None:
-    global _live
+def _actor_started(actor: DeviceActor) -> None:
+    global _live, _atexit_registered
     with _live_lock:
         _live += 1
+        _running.add(actor)
+        if not _atexit_registered:
+            atexit.register(terminate_running_kernels)
+            _atexit_registered = True
+    device_sync.kernel_started(actor.name)
 
 
-def _actor_released(keep: list[Any]) -> None:
+def _actor_released(actor: DeviceActor, keep: list[Any]) -> None:
     global _live
+    device_sync.kernel_stopped(actor.name)
     with _live_lock:
         _live -= 1
+        _running.discard(actor)
         _graveyard.extend(keep)
         if _live == 0:
             _graveyard.clear()
+            _allow_cleanup()
+
+
+def _defer_cleanup() -> None:
+    """Hold Numba's deferred frees (``cuMemFree`` may synchronize the device) while kernels
+    run; called with the actor's device current."""
+    global _deferred_cleanup
+    with _live_lock:
+        if _deferred_cleanup is not None:
+            return
+        try:
+            cm = _numba_cuda().defer_cleanup()
+            cm.__enter__()
+        except Exception as exc:  # a Numba without it: frees are still parked above
+            logger.debug("numba.cuda.defer_cleanup unavailable: %r", exc)
+            return
+        _deferred_cleanup = cm
+
+
+def _allow_cleanup() -> None:
+    """Let Numba free again (the last kernel ended); called with ``_live_lock`` held."""
+    global _deferred_cleanup
+    cm, _deferred_cleanup = _deferred_cleanup, None
+    if cm is not None:
+        try:
+            cm.__exit__(None, None, None)
+        except Exception as exc:
+            logger.debug("leaving numba.cuda.defer_cleanup failed: %r", exc)
+
+
+def terminate_running_kernels(timeout: float = 2.0) -> list[str]:
+    """Tell every persistent kernel of this process to leave its loop; wait up to ``timeout``.
+
+    Registered with ``atexit`` when the first kernel starts: an abandoned persistent kernel
+    (an actor never terminated) plus finalizers that free its memory can hang process exit.
+    Writes TERMINATE into each running kernel's control block (host memory: no driver call).
+
+    Returns:
+        The names of the kernels still running after ``timeout`` seconds.
+    """
+    with _live_lock:
+        actors = [a for a in _running if a._started and not a._released]
+    for actor in actors:
+        try:
+            ctl = actor.host["ctl"]
+            fence()
+            ctl[L.TERMINATE] = 1
+            ctl[L.DOORBELL] = int(ctl[L.DOORBELL]) | L.DOORBELL_TERMINATE
+        except Exception as exc:  # memory already gone: nothing to tell
+            logger.debug("%s: could not write TERMINATE: %r", actor.name, exc)
+    deadline = time.monotonic() + timeout
+    left = actors
+    while left:
+        left = [a for a in left if not a.finished()]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
+    if left:
+        logger.error(
+            "%d persistent GPU kernel(s) still running at exit: %s",
+            len(left),
+            ", ".join(a.name for a in left),
+        )
+    return [a.name for a in left]
 
 
 class DeviceActor:
@@ -130,18 +367,32 @@ class DeviceActor:
         self._kernel: Any = None
         self._launch: Any = None
         self._event: Any = None
+        self._liveness: KernelLiveness | None = None
         self._stream: Any = None
         self._keep: list[Any] = []
+        self._carves: list[Carve] = []
+        self._host_views: dict[str, np.ndarray[Any, Any]] = {}
         self._started = False
         self._released = False
         self._abandoned = False
-        with self._device():
-            self.inbox = self._mapped(ring_in, in_dtype)
-            self.outbox = self._mapped(ring_out + 1, out_dtype)  # + the scratch slot
-            self.ostat = self._mapped(ring_out + 1, np.dtype(np.int64))
-            self.lat = self._mapped(ring_in, np.dtype(np.int64))
-            self.ctl = self._mapped(L.CTL_WORDS, np.dtype(np.int64))
-            self.state_dev = self._state_array(state)
+        self._slabs = memory_slabs(self.simulator)
+        try:
+            with self._device():
+                self.inbox = self._mapped("inbox", ring_in, in_dtype)
+                self.outbox = self._mapped("outbox", ring_out + 1, out_dtype)  # + scratch slot
+                self.ostat = self._mapped("ostat", ring_out + 1, np.dtype(np.int64))
+                self.lat = self._mapped("lat", ring_in, np.dtype(np.int64))
+                self.ctl = self._mapped("ctl", L.CTL_WORDS, np.dtype(np.int64))
+                self.state_dev = self._state_array(state)
+                # where a cooperative block stages a batch of inbox slots (device memory)
+                n_stage = L.BATCH if cooperative else 1
+                if self.simulator:
+                    self.stage: Any = np.zeros(n_stage, in_dtype).view(np.recarray)
+                else:
+                    self.stage = self._take("device", n_stage, in_dtype).device
+        except BaseException:
+            self._give_back_carves()
+            raise
         h = self.host
         h["ctl"][L.MAX_BACKOFF_NS] = max_backoff_ns
         h["ctl"][L.OUTBOX_POLICY] = 1 if drop_when_full else 0
@@ -157,26 +408,32 @@ class DeviceActor:
 
         return cuda.gpus[self.device_id]
 
-    def _mapped(self, n: int, dtype: np.dtype[Any]) -> Any:
-        if self.simulator:
-            return np.zeros(n, dtype=dtype)
-        cuda = _numba_cuda()
+    def _take(self, kind: str, n: int, dtype: np.dtype[Any]) -> Carve:
+        """``n`` zeroed elements from a slab; it grows only while no GPU actor runs."""
+        slab = self._slabs.mapped if kind == "mapped" else self._slabs.device
+        carve = slab.take(
+            n * dtype.itemsize, dtype, may_grow=_live == 0, chunk_bytes=default_chunk_bytes()
+        )
+        self._carves.append(carve)
+        return carve
 
-        arr = cuda.mapped_array(n, dtype=dtype)
-        np.asarray(arr).view(np.uint8)[...] = 0
-        return arr
+    def _mapped(self, key: str, n: int, dtype: np.dtype[Any]) -> Any:
+        """A ring or control array in mapped memory: the host view is kept under ``key``,
+        the device view (what the kernel gets) is returned."""
+        carve = self._take("mapped", n, dtype)
+        assert carve.host is not None
+        self._host_views[key] = carve.host
+        return carve.device
+
+    def _give_back_carves(self) -> None:
+        carves, self._carves = self._carves, []
+        for carve in carves:
+            carve.release()
 
     @property
     def host(self) -> dict[str, np.ndarray[Any, Any]]:
         """Plain NumPy views of the mapped arrays (what the host reads and writes)."""
-        views = getattr(self, "_host_views", None)
-        if views is None:
-            views = {
-                k: np.asarray(getattr(self, k)).view(np.ndarray)
-                for k in ("inbox", "outbox", "ostat", "lat", "ctl")
-            }
-            self._host_views = views
-        return views
+        return self._host_views
 
     def _state_array(self, state: Any) -> Any:
         owner = self._state_owner
@@ -191,12 +448,19 @@ class DeviceActor:
                     f"{self.name}: the state buffer's device side is {type(dev).__name__}, not "
                     "CUDA memory; create the UnifiedBuffer with backend='cuda'"
                 )
+            if self.flavour == "numba" and not hasattr(dev, "copy_to_host"):
+                # a CuPy array: a Numba view of the same memory (no copy), imported once and
+                # without the stream sync the interface would otherwise ask for at each launch
+                self._keep.append(dev)
+                return _numba_cuda().as_cuda_array(dev, sync=False)
             return dev
         if self.simulator:
             return np.array(state, copy=True)
-        cuda = _numba_cuda()
-
-        return cuda.to_device(np.ascontiguousarray(state))
+        arr = np.ascontiguousarray(state)
+        dev = self._take("device", max(1, arr.size), arr.dtype).device[: arr.size]
+        dev = dev.reshape(arr.shape)
+        dev.copy_to_device(arr)
+        return dev
 
     def read_state(self) -> np.ndarray[Any, Any]:
         """A host copy of the actor's state (may be mid-update while the kernel runs)."""
@@ -221,8 +485,17 @@ class DeviceActor:
                 h["lat"],
                 h["ctl"],
                 self.state_dev,
+                self.stage,
             )
-        return (self.inbox, self.outbox, self.ostat, self.lat, self.ctl, self.state_dev)
+        return (
+            self.inbox,
+            self.outbox,
+            self.ostat,
+            self.lat,
+            self.ctl,
+            self.state_dev,
+            self.stage,
+        )
 
     def compile(self) -> None:
         """Compile the kernel (slow; the caller runs it in a worker thread). No-op simulated."""
@@ -242,18 +515,24 @@ class DeviceActor:
     def _compile_numba(self) -> None:
         from . import build
 
-        numba: Any = importlib.import_module("numba")
-
         disp = build.build_kernel(self.handler, cooperative=self.cooperative)
-        argtypes = tuple(numba.typeof(a) for a in self._args())
+        argtypes = build.argument_types(self._args())
         try:
-            disp.compile(argtypes)
+            kernel = disp.compile(argtypes)
         except Exception as exc:
             raise KernelCompilationError(
                 f"{self.name}: the handler "
                 f"{build.python_handler(self.handler).__name__!r} does not compile for the "
                 f"GPU: {type(exc).__name__}: {exc}"
             ) from exc
+        # load the module and resolve the kernel now, not at the launch: a module load
+        # beside running persistent kernels may synchronize the device
+        bind = getattr(kernel, "bind", None)
+        if callable(bind):
+            try:
+                bind()
+            except Exception as exc:
+                raise CUDAError(f"{self.name}: loading the compiled kernel failed: {exc}") from exc
         self._kernel = disp
 
     def _compile_c(self) -> None:
@@ -272,15 +551,22 @@ class DeviceActor:
             int(np.prod(self.state_dev.shape)),
             cooperative=self.cooperative,
         )
-        try:
-            with cupy.cuda.Device(self.device_id):
-                module = cupy.RawModule(code=src, options=("-std=c++17",))
-                self._kernel = module.get_function(cuda_c.KERNEL_NAME)
-        except Exception as exc:
-            raise KernelCompilationError(
-                f"{self.name}: the CUDA C handler does not compile: {exc}"
-            ) from exc
-        self._keep.append(module)
+        key = (src, self.device_id)
+        with _live_lock:
+            cached = _c_modules.get(key)
+        if cached is None:  # a loaded module is reused: loading beside kernels may sync
+            try:
+                with cupy.cuda.Device(self.device_id):
+                    module = cupy.RawModule(code=src, options=("-std=c++17",))
+                    cached = (module, module.get_function(cuda_c.KERNEL_NAME))
+            except Exception as exc:
+                raise KernelCompilationError(
+                    f"{self.name}: the CUDA C handler does not compile: {exc}"
+                ) from exc
+            with _live_lock:
+                _c_modules[key] = cached
+        self._kernel = cached[1]
+        self._keep.append(cached[0])
 
     def start(self) -> None:
         """Launch the persistent kernel; returns at once (the kernel keeps running)."""
@@ -303,12 +589,16 @@ class DeviceActor:
                 else:
                     self._start_c()
         self._started = True
-        _actor_started()
+        if self.flavour != "simulator":
+            self._liveness = KernelLiveness(self._event, self.flavour, self.name)
+            with self._device():
+                _defer_cleanup()
+        _actor_started(self)
 
     def _start_numba(self) -> None:
         cuda = _numba_cuda()
 
-        self._stream = _nonblocking_stream(self._keep, self.device_id)
+        self._stream = nonblocking_stream(self._keep, self.device_id)
         try:
             self._kernel[1, self.nthreads, self._stream](*self._args())
             self._event = cuda.event(timing=False)
@@ -331,6 +621,7 @@ class DeviceActor:
             np.uint64(ptr(self.lat)),
             np.uint64(ptr(self.ctl)),
             np.uint64(ptr(self.state_dev)),
+            np.uint64(ptr(self.stage)),
             np.int64(len(h["inbox"])),
             np.int64(len(h["outbox"]) - 1),
             np.int64(len(h["lat"])),
@@ -351,12 +642,8 @@ class DeviceActor:
             return True
         if self.flavour == "simulator":
             return not self._launch.is_alive()  # type: ignore[no-any-return]
-        try:
-            if self.flavour == "numba":
-                return bool(self._event.query())
-            return bool(self._event.done)
-        except Exception:  # a faulted context: the kernel is gone
-            return True
+        assert self._liveness is not None
+        return self._liveness.finished()
 
     def failure(self) -> BaseException | None:
         """The error that ended the kernel, if it ended badly (None while it runs)."""
@@ -365,14 +652,8 @@ class DeviceActor:
         if self.flavour == "simulator":
             err = self._launch.error
             return err if isinstance(err, BaseException) else None
-        try:
-            if self.flavour == "numba":
-                self._event.query()
-            else:
-                _ = self._event.done
-        except Exception as exc:
-            return CUDAError(f"{self.name}: the persistent kernel faulted: {exc}")
-        return None
+        assert self._liveness is not None
+        return self._liveness.failure()
 
     def join(self, timeout: float) -> bool:
         """Wait (blocking) up to ``timeout`` for the simulated threads to end."""
@@ -402,8 +683,8 @@ class DeviceActor:
                 self._state_owner.mark_device_dirty()
             except Exception as exc:  # the owner may have been freed by the user
                 logger.debug("%s: could not mark the state buffer device-dirty: %r", self.name, exc)
-        keep = [*self._keep, self.inbox, self.outbox, self.ostat, self.lat, self.ctl]
-        keep += [self.state_dev, self._stream, self._event, self._kernel]
+        self._give_back_carves()  # the kernel ended: its slab memory is free again
+        keep = [*self._keep, self._stream, self._event, self._kernel]
         if self._abandoned:
             with _live_lock:
                 if self in _graveyard:
@@ -411,7 +692,7 @@ class DeviceActor:
         if self.simulator:
             keep = []
         if self._started:
-            _actor_released(keep)
+            _actor_released(self, keep)
         else:  # never launched (a compile error): still, no free while a kernel runs
             with _live_lock:
                 if _live:
@@ -425,8 +706,14 @@ def _device_pointer(arr: Any) -> int:
     return int(arr.device_ctypes_pointer.value)
 
 
-def _nonblocking_stream(keep: list[Any], device_id: int) -> Any:
-    """A Numba stream that does not synchronize with the legacy default stream."""
+def nonblocking_stream(keep: list[Any], device_id: int) -> Any:
+    """A Numba stream that does not synchronize with the legacy default stream.
+
+    Raises:
+        CUDAError: neither CuPy nor Numba's driver could make one. A persistent kernel on a
+            blocking stream would make every synchronous copy on the legacy default stream
+            wait for it, forever, so there is no fallback.
+    """
     cuda = _numba_cuda()
 
     try:
@@ -446,15 +733,25 @@ def _nonblocking_stream(keep: list[Any], device_id: int) -> Any:
         ctx = cuda.current_context()
         return drv.Stream(handle, finalizer=drv._stream_finalizer(ctx.deallocations, handle))
     except Exception as exc:
-        logger.warning(
-            "could not create a non-blocking CUDA stream (%r); the persistent kernel runs on a "
-            "default stream, so synchronous copies on the legacy stream may wait for it",
-            exc,
-        )
-        return cuda.stream()
+        raise CUDAError(
+            f"could not create a non-blocking CUDA stream for a persistent kernel ({exc!r}); "
+            "on a blocking stream every synchronous copy on the legacy default stream would "
+            "wait for the kernel, which never ends on its own. Install CuPy for this CUDA "
+            "version (cupy-cuda12x / cupy-cuda13x) or a numba-cuda whose driver exposes "
+            "cuStreamCreate"
+        ) from exc
 
 
 def _require_gpu(device_id: int) -> None:
+    # lazy loading (the default since CUDA 12.2) loads a kernel at its first launch, which
+    # may synchronize the device while other persistent kernels run; only effective when
+    # CUDA was not initialized yet in this process (a user's own setting is kept)
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    from ...backends.numba_compat import numba_cuda_version, version_problem
+
+    problem = version_problem(numba_cuda_version())
+    if problem is not None:
+        raise BackendNotAvailableError(problem)
     try:
         cuda = _numba_cuda()
     except ImportError as exc:  # pragma: no cover - numba is part of the cuda extra
