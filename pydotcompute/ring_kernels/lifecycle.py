@@ -57,7 +57,7 @@ from ..exceptions import (
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
 from .message import RingKernelMessage
-from .message import _raw_cid_slot_get as _raw_cid_get
+from .message import raw_correlation_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
 from .telemetry import _FOLD_AT, RingKernelTelemetry
