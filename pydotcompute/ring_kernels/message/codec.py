@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
+import types
 import typing
 import uuid
 from collections.abc import Callable
@@ -348,20 +349,49 @@ _PATH = re.compile(r"\$((?:\[\d+\])+)")
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
-def _field_path(cls: type | None, indices: list[int]) -> str:
-    """`inner.y[2]` for the positional path `[i, j, k]` into a frame of `cls`."""
+def _message_in(tp: Any) -> type | None:
+    """The message class `tp` is (or an `Optional`/union of), else None."""
+    if isinstance(tp, type) and tp in _CODECS:
+        return tp
+    for arg in (
+        typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    ):
+        if isinstance(arg, type) and arg in _CODECS:
+            return arg
+    return None
+
+
+def _item_type(tp: Any, i: int) -> Any:
+    """The type of item `i` of a container annotated `tp`, or None."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, set, frozenset) and args:
+        return args[0]
+    if origin is tuple and args:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return args[0]
+        return args[i] if i < len(args) else None
+    return None
+
+
+def _field_path(cls: type, indices: list[int]) -> str:
+    """`inner.y`, `items[0].a` for the positional path `[i, j, ...]` into a frame of `cls`."""
     out = ""
+    tp: Any = cls
     for i in indices:
-        names = getattr(cls, "__struct_fields__", None) if cls is not None else None
-        codec = _CODECS.get(cls) if cls is not None else None
-        if names is not None and codec is not None and 1 <= i <= len(names):
-            name = names[i - 1]  # item 0 is the tag
-            out = f"{out}.{name}" if out else name
-            hint = getattr(cls, "__annotations__", {}).get(name)
-            cls = hint if isinstance(hint, type) and hint in _CODECS else None
-        else:
-            out += f"[{i}]"
-            cls = None
+        msg_cls = _message_in(tp)
+        if msg_cls is not None:
+            fields = msgspec.structs.fields(msg_cls)  # type: ignore[arg-type]
+            if 1 <= i <= len(fields):  # item 0 is the tag
+                f = fields[i - 1]
+                out = f"{out}.{f.name}" if out else f.name
+                tp = f.type
+                continue
+            if i == 0:
+                out = f"{out}.<type tag>" if out else "<type tag>"
+                tp = None
+                continue
+        out += f"[{i}]"
+        tp = _item_type(tp, i)
     return out
 
 
