@@ -36,14 +36,15 @@ from ...exceptions import MessageDeserializationError, TypeValidationError
 from . import layout
 from .codec import (
     HEADER_NAMES,
+    Codec,
     codec_of,
     deserialize_message,
     message_tag,
     register_message_type,
     serialize_error,
 )
+from .ids import ID_SOURCE, next_id_bytes, uuid_from_bytes
 from .ids import new_message_id as _new_id
-from .ids import next_id_bytes, uuid_from_bytes
 
 __all__ = (
     "ArrayMessage",
@@ -84,6 +85,7 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
         correlation_id: uuid.UUID | None = None
         _pdc_mid: Any  # the raw slots (see the module notes)
         _pdc_cid: Any
+        _pdc_codec: Codec  # the class's codec, set when it is registered
     else:
         message_id: uuid.UUID | None = None
         priority: Annotated[int, msgspec.Meta(ge=0, le=255)] = 128
@@ -117,12 +119,18 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
             TypeValidationError: the class is a subclass of a message that was not
                 decorated with `@message`.
         """
-        if self._pdc_mid is None:
-            self._pdc_mid = next_id_bytes()
+        if self._pdc_mid is None:  # the id, made now as its wire bytes
+            src = ID_SOURCE
+            self._pdc_mid = (src.base ^ next(src.counter)).to_bytes(16, "big")
         cid = self._pdc_cid
         if cid is not None and cid.__class__ is not _UUID:
             self._pdc_cid = _wire_correlation(cid)
-        codec = codec_of(type(self))
+        try:
+            codec = self._pdc_codec
+            if codec.cls is not type(self):  # inherited by a class not registered itself
+                raise AttributeError
+        except AttributeError:
+            codec = codec_of(type(self))
         if codec.nested:
             for name in codec.nested:
                 _make_ids(getattr(self, name))

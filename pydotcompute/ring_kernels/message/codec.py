@@ -95,7 +95,8 @@ class Codec:
         if self._priority is None:
             n = len(self.names) - len(HEADER_NAMES)
             fields: list[Any] = [(f"f{i}", msgspec.Raw) for i in range(n)]
-            fields += [("message_id", uuid.UUID | None, None), ("priority", _Priority, 128)]
+            # the header is required here: a queue must not guess the band of a frame
+            fields += [("message_id", uuid.UUID | None), ("priority", _Priority)]
             head = msgspec.defstruct(
                 "FrameHeader", fields, tag=self.tag, array_like=True, forbid_unknown_fields=False
             )
@@ -146,6 +147,7 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
             f"message class {cls.__name__} has a field type msgspec cannot decode: {exc}"
         ) from exc
     global _version
+    type.__setattr__(cls, "_pdc_codec", codec)  # what `serialize` reads first
     with _LOCK:
         _CODECS[cls] = codec
         _TYPES[tag] = cls
@@ -197,6 +199,27 @@ def _uint_at(data: memoryview, i: int, size: int, what: str) -> int:
     if end > len(data):
         raise _truncated(what)
     return int.from_bytes(data[i:end], "big")
+
+
+class _Head(msgspec.Struct, array_like=True):
+    """The first item of a frame (its type tag); msgspec skips the rest in C."""
+
+    tag: str
+
+
+_head = msgspec.msgpack.Decoder(_Head).decode
+
+
+def _codec_of_frame(data: Any) -> Codec:
+    """The codec of a frame's class: its tag read in one msgspec call; when that finds no
+    registered class, the checks of `_read_tag` say what is wrong with the bytes."""
+    try:
+        cls = _TYPES.get(_head(data).tag)
+    except Exception:  # not a frame, or cut short
+        cls = None
+    if cls is None:
+        cls = _class_of(_read_tag(_view(data)))
+    return _CODECS[cls]
 
 
 def _read_tag(data: memoryview) -> str:
@@ -266,11 +289,9 @@ def deserialize_message(data: bytes | bytearray | memoryview) -> Any:
         MessageDeserializationError: bytes are malformed or truncated, name an unknown type,
             or a field does not validate (the message names the field path).
     """
-    view = _view(data)
-    cls = _class_of(_read_tag(view))
-    codec = _CODECS[cls]
+    codec = _codec_of_frame(data)
     try:
-        return codec.decode(view)
+        return codec.decode(data)
     except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
         raise decode_error(codec, exc) from exc
 
@@ -284,10 +305,9 @@ def frame_priority(data: bytes | bytearray | memoryview) -> int:
         MessageDeserializationError: the bytes are not a frame of a registered message,
             are cut short, or carry a priority outside 0..255.
     """
-    view = _view(data)
-    codec = _CODECS[_class_of(_read_tag(view))]
+    codec = _codec_of_frame(data)
     try:
-        return codec.priority_of(view)
+        return codec.priority_of(data)
     except Exception as exc:
         raise decode_error(codec, exc) from exc
 

@@ -16,7 +16,7 @@ import itertools
 import os
 import uuid
 
-__all__ = ("IdSource", "new_message_id", "next_id_bytes", "uuid_from_bytes")
+__all__ = ("ID_SOURCE", "IdSource", "new_message_id", "next_id_bytes", "uuid_from_bytes")
 
 # clear the version nibble and the two variant bits, then set version 4 / RFC 4122
 _VERSION_MASK = ~(0xF000 << 64) & ~(0xC000 << 48) & ((1 << 128) - 1)
@@ -58,6 +58,9 @@ class IdSource:
 _ids = IdSource()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ids.reseed)
+#: The process's id source; hot paths read `base` and `counter` inline (reseeded in place
+#: after a fork, so holding it is safe).
+ID_SOURCE = _ids
 
 
 def new_message_id() -> uuid.UUID:
