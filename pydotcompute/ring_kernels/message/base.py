@@ -37,6 +37,7 @@ from . import layout
 from .codec import (
     HEADER_NAMES,
     Codec,
+    WireId,
     codec_of,
     deserialize_message,
     message_tag,
@@ -87,9 +88,10 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
         _pdc_cid: Any
         _pdc_codec: Codec  # the class's codec, set when it is registered
     else:
-        message_id: uuid.UUID | None = None
+        # decoded as the 16 wire bytes (a UUID object is made only if the id is read)
+        message_id: WireId | None = None
         priority: Annotated[int, msgspec.Meta(ge=0, le=255)] = 128
-        correlation_id: uuid.UUID | None = None
+        correlation_id: WireId | None = None
 
     def __post_init__(self) -> None:
         p = self.priority

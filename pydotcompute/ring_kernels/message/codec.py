@@ -22,7 +22,6 @@ import re
 import threading
 import types
 import typing
-import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -38,6 +37,7 @@ from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release
 __all__ = (
     "HEADER_NAMES",
     "Codec",
+    "WireId",
     "codec_of",
     "deserialize_message",
     "frame_priority",
@@ -56,6 +56,8 @@ HEADER_NAMES: tuple[str, str, str] = ("message_id", "priority", "correlation_id"
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook, uuid_format="bytes")
 _REF_ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook_by_reference, uuid_format="bytes")
 _Priority = Annotated[int, msgspec.Meta(ge=0, le=255)]
+#: How a message id is typed for decoding: its 16 bytes (`uuid.UUID` values encode as those).
+WireId = Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
 
 
 def message_tag(cls: type) -> str:
@@ -96,7 +98,7 @@ class Codec:
             n = len(self.names) - len(HEADER_NAMES)
             fields: list[Any] = [(f"f{i}", msgspec.Raw) for i in range(n)]
             # the header is required here: a queue must not guess the band of a frame
-            fields += [("message_id", uuid.UUID | None), ("priority", _Priority)]
+            fields += [("message_id", WireId | None), ("priority", _Priority)]
             head = msgspec.defstruct(
                 "FrameHeader", fields, tag=self.tag, array_like=True, forbid_unknown_fields=False
             )
