@@ -3,7 +3,8 @@
 What it measures (best of several repeats, nanoseconds per operation):
 
 - construction: ``Ping(value=i)`` (a one-field ``@message``) against ``BarePing(value=i)``, a
-  ``msgspec.Struct`` with the same field;
+  ``msgspec.Struct`` with the same field, and against ``BarePingHeader``, the same Struct
+  with the three header fields added (defaults, no checks);
 - build + encode: ``Ping(value=i).serialize()`` (its id is made on the way) against the
   bare Struct through a ``msgspec.msgpack.Encoder``;
 - decode: ``deserialize_message(data)`` (dispatch on the type tag) and a stream decoder
@@ -51,6 +52,15 @@ class BarePing(msgspec.Struct):
     value: int
 
 
+class BarePingHeader(msgspec.Struct):
+    """The same field plus the header's three fields with their defaults."""
+
+    value: int
+    message_id: Any = None
+    priority: int = 128
+    correlation_id: Any = None
+
+
 class BareBlob(msgspec.Struct):
     payload: np.ndarray
 
@@ -85,6 +95,7 @@ def run(quick: bool) -> dict[str, Any]:
     env: dict[str, Any] = {
         "Ping": Ping,
         "BarePing": BarePing,
+        "BarePingHeader": BarePingHeader,
         "enc": enc.encode,
         "dec": dec.decode,
         "des": deserialize_message,
@@ -94,6 +105,7 @@ def run(quick: bool) -> dict[str, Any]:
     }
     pairs = [
         ("construction", "Ping(value=7)", "BarePing(value=7)"),
+        ("construction vs Struct + header", "Ping(value=7)", "BarePingHeader(value=7)"),
         ("build + encode", "Ping(value=7).serialize()", "enc(BarePing(value=7))"),
         ("decode, deserialize_message", "des(data)", "dec(bare_data)"),
         ("decode, stream decoder", "stream(data)", "dec(bare_data)"),
