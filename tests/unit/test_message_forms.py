@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import msgspec
@@ -15,6 +15,7 @@ import pytest
 
 from pydotcompute.exceptions import (
     MessageDeserializationError,
+    MessageSerializationError,
     TypeValidationError,
 )
 from pydotcompute.ring_kernels.message import (
@@ -261,3 +262,47 @@ def test_repr_and_equality_read_ids_as_uuids() -> None:
     assert f"message_id={m.message_id!r}" in repr(m)
     assert deserialize_message(m.serialize()) == m
     assert Base1(1) != Base1(1)  # two messages: two ids
+
+
+# --- fixed-layout records: the GPU rings' host side checks field types -------------------
+
+
+@message
+class Tick:
+    seq: int
+    value: np.float32
+    window: Annotated[np.ndarray, (3,), np.float32]
+    small: Annotated[int, np.int16] = 0
+
+
+def _tick(**kw: Any) -> Tick:
+    fields: dict[str, Any] = {"seq": 1, "value": np.float32(0.5), "window": np.zeros(3, np.float32)}
+    fields.update(kw)
+    return Tick(**fields)
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ({"seq": 1.5}, r"Tick #1: field `seq` .*float64.* int64"),
+        ({"seq": "7"}, r"Tick #1: field `seq`"),
+        ({"value": "x"}, r"Tick #1: field `value`"),
+        ({"window": np.zeros(4, np.float32)}, r"Tick #1: field `window` .*shape \(4,\).*\(3,\)"),
+        ({"small": 70_000}, r"Tick #1: field `small` .*70000.* int16"),
+    ],
+    ids=["float-in-int", "str-in-int", "str-in-float32", "wrong-shape", "out-of-range"],
+)
+def test_to_records_refuses_a_field_of_the_wrong_type(bad: dict[str, Any], why: str) -> None:
+    with pytest.raises(MessageSerializationError, match=why):
+        Tick.to_records([_tick(), _tick(**bad)])
+
+
+def test_to_records_accepts_what_converts_without_loss() -> None:
+    msgs = [_tick(seq=np.int32(3), value=1, small=-5), _tick(value=2.5, window=[1, 2, 3])]
+    records = Tick.to_records(msgs)
+    assert records["seq"].tolist() == [3, 1]
+    assert records["value"].tolist() == [1.0, 2.5]
+    assert records["window"][1].tolist() == [1.0, 2.0, 3.0]
+    back = Tick.from_records(records)
+    assert [b.message_id for b in back] == [m.message_id for m in msgs]
+    assert back[0].small == -5

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ...exceptions import TypeValidationError
+from ...exceptions import MessageSerializationError, TypeValidationError
 
 __all__ = (
     "HEADER_FIELDS",
@@ -112,30 +112,95 @@ def _require_dtype(cls: type) -> np.dtype[Any]:
 
 
 def to_records(cls: type, messages: Sequence[Any]) -> np.ndarray[Any, Any]:
-    """Pack messages of the fixed-layout class `cls` into a NumPy structured array."""
+    """Pack messages of the fixed-layout class `cls` into a NumPy structured array.
+
+    This is the host side of a GPU ring, so it checks what it packs: a field value that
+    does not convert to its column without loss (a float in an int field, a string, an
+    array of another shape, an int out of range, a float beyond the column's range) is
+    refused, naming the message and the field.
+
+    Raises:
+        TypeValidationError: a message is not an instance of `cls`, or `cls` has no fixed
+            layout.
+        MessageSerializationError: a field value does not fit its column.
+    """
     dtype = _require_dtype(cls)
-    out = np.zeros(len(messages), dtype=dtype)
-    names = [n for n in dtype.names or () if n not in HEADER_FIELD_NAMES]
-    for i, m in enumerate(messages):
+    msgs = list(messages)
+    for m in msgs:
         if not isinstance(m, cls):
             raise TypeValidationError(f"to_records expects {cls.__name__}, got {type(m).__name__}")
-        _fill_record(out[i], m, names)
+    out = np.zeros(len(msgs), dtype=dtype)
+    if not msgs:
+        return out
+    mids = [_id_int(m.message_id) for m in msgs]  # type: ignore[attr-defined]
+    cids = [_id_int(m.correlation_id) for m in msgs]  # type: ignore[attr-defined]
+    out["_mid_hi"] = [x >> 64 for x in mids]
+    out["_mid_lo"] = [x & _MASK64 for x in mids]
+    out["_cid_hi"] = [x >> 64 for x in cids]
+    out["_cid_lo"] = [x & _MASK64 for x in cids]
+    out["_priority"] = [m.priority for m in msgs]  # type: ignore[attr-defined]
+    fields = dtype.fields
+    assert fields is not None
+    for name in dtype.names or ():
+        if name in HEADER_FIELD_NAMES:
+            continue
+        target: np.dtype[Any] = fields[name][0]
+        column = [getattr(m, name) for m in msgs]
+        out[name] = _checked_column(cls, name, column, target.base, target.shape)
     return out
 
 
-def _fill_record(rec: Any, m: Any, names: list[str]) -> None:
-    mid = m.message_id.int
-    rec["_mid_hi"], rec["_mid_lo"] = mid >> 64, mid & _MASK64
-    cid = 0 if m.correlation_id is None else m.correlation_id.int
-    rec["_cid_hi"], rec["_cid_lo"] = cid >> 64, cid & _MASK64
-    rec["_priority"] = m.priority
-    for n in names:
-        rec[n] = getattr(m, n)
+def _id_int(value: uuid.UUID | None) -> int:
+    return 0 if value is None else value.int
 
 
-def _uuid_from(hi: Any, lo: Any) -> uuid.UUID | None:
-    value = (int(hi) << 64) | int(lo)
-    return uuid.UUID(int=value) if value else None
+def _checked_column(
+    cls: type, name: str, column: list[Any], base: np.dtype[Any], shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """`column` as an array that assigns to `base` (items of `shape`) without loss."""
+    try:
+        arr = np.asarray(column)
+    except (ValueError, TypeError):  # ragged: some item has another shape
+        arr = None
+    if arr is None or arr.shape[1:] != shape or not _fits(arr, base):
+        for i, value in enumerate(column):  # find the message that does not fit, and say why
+            why = _misfit(value, base, shape)
+            if why is not None:
+                raise MessageSerializationError(
+                    f"cannot pack {cls.__name__} #{i}: field `{name}` {why}"
+                )
+        raise MessageSerializationError(  # pragma: no cover - every item fits on its own
+            f"cannot pack {cls.__name__}: field `{name}` does not fit {base} {shape}"
+        )
+    return arr
+
+
+def _fits(arr: np.ndarray[Any, Any], base: np.dtype[Any]) -> bool:
+    if arr.dtype.kind in "OUSV" and arr.dtype != base:
+        return False
+    if not np.can_cast(arr.dtype, base, casting="same_kind"):
+        return False
+    if arr.size and base.kind in "iu" and arr.dtype.kind in "iub":
+        info = np.iinfo(base)
+        return bool(arr.min() >= info.min and arr.max() <= info.max)
+    if arr.size and base.kind == "f" and arr.dtype.kind == "f":
+        finite = arr[np.isfinite(arr)]
+        return not finite.size or bool(np.abs(finite).max() <= np.finfo(base).max)
+    return True
+
+
+def _misfit(value: Any, base: np.dtype[Any], shape: tuple[int, ...]) -> str | None:
+    """Why `value` does not fit a column of `base` items of `shape`, or None."""
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        return f"holds {value!r:.40}, which is not an array ({exc})"
+    if arr.shape != shape:
+        return f"has shape {arr.shape}, expected {shape} of {base}"
+    if not _fits(arr, base):
+        shown = repr(value) if arr.size == 1 else f"an array of {arr.dtype}"
+        return f"holds {shown:.60} ({arr.dtype}), which does not fit {base} without loss"
+    return None
 
 
 def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
@@ -145,20 +210,28 @@ def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
         raise TypeValidationError(
             f"records have dtype {records.dtype}, expected {cls.__name__}.dtype {dtype}"
         )
-    names = [n for n in dtype.names or () if n not in HEADER_FIELD_NAMES]
     fields = dtype.fields
     assert fields is not None
-    shapes = {n: fields[n][0].shape for n in names}
+    names = [n for n in dtype.names or () if n not in HEADER_FIELD_NAMES]
+    columns: list[list[Any]] = []
+    for n in names:
+        col = records[n]
+        # scalars as Python values; arrays as rows of one copy (not views of `records`)
+        columns.append(col.tolist() if not fields[n][0].shape else list(np.array(col)))
+    mids = _wire_ids(records["_mid_hi"], records["_mid_lo"])
+    cids = _wire_ids(records["_cid_hi"], records["_cid_lo"])
+    prios = records["_priority"].tolist()
+    make: Any = cls
     out: list[_M] = []
-    for rec in records:
-        kwargs: dict[str, Any] = {}
-        for n in names:
-            v = rec[n]
-            kwargs[n] = np.array(v) if shapes[n] else v.item()
-        mid = _uuid_from(rec["_mid_hi"], rec["_mid_lo"])
-        if mid is not None:
-            kwargs["message_id"] = mid
-        kwargs["correlation_id"] = _uuid_from(rec["_cid_hi"], rec["_cid_lo"])
-        kwargs["priority"] = int(rec["_priority"])
-        out.append(cls(**kwargs))
+    for i in range(len(records)):
+        kwargs = {n: columns[j][i] for j, n in enumerate(names)}
+        out.append(make(**kwargs, message_id=mids[i], correlation_id=cids[i], priority=prios[i]))
     return out
+
+
+def _wire_ids(hi: np.ndarray[Any, Any], lo: np.ndarray[Any, Any]) -> list[bytes | None]:
+    """Ids as the 16 bytes messages store (0: no id; read as UUIDs when asked for)."""
+    return [
+        ((h << 64) | l_).to_bytes(16, "big") if h or l_ else None
+        for h, l_ in zip(hi.tolist(), lo.tolist(), strict=True)
+    ]
