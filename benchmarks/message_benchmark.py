@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import msgspec
 import numpy as np
 from _common import print_table, save_json
+from _suite import summary_row
 
 from pydotcompute import message
 from pydotcompute.ring_kernels import deserialize_message
@@ -151,7 +152,36 @@ def run(quick: bool) -> dict[str, Any]:
             "ratio": bare_s / ours_s,
         }
     )
-    return {"rows": rows, "number": number, "repeat": repeat}
+    by_name = {r["what"]: r for r in rows}
+    summary = [
+        summary_row(
+            "construction, one field",
+            by_name["construction"]["ours_ns"],
+            "ns",
+            higher_is_better=False,
+            baseline=by_name["construction"]["bare_ns"],
+            baseline_name="msgspec.Struct",
+            target="ratio <= 1.5",
+        ),
+        summary_row(
+            "build + encode + decode, one field",
+            by_name["build + encode + decode"]["ours_ns"],
+            "ns",
+            higher_is_better=False,
+            baseline=by_name["build + encode + decode"]["bare_ns"],
+            baseline_name="msgspec.Struct",
+        ),
+        summary_row(
+            "1 MiB array encode+decode",
+            rows[-1]["ours_ns"],
+            "GB/s",
+            higher_is_better=True,
+            baseline=rows[-1]["bare_ns"],
+            baseline_name="msgspec.Struct + Ext",
+            target=">= 1 GB/s",
+        ),
+    ]
+    return {"rows": rows, "summary": summary, "number": number, "repeat": repeat}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
