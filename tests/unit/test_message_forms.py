@@ -4,6 +4,7 @@ into, priority through replies, field paths in decode errors, the wrong-field-ty
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -306,3 +307,12 @@ def test_to_records_accepts_what_converts_without_loss() -> None:
     back = Tick.from_records(records)
     assert [b.message_id for b in back] == [m.message_id for m in msgs]
     assert back[0].small == -5
+
+
+def test_a_pickled_message_keeps_its_id_and_fields() -> None:
+    req = Base1(1)
+    rep = req.reply(Child1, a=2, b="z", priority=9)
+    back = pickle.loads(pickle.dumps(rep))
+    assert back == rep
+    assert back.correlation_id == req.message_id
+    assert (back.a, back.b, back.priority) == (2, "z", 9)

@@ -106,6 +106,11 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle what the attributes read (ids made now), so a copy has the same id
+        values = tuple(getattr(self, n) for n in self.__struct_fields__)
+        return (_unpickle, (type(self), values))
+
     def __repr__(self) -> str:
         # through the attributes, so ids read as UUIDs (msgspec's repr shows the slots)
         body = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__struct_fields__)
@@ -262,6 +267,10 @@ def _wire_correlation(cid: Any) -> Any:
             mid = cid._pdc_mid = next_id_bytes()
         return mid
     return cid  # bytes or a UUID subclass: msgspec writes (or refuses) it as it is
+
+
+def _unpickle(cls: type, values: tuple[Any, ...]) -> Any:
+    return cls(**dict(zip(cls.__struct_fields__, values, strict=True)))  # type: ignore[attr-defined]
 
 
 def _make_ids(value: Any) -> None:

@@ -92,6 +92,11 @@ class Codec:
         self.decode: Callable[[Any], Any] = decoder.decode
         self._priority: Callable[[Any], Any] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a class pickled by value (Ray ships classes defined in `__main__` so) carries
+        # its codec attribute: rebuilt where it lands, from the class
+        return (_rebuilt_codec, (self.cls, self.by_reference))
+
     def priority_of(self, data: Any) -> int:
         """The `priority` of a frame of this class, its fields skipped undecoded."""
         if self._priority is None:
@@ -133,6 +138,13 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
     """
     config = getattr(cls, "__struct_config__", None)
     tag = message_tag(cls)
+    if config is not None and config.tag is None and "message_id" in cls.__struct_fields__:  # type: ignore[attr-defined]
+        raise TypeValidationError(
+            f"message class {tag} arrived without its msgspec configuration: it was pickled "
+            "by value (as Ray ships classes defined in __main__ or in a function), which "
+            "does not carry a Struct's fields; define message classes at module level in a "
+            "module the receiving process can import"
+        )
     if config is None or config.tag != tag:
         raise TypeValidationError(
             f"{cls.__qualname__} is not a @message class (its wire tag is "
@@ -155,6 +167,11 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         _TYPES[tag] = cls
         _version += 1
     return codec
+
+
+def _rebuilt_codec(cls: type, by_reference: bool) -> Codec:
+    known = _CODECS.get(cls)
+    return known if known is not None else register_message_type(cls, by_reference=by_reference)
 
 
 def codec_of(cls: type) -> Codec:
