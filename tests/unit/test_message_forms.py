@@ -25,6 +25,7 @@ from pydotcompute.ring_kernels.message import (
     RingKernelMessage,
     array_message,
     deserialize_message,
+    frame_header,
     get_buffer_registry,
     message,
     message_decoder,
@@ -316,3 +317,18 @@ def test_a_pickled_message_keeps_its_id_and_fields() -> None:
     assert back == rep
     assert back.correlation_id == req.message_id
     assert (back.a, back.b, back.priority) == (2, "z", 9)
+
+
+def test_frame_header_reads_the_header_of_a_frame_whose_fields_do_not_decode() -> None:
+    req = Base1(1)
+    bad = Child1("not an int", priority=201, correlation_id=req.message_id)  # type: ignore[arg-type]
+    data = bad.serialize()
+    with pytest.raises(MessageDeserializationError, match="at `a`"):
+        deserialize_message(data)
+    head = frame_header(data)
+    assert head.message_type is Child1
+    assert head.message_id == bad.message_id
+    assert head.priority == 201
+    assert head.correlation_id == req.message_id
+    with pytest.raises(MessageDeserializationError, match="not a pydotcompute message"):
+        frame_header(b"junk")

@@ -33,9 +33,11 @@ from .base import (
 )
 from .codec import (
     HEADER_NAMES,
+    FrameHeader,
     codec_of,
     decode_error,
     deserialize_message,
+    frame_header,
     frame_priority,
     get_message_type,
     message_decoder,
@@ -59,6 +61,7 @@ __all__ = (
     "ArrayMessage",
     "BufferHandle",
     "BufferRegistry",
+    "FrameHeader",
     "RingKernelMessage",
     "array_message",
     "codec_of",
@@ -66,6 +69,7 @@ __all__ = (
     "deserialize_message",
     "field_layout",
     "fixed_layout_dtype",
+    "frame_header",
     "frame_priority",
     "get_buffer",
     "get_buffer_registry",

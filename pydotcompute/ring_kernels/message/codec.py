@@ -22,6 +22,7 @@ import re
 import threading
 import types
 import typing
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -37,9 +38,11 @@ from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release
 __all__ = (
     "HEADER_NAMES",
     "Codec",
+    "FrameHeader",
     "WireId",
     "codec_of",
     "deserialize_message",
+    "frame_header",
     "frame_priority",
     "get_message_type",
     "message_decoder",
@@ -97,19 +100,23 @@ class Codec:
         # its codec attribute: rebuilt where it lands, from the class
         return (_rebuilt_codec, (self.cls, self.by_reference))
 
-    def priority_of(self, data: Any) -> int:
-        """The `priority` of a frame of this class, its fields skipped undecoded."""
+    def header_of(self, data: Any) -> Any:
+        """The header of a frame of this class, its fields skipped undecoded (not checked)."""
         if self._priority is None:
             n = len(self.names) - len(HEADER_NAMES)
             fields: list[Any] = [(f"f{i}", msgspec.Raw) for i in range(n)]
             # the header is required here: a queue must not guess the band of a frame
-            fields += [("message_id", WireId | None), ("priority", _Priority)]
+            fields += [
+                ("message_id", WireId | None),
+                ("priority", _Priority),
+                ("correlation_id", WireId | None),
+            ]
             head = msgspec.defstruct(
                 "FrameHeader", fields, tag=self.tag, array_like=True, forbid_unknown_fields=False
             )
             head_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(head)
             self._priority = head_decoder.decode
-        return int(self._priority(data).priority)
+        return self._priority(data)
 
 
 def _mentions_message(tp: Any) -> bool:
@@ -326,9 +333,44 @@ def frame_priority(data: bytes | bytearray | memoryview) -> int:
     """
     codec = _codec_of_frame(data)
     try:
-        return codec.priority_of(data)
+        return int(codec.header_of(data).priority)
     except Exception as exc:
         raise decode_error(codec, exc) from exc
+
+
+class FrameHeader(typing.NamedTuple):
+    """What `frame_header` reads from a frame: its class and header."""
+
+    message_type: type
+    message_id: uuid.UUID | None
+    priority: int
+    correlation_id: uuid.UUID | None
+
+
+def frame_header(data: bytes | bytearray | memoryview) -> FrameHeader:
+    """The class and header of a serialized message, its fields skipped, not checked.
+
+    A frame whose fields do not decode still has a readable header: a runtime that meets
+    a `MessageDeserializationError` decoding a frame reads this to report the error for
+    that one message (its `message_id` is what a waiting `send_and_receive` caller is
+    keyed by; its `correlation_id` says which request a bad reply answers).
+
+    Raises:
+        MessageDeserializationError: the bytes are not a frame of a registered message, or
+            its header itself is malformed.
+    """
+    codec = _codec_of_frame(data)
+    try:
+        head = codec.header_of(data)
+    except Exception as exc:
+        raise decode_error(codec, exc) from exc
+    mid, cid = head.message_id, head.correlation_id
+    return FrameHeader(
+        codec.cls,
+        None if mid is None else uuid.UUID(bytes=bytes(mid)),
+        int(head.priority),
+        None if cid is None else uuid.UUID(bytes=bytes(cid)),
+    )
 
 
 def release_frame(data: Any) -> int:
