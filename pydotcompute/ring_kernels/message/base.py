@@ -1,14 +1,16 @@
 """`RingKernelMessage`, `@message`, `ArrayMessage` and `@array_message`.
 
 Design notes:
-- A message is a `msgspec.Struct`: construction, field access, equality, encoding and
-  decoding run in msgspec's C core. `@message` builds a tagged, array-like Struct subclass
-  of `RingKernelMessage` from the class it decorates (a plain annotated class, a
-  `@dataclass`, or a subclass of another message) and registers it.
+- A message is a `msgspec.Struct`: construction, field access, encoding and decoding run
+  in msgspec's C core. `@message` builds a tagged, array-like Struct subclass of
+  `RingKernelMessage` from the class it decorates (a plain annotated class, a `@dataclass`,
+  or a subclass of another message) with `msgspec.defstruct`, and registers it.
+- `==`, `repr` and pickling read the fields through their attributes (not msgspec's raw
+  slots), so an id stored as wire bytes compares and prints as the UUID it is.
 - Header fields are keyword-only, so msgspec places them after the user's fields.
 - Ids are made lazily. A new message stores None as its `message_id`; reading the field
   makes the id, serializing makes it as the 16 bytes the wire carries (read back as the
-  same UUID). A runtime may stamp a reply's correlation slot with the *request* being
+  same UUID); a decoded message stores the 16 bytes it received. A runtime may stamp a reply's correlation slot with the *request* being
   handled (`raw_correlation_set`); reading `correlation_id` or serializing resolves it to
   the request's id. Both are small descriptors over msgspec's slots: the raw slots stay
   reachable as `_pdc_mid` / `_pdc_cid` for the codec, which must see what is stored.
