@@ -132,8 +132,8 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
             src = ID_SOURCE
             self._pdc_mid = (src.base ^ next(src.counter)).to_bytes(16, "big")
         cid = self._pdc_cid
-        if cid is not None and cid.__class__ is not _UUID:
-            self._pdc_cid = _wire_correlation(cid)
+        if cid is not None and cid.__class__ is not bytes and cid.__class__ is not _UUID:
+            self._pdc_cid = _wire_correlation(cid)  # the request this message answers
         try:
             codec = self._pdc_codec
             if codec.cls is not type(self):  # inherited by a class not registered itself
