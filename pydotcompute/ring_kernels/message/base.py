@@ -10,11 +10,12 @@ Design notes:
 - Header fields are keyword-only, so msgspec places them after the user's fields.
 - Ids are made lazily. A new message stores None as its `message_id`; reading the field
   makes the id, serializing makes it as the 16 bytes the wire carries (read back as the
-  same UUID); a decoded message stores the 16 bytes it received. A runtime may stamp a reply's correlation slot with the *request* being
-  handled (`raw_correlation_set`); reading `correlation_id` or serializing resolves it to
-  the request's id. Both are small descriptors over msgspec's slots: the raw slots stay
-  reachable as `_pdc_mid` / `_pdc_cid` for the codec, which must see what is stored.
-  Building a message therefore calls no Python code except the priority check.
+  same UUID); a decoded message stores the 16 bytes it received. A runtime may stamp a
+  reply's correlation slot with the *request* being handled (`raw_correlation_set`);
+  reading `correlation_id` or serializing resolves it to the request's id. Both are small
+  descriptors over msgspec's slots: the raw slots stay reachable as `_pdc_mid` /
+  `_pdc_cid` for the codec, which must see what is stored. Building a message therefore
+  calls no Python code except the priority check.
 - The priority range (0..255) is checked by `__post_init__` on construction (msgspec calls
   it) and by the typed decoder on every decode. Other field types are not checked on
   construction (msgspec does not); every hop that decodes bytes checks them.

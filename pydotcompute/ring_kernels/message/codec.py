@@ -76,7 +76,7 @@ def message_tag(cls: type) -> str:
 class Codec:
     """The encoder and typed decoder of one message class."""
 
-    __slots__ = ("_priority", "by_reference", "cls", "decode", "encode", "names", "nested", "tag")
+    __slots__ = ("_header", "by_reference", "cls", "decode", "encode", "names", "nested", "tag")
 
     def __init__(self, cls: type[msgspec.Struct], tag: str, *, by_reference: bool) -> None:
         self.cls = cls
@@ -93,7 +93,7 @@ class Codec:
             cls, ext_hook=ext_hook(by_reference=by_reference), dec_hook=dec_hook
         )
         self.decode: Callable[[Any], Any] = decoder.decode
-        self._priority: Callable[[Any], Any] | None = None
+        self._header: Callable[[Any], Any] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # a class pickled by value (Ray ships classes defined in `__main__` so) carries
@@ -102,7 +102,7 @@ class Codec:
 
     def header_of(self, data: Any) -> Any:
         """The header of a frame of this class, its fields skipped undecoded (not checked)."""
-        if self._priority is None:
+        if self._header is None:
             n = len(self.names) - len(HEADER_NAMES)
             fields: list[Any] = [(f"f{i}", msgspec.Raw) for i in range(n)]
             # the header is required here: a queue must not guess the band of a frame
@@ -115,8 +115,8 @@ class Codec:
                 "FrameHeader", fields, tag=self.tag, array_like=True, forbid_unknown_fields=False
             )
             head_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(head)
-            self._priority = head_decoder.decode
-        return self._priority(data)
+            self._header = head_decoder.decode
+        return self._header(data)
 
 
 def _mentions_message(tp: Any) -> bool:
