@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ...exceptions import MessageSerializationError, TypeValidationError
+from .ids import next_id_bytes
 
 __all__ = (
     "HEADER_FIELDS",
@@ -132,7 +133,7 @@ def to_records(cls: type, messages: Sequence[Any]) -> np.ndarray[Any, Any]:
     out = np.zeros(len(msgs), dtype=dtype)
     if not msgs:
         return out
-    mids = [_id_int(m.message_id) for m in msgs]  # type: ignore[attr-defined]
+    mids = [_message_id_int(m) for m in msgs]
     cids = [_id_int(m.correlation_id) for m in msgs]  # type: ignore[attr-defined]
     out["_mid_hi"] = [x >> 64 for x in mids]
     out["_mid_lo"] = [x & _MASK64 for x in mids]
@@ -152,6 +153,14 @@ def to_records(cls: type, messages: Sequence[Any]) -> np.ndarray[Any, Any]:
 
 def _id_int(value: uuid.UUID | None) -> int:
     return 0 if value is None else value.int
+
+
+def _message_id_int(m: Any) -> int:
+    """`m`'s id as an int, from the slot as stored (no UUID object is made for it)."""
+    raw = m._pdc_mid
+    if raw is None:  # never made: made now, as serializing would
+        raw = m._pdc_mid = next_id_bytes()
+    return int.from_bytes(raw, "big") if isinstance(raw, bytes) else int(raw.int)
 
 
 def _checked_column(
