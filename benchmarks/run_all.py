@@ -69,6 +69,12 @@ SUITE = (
     ),
     Script("tier_latency", "tier_latency_benchmark.py", False, "tiers 2 and 3 in detail"),
     Script(
+        "message",
+        "message_benchmark.py",
+        True,
+        "building, encoding and decoding messages against a bare msgspec.Struct",
+    ),
+    Script(
         "actor_scaling",
         "actor_scaling_benchmark.py",
         False,

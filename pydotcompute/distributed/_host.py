@@ -88,7 +88,7 @@ def _register_message_type(cls: type | None) -> None:
     message_module = importlib.import_module("pydotcompute.ring_kernels.message")
     tag = f"{cls.__module__}.{cls.__qualname__}"
     if message_module.registered_message_types().get(tag) is not cls:
-        message_module._finalize(cls)
+        message_module.register_message_type(cls)
 
 
 class RemotePeer:

@@ -45,8 +45,9 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from .message import _registry as _buffers
-from .message import frame_priority, release_frame
+from .message import frame_priority, get_buffer_registry, release_frame
+
+_buffers = get_buffer_registry()
 
 __all__ = (
     "BackpressureStrategy",

@@ -57,7 +57,7 @@ from ..exceptions import (
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
 from .message import RingKernelMessage
-from .message import _raw_cid_slot_get as _raw_cid_get
+from .message import raw_correlation_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
 from .telemetry import _FOLD_AT, RingKernelTelemetry
@@ -155,7 +155,11 @@ class RingKernelConfig:
 def _plain_message_class(cls: type) -> bool:
     """True for a message class whose correlation slot a plain attribute store reaches
     (``msg._pdc_cid = x``: no custom ``__setattr__`` in the way)."""
-    return issubclass(cls, RingKernelMessage) and cls.__setattr__ is object.__setattr__
+    return issubclass(cls, RingKernelMessage) and cls.__setattr__ in _PLAIN_SETATTR
+
+
+# messages are msgspec Structs: their own ``__setattr__`` is the plain one
+_PLAIN_SETATTR = (object.__setattr__, RingKernelMessage.__setattr__)
 
 
 class KernelContext:

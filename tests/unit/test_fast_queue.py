@@ -25,7 +25,12 @@ from pydotcompute.ring_kernels.fast_queue import (
     RingBuffer,
     get_priority_band,
 )
-from pydotcompute.ring_kernels.message import array_message, get_buffer_registry, message
+from pydotcompute.ring_kernels.message import (
+    array_message,
+    get_buffer_registry,
+    message,
+    message_tag,
+)
 
 
 @message
@@ -598,18 +603,19 @@ async def test_raw_bytes_are_served_by_their_frame_priority() -> None:
     assert seqs(q.get_batch(4)) == [3, 4, 2, 1]
 
 
-def _frame(body: bytes) -> bytes:
-    tag = Item._pdc_tag.encode()  # type: ignore[attr-defined]
-    return b"\x92" + bytes((0xA0 | len(tag),)) + tag + body
+def _frame(items: bytes, *, count: int = 5) -> bytes:
+    """An ``Item`` frame: ``[tag, seq, message_id, priority, correlation_id]``."""
+    tag = message_tag(Item).encode()
+    return bytes((0x90 | count, 0xA0 | len(tag))) + tag + items
 
 
 _MALFORMED_IDS = [
     "empty",
     "not-msgpack",
     "tag-not-str",
+    "unknown-tag",
     "no-body",
-    "body-cut",
-    "body-not-array",
+    "too-few-items",
     "id-not-bytes",
     "priority-256",
     "priority-negative",
@@ -623,15 +629,15 @@ _MALFORMED_IDS = [
     [
         (b"", "not a pydotcompute message"),
         (b"hello world", "not a pydotcompute message"),
-        (b"\x92\x01", "the type tag is not a string"),
-        (_frame(b""), "truncated message"),
-        (_frame(b"\x94"), "truncated message"),
-        (_frame(b"\x01\x02"), "the message body is not an array"),
-        (_frame(b"\x94\xa3abc\x80\xc0\x01"), "the message id is not bytes"),
-        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xcd\x01\x00\xc0\x01"), "priority 256"),
-        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xff\xc0\x01"), "priority -1"),
-        (_frame(b"\x94\xc4\x10" + bytes(16) + b"\xa1x\xc0\x01"), "priority is not an int"),
-        (_frame(b"\x94\xc4\x10" + bytes(8)), "truncated message"),
+        (b"\x95\x01", "the type tag is not a string"),
+        (b"\x95\xa3a.b\x01\xc0\x01\xc0", "unknown message type 'a.b'"),
+        (_frame(b""), "truncated"),
+        (_frame(b"\x01", count=2), r"at least length \d, got 2"),
+        (_frame(b"\x01\xa3abc\x80\xc0"), "at `message_id`"),
+        (_frame(b"\x01\xc4\x10" + bytes(16) + b"\xcd\x01\x00\xc0"), r"<= 255 - at `priority`"),
+        (_frame(b"\x01\xc4\x10" + bytes(16) + b"\xff\xc0"), r">= 0 - at `priority`"),
+        (_frame(b"\x01\xc4\x10" + bytes(16) + b"\xa1x\xc0"), r"got `str` - at `priority`"),
+        (_frame(b"\x01\xc4\x10" + bytes(8)), "truncated"),
     ],
     ids=_MALFORMED_IDS,
 )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given
@@ -34,6 +35,7 @@ from pydotcompute.ring_kernels.message import (
     get_message_type,
     is_fixed_layout,
     message,
+    message_field_names,
     register_buffer,
     registered_message_types,
     release_buffer,
@@ -116,14 +118,16 @@ def _everything(**kw: Any) -> Everything:
 # --- the class -------------------------------------------------------------------------
 
 
-def test_message_builds_a_slotted_dataclass_inheriting_the_base() -> None:
+def test_message_builds_a_struct_inheriting_the_base() -> None:
     p = Point(x=1.0, y=2.0)
     assert isinstance(p, RingKernelMessage)
-    assert dataclasses.is_dataclass(p)
+    assert isinstance(p, msgspec.Struct)
     assert not hasattr(p, "__dict__")
     assert Point.__name__ == "Point"
     assert Point.__module__ == __name__
-    assert [f.name for f in dataclasses.fields(Point)][-2:] == ["x", "y"]
+    names = [f.name for f in msgspec.structs.fields(Point)]
+    assert names == ["x", "y", "message_id", "priority", "correlation_id"]
+    assert message_field_names(Point) == ("x", "y")
 
 
 def test_called_form_and_defaults() -> None:
@@ -219,7 +223,7 @@ def test_round_trip_of_every_supported_field_type() -> None:
     msg = _everything(priority=201, correlation_id=uuid.uuid4())
     back = deserialize_message(msg.serialize())
     assert type(back) is Everything
-    for f in dataclasses.fields(Everything):
+    for f in msgspec.structs.fields(Everything):
         if f.name != "arr":
             assert getattr(back, f.name) == getattr(msg, f.name), f.name
     assert back.arr.dtype == msg.arr.dtype
@@ -309,25 +313,25 @@ def test_bytes_are_readable_by_the_msgpack_package() -> None:
     msg = _everything(priority=9)
     decoded = msgpack.unpackb(msg.serialize(), raw=False, strict_map_key=False)
     assert isinstance(decoded, list)
-    assert len(decoded) == 2
-    tag, body = decoded
+    # one array: [type_tag, *fields in declaration order, message_id, priority, correlation_id]
+    assert len(decoded) == 1 + 11 + 3
+    tag, *body, mid, priority, cid = decoded
     assert tag == f"{__name__}.Everything"
-    # positional body: [message_id, priority, correlation_id, *fields in declaration order]
-    assert body[0] == msg.message_id.bytes
-    assert body[1] == 9
-    assert body[2] is None
+    assert mid == msg.message_id.bytes
+    assert priority == 9
+    assert cid is None
     fields = dict(
         zip(
             ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table", "inner", "arr"),
-            body[3:],
+            body,
             strict=True,
         )
     )
     for name in ("i", "f", "s", "b", "flag", "nothing", "maybe", "ints", "table"):
         assert fields[name] == getattr(msg, name), name
-    # nested messages travel as maps
-    assert fields["inner"]["x"] == 1.0
-    assert fields["inner"]["message_id"] == msg.inner.message_id.bytes
+    # nested messages travel as frames of their own
+    assert fields["inner"][:3] == [f"{__name__}.Point", 1.0, 2.0]
+    assert fields["inner"][4] == 7
     ext = fields["arr"]
     assert isinstance(ext, msgpack.ExtType)
     assert ext.code == 1
@@ -337,8 +341,8 @@ def test_bytes_are_readable_by_the_msgpack_package() -> None:
 def test_correlation_id_is_written_as_16_bytes() -> None:
     req = Point(x=0.0, y=0.0)
     rep = req.reply(x=1.0, y=1.0)
-    body = msgpack.unpackb(rep.serialize())[1]
-    assert body[2] == req.message_id.bytes
+    frame = msgpack.unpackb(rep.serialize())
+    assert frame[-1] == req.message_id.bytes
 
 
 # --- the registry ----------------------------------------------------------------------
@@ -404,7 +408,7 @@ def test_deserialize_into_the_wrong_class_is_refused() -> None:
 
 
 def test_unknown_type_tag_says_how_to_fix_it() -> None:
-    data = msgpack.packb(["nowhere.Missing", {"x": 1}])
+    data = msgpack.packb(["nowhere.Missing", 1, b"\x01" * 16, 128, None])
     with pytest.raises(
         MessageDeserializationError, match=r"unknown message type 'nowhere\.Missing'.*import"
     ):
@@ -437,27 +441,29 @@ def test_trailing_bytes_are_refused() -> None:
 
 
 def test_field_of_the_wrong_type_is_refused_naming_the_class() -> None:
-    data = msgpack.packb([f"{__name__}.Point", [b"\x01" * 16, 128, None, "one", 2.0]])
-    with pytest.raises(MessageDeserializationError, match=r"cannot decode Point: .*float"):
+    data = msgpack.packb([f"{__name__}.Point", "one", 2.0, b"\x01" * 16, 128, None])
+    with pytest.raises(
+        MessageDeserializationError, match=r"cannot decode Point: Expected `float`.* at `x`"
+    ):
         deserialize_message(data)
 
 
 def test_out_of_range_priority_in_bytes_is_refused() -> None:
-    data = msgpack.packb([f"{__name__}.Point", [b"\x01" * 16, 300, None, 1.0, 2.0]])
-    with pytest.raises(MessageDeserializationError, match="priority"):
+    data = msgpack.packb([f"{__name__}.Point", 1.0, 2.0, b"\x01" * 16, 300, None])
+    with pytest.raises(MessageDeserializationError, match="at `priority`"):
         deserialize_message(data)
 
 
 def test_out_of_range_numpy_scalar_in_bytes_is_refused() -> None:
-    body = msgpack.unpackb(
+    frame = msgpack.unpackb(
         Sample(
             seq=1, value=np.float32(1), vec=np.ones(4, np.float32), ok=True, count=1
         ).serialize(),
         strict_map_key=False,
-    )[1]
-    body[4] = 1e300  # "value" does not fit a float32
-    data = msgpack.packb([f"{__name__}.Sample", body])
-    with pytest.raises(MessageDeserializationError, match="cannot decode Sample"):
+    )
+    frame[2] = 1e300  # "value" does not fit a float32
+    data = msgpack.packb(frame)
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode Sample: .*`value`"):
         deserialize_message(data)
 
 
@@ -492,13 +498,13 @@ def test_object_arrays_cannot_be_serialized() -> None:
 def test_object_array_in_bytes_is_refused() -> None:
     header = msgpack.packb(("|O", [1]))
     ext = msgpack.ExtType(1, bytes([len(header)]) + header + b"\x00" * 8)
-    data = msgpack.packb([f"{__name__}.Blob", [b"\x01" * 16, 128, None, ext]])
+    data = msgpack.packb([f"{__name__}.Blob", ext, b"\x01" * 16, 128, None])
     with pytest.raises(MessageDeserializationError, match="object arrays are not accepted"):
         deserialize_message(data)
 
 
 def test_unknown_extension_type_is_refused() -> None:
-    data = msgpack.packb([f"{__name__}.Blob", [b"\x01" * 16, 128, None, msgpack.ExtType(42, b"")]])
+    data = msgpack.packb([f"{__name__}.Blob", msgpack.ExtType(42, b""), b"\x01" * 16, 128, None])
     with pytest.raises(MessageDeserializationError, match="unknown MessagePack extension type 42"):
         deserialize_message(data)
 
@@ -627,7 +633,7 @@ def test_array_message_refcounts_per_serialization(registry_baseline: dict[str, 
     frame = Frame(pixels=pixels, index=0)
     first, second = frame.serialize(), frame.serialize()
     assert reg.get_stats()["live_buffers"] == registry_baseline["live_buffers"] + 1
-    bid = int.from_bytes(msgpack.unpackb(first)[1][3].data, "little")
+    bid = int.from_bytes(msgpack.unpackb(first)[1].data, "big")
     assert reg.refcount(bid) == 2
     assert Frame.deserialize(first).pixels is pixels
     assert reg.refcount(bid) == 1
@@ -697,11 +703,13 @@ def test_frame_priority_reads_the_header_without_decoding(priority: int, x: int)
     for msg in (Point(x=float(x), y=1.0, priority=priority), long_tag(x=x, priority=priority)):
         assert frame_priority(msg.serialize()) == priority
     # another encoder may write the priority in a wider int: still read, same as decoding
-    tag, body = msgpack.unpackb(Point(x=float(x), y=1.0, priority=priority).serialize())
-    rest = b"".join(msgpack.packb(v) for v in body[2:])
-    wide = msgpack.packb(tag) + b"\x95" + msgpack.packb(body[0]) + b"\xcd" + priority.to_bytes(2)
-    assert frame_priority(b"\x92" + wide + rest) == priority
-    assert deserialize_message(b"\x92" + wide + rest).priority == priority
+    tag, px, py, mid, _, cid = msgpack.unpackb(
+        Point(x=float(x), y=1.0, priority=priority).serialize()
+    )
+    wide = b"\x96" + b"".join(msgpack.packb(v) for v in (tag, px, py, mid))
+    wide += b"\xcd" + priority.to_bytes(2) + msgpack.packb(cid)
+    assert frame_priority(wide) == priority
+    assert deserialize_message(wide).priority == priority
 
 
 def test_release_frame_gives_back_what_a_dropped_array_frame_pinned() -> None:
@@ -710,7 +718,7 @@ def test_release_frame_gives_back_what_a_dropped_array_frame_pinned() -> None:
     reg = get_buffer_registry()
     pixels = np.arange(6)
     data = Frame(pixels=pixels, index=1).serialize()
-    bid = int.from_bytes(msgpack.unpackb(data)[1][3].data, "little")
+    bid = int.from_bytes(msgpack.unpackb(data)[1].data, "big")
     assert reg.refcount(bid) == 1
     assert release_frame(Point(x=1, y=2.0).serialize()) == 0  # not by reference
     assert release_frame(b"\x00junk") == 0

@@ -13,6 +13,7 @@ import inspect
 import io
 from typing import Any
 
+import msgspec
 import pytest
 from foundation_helpers import run_python
 
@@ -259,9 +260,10 @@ def test_ring_kernel_config_fields() -> None:
 
 
 def test_message_header_fields() -> None:
-    fields = {f.name: f for f in dataclasses.fields(rk.RingKernelMessage)}
+    fields = {f.name: f for f in msgspec.structs.fields(rk.RingKernelMessage)}
     assert list(fields) == ["message_id", "priority", "correlation_id"]
-    assert all(f.kw_only for f in fields.values())
+    params = inspect.signature(rk.RingKernelMessage).parameters
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in fields)
     assert fields["priority"].default == 128
     assert fields["correlation_id"].default is None
     for method in ("serialize", "deserialize", "with_correlation", "reply"):

@@ -15,6 +15,7 @@ import random
 import uuid
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -30,7 +31,7 @@ from pydotcompute.decorators.validators import (
 from pydotcompute.decorators.validators import validate_config as fast_validate_config
 from pydotcompute.exceptions import InvalidConfigurationError
 from pydotcompute.ring_kernels.lifecycle import RingKernelConfig
-from pydotcompute.ring_kernels.message import deserialize_message, message_decoder
+from pydotcompute.ring_kernels.message import codec_of, deserialize_message, message_decoder
 from pydotcompute.ring_kernels.telemetry import LatencyHistogram, RingKernelTelemetry
 
 
@@ -64,7 +65,7 @@ def _outcome(fn: Any, data: Any) -> tuple[Any, ...]:
         msg = fn(data)
     except Exception as exc:
         return ("error", type(exc), str(exc))
-    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    fields = {f.name: getattr(msg, f.name) for f in msgspec.structs.fields(msg)}
     fields = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in fields.items()}
     return ("ok", type(msg), fields)
 
@@ -108,7 +109,7 @@ def test_queue_decoder_follows_a_class_registered_again_under_the_same_name() ->
 # --- encoding ----------------------------------------------------------------------------
 
 
-def test_generated_serialize_writes_what_the_general_encoder_writes() -> None:
+def test_serialize_writes_what_the_class_codec_writes() -> None:
     request = Sample(x=1)
     seen = Sample(x=2)
     _ = seen.message_id  # an id made as a UUID
@@ -120,7 +121,7 @@ def test_generated_serialize_writes_what_the_general_encoder_writes() -> None:
         Grid(cells=np.ones((2, 3)), correlation_id=request),
     ):
         data = msg.serialize()
-        assert data == type(msg)._pdc_codec.encode(msg)  # ids are fixed by now
+        assert data == codec_of(type(msg)).encode(msg)  # ids are fixed by now
         back = deserialize_message(data)
         assert (back.message_id, back.correlation_id) == (msg.message_id, msg.correlation_id)
     assert request.message_id == Sample(x=0, correlation_id=request).correlation_id

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from ...exceptions import InvalidConfigurationError, TypeValidationError
-from ..message import _HEADER_NAMES, _field_layout, fixed_layout_dtype
+from ..message import HEADER_FIELD_NAMES as _HEADER_NAMES
+from ..message import field_layout as _field_layout
+from ..message import fixed_layout_dtype, message_field_names
 
 __all__ = ("GPUKernelOptions", "GPUKernelStatistics", "check_spec", "resolve_options")
 
@@ -186,21 +188,19 @@ def _unfit_fields(cls: type) -> list[str]:
     out: list[str] = []
     try:
         hints = typing.get_type_hints(cls, include_extras=True)
-        fields = dataclasses.fields(cls)
+        fields = message_field_names(cls)
     except Exception:
         return out
-    for f in fields:
-        if f.name in ("message_id", "priority", "correlation_id"):
-            continue
-        tp = hints.get(f.name)
-        if f.name in _HEADER_NAMES or _field_layout(tp) is None:
+    for name in fields:
+        tp = hints.get(name)
+        if name in _HEADER_NAMES or _field_layout(tp) is None:
             if isinstance(tp, str):
                 shown = tp
             elif isinstance(tp, type) and not typing.get_args(tp):
                 shown = tp.__name__
             else:
                 shown = repr(tp).replace("typing.", "")
-            out.append(f"{f.name}: {shown}")
+            out.append(f"{name}: {shown}")
     return out
 
 

@@ -1,0 +1,99 @@
+"""Typed messages: `@message`, the MessagePack wire format and fixed-layout records.
+
+Messages are `msgspec.Struct` subclasses of `RingKernelMessage`; msgspec's typed encoder
+and decoder are the codec. The package is split by job:
+
+- `ids`: unique message ids without a system call per message;
+- `base`: `RingKernelMessage`, `@message`, `ArrayMessage`, `@array_message`;
+- `codec`: the wire format, the registry of message classes, stream decoders;
+- `arrays`: NumPy arrays in messages, and arrays passed by reference;
+- `layout`: fixed-layout messages and their NumPy structured `dtype` (GPU rings).
+
+Every name importable from `pydotcompute.ring_kernels.message` before the split still is.
+"""
+
+from __future__ import annotations
+
+from .arrays import (
+    BufferHandle,
+    BufferRegistry,
+    get_buffer,
+    get_buffer_registry,
+    register_buffer,
+    release_buffer,
+)
+from .base import (
+    ArrayMessage,
+    RingKernelMessage,
+    array_message,
+    message,
+    raw_correlation_get,
+    raw_correlation_set,
+    serialize_message,
+)
+from .codec import (
+    HEADER_NAMES,
+    FrameHeader,
+    codec_of,
+    decode_error,
+    deserialize_message,
+    frame_header,
+    frame_priority,
+    get_message_type,
+    message_decoder,
+    message_field_names,
+    message_tag,
+    register_message_type,
+    registered_message_types,
+    release_frame,
+)
+from .ids import new_message_id
+from .layout import (
+    HEADER_FIELD_NAMES,
+    field_layout,
+    fixed_layout_dtype,
+    is_fixed_layout,
+)
+
+__all__ = (
+    "HEADER_FIELD_NAMES",
+    "HEADER_NAMES",
+    "ArrayMessage",
+    "BufferHandle",
+    "BufferRegistry",
+    "FrameHeader",
+    "RingKernelMessage",
+    "array_message",
+    "codec_of",
+    "decode_error",
+    "deserialize_message",
+    "field_layout",
+    "fixed_layout_dtype",
+    "frame_header",
+    "frame_priority",
+    "get_buffer",
+    "get_buffer_registry",
+    "get_message_type",
+    "is_fixed_layout",
+    "message",
+    "message_decoder",
+    "message_field_names",
+    "message_tag",
+    "new_message_id",
+    "raw_correlation_get",
+    "raw_correlation_set",
+    "register_buffer",
+    "register_message_type",
+    "registered_message_types",
+    "release_buffer",
+    "release_frame",
+    "serialize_message",
+)
+
+# Names code written before the split imported from here; kept as aliases of the public
+# names above. New code uses the public ones.
+_registry = get_buffer_registry()
+_raw_cid_slot_get = raw_correlation_get
+_HEADER_NAMES = HEADER_FIELD_NAMES
+_field_layout = field_layout
+_finalize = register_message_type

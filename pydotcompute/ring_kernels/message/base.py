@@ -1,0 +1,563 @@
+"""`RingKernelMessage`, `@message`, `ArrayMessage` and `@array_message`.
+
+Design notes:
+- A message is a `msgspec.Struct`: construction, field access, encoding and decoding run
+  in msgspec's C core. `@message` builds a tagged, array-like Struct subclass of
+  `RingKernelMessage` from the class it decorates (a plain annotated class, a `@dataclass`,
+  or a subclass of another message) with `msgspec.defstruct`, and registers it.
+- `==`, `repr` and pickling read the fields through their attributes (not msgspec's raw
+  slots), so an id stored as wire bytes compares and prints as the UUID it is.
+- Header fields are keyword-only, so msgspec places them after the user's fields.
+- Ids are made lazily. A new message stores None as its `message_id`; reading the field
+  makes the id, serializing makes it as the 16 bytes the wire carries (read back as the
+  same UUID); a decoded message stores the 16 bytes it received. A runtime may stamp a
+  reply's correlation slot with the *request* being handled (`raw_correlation_set`);
+  reading `correlation_id` or serializing resolves it to the request's id. Both are small
+  descriptors over msgspec's slots: the raw slots stay reachable as `_pdc_mid` /
+  `_pdc_cid` for the codec, which must see what is stored. Building a message therefore
+  calls no Python code except the priority check.
+- The priority range (0..255) is checked by `__post_init__` on construction (msgspec calls
+  it) and by the typed decoder on every decode. Other field types are not checked on
+  construction (msgspec does not); every hop that decodes bytes checks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import types
+import typing
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, ClassVar, TypeVar, overload
+
+import msgspec
+import numpy as np
+
+from ...exceptions import MessageDeserializationError, TypeValidationError
+from . import layout
+from .codec import (
+    HEADER_NAMES,
+    Codec,
+    WireId,
+    codec_of,
+    deserialize_message,
+    message_tag,
+    register_message_type,
+    serialize_error,
+)
+from .ids import ID_SOURCE, next_id_bytes, uuid_from_bytes
+from .ids import new_message_id as _new_id
+
+__all__ = (
+    "ArrayMessage",
+    "RingKernelMessage",
+    "array_message",
+    "message",
+    "raw_correlation_get",
+    "raw_correlation_set",
+    "serialize_message",
+)
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound="RingKernelMessage")
+_UUID = uuid.UUID
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
+
+
+def _bad_priority(value: object) -> ValueError:
+    return ValueError(
+        f"message priority must be an int in 0..255, got {value!r}; "
+        "use 224..255 for SYSTEM, 160..223 HIGH, 64..159 NORMAL, 0..63 LOW"
+    )
+
+
+class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
+    """Base class of every message; `@message` classes are Struct subclasses of it.
+
+    Attributes:
+        message_id: Unique id of this message (a version-4 UUID), made on first read.
+        priority: 0..255; 224+ SYSTEM, 160+ HIGH, 64+ NORMAL, below LOW. Queues serve the
+            bands strictly in that order, FIFO within a band.
+        correlation_id: The `message_id` of the request this message answers, if any.
+    """
+
+    if typing.TYPE_CHECKING:
+        message_id: uuid.UUID = None  # type: ignore[assignment]
+        priority: int = 128
+        correlation_id: uuid.UUID | None = None
+        _pdc_mid: Any  # the raw slots (see the module notes)
+        _pdc_cid: Any
+        _pdc_codec: Codec  # the class's codec, set when it is registered
+    else:
+        # decoded as the 16 wire bytes (a UUID object is made only if the id is read)
+        message_id: WireId | None = None
+        priority: Annotated[int, msgspec.Meta(ge=0, le=255)] = 128
+        correlation_id: WireId | None = None
+
+    def __post_init__(self) -> None:
+        p = self.priority
+        if p.__class__ is not int or p < 0 or p > 255:
+            raise _bad_priority(p)
+
+    def __eq__(self, other: object) -> bool:
+        # through the attributes, as `__repr__`: an id stored as bytes equals its UUID
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__struct_fields__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle what the attributes read (ids made now), so a copy has the same id
+        values = tuple(getattr(self, n) for n in self.__struct_fields__)
+        return (_unpickle, (type(self), values))
+
+    def __repr__(self) -> str:
+        # through the attributes, so ids read as UUIDs (msgspec's repr shows the slots)
+        body = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__struct_fields__)
+        return f"{type(self).__name__}({body})"
+
+    # -- wire format ------------------------------------------------------------------
+
+    def serialize(self) -> bytes:
+        """Encode this message as MessagePack bytes: `[type_tag, *fields, *header]`.
+
+        Raises:
+            MessageSerializationError: a field holds a value MessagePack cannot carry.
+            TypeValidationError: the class is a subclass of a message that was not
+                decorated with `@message`.
+        """
+        if self._pdc_mid is None:  # the id, made now as its wire bytes
+            src = ID_SOURCE
+            self._pdc_mid = (src.base ^ next(src.counter)).to_bytes(16, "big")
+        cid = self._pdc_cid
+        if cid is not None and cid.__class__ is not bytes and cid.__class__ is not _UUID:
+            self._pdc_cid = _wire_correlation(cid)  # the request this message answers
+        try:
+            codec = self._pdc_codec
+            if codec.cls is not type(self):  # inherited by a class not registered itself
+                raise AttributeError
+        except AttributeError:
+            codec = codec_of(type(self))
+        if codec.nested:
+            for name in codec.nested:
+                _make_ids(getattr(self, name))
+        try:
+            return codec.encode(self)
+        except _ENCODE_ERRORS as exc:
+            raise serialize_error(self, exc) from exc
+
+    @classmethod
+    def deserialize(cls: type[_M], data: bytes | bytearray | memoryview) -> _M:
+        """Decode bytes written by `serialize` into an instance of this class.
+
+        Raises:
+            MessageDeserializationError: malformed or truncated bytes, a field that does
+                not validate, or bytes of another message type.
+        """
+        msg = deserialize_message(data)
+        if not isinstance(msg, cls):
+            raise MessageDeserializationError(
+                f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
+            )
+        return msg
+
+    # -- correlation --------------------------------------------------------------------
+
+    def with_correlation(self: _M, correlation_id: uuid.UUID | None) -> _M:
+        """Return a copy of this message (same id) carrying `correlation_id`."""
+        return msgspec.structs.replace(
+            self, message_id=self.message_id, correlation_id=correlation_id
+        )
+
+    @overload
+    def reply(self, response: _M, /) -> _M: ...
+    @overload
+    def reply(self, response: type[_M], /, **fields: Any) -> _M: ...
+    @overload
+    def reply(self: _M, /, **fields: Any) -> _M: ...
+
+    def reply(self, response: Any = None, /, **fields: Any) -> Any:
+        """Build the answer to this message; its `correlation_id` is this `message_id`.
+
+        `msg.reply(result=1.0)` builds another message of this type,
+        `msg.reply(ComputeResponse, result=1.0)` builds a `ComputeResponse`, and
+        `msg.reply(ComputeResponse(result=1.0))` stamps an existing message. The two
+        building forms give the reply this message's `priority` unless `priority=` is
+        passed, so a request's band carries through a pipeline; a message passed in
+        keeps its own.
+        """
+        if isinstance(response, RingKernelMessage):
+            response._pdc_cid = self  # resolved to this message's id when read
+            return response
+        cls = type(self) if response is None else response
+        fields.setdefault("correlation_id", self)  # resolved when read, as above
+        fields.setdefault("priority", self.priority)
+        return cls(**fields)
+
+    # -- fixed layout -------------------------------------------------------------------
+
+    @classmethod
+    def to_records(cls, messages: Sequence[RingKernelMessage]) -> np.ndarray[Any, Any]:
+        """Pack messages of this fixed-layout class into a NumPy structured array."""
+        return layout.to_records(cls, messages)
+
+    @classmethod
+    def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
+        """Unpack a structured array (`cls.dtype` layout) into messages."""
+        return layout.from_records(cls, records)
+
+
+class _LazyId:
+    """`message_id`: made on first read (None stored), or read back from wire bytes."""
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get = slot.__get__
+        self._set = slot.__set__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if value.__class__ is not _UUID:
+            value = _new_id() if value is None else _as_uuid(value)
+            self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self._set(obj, value)
+
+
+class _LazyCorrelation:
+    """`correlation_id`: a request stored by a runtime reads as that request's id."""
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, slot: Any) -> None:
+        self._get = slot.__get__
+        self._set = slot.__set__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self._get(obj)
+        if value is not None and value.__class__ is not _UUID:
+            value = value.message_id if isinstance(value, RingKernelMessage) else _as_uuid(value)
+            self._set(obj, value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self._set(obj, value)
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, _UUID):
+        return value
+    if isinstance(value, (bytes, bytearray)) and len(value) == 16:
+        return uuid_from_bytes(bytes(value))
+    raise TypeError(f"a message id must be a uuid.UUID, got {type(value).__name__}")
+
+
+def _wire_correlation(cid: Any) -> Any:
+    """What a correlation slot holding a request (or id bytes) is sent as: 16 bytes."""
+    if isinstance(cid, RingKernelMessage):
+        mid = cid._pdc_mid
+        if mid is None:
+            mid = cid._pdc_mid = next_id_bytes()
+        return mid
+    return cid  # bytes or a UUID subclass: msgspec writes (or refuses) it as it is
+
+
+def _unpickle(cls: type, values: tuple[Any, ...]) -> Any:
+    return cls(**dict(zip(cls.__struct_fields__, values, strict=True)))  # type: ignore[attr-defined]
+
+
+def _make_ids(value: Any) -> None:
+    """Make the ids of the messages nested in `value` (a field of a message being sent)."""
+    if isinstance(value, RingKernelMessage):
+        if value._pdc_mid is None:
+            value._pdc_mid = next_id_bytes()
+        cid = value._pdc_cid
+        if cid is not None and cid.__class__ is not _UUID:
+            value._pdc_cid = _wire_correlation(cid)
+        for name in codec_of(type(value)).nested:
+            _make_ids(getattr(value, name))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            _make_ids(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _make_ids(item)
+
+
+_MID_SLOT = RingKernelMessage.__dict__["message_id"]
+_CID_SLOT = RingKernelMessage.__dict__["correlation_id"]
+# the raw slots under a second name (plain attribute access for the codec), then the
+# public names become the lazy views of them
+RingKernelMessage._pdc_mid = _MID_SLOT
+RingKernelMessage._pdc_cid = _CID_SLOT
+type.__setattr__(RingKernelMessage, "message_id", _LazyId(_MID_SLOT))
+type.__setattr__(RingKernelMessage, "correlation_id", _LazyCorrelation(_CID_SLOT))
+
+_raw_cid_get = _CID_SLOT.__get__
+#: Write a message's correlation slot as stored (a UUID, or the request being answered).
+raw_correlation_set: Callable[[Any, Any], None] = _CID_SLOT.__set__
+
+
+def raw_correlation_get(obj: Any) -> Any:
+    """A message's correlation slot as stored (no request is resolved); None when unset.
+
+    Raises:
+        TypeError: `obj` is not a message.
+    """
+    try:
+        return _raw_cid_get(obj)
+    except AttributeError:  # an instance made without __init__
+        return None
+
+
+def serialize_message(msg: RingKernelMessage) -> bytes:
+    """Function form of `RingKernelMessage.serialize`."""
+    return msg.serialize()
+
+
+class ArrayMessage(RingKernelMessage):
+    """A message whose array fields (NumPy or CuPy) cross serialization *by reference*.
+
+    Serializing registers each array in the `BufferRegistry` and writes only its id;
+    deserializing in the same process takes the array back. Use it for large arrays moving
+    between actors of one process with `serialize=True` queues; across processes use a
+    plain `@message` (arrays are copied into the bytes). A frame that is never decoded
+    must give its arrays back with `release_frame`; queues do so for the frames they drop
+    (`drop_oldest`) or clear. Only classes that opted in this way decode references.
+    """
+
+
+# --- the decorators ------------------------------------------------------------------------
+
+# what a class body may hold that the Struct built from it must not copy
+_NOT_COPIED = frozenset(
+    {
+        "__dict__",
+        "__weakref__",
+        "__annotations__",
+        "__slots__",
+        "__module__",
+        "__qualname__",
+        "__match_args__",
+        "__dataclass_fields__",
+        "__dataclass_params__",
+        "__signature__",
+    }
+)
+_DATACLASS_METHODS = frozenset(
+    {
+        "__init__",
+        "__repr__",
+        "__eq__",
+        "__hash__",
+        "__setattr__",
+        "__delattr__",
+        "__getstate__",
+        "__setstate__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+    }
+)
+
+
+def _generated(value: Any) -> bool:
+    """True for a method `@dataclass` wrote (compiled from a string, not from a file)."""
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename == "<string>"
+
+
+def _resolve_hints(cls: type, names: Sequence[str]) -> dict[str, Any]:
+    """The annotations of `names` on `cls`, evaluated; `Any` where one cannot be."""
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # a name only a function's locals know: per field, Any if unknown
+        hints = {}
+        module = sys.modules.get(cls.__module__)
+        globalns = dict(vars(module)) if module is not None else {}
+        for klass in reversed(cls.__mro__):
+            for name, ann in getattr(klass, "__annotations__", {}).items():
+                if isinstance(ann, str):
+                    try:
+                        ann = eval(ann, globalns, dict(vars(cls)))
+                    except Exception:
+                        ann = Any
+                hints[name] = ann
+    return {n: hints.get(n, Any) for n in names}
+
+
+def _is_classvar(tp: Any) -> bool:
+    return tp is ClassVar or typing.get_origin(tp) is ClassVar
+
+
+def _spec_fields(cls: type) -> list[tuple[str, Any]]:
+    """`(name, default)` of the fields `cls` itself declares (its header fields left out).
+
+    The default is `msgspec.NODEFAULT`, a value, or a `msgspec.field(...)`.
+    """
+    if dataclasses.is_dataclass(cls):
+        out: list[tuple[str, Any]] = []
+        for f in dataclasses.fields(cls):
+            if f.name in HEADER_NAMES:
+                continue
+            if f.default_factory is not dataclasses.MISSING:
+                out.append((f.name, msgspec.field(default_factory=f.default_factory)))
+            elif f.default is not dataclasses.MISSING:
+                out.append((f.name, f.default))
+            else:
+                out.append((f.name, msgspec.NODEFAULT))
+        return out
+    own = inspect.get_annotations(cls)
+    if hasattr(cls, "__struct_fields__"):
+        info = {i.name: i for i in msgspec.structs.fields(cls)}  # type: ignore[arg-type]
+        out = []
+        for name in own:
+            got = info.get(name)
+            if got is None or name in HEADER_NAMES:
+                continue
+            if got.default_factory is not msgspec.NODEFAULT:
+                out.append((name, msgspec.field(default_factory=got.default_factory)))
+            else:
+                out.append((name, got.default))
+        return out
+    out = []
+    for name in own:
+        if name in HEADER_NAMES:
+            continue
+        value = cls.__dict__.get(name, msgspec.NODEFAULT)
+        if isinstance(value, dataclasses.Field):
+            if value.default_factory is not dataclasses.MISSING:
+                value = msgspec.field(default_factory=value.default_factory)
+            elif value.default is not dataclasses.MISSING:
+                value = value.default
+            else:
+                value = msgspec.NODEFAULT
+        out.append((name, value))
+    return out
+
+
+def _rebind_class_cell(ns: dict[str, Any], old: type, new: type) -> None:
+    """Point zero-argument `super()` in the copied methods at the new class."""
+    for value in ns.values():
+        fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+        fns = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [fn]
+        for f in fns:
+            if not isinstance(f, types.FunctionType) or f.__closure__ is None:
+                continue
+            for name, cell in zip(f.__code__.co_freevars, f.__closure__, strict=True):
+                if name == "__class__" and cell.cell_contents is old:
+                    cell.cell_contents = new
+
+
+def _make_message_class(cls: type, base: type[RingKernelMessage]) -> type:
+    if not isinstance(cls, type):
+        raise TypeValidationError(f"@message decorates a class, got {type(cls).__name__}")
+    is_struct = issubclass(cls, RingKernelMessage)
+    by_reference = base is ArrayMessage or (is_struct and issubclass(cls, ArrayMessage))
+    if is_struct and getattr(cls, "__struct_config__").tag == message_tag(cls):  # noqa: B009
+        register_message_type(cls, by_reference=by_reference)  # decorated twice
+        return cls
+    spec = _spec_fields(cls)
+    hints = _resolve_hints(cls, [n for n, _ in spec])
+    fields: list[Any] = []
+    for name, default in spec:
+        tp = hints[name]
+        if _is_classvar(tp):
+            continue
+        fields.append((name, tp) if default is msgspec.NODEFAULT else (name, tp, default))
+    names = {n for n, *_ in fields}
+    generated_ok = dataclasses.is_dataclass(cls)
+    ns: dict[str, Any] = {}
+    for key, value in vars(cls).items():
+        if key in _NOT_COPIED or key in names or key in HEADER_NAMES:
+            continue
+        if key.startswith("__struct_") or (key == "__hash__" and value is None):
+            continue
+        if generated_ok and key in _DATACLASS_METHODS and _generated(value):
+            continue
+        ns[key] = value
+    user_post = ns.get("__post_init__")
+    if user_post is not None:
+        ns["__post_init__"] = _with_priority_check(user_post)
+    bases: tuple[type, ...] = cls.__bases__ if is_struct else (base,)
+    if base is ArrayMessage and not any(issubclass(b, ArrayMessage) for b in bases):
+        bases = (ArrayMessage,) if bases == (RingKernelMessage,) else bases
+    try:
+        new_cls = msgspec.defstruct(
+            cls.__name__,
+            fields,
+            bases=bases,
+            module=cls.__module__,
+            namespace=ns,
+            tag=message_tag(cls),
+        )
+    except TypeError as exc:
+        raise TypeValidationError(
+            f"cannot make a message of {cls.__qualname__}: {exc} (fields without a default "
+            "come before fields with one; msgspec Structs define no __init__ of their own: "
+            "use __post_init__)"
+        ) from exc
+    new_cls.__qualname__ = cls.__qualname__
+    new_cls.__doc__ = cls.__doc__
+    _rebind_class_cell(ns, cls, new_cls)
+    register_message_type(new_cls, by_reference=by_reference)
+    all_hints = _resolve_hints(
+        new_cls, [n for n in new_cls.__struct_fields__ if n not in HEADER_NAMES]
+    )
+    dtype = layout.compute_dtype(list(all_hints.items()))
+    layout.set_fixed_layout_dtype(new_cls, dtype)
+    if dtype is not None and "dtype" not in new_cls.__struct_fields__:
+        new_cls.dtype = dtype  # type: ignore[attr-defined]
+    return new_cls
+
+
+def _with_priority_check(post: Callable[[Any], None]) -> Callable[[Any], None]:
+    def __post_init__(self: Any) -> None:
+        p = self.priority
+        if p.__class__ is not int or p < 0 or p > 255:
+            raise _bad_priority(p)
+        post(self)
+
+    __post_init__.__doc__ = post.__doc__
+    return __post_init__
+
+
+@overload
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
+def message(cls: type[_T], /) -> type[_T]: ...
+@overload
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
+def message(cls: None = None, /) -> Callable[[type[_T]], type[_T]]: ...
+
+
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
+def message(cls: type[_T] | None = None, /) -> type[_T] | Callable[[type[_T]], type[_T]]:
+    """Turn a class with annotated fields into a message (bare `@message` or `@message()`).
+
+    The result is a `msgspec.Struct` subclass of `RingKernelMessage` (or of the message
+    class it subclasses), registered for `deserialize_message` under its fully qualified
+    name. A `@dataclass` works too: its fields, defaults and `default_factory`s are kept,
+    and header fields written by hand are replaced by the standard header.
+    """
+    if cls is None:
+        return lambda c: _make_message_class(c, RingKernelMessage)  # type: ignore[return-value]
+    return _make_message_class(cls, RingKernelMessage)  # type: ignore[return-value]
+
+
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
+def array_message(cls: type[_T] | None = None, /) -> Any:
+    """Like `message`, but the class inherits `ArrayMessage` (arrays travel by reference)."""
+    if cls is None:
+        return lambda c: _make_message_class(c, ArrayMessage)
+    return _make_message_class(cls, ArrayMessage)
