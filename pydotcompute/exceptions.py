@@ -24,6 +24,7 @@ __all__ = (
     "KernelStateError",
     "MessageDeserializationError",
     "MessageError",
+    "MessageRejectedError",
     "MessageSerializationError",
     "MetalError",
     "PyDotComputeError",
@@ -146,6 +147,43 @@ class MessageSerializationError(MessageError, ValueError):
 
 class MessageDeserializationError(MessageError, ValueError):
     """Raised when bytes are malformed, truncated or name an unknown message type."""
+
+
+class MessageRejectedError(MessageDeserializationError):
+    """Raised to the caller of one message that a child process could not decode.
+
+    The child reports the failure as data and keeps serving; ``correlation_id`` is the
+    rejected message's ``message_id`` (None when its bytes did not even hold one), so a
+    caller waiting for that message's reply can be given this error.
+
+    Attributes:
+        kernel_id: The kernel whose child rejected the message.
+        correlation_id: The rejected message's id, or None.
+        text: The child's description of what did not decode.
+        remote_traceback: The child's formatted traceback of the decode error.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        correlation_id: object,
+        text: str,
+        remote_traceback: str = "",
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.correlation_id = correlation_id
+        self.text = text
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"kernel {kernel_id!r} rejected message {correlation_id}: {text}; the kernel "
+            "keeps running"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.kernel_id, self.correlation_id, self.text, self.remote_traceback),
+        )
 
 
 class TypeValidationError(PyDotComputeError, TypeError):
