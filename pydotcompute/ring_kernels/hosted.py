@@ -437,7 +437,7 @@ class ProcessHostedKernel(_HostedKernel):
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:
             kwargs["ring_bytes"] = ring_bytes
-        cfg = CythonKernelConfig(self.kernel_id, **kwargs)
+        cfg = CythonKernelConfig(self.kernel_id, input_queue_size=bridge, **kwargs)
         worker_kwargs: dict[str, Any] = {"config": cfg}
         try:
             return CythonRingKernel(

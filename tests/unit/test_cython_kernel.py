@@ -913,3 +913,23 @@ def test_startup_failure_names_an_actor_defined_under_the_main_guard(tmp_path: P
     assert failed, out.stdout + out.stderr
     assert "could not load the actor" in failed[0]
     assert 'not one defined under `if __name__ == "__main__":`' in failed[0]
+
+
+def test_the_hosted_process_tier_keeps_to_its_bridge_bound() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> tuple[int, int]:
+        async with RingKernelRuntime() as rt:
+            kernel = await rt.launch("hosted", sleeper, tier="process", bridge_queue_size=2)
+            await rt.activate("hosted")
+            for i in range(10):
+                await rt.send("hosted", Job(seq=i))
+            await asyncio.sleep(0.3)
+            worker = kernel._worker  # type: ignore[attr-defined]
+            window = (worker.pending_input, worker.statistics()["inbox"]["records_written"])
+            await rt.terminate("hosted", timeout=0.1)
+            return window
+
+    pending, written = asyncio.run(main())
+    assert pending == 2  # the bridge is full ...
+    assert written == 3  # ... behind the one in the actor's hands: the rest wait upstream
