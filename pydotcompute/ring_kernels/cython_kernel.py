@@ -546,7 +546,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     f"{_describe_exit(self._exit_code)} before reporting ready"
                     + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
                 )
-                hint = _startup_hint(report) if ready else ""
+                # exit code 1 is an uncaught exception in the bootstrap (a signal or
+                # os._exit says something else)
+                hint = _startup_hint(report) if ready and self._exit_code == 1 else ""
             self._error = cause
             self._child_exited = True
             err = KernelFailedError(self._kernel_id, cause, note=hint)

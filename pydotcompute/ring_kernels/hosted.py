@@ -31,7 +31,12 @@ import logging
 import os
 from typing import Any
 
-from ..exceptions import KernelFailedError, KernelStateError, QueueClosedError
+from ..exceptions import (
+    KernelFailedError,
+    KernelStateError,
+    MessageRejectedError,
+    QueueClosedError,
+)
 from .lifecycle import KernelState, RingKernel
 
 __all__ = ("ProcessHostedKernel", "ThreadHostedKernel")
@@ -205,6 +210,11 @@ class _HostedKernel(RingKernel):
                 return
             except KernelStateError:
                 return  # stopped and drained
+            except MessageRejectedError as exc:
+                # the child could not decode one message and keeps serving: its caller
+                # (if one waits) gets the error; otherwise it is counted and logged
+                self._reject(exc)
+                continue
             if reply is None:
                 readable.clear()
                 with contextlib.suppress(TimeoutError):
@@ -226,6 +236,15 @@ class _HostedKernel(RingKernel):
                 if self._outbox is not None:
                     self._outbox.count_dropped(1)
                 self.telemetry.record_drop()
+
+    def _reject(self, exc: MessageRejectedError) -> None:
+        fut = self._waiters.pop(exc.correlation_id, None) if self._waiters else None
+        if fut is not None:
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        self.telemetry.record_error(exc)
+        logger.error("kernel %r: %s", self.kernel_id, exc)
 
     async def _deliver(self, reply: Any) -> None:
         """Hand a worker's reply to its ``send_and_receive`` caller, the connected kernel or

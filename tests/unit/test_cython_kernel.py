@@ -933,3 +933,20 @@ def test_the_hosted_process_tier_keeps_to_its_bridge_bound() -> None:
     pending, written = asyncio.run(main())
     assert pending == 2  # the bridge is full ...
     assert written == 3  # ... behind the one in the actor's hands: the rest wait upstream
+
+
+def test_the_hosted_caller_of_a_rejected_message_gets_the_error() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> None:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-strict", echo, tier="process")
+            await rt.activate("hosted-strict")
+            bad = Strict(count="x")  # type: ignore[arg-type]
+            with pytest.raises(MessageRejectedError) as info:
+                await rt.send_and_receive("hosted-strict", bad, timeout=30)
+            assert info.value.correlation_id == bad.message_id
+            reply = await rt.send_and_receive("hosted-strict", Strict(count=4), timeout=30)
+            assert reply.count == 4  # still serving
+
+    asyncio.run(main())
