@@ -407,16 +407,14 @@ class CythonKernelContext:
     """
 
     __slots__ = (
-        "_checked_type",
+        "_codec",
         "_current",
         "_decode",
-        "_encode",
         "_gone",
         "_in",
         "_in_space_fd",
         "_out",
         "_out_data_fd",
-        "_out_is_message",
         "_out_max",
         "_output_type",
         "_read_waiter",
@@ -436,9 +434,8 @@ class CythonKernelContext:
         self._read_waiter = _Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
         self._write_waiter = _Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
         self._gone = False
-        self._checked_type: type | None = None
-        self._encode: Callable[[Any], bytes] = _no_encoder
-        self._out_is_message = False
+        # (type, encoder, is a message) of the last type sent, replaced as one object
+        self._codec: tuple[type | None, Callable[[Any], bytes], bool] = (None, _no_encoder, False)
         self._out_max: int = out_ring.max_record_size
         self._current: Any = None  # the last message received: replies are correlated to it
         self._decode = message_decoder()  # the inbox's stream: its type's fast path
@@ -545,13 +542,13 @@ class CythonKernelContext:
                 fit the outbox ring.
             QueueClosedError: the parent process has gone.
         """
-        if type(msg) is not self._checked_type:  # validate each new type once
-            self._encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
-            self._out_is_message = isinstance(msg, RingKernelMessage)
-            self._checked_type = type(msg)
-        if self._out_is_message:
+        codec = self._codec
+        if type(msg) is not codec[0]:  # validate each new type once
+            encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
+            codec = self._codec = (type(msg), encode, isinstance(msg, RingKernelMessage))
+        if codec[2]:
             stamp_reply(msg, self._current)
-        data = self._encode(msg)
+        data = codec[1](msg)
         if len(data) > self._out_max:
             raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox")
         return self._write(data, timeout)

@@ -276,6 +276,10 @@ def _startup_hint(report: list[Any]) -> str:
     )
 
 
+def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - paired with no type
+    raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
+
+
 def _exited(process: Any, timeout: float | None) -> bool:
     """Wait on the process sentinel (never ``waitpid``, which only one thread may win)."""
     return bool(mp_connection.wait([process.sentinel], timeout))
@@ -399,8 +403,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._wakers = _WakerSet()
         self._space_armed = False
         self._cleaned = False
-        self._checked_type: type | None = None
-        self._encode: Any = None  # the encoder for ``_checked_type``
+        # (type, encoder) of the last type sent, replaced as one object: two threads sending
+        # different types must never pair one type with the other's encoder
+        self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, _no_encoder)
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: deque[Any] = deque()
@@ -864,10 +869,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         """
         if self._state is not _RUNNING:
             raise self._state_error("send to")
-        if type(msg) is not self._checked_type:  # validate each new type once
-            self._encode = encoder_for(self._kernel_id, msg, self._input_type, "expects")
-            self._checked_type = type(msg)
-        data = self._encode(msg)
+        codec = self._codec
+        if type(msg) is not codec[0]:  # validate each new type once
+            codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
+            self._codec = codec
+        data = codec[1](msg)
         ring = self._in_ring
         if len(data) > self._in_max:
             raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox")

@@ -950,3 +950,17 @@ def test_the_hosted_caller_of_a_rejected_message_gets_the_error() -> None:
             assert reply.count == 4  # still serving
 
     asyncio.run(main())
+
+
+def test_the_hosted_process_tier_carries_plain_values() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> list[Any]:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-plain", echo, tier="process")
+            await rt.activate("hosted-plain")
+            for value in (7, "seven", [7]):
+                await rt.send("hosted-plain", value)
+            return [await rt.receive("hosted-plain", timeout=30) for _ in range(3)]
+
+    assert asyncio.run(main()) == [7, "seven", [7]]
