@@ -395,6 +395,7 @@ class _ChildSpec:
     out_data: Any  # write end: we ring it when the outbox has data
     out_space: Any  # read end: the parent rings it when it freed outbox space
     status: Any  # write end: ready/error reports (MessagePack bytes)
+    stderr: Any = None  # the parent's stderr: ours is a pipe to the parent while we start
 
 
 class CythonKernelContext:
@@ -594,6 +595,13 @@ def _child_main(spec: _ChildSpec) -> None:
     the actor raised).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    if spec.stderr is not None:  # started: stderr back to where the parent's goes
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os.dup2(spec.stderr.fileno(), 2)
+        spec.stderr.close()
     for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space):
         os.set_blocking(conn.fileno(), False)
     status = spec.status

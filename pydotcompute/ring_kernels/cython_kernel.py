@@ -63,6 +63,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -278,6 +279,80 @@ def _startup_hint(report: list[Any]) -> str:
 
 def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - paired with no type
     raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
+
+
+_STDERR_LOCK = threading.Lock()
+_STDERR_TAIL_BYTES = 4000
+
+
+class _StderrTap:
+    """What a spawned child writes to stderr before it runs any kernel code.
+
+    A child that dies while re-importing the main module (a script without the
+    ``__main__`` guard, a module that raises on import) prints its traceback and exits
+    before our code runs, so the parent could only say "exited with code 1". For the spawn
+    start method the child starts with its stderr on an unlinked temporary file: the parent
+    points its own fd 2 there for the few milliseconds of ``Process.start`` (under a lock),
+    and the child puts its real stderr back first thing in ``_child_main``. A file, not a
+    pipe: a process spawned by another thread in that window inherits it too, and a file
+    can never fail its writes (a pipe closed later would raise EPIPE there). Whatever the
+    file caught is forwarded to the parent's stderr, so nothing is hidden; its tail goes
+    into the startup error.
+    """
+
+    def __init__(self, spec: _ChildSpec) -> None:
+        self._file: Any = None
+        self._spec = spec
+
+    def start(self, process: Any) -> None:
+        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails)."""
+        try:
+            original = os.dup(2)
+        except OSError:  # no stderr to tap
+            process.start()
+            return
+        try:
+            self._file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
+        except OSError:
+            os.close(original)
+            process.start()
+            return
+        self._spec.stderr = mp_connection.Connection(original)  # the child restores it
+        with _STDERR_LOCK:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+            os.dup2(self._file.fileno(), 2)
+            try:
+                process.start()
+            finally:
+                os.dup2(original, 2)
+                self._spec.stderr.close()
+                self._spec.stderr = None
+
+    def finish(self, *, failed: bool) -> str:
+        """Forward what the file caught and close it; on failure, its tail for the error."""
+        file, self._file = self._file, None
+        if file is None:
+            return ""
+        try:
+            size = os.fstat(file.fileno()).st_size
+            caught = os.pread(file.fileno(), size, 0) if size else b""
+        except OSError:
+            caught = b""
+        finally:
+            file.close()
+        if caught:
+            try:
+                os.write(2, caught)
+            except OSError:
+                pass
+        tail = caught[-_STDERR_TAIL_BYTES:]
+        if not failed or not tail.strip():
+            return ""
+        lines = tail.decode("utf-8", "replace").strip().splitlines()[-15:]
+        return "; the child's stderr ended with:\n" + "\n".join(lines)
 
 
 def _exited(process: Any, timeout: float | None) -> bool:
@@ -520,8 +595,12 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             name=f"pydotcompute-{self._kernel_id}",
             daemon=cfg.daemon,
         )
+        tap = _StderrTap(spec) if ctx.get_start_method() == "spawn" else None
         try:
-            process.start()
+            if tap is not None:
+                tap.start(process)
+            else:
+                process.start()
         finally:
             for conn in child_ends:
                 conn.close()
@@ -554,10 +633,14 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 # exit code 1 is an uncaught exception in the bootstrap (a signal or
                 # os._exit says something else)
                 hint = _startup_hint(report) if ready and self._exit_code == 1 else ""
+            if tap is not None:
+                hint += tap.finish(failed=True)
             self._error = cause
             self._child_exited = True
             err = KernelFailedError(self._kernel_id, cause, note=hint)
             raise err from cause
+        if tap is not None:
+            tap.finish(failed=False)
         # both processes have mapped the rings: drop the names so nothing can leak
         self._in_ring.unlink()
         self._out_ring.unlink()

@@ -114,6 +114,13 @@ def sleeper(ctx: Any) -> None:
         ctx.send(Done(seq=job.seq))
 
 
+def chatty(ctx: Any) -> None:
+    """Write to stderr from the child, then answer."""
+    msg = ctx.receive()
+    print("chatty child speaking", file=sys.stderr, flush=True)
+    ctx.send(msg)
+
+
 def wrong_output(ctx: Any) -> None:
     ctx.receive()
     ctx.send(Job(seq=0))
@@ -885,7 +892,7 @@ def test_startup_failure_names_a_missing_main_guard(tmp_path: Path) -> None:
         try:
             CythonRingKernel("unguarded", echo).start().stop()
         except KernelFailedError as exc:
-            print("FAILED:", exc)
+            print("FAILED:", str(exc).replace("\\n", " | "))
         """,
     )
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED:")]
@@ -893,6 +900,10 @@ def test_startup_failure_names_a_missing_main_guard(tmp_path: Path) -> None:
     assert "before reporting ready" in failed[0]
     assert 'if __name__ == "__main__":' in failed[0]
     assert "script.py" in failed[0]
+    # the child's own traceback: in the error, and still on stderr
+    assert "the child's stderr ended with: | " in failed[0]
+    assert "bootstrapping phase" in failed[0]
+    assert "bootstrapping phase" in out.stderr
 
 
 def test_startup_failure_names_an_actor_defined_under_the_main_guard(tmp_path: Path) -> None:
@@ -964,3 +975,20 @@ def test_the_hosted_process_tier_carries_plain_values() -> None:
             return [await rt.receive("hosted-plain", timeout=30) for _ in range(3)]
 
     assert asyncio.run(main()) == [7, "seven", [7]]
+
+
+def test_the_childs_stderr_still_reaches_the_parents(tmp_path: Path) -> None:
+    out = _run_script(
+        tmp_path,
+        """
+        from test_cython_kernel import chatty
+        if __name__ == "__main__":
+            with CythonRingKernel("chatty", chatty) as kernel:
+                kernel.send(1)
+                print("REPLY:", kernel.receive(timeout=30))
+            print("parent still speaking", file=sys.stderr)
+        """,
+    )
+    assert "REPLY: 1" in out.stdout, out.stderr
+    assert "chatty child speaking" in out.stderr
+    assert "parent still speaking" in out.stderr
