@@ -41,6 +41,9 @@ Design notes:
   (``input_queue_size`` + 1) is held.
 - A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
   header) fails the kernel and kills the child; it is never read past its end.
+- Startup failures name their likely cause, and a spawned child's stderr from before it
+  runs our code is tapped into a temporary file (see ``_StderrTap``) so a script without
+  the ``__main__`` guard gets the child's own traceback in the error.
 - Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
   is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
   parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
@@ -253,7 +256,12 @@ def _rejection(kernel_id: str, data: bytes) -> MessageRejectedError:
     fields = [*report[1:7], None, None, None, None, None, None][:6]
     mid, module, qualname, text, _, tb_text = fields
     cid = uuid.UUID(bytes=mid) if type(mid) is bytes and len(mid) == 16 else None
-    what = f"{qualname}: {text}" if module == "builtins" else f"{module}.{qualname}: {text}"
+    if not isinstance(qualname, str):
+        what = "the child's report of what did not decode was itself malformed"
+    elif module == "builtins":
+        what = f"{qualname}: {text}"
+    else:
+        what = f"{module}.{qualname}: {text}"
     return MessageRejectedError(kernel_id, cid, what, str(tb_text or ""))
 
 
