@@ -44,7 +44,16 @@ from ._cython import SharedByteRing
 from ._kernel_common import check_type, stamp_reply
 from .message import RingKernelMessage, message_decoder
 
-__all__ = ("CythonKernelContext",)
+__all__ = (
+    "ChildSpec",
+    "CythonKernelContext",
+    "Waiter",
+    "child_main",
+    "drain_bell",
+    "read_wait",
+    "ring_bell",
+    "write_wait",
+)
 
 WRITE_WAKE = 2
 SLICE_S = 0.05  # longest single sleep; a safety net, doorbells and sentinels wake sooner
@@ -54,14 +63,14 @@ _monotonic = time.monotonic
 # --- doorbells and parking (both processes) -------------------------------------------------
 
 
-def _ring_bell(fd: int) -> None:
+def ring_bell(fd: int) -> None:
     try:
         os.write(fd, b"\x00")
     except (BlockingIOError, BrokenPipeError):
         pass  # full: a wake-up is already pending; broken: the peer is gone (seen elsewhere)
 
 
-def _drain_bell(fd: int) -> None:
+def drain_bell(fd: int) -> None:
     try:
         os.read(fd, 4096)
     except (BlockingIOError, InterruptedError):
@@ -78,7 +87,7 @@ PROBE_EVERY = 8  # an adaptive waiter that keeps parking still tries a full spin
 _MIN_SPIN_S = 1e-6
 
 
-class _Waiter:
+class Waiter:
     """Waits for one role (reader or writer of one ring): spin, then park on a doorbell.
 
     Parking polls the doorbell plus a liveness fd and returns when the bell rang, the
@@ -129,7 +138,7 @@ class _Waiter:
         for fd, events in self.poller.poll(_poll_ms(remaining)):
             if fd == self.bell_fd:
                 if events & select.POLLIN:
-                    _drain_bell(fd)
+                    drain_bell(fd)
                 if events & (select.POLLHUP | select.POLLERR) and not events & select.POLLIN:
                     gone = True
             else:
@@ -137,7 +146,7 @@ class _Waiter:
         return gone
 
 
-def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> bytes | None:
+def read_wait(ring: Any, waiter: Waiter, timeout: float | None, gone: Any) -> bytes | None:
     """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
     ``spin_read`` tries at once, so callers need no ``try_read`` of their own first.
@@ -172,7 +181,7 @@ def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> b
     return data
 
 
-def write_wait(ring: Any, data: bytes, waiter: _Waiter, timeout: float | None, gone: Any) -> int:
+def write_wait(ring: Any, data: bytes, waiter: Waiter, timeout: float | None, gone: Any) -> int:
     """Spin, then park, until ``data`` fits (returns the write code) or the timeout ends (0).
 
     Raises ``QueueClosedError`` through ``try_write`` when the reader has closed the ring;
@@ -380,7 +389,7 @@ def frame_id(data: bytes) -> bytes | None:
 
 
 @dataclass
-class _ChildSpec:
+class ChildSpec:
     """Everything the child needs; pickled into it by multiprocessing."""
 
     kernel_id: str
@@ -424,7 +433,7 @@ class CythonKernelContext:
         "kernel_id",
     )
 
-    def __init__(self, spec: _ChildSpec, in_ring: Any, out_ring: Any) -> None:
+    def __init__(self, spec: ChildSpec, in_ring: Any, out_ring: Any) -> None:
         self.kernel_id = spec.kernel_id
         self._in = in_ring
         self._out = out_ring
@@ -432,8 +441,8 @@ class CythonKernelContext:
         self._output_type = spec.output_type
         self._in_space_fd = spec.in_space.fileno()
         self._out_data_fd = spec.out_data.fileno()
-        self._read_waiter = _Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
-        self._write_waiter = _Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
+        self._read_waiter = Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
+        self._write_waiter = Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
         self._gone = False
         # (type, encoder, is a message) of the last type sent, replaced as one object
         self._codec: tuple[type | None, Callable[[Any], bytes], bool] = (None, _no_encoder, False)
@@ -491,7 +500,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._in_space_fd)
+                ring_bell(self._in_space_fd)
             try:
                 if data[0] != FRAME_TAG:
                     msg = self._current = self._decode(data)
@@ -512,7 +521,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._in_space_fd)
+                ring_bell(self._in_space_fd)
             try:
                 if data[0] != FRAME_TAG:
                     msg = self._current = self._decode(data)
@@ -564,7 +573,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return False
         if result == WRITE_WAKE:
-            _ring_bell(self._out_data_fd)
+            ring_bell(self._out_data_fd)
         return True
 
     def send_nowait(self, msg: Any) -> bool:
@@ -586,7 +595,7 @@ def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - replaced before first 
     raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
 
 
-def _child_main(spec: _ChildSpec) -> None:
+def child_main(spec: ChildSpec) -> None:
     """Entry point of the child process (module level so ``spawn`` can import it).
 
     Reports ``["ready", pid]`` once the actor is loaded and the rings attached, or
@@ -631,13 +640,18 @@ def _child_main(spec: _ChildSpec) -> None:
     finally:
         if out_ring is not None:
             out_ring.close_writer()
-            _ring_bell(spec.out_data.fileno())
+            ring_bell(spec.out_data.fileno())
             out_ring.close()
         if in_ring is not None:
             in_ring.close_reader()
-            _ring_bell(spec.in_space.fileno())
+            ring_bell(spec.in_space.fileno())
             in_ring.close()
         for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space, status):
             conn.close()
     if exit_code:
         sys.exit(exit_code)
+
+
+# the names these had before they were public (kept for code that imported them)
+_drain_bell = drain_bell
+_ring_bell = ring_bell

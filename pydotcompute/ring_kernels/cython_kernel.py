@@ -97,15 +97,15 @@ from ._process_actor import (
     SLICE_S,
     STATUS_MAX_BYTES,
     WRITE_WAKE,
+    ChildSpec,
     CythonKernelContext,
-    _child_main,
-    _ChildSpec,
-    _drain_bell,
-    _ring_bell,
-    _Waiter,
+    Waiter,
+    child_main,
     decode_value,
+    drain_bell,
     encoder_for,
     read_wait,
+    ring_bell,
     too_large,
     unpack_report,
     write_wait,
@@ -301,14 +301,14 @@ class _StderrTap:
     before our code runs, so the parent could only say "exited with code 1". For the spawn
     start method the child starts with its stderr on an unlinked temporary file: the parent
     points its own fd 2 there for the few milliseconds of ``Process.start`` (under a lock),
-    and the child puts its real stderr back first thing in ``_child_main``. A file, not a
+    and the child puts its real stderr back first thing in ``child_main``. A file, not a
     pipe: a process spawned by another thread in that window inherits it too, and a file
     can never fail its writes (a pipe closed later would raise EPIPE there). Whatever the
     file caught is forwarded to the parent's stderr, so nothing is hidden; its tail goes
     into the startup error.
     """
 
-    def __init__(self, spec: _ChildSpec) -> None:
+    def __init__(self, spec: ChildSpec) -> None:
         self._file: Any = None
         self._spec = spec
 
@@ -479,8 +479,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._conns: list[Any] = []
         self._in_data_fd = -1
         self._out_space_fd = -1
-        self._send_waiter: _Waiter | None = None
-        self._recv_waiter: _Waiter | None = None
+        self._send_waiter: Waiter | None = None
+        self._recv_waiter: Waiter | None = None
         self._watcher: threading.Thread | None = None
         self._watch_stop: tuple[int, int] | None = None
         self._wakers = _WakerSet()
@@ -583,7 +583,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
         self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
         self._status = status_r
-        spec = _ChildSpec(
+        spec = ChildSpec(
             kernel_id=self._kernel_id,
             func=self._func_bytes,
             output_type=self._output_type,
@@ -598,7 +598,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             status=status_w,
         )
         process = ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(spec,),
             name=f"pydotcompute-{self._kernel_id}",
             daemon=cfg.daemon,
@@ -620,8 +620,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._in_data_fd = in_data_w.fileno()
         self._out_space_fd = out_space_w.fileno()
         adaptive = cfg.adaptive_spin
-        self._send_waiter = _Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
-        self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._send_waiter = Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._recv_waiter = Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
         # wait for "ready" (or an early death / error report)
         ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
         report = self._read_status() if status_r in ready else []
@@ -688,10 +688,10 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if stop_r in ready and os.read(stop_r, 1) != b"r":
                 return  # stop; b"r" means "the wakers changed"
             if out_fd in ready:
-                _drain_bell(out_fd)
+                drain_bell(out_fd)
                 _call_wakers(readable)
             if space_fd in ready:
-                _drain_bell(space_fd)
+                drain_bell(space_fd)
                 _call_wakers(writable)
             if sentinel in ready:
                 self._on_child_exit()
@@ -837,7 +837,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             finally:
                 if got_send:
                     self._send_lock.release()
-            _ring_bell(self._in_data_fd)
+            ring_bell(self._in_data_fd)
             graceful = self._await_exit(deadline)
         self._collect_leftovers()
         self._cleanup()
@@ -854,7 +854,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     out_ring.set_reader_waiting(True)
                     self._drain_outbox()
                     if out_ring.writer_waiting:
-                        _ring_bell(self._out_space_fd)
+                        ring_bell(self._out_space_fd)
                 finally:
                     self._recv_lock.release()
             remaining = deadline - _monotonic()
@@ -862,7 +862,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 break
             ready = mp_connection.wait([process.sentinel, out_fd], min(remaining, SLICE_S))
             if out_fd in ready:
-                _drain_bell(out_fd)
+                drain_bell(out_fd)
             if process.sentinel in ready:
                 self._on_child_exit()
                 return True
@@ -1007,7 +1007,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         finally:
             lock.release()
         if result == WRITE_WAKE:
-            _ring_bell(self._in_data_fd)
+            ring_bell(self._in_data_fd)
         return True
 
     def _prune(self, ring: Any) -> None:
@@ -1074,7 +1074,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                         raise self._state_error("receive from")
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._out_space_fd)
+                ring_bell(self._out_space_fd)
         finally:
             lock.release()
         if data[0] != FRAME_TAG:
@@ -1112,7 +1112,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     out.append(exc)
             ring = self._out_ring
             if ring is not None and not ring.closed and ring.writer_waiting:
-                _ring_bell(self._out_space_fd)
+                ring_bell(self._out_space_fd)
         return out
 
     def take_undelivered(self) -> list[Any]:
@@ -1176,7 +1176,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         """Withdraw :meth:`arm_receive` and empty the doorbell."""
         if self._out_ring is not None and not self._out_ring.closed:
             self._out_ring.set_reader_waiting(False)
-            _drain_bell(self._conns[2].fileno())
+            drain_bell(self._conns[2].fileno())
 
     def statistics(self) -> dict[str, Any]:
         """State, error, child and ring counters in one dictionary."""

@@ -417,13 +417,13 @@ class ProcessHostedKernel(_HostedKernel):
         ``call_soon_threadsafe``. It watches duplicates of the two descriptors, so the
         worker closing its own when it stops (in another thread) never pulls a
         descriptor out from under the loop."""
-        from ._process_actor import _drain_bell
+        from ._process_actor import drain_bell
 
         worker = self._worker
         bell, sentinel = (os.dup(fd) for fd in worker.wait_handles())
 
         def on_bell() -> None:
-            _drain_bell(bell)
+            drain_bell(bell)
             readable.set()
 
         def on_exit() -> None:

@@ -632,11 +632,11 @@ def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
 
 
 def test_adaptive_spin_budget() -> None:
-    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, _Waiter
+    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, Waiter
 
     r, w = os.pipe()
     try:
-        waiter = _Waiter(r, None, 50e-6, adaptive=True)
+        waiter = Waiter(r, None, 50e-6, adaptive=True)
         budgets = []
         for _ in range(PROBE_EVERY):
             waiter.miss()
@@ -647,7 +647,7 @@ def test_adaptive_spin_budget() -> None:
         waiter.hit()
         assert waiter.spin_s == 50e-6
         assert waiter.misses == 0
-        fixed = _Waiter(r, None, 50e-6, adaptive=False)
+        fixed = Waiter(r, None, 50e-6, adaptive=False)
         fixed.miss()
         assert fixed.spin_s == 50e-6
     finally:
