@@ -357,8 +357,20 @@ def pack_report(kind: str, *fields: Any) -> bytes:
     try:
         return _pack([kind, *fields])
     except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
-        clean = [None if isinstance(f, list) else f for f in fields]  # only ``args`` is a list
+        clean = [_packable(f) for f in fields]
         return _pack([kind, *clean])
+
+
+def _packable(field: Any) -> Any:
+    """``field`` as something MessagePack takes: ``args`` (the one list) dropped, an int
+    out of range or any other odd object as its text."""
+    if isinstance(field, list):
+        return None
+    if isinstance(field, (str, bytes, float, bool, type(None))):
+        return field
+    if isinstance(field, int) and -(2**63) <= field < 2**64:
+        return field
+    return str(field)
 
 
 def unpack_report(data: bytes) -> list[Any]:
@@ -404,7 +416,7 @@ class ChildSpec:
     out_data: Any  # write end: we ring it when the outbox has data
     out_space: Any  # read end: the parent rings it when it freed outbox space
     status: Any  # write end: ready/error reports (MessagePack bytes)
-    stderr: Any = None  # the parent's stderr: ours is a pipe to the parent while we start
+    stderr: Any = None  # the parent's stderr: ours is a file the parent reads while we start
 
 
 class CythonKernelContext:

@@ -629,6 +629,9 @@ def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
     assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
     assert isinstance(_rebuild_error(["error"], "k", 1), RemoteActorError)  # truncated
     assert unpack_report(b"\x80\x04garbage") == []
+    rebuilt = _rebuild_error(report_of(ValueError(2**70)), "k", 1)  # args MessagePack refuses
+    assert type(rebuilt) is ValueError
+    assert str(rebuilt) == str(2**70)
 
 
 def test_adaptive_spin_budget() -> None:
