@@ -35,6 +35,7 @@ from ..exceptions import (
     KernelFailedError,
     KernelStateError,
     MessageRejectedError,
+    MessageSerializationError,
     QueueClosedError,
 )
 from .lifecycle import KernelState, RingKernel
@@ -163,6 +164,13 @@ class _HostedKernel(RingKernel):
             while True:
                 try:
                     ok = worker.send_nowait(msg)
+                except MessageSerializationError as exc:
+                    # this one message can never cross (too large for the ring, no
+                    # MessagePack form): its caller gets the error, the pump goes on
+                    self._held = None
+                    self._held_counted = False
+                    self._drop_unsendable(msg, exc)
+                    break
                 except (KernelFailedError, KernelStateError):
                     # the worker failed (the collector reports it) or stopped: hand it back
                     lost = self._take_held()
@@ -176,6 +184,19 @@ class _HostedKernel(RingKernel):
                     await asyncio.wait_for(writable.wait(), _POLL_S)
             self._held = None
             self._held_counted = False
+
+    def _drop_unsendable(self, msg: Any, exc: MessageSerializationError) -> None:
+        """A message the worker refused to encode: its waiting caller gets ``exc``;
+        without one it is counted as an error and a drop, and logged."""
+        key = getattr(msg, "message_id", None) if self._waiters else None
+        fut = self._waiters.pop(key, None) if key is not None else None
+        if fut is not None:
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        self.telemetry.record_error(exc)
+        self.telemetry.record_drop()
+        logger.error("kernel %r: a message was dropped: %s", self.kernel_id, exc)
 
     def _take_held(self) -> list[Any]:
         """The message the pump took but never handed over (``[]`` if none): it was not

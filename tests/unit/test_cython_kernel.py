@@ -995,3 +995,20 @@ def test_the_childs_stderr_still_reaches_the_parents(tmp_path: Path) -> None:
     assert "REPLY: 1" in out.stdout, out.stderr
     assert "chatty child speaking" in out.stderr
     assert "parent still speaking" in out.stderr
+
+
+def test_the_hosted_caller_of_an_oversized_message_gets_the_error() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> None:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-small", echo, tier="process", ring_bytes=4096)
+            await rt.activate("hosted-small")
+            big = Job(seq=1, payload="x" * 5000)
+            with pytest.raises(MessageSerializationError, match="ring_bytes=") as info:
+                await rt.send_and_receive("hosted-small", big, timeout=30)
+            assert "launch(..., ring_bytes=" in str(info.value)
+            reply = await rt.send_and_receive("hosted-small", Job(seq=2), timeout=30)
+            assert reply.seq == 2  # the pump goes on
+
+    asyncio.run(main())
