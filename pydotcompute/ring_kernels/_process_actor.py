@@ -382,9 +382,19 @@ def unpack_report(data: bytes) -> list[Any]:
     return report if isinstance(report, list) and report else []
 
 
-def error_frame(correlation: bytes | None, exc: BaseException) -> bytes:
-    """An outbox record reporting that the message with id ``correlation`` failed."""
-    return ERROR_FRAME + pack_report("rejected", correlation, *exception_data(exc))
+def error_frame(correlation: bytes | None, exc: BaseException, max_bytes: int) -> bytes:
+    """An outbox record reporting that the message with id ``correlation`` failed.
+
+    Cut to ``max_bytes`` (the ring's largest record): the traceback goes first, then the
+    text is shortened, so the report always fits.
+    """
+    module, qualname, text, args, tb = exception_data(exc)
+    frame = ERROR_FRAME + pack_report("rejected", correlation, module, qualname, text, args, tb)
+    if len(frame) <= max_bytes:
+        return frame
+    room = max(max_bytes - 200 - len(module) - len(qualname), 0)
+    short = text[: room // 4]  # a UTF-8 character takes at most 4 bytes
+    return ERROR_FRAME + pack_report("rejected", correlation, module, qualname, short, None, "")
 
 
 def frame_id(data: bytes) -> bytes | None:
@@ -546,7 +556,8 @@ class CythonKernelContext:
     def _reject(self, data: bytes, exc: BaseException) -> None:
         """Report an undecodable record to the parent as its message's error."""
         self._current = None
-        frame = error_frame(frame_id(data) if data[0] != FRAME_TAG else None, exc)
+        cid = frame_id(data) if data[0] != FRAME_TAG else None
+        frame = error_frame(cid, exc, self._out_max)
         self._write(frame, None)
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:

@@ -1012,3 +1012,16 @@ def test_the_hosted_caller_of_an_oversized_message_gets_the_error() -> None:
             assert reply.seq == 2  # the pump goes on
 
     asyncio.run(main())
+
+
+def test_a_rejection_report_always_fits_a_small_outbox() -> None:
+    cfg = CythonKernelConfig("tiny-out", output_ring_bytes=1024)
+    with CythonRingKernel("tiny-out", echo, config=cfg) as kernel:
+        bad = Strict(count="n" * 3000)  # type: ignore[arg-type]
+        kernel.send(bad)
+        with pytest.raises(MessageRejectedError) as info:
+            kernel.receive(timeout=30)
+        assert info.value.correlation_id == bad.message_id
+        assert kernel.is_running
+        kernel.send(Strict(count=1))
+        assert kernel.receive(timeout=30).count == 1
