@@ -406,6 +406,18 @@ def test_the_writer_checks_the_positions_it_reads(ring_pair: Any, offset: int, v
         w.try_write(b"y" * 40)
 
 
+@pytest.mark.parametrize("capacity", [(1 << 64) - 64, 1 << 20, 13, 0])
+def test_attach_refuses_a_capacity_the_segment_cannot_hold(impl: Any, capacity: int) -> None:
+    ring = impl.SharedByteRing(256)
+    try:
+        _scribble(ring.name, _spsc_py.H_CAPACITY * 8, capacity)
+        with pytest.raises(InvalidConfigurationError, match="is not a pydotcompute ring"):
+            impl.SharedByteRing.attach(ring.name)
+    finally:
+        ring.close()
+        ring.unlink()
+
+
 def test_corruption_is_a_queue_error() -> None:
     assert issubclass(RingCorruptedError, QueueError)
     assert issubclass(RingCorruptedError, RuntimeError)
