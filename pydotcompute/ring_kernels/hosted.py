@@ -186,17 +186,17 @@ class _HostedKernel(RingKernel):
             self._held_counted = False
 
     def _drop_unsendable(self, msg: Any, exc: MessageSerializationError) -> None:
-        """A message the worker refused to encode: its waiting caller gets ``exc``;
-        without one it is counted as an error and a drop, and logged."""
+        """A message the worker refused to encode. It counts as processed (taken and
+        answered, with an error: accounting stays exact) and as an error; its waiting
+        caller gets ``exc``, and without one it is logged."""
+        self.telemetry.record_error(exc)
         key = getattr(msg, "message_id", None) if self._waiters else None
         fut = self._waiters.pop(key, None) if key is not None else None
         if fut is not None:
             if not fut.done():
                 fut.set_exception(exc)
             return
-        self.telemetry.record_error(exc)
-        self.telemetry.record_drop()
-        logger.error("kernel %r: a message was dropped: %s", self.kernel_id, exc)
+        logger.error("kernel %r: a message could not reach its worker: %s", self.kernel_id, exc)
 
     def _take_held(self) -> list[Any]:
         """The message the pump took but never handed over (``[]`` if none): it was not
@@ -233,7 +233,7 @@ class _HostedKernel(RingKernel):
                 return  # stopped and drained
             except MessageRejectedError as exc:
                 # the child could not decode one message and keeps serving: its caller
-                # (if one waits) gets the error; otherwise it is counted and logged
+                # (if one waits) gets the error; otherwise it is counted as an error and logged
                 self._reject(exc)
                 continue
             if reply is None:
