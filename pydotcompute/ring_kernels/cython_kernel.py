@@ -345,8 +345,8 @@ class _StderrTap:
         if file is None:
             return ""
         try:
-            size = os.fstat(file.fileno()).st_size
-            caught = os.pread(file.fileno(), size, 0) if size else b""
+            file.seek(0)
+            caught = file.read()
         except OSError:
             caught = b""
         finally:
