@@ -1094,8 +1094,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         and nobody received yet: ``stop`` never discards one. A message the child rejected
         appears in the list as its :class:`~pydotcompute.exceptions.MessageRejectedError`
         instance (check with ``isinstance``); a reply that does not decode appears as its
-        ``MessageDeserializationError``. Safe from any thread; it waits for a concurrent
-        ``receive`` to return.
+        ``MessageDeserializationError``. Safe from any thread, but it waits for a
+        concurrent ``receive`` to return (do not call it while another thread waits in
+        ``receive(timeout=None)`` on a running kernel).
         """
         out: list[Any] = []
         with self._recv_lock:
