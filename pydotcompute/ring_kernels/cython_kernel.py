@@ -258,6 +258,8 @@ def _rejection(kernel_id: str, data: bytes) -> MessageRejectedError:
     cid = uuid.UUID(bytes=mid) if type(mid) is bytes and len(mid) == 16 else None
     if not isinstance(qualname, str):
         what = "the child's report of what did not decode was itself malformed"
+    elif qualname == "MessageDeserializationError":
+        what = str(text)
     elif module == "builtins":
         what = f"{qualname}: {text}"
     else:
