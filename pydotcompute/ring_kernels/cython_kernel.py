@@ -494,7 +494,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: deque[Any] = deque()
-        self._sent = 0  # messages written to the inbox, ever
+        self._pruned = 0  # finished messages dropped from the front of ``_inflight``
         self._prune_at = 2 * (config.input_queue_size + 1)
         self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
         self._undelivered_taken = False
@@ -778,8 +778,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             taken, done = ring.records_read, ring.records_done
         except ValueError:
             return None
-        base = self._sent - len(self._inflight)
-        taken = min(max(taken, base), self._sent)
+        base = self._pruned
+        sent = base + len(self._inflight)
+        taken = min(max(taken, base), sent)
         return taken, min(max(done, base), taken)
 
     def _ring_failed(self, exc: RingCorruptedError) -> None:
@@ -893,7 +894,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         with self._send_lock:  # the child has exited: the messages it never took
             counts = self._final_counts or self._inbox_counts()
             if counts is not None and not self._unprocessed:
-                base = self._sent - len(self._inflight)
+                base = self._pruned
                 self._unprocessed.extend(list(self._inflight)[counts[0] - base :])
 
     def _cleanup(self) -> None:
@@ -1005,7 +1006,6 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if len(inflight) >= self._prune_at:
                 self._prune(ring)
             inflight.append(msg)
-            self._sent += 1
         finally:
             lock.release()
         if result == WRITE_WAKE:
@@ -1019,9 +1019,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         except ValueError:  # closed
             return
         inflight = self._inflight
-        drop = min(done - (self._sent - len(inflight)), len(inflight))
+        drop = min(done - self._pruned, len(inflight))
         for _ in range(drop):
             inflight.popleft()
+        if drop > 0:
+            self._pruned += drop
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
         """Wait for a child that is known to be exiting (it closed a ring), then record it."""
@@ -1152,7 +1154,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 return []
             self._undelivered_taken = True
             counts = self._final_counts
-            base = self._sent - len(self._inflight)
+            base = self._pruned
             done = counts[1] if counts is not None else base
             out = list(self._inflight)[done - base :]
             self._inflight.clear()

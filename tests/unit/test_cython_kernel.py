@@ -1025,3 +1025,18 @@ def test_a_rejection_report_always_fits_a_small_outbox() -> None:
         assert kernel.is_running
         kernel.send(Strict(count=1))
         assert kernel.receive(timeout=30).count == 1
+
+
+def test_undelivered_is_exact_after_finished_messages_were_pruned() -> None:
+    cfg = CythonKernelConfig("pruned", input_queue_size=2)  # prunes every few sends
+    kernel = CythonRingKernel("pruned", worker, config=cfg).start()
+    for i in range(20):
+        kernel.send(Job(seq=i), timeout=30)
+        assert kernel.receive(timeout=30).seq == i
+    kernel.send(Job(seq=20, payload="sleep"))
+    kernel.send(Job(seq=21))
+    kernel.send(Job(seq=22))
+    time.sleep(0.2)
+    assert kernel.stop(timeout=0.2) is False
+    assert [m.seq for m in kernel.take_undelivered()] == [20, 21, 22]
+    assert [m.seq for m in kernel.unprocessed()] == [21, 22]
