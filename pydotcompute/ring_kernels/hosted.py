@@ -31,7 +31,13 @@ import logging
 import os
 from typing import Any
 
-from ..exceptions import KernelFailedError, KernelStateError, QueueClosedError
+from ..exceptions import (
+    KernelFailedError,
+    KernelStateError,
+    MessageRejectedError,
+    MessageSerializationError,
+    QueueClosedError,
+)
 from .lifecycle import KernelState, RingKernel
 
 __all__ = ("ProcessHostedKernel", "ThreadHostedKernel")
@@ -158,6 +164,13 @@ class _HostedKernel(RingKernel):
             while True:
                 try:
                     ok = worker.send_nowait(msg)
+                except MessageSerializationError as exc:
+                    # this one message can never cross (too large for the ring, no
+                    # MessagePack form): its caller gets the error, the pump goes on
+                    self._held = None
+                    self._held_counted = False
+                    self._drop_unsendable(msg, exc)
+                    break
                 except (KernelFailedError, KernelStateError):
                     # the worker failed (the collector reports it) or stopped: hand it back
                     lost = self._take_held()
@@ -171,6 +184,19 @@ class _HostedKernel(RingKernel):
                     await asyncio.wait_for(writable.wait(), _POLL_S)
             self._held = None
             self._held_counted = False
+
+    def _drop_unsendable(self, msg: Any, exc: MessageSerializationError) -> None:
+        """A message the worker refused to encode. It counts as processed (taken and
+        answered, with an error: accounting stays exact) and as an error; its waiting
+        caller gets ``exc``, and without one it is logged."""
+        self.telemetry.record_error(exc)
+        key = getattr(msg, "message_id", None) if self._waiters else None
+        fut = self._waiters.pop(key, None) if key is not None else None
+        if fut is not None:
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        logger.error("kernel %r: a message could not reach its worker: %s", self.kernel_id, exc)
 
     def _take_held(self) -> list[Any]:
         """The message the pump took but never handed over (``[]`` if none): it was not
@@ -205,6 +231,11 @@ class _HostedKernel(RingKernel):
                 return
             except KernelStateError:
                 return  # stopped and drained
+            except MessageRejectedError as exc:
+                # the child could not decode one message and keeps serving: its caller
+                # (if one waits) gets the error; otherwise it is counted as an error and logged
+                self._reject(exc)
+                continue
             if reply is None:
                 readable.clear()
                 with contextlib.suppress(TimeoutError):
@@ -226,6 +257,15 @@ class _HostedKernel(RingKernel):
                 if self._outbox is not None:
                     self._outbox.count_dropped(1)
                 self.telemetry.record_drop()
+
+    def _reject(self, exc: MessageRejectedError) -> None:
+        fut = self._waiters.pop(exc.correlation_id, None) if self._waiters else None
+        if fut is not None:
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        self.telemetry.record_error(exc)
+        logger.error("kernel %r: %s", self.kernel_id, exc)
 
     async def _deliver(self, reply: Any) -> None:
         """Hand a worker's reply to its ``send_and_receive`` caller, the connected kernel or
@@ -398,13 +438,13 @@ class ProcessHostedKernel(_HostedKernel):
         ``call_soon_threadsafe``. It watches duplicates of the two descriptors, so the
         worker closing its own when it stops (in another thread) never pulls a
         descriptor out from under the loop."""
-        from ._process_actor import _drain_bell
+        from ._process_actor import drain_bell
 
         worker = self._worker
         bell, sentinel = (os.dup(fd) for fd in worker.wait_handles())
 
         def on_bell() -> None:
-            _drain_bell(bell)
+            drain_bell(bell)
             readable.set()
 
         def on_exit() -> None:
@@ -437,7 +477,7 @@ class ProcessHostedKernel(_HostedKernel):
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:
             kwargs["ring_bytes"] = ring_bytes
-        cfg = CythonKernelConfig(self.kernel_id, **kwargs)
+        cfg = CythonKernelConfig(self.kernel_id, input_queue_size=bridge, **kwargs)
         worker_kwargs: dict[str, Any] = {"config": cfg}
         try:
             return CythonRingKernel(
