@@ -42,7 +42,7 @@ from ..exceptions import (
 from . import _cython
 from ._cython import SharedByteRing
 from ._kernel_common import check_type, stamp_reply
-from .message import RingKernelMessage, message_decoder
+from .message import RingKernelMessage, frame_header, message_decoder
 
 __all__ = (
     "ChildSpec",
@@ -398,13 +398,12 @@ def error_frame(correlation: bytes | None, exc: BaseException, max_bytes: int) -
 
 
 def frame_id(data: bytes) -> bytes | None:
-    """The 16-byte message id in a message frame, read without its class (None if absent)."""
+    """The 16-byte message id in a message frame whose fields may not decode (None if absent)."""
     try:
-        top = _unpack(data)
-        mid = top[1][0]
-    except Exception:  # anything malformed: no id to report
+        mid = frame_header(data).message_id
+    except MessageDeserializationError:  # not even a readable header: no id to report
         return None
-    return mid if type(mid) is bytes and len(mid) == 16 else None
+    return None if mid is None else mid.bytes
 
 
 # --- the child side ------------------------------------------------------------------------
