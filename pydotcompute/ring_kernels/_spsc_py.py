@@ -88,6 +88,8 @@ MAX_CAPACITY = 1 << 40
 
 # uint64 slot indices in the header
 H_MAGIC, H_CAPACITY, H_MAX_RECORDS = 0, 1, 2
+# header words are uint64: counters and positions wrap as the compiled ring's do
+_U64 = (1 << 64) - 1
 H_TAIL, H_WCOUNT, H_WWAIT, H_WCLOSED = 8, 9, 10, 11
 H_HEAD, H_RCOUNT, H_RWAIT, H_RCLOSED, H_DONE = 16, 17, 18, 19, 20
 
@@ -361,7 +363,7 @@ class SharedByteRing:
     # difference cannot go negative however the two race.
     def _pending(self) -> int:
         read = self._q[H_RCOUNT]
-        return int(self._q[H_WCOUNT] - read)
+        return int((self._q[H_WCOUNT] - read) & _U64)
 
     def _used(self) -> int:
         head = self._q[H_HEAD]
@@ -400,9 +402,9 @@ class SharedByteRing:
             if need > cap - used:
                 return WRITE_FULL
         written = q[H_WCOUNT]
-        if self._max_records and written - self._rcount_cache >= self._max_records:
+        if self._max_records and (written - self._rcount_cache) & _U64 >= self._max_records:
             self._rcount_cache = q[H_RCOUNT]
-            if written - self._rcount_cache >= self._max_records:
+            if (written - self._rcount_cache) & _U64 >= self._max_records:
                 return WRITE_FULL
         off = tail % cap
         self._words[off >> 3] = n
@@ -415,8 +417,8 @@ class SharedByteRing:
         else:
             self._data[p:cap] = data[:first]
             self._data[: n - first] = data[first:]
-        q[H_WCOUNT] = written + 1
-        q[H_TAIL] = tail + need  # publish: the record is committed from here on
+        q[H_WCOUNT] = (written + 1) & _U64
+        q[H_TAIL] = (tail + need) & _U64  # publish: the record is committed from here on
         _fence()
         return WRITE_WAKE if q[H_RWAIT] else WRITE_OK
 
@@ -479,8 +481,8 @@ class SharedByteRing:
             out = bytes(self._data[p : p + n])
         else:
             out = bytes(self._data[p:cap]) + bytes(self._data[: n - first])
-        q[H_RCOUNT] += 1
-        q[H_HEAD] = head + RECORD_HEADER_BYTES + ((n + 7) & ~7)  # release the space
+        q[H_RCOUNT] = (q[H_RCOUNT] + 1) & _U64
+        q[H_HEAD] = (head + RECORD_HEADER_BYTES + ((n + 7) & ~7)) & _U64  # release the space
         return out
 
     def readable(self) -> bool:
