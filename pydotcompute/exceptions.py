@@ -24,6 +24,7 @@ __all__ = (
     "KernelStateError",
     "MessageDeserializationError",
     "MessageError",
+    "MessageRejectedError",
     "MessageSerializationError",
     "MetalError",
     "PyDotComputeError",
@@ -31,6 +32,8 @@ __all__ = (
     "QueueError",
     "QueueFullError",
     "QueueTimeoutError",
+    "RemoteActorError",
+    "RingCorruptedError",
     "TypeValidationError",
 )
 
@@ -102,6 +105,31 @@ class KernelFailedError(KernelStateError):
         super().__init__(kernel_id, KernelState.FAILED if state is None else state, "use", hint)
 
 
+class RemoteActorError(KernelError, RuntimeError):
+    """An exception raised in a child process, rebuilt in the parent from plain data.
+
+    Nothing a child process sends is unpickled in the parent: an actor's exception crosses
+    as its type's module and name, its text and its formatted traceback, and comes back as
+    this error unless it was a builtin exception (rebuilt as that builtin type).
+
+    Attributes:
+        type_name: The qualified name of the original exception's class.
+        module: The module that defined it.
+        text: ``str()`` of the original exception.
+        remote_traceback: The child's formatted traceback.
+    """
+
+    def __init__(self, type_name: str, module: str, text: str, remote_traceback: str = ""):
+        self.type_name = type_name
+        self.module = module
+        self.text = text
+        self.remote_traceback = remote_traceback
+        super().__init__(f"{module}.{type_name}: {text}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.type_name, self.module, self.text, self.remote_traceback))
+
+
 class KernelCompilationError(PyDotComputeError, RuntimeError):
     """Raised when a compute or GPU kernel fails to compile; carries the compiler's message."""
 
@@ -119,6 +147,43 @@ class MessageSerializationError(MessageError, ValueError):
 
 class MessageDeserializationError(MessageError, ValueError):
     """Raised when bytes are malformed, truncated or name an unknown message type."""
+
+
+class MessageRejectedError(MessageDeserializationError):
+    """Raised to the caller of one message that a child process could not decode.
+
+    The child reports the failure as data and keeps serving; ``correlation_id`` is the
+    rejected message's ``message_id`` (None when its bytes did not even hold one), so a
+    caller waiting for that message's reply can be given this error.
+
+    Attributes:
+        kernel_id: The kernel whose child rejected the message.
+        correlation_id: The rejected message's id, or None.
+        text: The child's description of what did not decode.
+        remote_traceback: The child's formatted traceback of the decode error.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        correlation_id: object,
+        text: str,
+        remote_traceback: str = "",
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.correlation_id = correlation_id
+        self.text = text
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"kernel {kernel_id!r} rejected message {correlation_id}: {text}; the kernel "
+            "keeps running"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.kernel_id, self.correlation_id, self.text, self.remote_traceback),
+        )
 
 
 class TypeValidationError(PyDotComputeError, TypeError):
@@ -142,6 +207,16 @@ class QueueTimeoutError(QueueError, TimeoutError):
 
 class QueueClosedError(QueueError):
     """Raised when putting into a closed queue, or getting from a closed and drained one."""
+
+
+class RingCorruptedError(QueueError, RuntimeError):
+    """Raised when a shared-memory ring's positions or a record's length word are impossible.
+
+    Every reader and writer checks what it reads from the shared header against the ring's
+    capacity before copying a byte, so a segment scribbled on by something other than its
+    one producer and one consumer is reported instead of read past its end. The ring cannot
+    be trusted afterwards; a kernel that meets this error fails with it.
+    """
 
 
 # --- memory and devices --------------------------------------------------------------------

@@ -1,9 +1,20 @@
-"""The child side of the process tier, and the spin-then-park waiting both sides share.
+"""The child side of the process tier, the wire both sides share, and their waiting.
 
 Kept apart from :mod:`~pydotcompute.ring_kernels.cython_kernel` (the parent side) because
 this is the code a ``spawn`` child imports to run an actor: the doorbells, the waiting
-helpers, :class:`CythonKernelContext` and the child's entry point. See ``cython_kernel``
-for the design (transport, parking, liveness, shutdown).
+helpers, the record framing, :class:`CythonKernelContext` and the child's entry point. See
+``cython_kernel`` for the design (transport, parking, liveness, shutdown).
+
+Design notes:
+- Record framing. A ``@message`` travels as its own serialized bytes, which always start
+  with ``0x92`` (a two-element MessagePack array), so the common case costs nothing extra.
+  Anything else starts with ``0xC1``, the one byte MessagePack never produces, and a kind
+  byte: ``V`` a plain value (any MessagePack-able object, NumPy arrays as an extension
+  type), ``E`` a per-message error (a frame the child could not decode, reported as data
+  with the message's id so the caller waiting for it gets the error).
+- Nothing crosses as a pickle from the child: the status pipe carries MessagePack lists
+  (``["ready", pid]``, ``["error", ...]``) sent with ``send_bytes``, and exceptions cross
+  as their module, name, text, simple ``args`` and formatted traceback.
 """
 
 from __future__ import annotations
@@ -15,11 +26,16 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+import numpy as np
+
 from ..exceptions import (
-    InvalidConfigurationError,
+    MessageDeserializationError,
+    MessageSerializationError,
     QueueClosedError,
     TypeValidationError,
 )
@@ -188,22 +204,176 @@ def write_wait(ring: Any, data: bytes, waiter: _Waiter, timeout: float | None, g
     return result
 
 
-def check_message(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
-    if not isinstance(msg, RingKernelMessage):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r} runs in a child process and carries @message instances "
-            f"as MessagePack; got {type(msg).__name__}. Decorate the class with @message"
+# --- the wire ------------------------------------------------------------------------------
+
+FRAME_TAG = 0xC1  # never produced by MessagePack; a message frame starts with 0x92
+VALUE_FRAME = b"\xc1V"
+ERROR_FRAME = b"\xc1E"
+STATUS_MAX_BYTES = 1 << 20  # the parent refuses longer status reports
+_TEXT_MAX = 16_000
+_EXT_ARRAY = 1
+_SIMPLE_ARGS = (str, int, float, bool, type(None))
+
+_pack = msgspec.msgpack.Encoder().encode
+_unpack = msgspec.msgpack.Decoder().decode
+
+
+def _value_enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        dt = obj.dtype
+        if dt.hasobject or dt.names is not None or dt.subdtype is not None:
+            raise TypeError(
+                f"a NumPy array of dtype {dt} cannot travel as a plain value (numeric, bool, "
+                "bytes, str and datetime dtypes can); put structured data in a @message"
+            )
+        arr = np.ascontiguousarray(obj)
+        head = _pack((dt.str, list(arr.shape)))
+        flat = arr.reshape(-1).view(np.uint8)
+        return msgspec.msgpack.Ext(
+            _EXT_ARRAY, b"".join((len(head).to_bytes(2, "little"), head, flat.data))
         )
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"{type(obj).__qualname__} has no MessagePack form")
+
+
+def _value_ext_hook(code: int, data: memoryview) -> Any:
+    if code != _EXT_ARRAY:
+        raise ValueError(f"unknown MessagePack extension type {code}")
+    size = int.from_bytes(data[:2], "little")
+    dtype_str, shape = _unpack(data[2 : 2 + size])
+    dt = np.dtype(dtype_str)
+    if dt.hasobject:
+        raise ValueError("object arrays are not accepted")
+    # a copy: a plain value is the receiver's own, writable, as on the in-process tiers
+    return np.frombuffer(data[2 + size :], dtype=dt).reshape(shape).copy()
+
+
+_value_encode = msgspec.msgpack.Encoder(enc_hook=_value_enc_hook).encode
+_value_decode = msgspec.msgpack.Decoder(ext_hook=_value_ext_hook).decode
+
+
+def encode_value(kernel_id: str, value: Any) -> bytes:
+    """A plain value's record: ``0xC1 'V'`` and the value as MessagePack.
+
+    Raises:
+        MessageSerializationError: ``value`` (or something inside it) has no MessagePack
+            form; the message names its type.
+    """
+    try:
+        return VALUE_FRAME + _value_encode(value)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise MessageSerializationError(
+            f"kernel {kernel_id!r} runs in a child process, so what it carries must encode "
+            f"as MessagePack; a {type(value).__name__} does not ({exc}). Send @message "
+            "instances or MessagePack values: int, float, str, bytes, bool, None, lists and "
+            "dicts of them, NumPy arrays"
+        ) from exc
+
+
+def decode_value(kernel_id: str, data: bytes) -> Any:
+    """The value of a ``0xC1 'V'`` record (tuples come back as lists, as MessagePack has it).
+
+    Raises:
+        MessageDeserializationError: the record is not a value record or is malformed.
+    """
+    if data[1:2] != b"V":
+        raise MessageDeserializationError(
+            f"kernel {kernel_id!r}: unknown record kind {bytes(data[:2])!r}"
+        )
+    try:
+        return _value_decode(memoryview(data)[2:])
+    except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        raise MessageDeserializationError(
+            f"kernel {kernel_id!r}: a plain value record is malformed ({exc})"
+        ) from exc
+
+
+def encoder_for(
+    kernel_id: str, msg: object, expected: type | None, what: str
+) -> Callable[[Any], bytes]:
+    """Check ``msg`` against ``expected`` and return the encoder for its type.
+
+    A ``@message`` encodes with its class's ``serialize``; anything else as a plain value.
+    """
     check_type(kernel_id, msg, expected, what)
+    if isinstance(msg, RingKernelMessage):
+        return type(msg).serialize  # type: ignore[return-value]
+
+    def encode(value: Any) -> bytes:
+        return encode_value(kernel_id, value)
+
+    return encode
 
 
-def _too_large(kernel_id: str, msg: object, size: int, ring: Any, which: str) -> Exception:
-    option = "input_ring_bytes" if which == "inbox" else "output_ring_bytes"
-    return InvalidConfigurationError(
-        f"{type(msg).__name__} message of {size} bytes can never fit the {which} of kernel "
-        f"{kernel_id!r} (largest message: {ring.max_record_size} bytes); raise "
-        f"CythonKernelConfig({option}=...) or send smaller messages"
+def too_large(kernel_id: str, msg: object, size: int, limit: int, which: str) -> Exception:
+    """The error for a record that can never fit a ring (``which``: "inbox" or "outbox")."""
+    need = 8 + ((size + 7) & ~7)  # the ring capacity that holds it
+    what = type(msg).__name__
+    if which == "inbox":
+        fix = (
+            f"launch(..., ring_bytes={need}) in the runtime, or "
+            f"CythonKernelConfig(ring_bytes={need}) (or input_ring_bytes=) used directly"
+        )
+    else:
+        fix = (
+            f"launch(..., ring_bytes={need}) in the runtime, or "
+            f"CythonKernelConfig(ring_bytes={need}) (or output_ring_bytes=) used directly"
+        )
+    return MessageSerializationError(
+        f"a {what} that encodes to {size} bytes can never fit the {which} of kernel "
+        f"{kernel_id!r}, which takes at most {limit} bytes per message; make the rings "
+        f"larger with {fix}, or send smaller messages"
     )
+
+
+def exception_data(exc: BaseException) -> list[Any]:
+    """``[module, qualname, text, args, traceback]`` for an exception: plain data only.
+
+    ``args`` is None unless every argument is a str, int, float, bool or None.
+    """
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > _TEXT_MAX:
+        tb = "...\n" + tb[-_TEXT_MAX:]
+    try:
+        text = str(exc)[:_TEXT_MAX]
+    except Exception:  # a broken __str__
+        text = f"<{type(exc).__qualname__}: str() failed>"
+    args = list(exc.args) if all(type(a) in _SIMPLE_ARGS for a in exc.args) else None
+    return [type(exc).__module__, type(exc).__qualname__, text, args, tb]
+
+
+def pack_report(kind: str, *fields: Any) -> bytes:
+    """A status or error report as MessagePack; ``args`` too big for it are dropped."""
+    try:
+        return _pack([kind, *fields])
+    except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
+        clean = [None if isinstance(f, list) else f for f in fields]  # only ``args`` is a list
+        return _pack([kind, *clean])
+
+
+def unpack_report(data: bytes) -> list[Any]:
+    """A report from the child: a list starting with its kind (``[]`` when malformed)."""
+    try:
+        report = _unpack(data)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return []
+    return report if isinstance(report, list) and report else []
+
+
+def error_frame(correlation: bytes | None, exc: BaseException) -> bytes:
+    """An outbox record reporting that the message with id ``correlation`` failed."""
+    return ERROR_FRAME + pack_report("rejected", correlation, *exception_data(exc))
+
+
+def frame_id(data: bytes) -> bytes | None:
+    """The 16-byte message id in a message frame, read without its class (None if absent)."""
+    try:
+        top = _unpack(data)
+        mid = top[1][0]
+    except Exception:  # anything malformed: no id to report
+        return None
+    return mid if type(mid) is bytes and len(mid) == 16 else None
 
 
 # --- the child side ------------------------------------------------------------------------
@@ -224,25 +394,29 @@ class _ChildSpec:
     in_space: Any  # write end: we ring it when we freed inbox space
     out_data: Any  # write end: we ring it when the outbox has data
     out_space: Any  # read end: the parent rings it when it freed outbox space
-    status: Any  # write end: ready/error reports
+    status: Any  # write end: ready/error reports (MessagePack bytes)
 
 
 class CythonKernelContext:
     """What a process actor sees, inside the child process.
 
     Same methods as :class:`~pydotcompute.ring_kernels.threaded_kernel.ThreadedKernelContext`;
-    call them from the actor's own thread.
+    call them from the actor's own thread. A message is *finished* once the actor asks for
+    its next one (``receive``/``receive_nowait``) or returns; the parent keeps it until then
+    and hands it back (``take_undelivered``) if the child ends before.
     """
 
     __slots__ = (
         "_checked_type",
         "_current",
         "_decode",
+        "_encode",
         "_gone",
         "_in",
         "_in_space_fd",
         "_out",
         "_out_data_fd",
+        "_out_is_message",
         "_out_max",
         "_output_type",
         "_read_waiter",
@@ -263,6 +437,8 @@ class CythonKernelContext:
         self._write_waiter = _Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
         self._gone = False
         self._checked_type: type | None = None
+        self._encode: Callable[[Any], bytes] = _no_encoder
+        self._out_is_message = False
         self._out_max: int = out_ring.max_record_size
         self._current: Any = None  # the last message received: replies are correlated to it
         self._decode = message_decoder()  # the inbox's stream: its type's fast path
@@ -295,55 +471,93 @@ class CythonKernelContext:
     def receive(self, timeout: float | None = None) -> Any:
         """The next message, waiting up to ``timeout`` seconds (None = until one arrives).
 
+        Asking for the next message marks the previous one finished. A record that does not
+        decode (a field of the wrong type, for example) is not handed to the actor: it goes
+        back to the parent as that message's error and the wait goes on (the timeout
+        starts again).
+
         Returns:
-            The message, or None when the timeout expired.
+            The message (a ``@message`` instance or a plain value), or None when the
+            timeout expired.
 
         Raises:
             QueueClosedError: the kernel is stopping and the inbox is drained, or the parent
                 process died (letting it escape ends the actor cleanly).
         """
         ring = self._in
-        data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
-        if data is None:
-            if self._gone or ring.writer_closed:
-                raise self._closed()
-            return None
-        if ring.writer_waiting:
-            _ring_bell(self._in_space_fd)
-        msg = self._current = self._decode(data)
-        return msg
+        while True:
+            ring.mark_done()
+            data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
+            if data is None:
+                if self._gone or ring.writer_closed:
+                    raise self._closed()
+                return None
+            if ring.writer_waiting:
+                _ring_bell(self._in_space_fd)
+            try:
+                if data[0] != FRAME_TAG:
+                    msg = self._current = self._decode(data)
+                    return msg
+                self._current = None
+                return decode_value(self.kernel_id, data)
+            except MessageDeserializationError as exc:
+                self._reject(data, exc)
 
     def receive_nowait(self) -> Any:
-        """The next message or None, without waiting."""
-        data = self._in.try_read()
-        if data is None:
-            if self._in.writer_closed and not self._in.readable():
-                raise self._closed()
-            return None
-        if self._in.writer_waiting:
-            _ring_bell(self._in_space_fd)
-        msg = self._current = self._decode(data)
-        return msg
+        """The next message or None, without waiting (marks the previous one finished)."""
+        ring = self._in
+        while True:
+            ring.mark_done()
+            data = ring.try_read()
+            if data is None:
+                if ring.writer_closed and not ring.readable():
+                    raise self._closed()
+                return None
+            if ring.writer_waiting:
+                _ring_bell(self._in_space_fd)
+            try:
+                if data[0] != FRAME_TAG:
+                    msg = self._current = self._decode(data)
+                    return msg
+                self._current = None
+                return decode_value(self.kernel_id, data)
+            except MessageDeserializationError as exc:
+                self._reject(data, exc)
+
+    def _reject(self, data: bytes, exc: BaseException) -> None:
+        """Report an undecodable record to the parent as its message's error."""
+        self._current = None
+        frame = error_frame(frame_id(data) if data[0] != FRAME_TAG else None, exc)
+        self._write(frame, None)
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
-        """Serialize ``msg`` into the outbox, waiting while it is full.
+        """Encode ``msg`` into the outbox, waiting while it is full.
+
+        ``msg`` is a ``@message`` (a reply without a ``correlation_id`` is correlated to
+        the message being handled) or any MessagePack-able value.
 
         Returns:
             True when queued, False when the timeout expired first.
 
         Raises:
-            TypeValidationError: ``msg`` is not a message (or not the ``output_type``).
-            InvalidConfigurationError: the message can never fit the outbox ring.
+            TypeValidationError: ``msg`` is not the ``output_type``.
+            MessageSerializationError: ``msg`` cannot be encoded, or its encoding can never
+                fit the outbox ring.
             QueueClosedError: the parent process has gone.
         """
         if type(msg) is not self._checked_type:  # validate each new type once
-            check_message(self.kernel_id, msg, self._output_type, "must send")
+            self._encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
+            self._out_is_message = isinstance(msg, RingKernelMessage)
             self._checked_type = type(msg)
-        stamp_reply(msg, self._current)
-        data = msg.serialize()
-        ring = self._out
+        if self._out_is_message:
+            stamp_reply(msg, self._current)
+        data = self._encode(msg)
         if len(data) > self._out_max:
-            raise _too_large(self.kernel_id, msg, len(data), ring, "outbox")
+            raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox")
+        return self._write(data, timeout)
+
+    def _write(self, data: bytes, timeout: float | None) -> bool:
+        ring = self._out
         result = ring.try_write(data)
         if not result:
             result = write_wait(ring, data, self._write_waiter, timeout, self._parent_gone)
@@ -356,7 +570,7 @@ class CythonKernelContext:
         return True
 
     def send_nowait(self, msg: Any) -> bool:
-        """Serialize ``msg`` into the outbox if there is room; False when full."""
+        """Encode ``msg`` into the outbox if there is room; False when full."""
         return self.send(msg, 0)
 
     def wait_shutdown(self, timeout: float | None = None) -> bool:
@@ -370,37 +584,42 @@ class CythonKernelContext:
         return True
 
 
-def _error_report(exc: BaseException) -> tuple[Any, ...]:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        payload: bytes | None = pickle.dumps(exc)
-    except Exception:
-        payload = None
-    return ("error", payload, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text)
+def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - replaced before first use
+    raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
 
 
 def _child_main(spec: _ChildSpec) -> None:
-    """Entry point of the child process (module level so ``spawn`` can import it)."""
+    """Entry point of the child process (module level so ``spawn`` can import it).
+
+    Reports ``["ready", pid]`` once the actor is loaded and the rings attached, or
+    ``["error", phase, module, qualname, text, args, traceback]`` (phase ``"load"``: the
+    actor could not be unpickled, ``"start"``: the rings could not be attached, ``"run"``:
+    the actor raised).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space):
         os.set_blocking(conn.fileno(), False)
     status = spec.status
     in_ring = out_ring = None
     exit_code = 0
+    phase = "load"
     try:
         func = pickle.loads(spec.func)
+        phase = "start"
         in_ring = SharedByteRing.attach(spec.in_name)
         out_ring = SharedByteRing.attach(spec.out_name)
         ctx = CythonKernelContext(spec, in_ring, out_ring)
-        status.send(("ready", os.getpid()))
+        status.send_bytes(pack_report("ready", os.getpid()))
+        phase = "run"
         try:
             func(ctx)
         except QueueClosedError:
             if not (ctx._gone or in_ring.writer_closed):
                 raise
+        in_ring.mark_done()  # the actor ended cleanly: what it took is finished
     except BaseException as exc:  # reported to the parent, which raises it to callers
         try:
-            status.send(_error_report(exc))
+            status.send_bytes(pack_report("error", phase, *exception_data(exc)))
         except OSError:
             pass  # the parent is gone
         exit_code = 1

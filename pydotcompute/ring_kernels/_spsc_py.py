@@ -17,7 +17,8 @@ Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines):
 
     line 0   magic, capacity, max_records                      written once by the creator
     line 1   tail, records_written, writer_waiting, writer_closed   written by the producer
-    line 2   head, records_read, reader_waiting, reader_closed      written by the consumer
+    line 2   head, records_read, reader_waiting, reader_closed, records_done
+                                                                    written by the consumer
     256..    data: ``capacity`` bytes (a multiple of 8)
 
 ``head`` and ``tail`` are byte positions that only grow (``2**64`` bytes never wrap in
@@ -59,8 +60,8 @@ from typing import Any
 
 from ..exceptions import (
     InvalidConfigurationError,
-    MessageDeserializationError,
     QueueClosedError,
+    RingCorruptedError,
 )
 
 try:  # POSIX shared memory without multiprocessing's attach-side tracking
@@ -88,7 +89,7 @@ MAX_CAPACITY = 1 << 40
 # uint64 slot indices in the header
 H_MAGIC, H_CAPACITY, H_MAX_RECORDS = 0, 1, 2
 H_TAIL, H_WCOUNT, H_WWAIT, H_WCLOSED = 8, 9, 10, 11
-H_HEAD, H_RCOUNT, H_RWAIT, H_RCLOSED = 16, 17, 18, 19
+H_HEAD, H_RCOUNT, H_RWAIT, H_RCLOSED, H_DONE = 16, 17, 18, 19, 20
 
 WRITE_FULL, WRITE_OK, WRITE_WAKE = 0, 1, 2
 
@@ -127,12 +128,31 @@ def too_large_error(size: int, capacity: int, name: str) -> InvalidConfiguration
     )
 
 
-def corrupt_error(name: str, length: int, position: int, committed: int) -> Exception:
-    """The error for a length word that contradicts the committed bytes."""
-    return MessageDeserializationError(
-        f"shared ring {name!r} is corrupt: a record at position {position} claims {length} "
-        f"bytes but only {committed} bytes are committed; was the segment written by "
-        "something other than its one producer?"
+def corrupt_error(name: str, detail: str) -> RingCorruptedError:
+    """The error for positions or a length word that cannot be right (both implementations)."""
+    return RingCorruptedError(
+        f"shared ring {name!r} is corrupt: {detail}; was the segment written by something "
+        "other than its one producer and one consumer? The ring cannot be used any more"
+    )
+
+
+def length_detail(length: int, position: int, committed: int) -> str:
+    """``corrupt_error`` detail for a length word larger than the committed bytes."""
+    return (
+        f"a record at position {position} claims {length} bytes but only {committed} bytes "
+        "are committed"
+    )
+
+
+def positions_detail(head: int, tail: int, capacity: int) -> str:
+    """``corrupt_error`` detail for a head/tail pair no ring of ``capacity`` bytes can have."""
+    if head & 7 or tail & 7:
+        return f"head {head} / tail {tail} is not on a record boundary (a multiple of 8 bytes)"
+    if tail < head + RECORD_HEADER_BYTES:
+        return f"tail {tail} is less than one record header past head {head} (committed)"
+    return (
+        f"tail {tail} is {tail - head} bytes past head {head}, more than the capacity "
+        f"of {capacity} bytes (committed)"
     )
 
 
@@ -366,9 +386,13 @@ class SharedByteRing:
         if q[H_RCLOSED]:
             raise QueueClosedError(f"shared ring {self.name!r}: the reader has closed it")
         tail = q[H_TAIL]
-        if need > cap - (tail - self._head_cache):
-            self._head_cache = q[H_HEAD]
-            if need > cap - (tail - self._head_cache):
+        used = tail - self._head_cache
+        if need > cap - used or tail & 7:
+            head = self._head_cache = q[H_HEAD]
+            used = tail - head
+            if not 0 <= used <= cap or (head | tail) & 7:
+                raise corrupt_error(self.name, positions_detail(head, tail, cap))
+            if need > cap - used:
                 return WRITE_FULL
         written = q[H_WCOUNT]
         if self._max_records and written - self._rcount_cache >= self._max_records:
@@ -434,11 +458,14 @@ class SharedByteRing:
             if self._tail_cache <= head:
                 return None
         cap = self._capacity
+        tail = self._tail_cache
+        if tail - head > cap or tail - head < RECORD_HEADER_BYTES or (head | tail) & 7:
+            raise corrupt_error(self.name, positions_detail(head, tail, cap))
         off = head % cap
         n = self._words[off >> 3]
-        committed = self._tail_cache - head - RECORD_HEADER_BYTES
+        committed = tail - head - RECORD_HEADER_BYTES
         if n > committed:
-            raise corrupt_error(self.name, n, head, committed)
+            raise corrupt_error(self.name, length_detail(n, head, committed))
         p = off + RECORD_HEADER_BYTES
         if p == cap:
             p = 0
@@ -478,6 +505,26 @@ class SharedByteRing:
         while (rec := self.try_read()) is not None:
             out.append(rec)
         return out
+
+    def mark_done(self) -> None:
+        """Record that every record read so far is finished with (``records_done``).
+
+        The consumer calls it when it has dealt with what it took (a process actor asking
+        for its next message), so the producer can tell records merely taken from records
+        finished: after the consumer dies, ``records_read - records_done`` were in its hands.
+        """
+        q = self._q
+        q[H_DONE] = q[H_RCOUNT]
+
+    @property
+    def records_done(self) -> int:
+        """Records the consumer has marked finished (see :meth:`mark_done`)."""
+        return int(self._q[H_DONE])
+
+    @property
+    def records_read(self) -> int:
+        """Records the consumer has taken so far."""
+        return int(self._q[H_RCOUNT])
 
     def close_reader(self) -> None:
         """Mark that the reader is gone; further writes raise ``QueueClosedError``."""
@@ -523,6 +570,7 @@ class SharedByteRing:
             "max_records": self._max_records,
             "records_written": int(q[H_WCOUNT]),
             "records_read": int(q[H_RCOUNT]),
+            "records_done": int(q[H_DONE]),
             "pending_records": self._pending(),
             "used_bytes": self._used(),
         }

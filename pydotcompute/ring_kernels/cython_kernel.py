@@ -29,12 +29,23 @@ Design notes:
   thread marks the kernel stopped/failed the moment the child exits, so a crash or a
   ``kill -9`` reaches senders and receivers at once (not after a timeout). The child's
   doorbell pipes hang up when the parent dies, and the child then exits. An exception in
-  the actor travels back pickled (with the child's traceback as a note) and becomes
-  ``error``; callers get ``KernelFailedError`` after the replies sent before it.
+  the actor travels back as plain data (never a pickle: unpickling would run whatever the
+  child's class asked for) and becomes ``error``: the builtin type when it was a builtin,
+  else :class:`~pydotcompute.exceptions.RemoteActorError`, with the child's traceback as a
+  note; callers get ``KernelFailedError`` after the replies sent before it.
+- What is in flight is never lost. The parent keeps every message it sent until the child
+  has *finished* it (the actor asked for its next message, or returned), counted by the
+  inbox ring's ``records_done``; when the child ends early, :meth:`take_undelivered` hands
+  back exactly the unfinished ones, in send order, the one in the actor's hands first.
+  Kept objects are pruned lazily, so at most twice the in-flight window
+  (``input_queue_size`` + 1) is held.
+- A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
+  header) fails the kernel and kills the child; it is never read past its end.
 - Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
   is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
   parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
-  Replies stay receivable after ``stop()``; messages the child never took are returned by
+  Replies stay receivable after ``stop()`` (:meth:`CythonRingKernel.drain_replies` takes
+  them all); messages the child never took are returned by
   :meth:`CythonRingKernel.unprocessed`.
 - Length: this file is past the house limit on purpose: it is one state machine (launch,
   watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
@@ -46,12 +57,15 @@ Design notes:
 
 from __future__ import annotations
 
+import builtins
 import enum
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,28 +76,37 @@ from typing import Any
 from ..exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
+    KernelStateError,
     MessageDeserializationError,
+    MessageRejectedError,
     QueueClosedError,
+    RemoteActorError,
+    RingCorruptedError,
     TypeValidationError,
 )
 from . import _cython
 from ._cython import SharedByteRing
 from ._kernel_common import KernelBase, check_actor, check_kernel_config, resolve_config
 from ._process_actor import (
+    ERROR_FRAME,
+    FRAME_TAG,
     SLICE_S,
+    STATUS_MAX_BYTES,
     WRITE_WAKE,
     CythonKernelContext,
     _child_main,
     _ChildSpec,
     _drain_bell,
     _ring_bell,
-    _too_large,
     _Waiter,
-    check_message,
+    decode_value,
+    encoder_for,
     read_wait,
+    too_large,
+    unpack_report,
     write_wait,
 )
-from .message import deserialize_message, message_decoder
+from .message import message_decoder
 from .sync_queue import _WakerSet
 
 __all__ = (
@@ -128,18 +151,22 @@ class CythonKernelConfig:
 
     Attributes:
         kernel_id: The kernel's name.
-        input_queue_size: Most messages queued in the inbox ring (>= 1).
-        output_queue_size: Most messages queued in the outbox ring (>= 1).
-        input_ring_bytes: Inbox ring capacity; a message must serialize to at most this
-            minus 8 bytes.
-        output_ring_bytes: Outbox ring capacity.
+        input_queue_size: Most messages sent and not yet taken by the actor (>= 1): a hard
+            bound, ``send`` waits (``send_nowait`` returns False) beyond it. With the one
+            in the actor's hands, at most this plus one messages are in flight.
+        output_queue_size: Most replies queued in the outbox ring (>= 1); the actor's
+            ``ctx.send`` waits beyond it.
+        input_ring_bytes: Inbox ring capacity in bytes (>= 1024, default 1 MiB); a
+            message must encode to at most this minus 8 bytes (``max_message_bytes``).
+        output_ring_bytes: Outbox ring capacity in bytes (same rule for replies).
         spin_us: Most microseconds a waiting side polls before parking on its doorbell (0 =
             park at once). Higher keeps round trips in microseconds through longer gaps
             and costs CPU while idle.
         start_method: ``"spawn"`` (default) or ``"forkserver"`` (faster starts on POSIX).
         startup_timeout: Seconds to wait for the child to import the actor and report ready.
         daemon: Kill the child when the parent exits without stopping it.
-        ring_bytes: Shorthand that sets both ring capacities.
+        ring_bytes: Shorthand that sets both ring capacities (the runtime's
+            ``launch(..., ring_bytes=N)`` option passes it here).
         adaptive_spin: Let each waiting side shrink its spin (down to none) while spinning
             does not pay off, probing with the full ``spin_us`` now and then; False spins
             the full budget on every wait.
@@ -193,20 +220,60 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _rebuild_error(report: tuple[Any, ...], kernel_id: str, pid: int | None) -> BaseException:
-    _, payload, type_name, text, tb_text = report
+def _rebuild_error(report: list[Any], kernel_id: str, pid: int | None) -> BaseException:
+    """The exception an ``["error", phase, module, qualname, text, args, traceback]`` report
+    describes, built from data: a builtin exception type is rebuilt as itself, anything
+    else as ``RemoteActorError`` (no class of the child's choosing is ever instantiated)."""
+    fields = [*report[2:7], None, None, None, None, None][:5]
+    module, qualname, text, args, tb_text = (
+        str(fields[0] or "?"),
+        str(fields[1] or "?"),
+        str(fields[2] or ""),
+        fields[3],
+        str(fields[4] or ""),
+    )
     exc: BaseException | None = None
-    if payload is not None:
-        try:
-            exc = pickle.loads(payload)
-        except Exception:
-            exc = None
-    if not isinstance(exc, BaseException):
-        exc = RuntimeError(f"{type_name}: {text}")
-    note = f"raised in the child process (pid {pid}) of kernel {kernel_id!r}:\n{tb_text}"
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
+    if module == "builtins":
+        cls = getattr(builtins, qualname, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                exc = cls(*args) if isinstance(args, list) else cls(text)
+            except Exception:
+                exc = None
+    if exc is None:
+        exc = RemoteActorError(qualname, module, text, tb_text)
+    exc.add_note(f"raised in the child process (pid {pid}) of kernel {kernel_id!r}:\n{tb_text}")
     return exc
+
+
+def _rejection(kernel_id: str, data: bytes) -> MessageRejectedError:
+    """The error an ``ERROR_FRAME`` record carries (a message the child could not decode)."""
+    report = unpack_report(bytes(data[len(ERROR_FRAME) :]))
+    fields = [*report[1:7], None, None, None, None, None, None][:6]
+    mid, module, qualname, text, _, tb_text = fields
+    cid = uuid.UUID(bytes=mid) if type(mid) is bytes and len(mid) == 16 else None
+    what = f"{qualname}: {text}" if module == "builtins" else f"{module}.{qualname}: {text}"
+    return MessageRejectedError(kernel_id, cid, what, str(tb_text or ""))
+
+
+def _startup_hint(report: list[Any]) -> str:
+    """Why the child most likely failed before reporting ready (item: load or bootstrap)."""
+    if report and report[0] == "error" and len(report) > 1 and report[1] == "load":
+        return (
+            "(the child process could not load the actor: it must be a module-level function "
+            "of a module the child can import, not one defined under "
+            '`if __name__ == "__main__":`, inside a function, or in an interactive session)'
+        )
+    if report:
+        return ""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    where = f" ({main})" if main else ""
+    return (
+        f"(it died before running any kernel code, most likely while re-importing the main "
+        f"module{where}: with the spawn start method a script that starts kernels must do so "
+        f'under `if __name__ == "__main__":`, and the main module must import cleanly in a '
+        "new process; the child's traceback is on its stderr)"
+    )
 
 
 def _exited(process: Any, timeout: float | None) -> bool:
@@ -275,8 +342,12 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             ``def``): the child imports it.
         config: Ring sizes, spin budget and start method; defaults to
             ``CythonKernelConfig(kernel_id)``.
-        input_type: When given, ``send`` refuses other message types.
+        input_type: When given, ``send`` refuses other types.
         output_type: When given, ``ctx.send`` in the child refuses other types.
+
+    Without types it carries ``@message`` instances and any MessagePack-able value (int,
+    float, str, bytes, bool, None, lists and dicts of them, NumPy arrays) both ways; plain
+    values arrive as their MessagePack equivalents (a tuple as a list).
     """
 
     _CREATED = CythonKernelState.CREATED
@@ -329,7 +400,14 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._space_armed = False
         self._cleaned = False
         self._checked_type: type | None = None
+        self._encode: Any = None  # the encoder for ``_checked_type``
         self._in_max = 0
+        # messages sent and not known to be finished by the child, oldest first
+        self._inflight: deque[Any] = deque()
+        self._sent = 0  # messages written to the inbox, ever
+        self._prune_at = 2 * (config.input_queue_size + 1)
+        self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
+        self._undelivered_taken = False
         self._rx: Any = None  # the outbox ring while receiving from it is allowed
         self._status: Any = None
         self._child_exited = False
@@ -355,6 +433,32 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
     def exit_code(self) -> int | None:
         """The child's exit code once it ended (negative: killed by that signal)."""
         return self._exit_code
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest encoded message ``send`` accepts, in bytes (valid before ``start``).
+
+        A ``@message`` counts its ``serialize()`` bytes, a plain value its MessagePack bytes
+        plus 2. ``send`` raises ``MessageSerializationError`` for anything larger; raise
+        ``CythonKernelConfig(ring_bytes=N)`` (``launch(..., ring_bytes=N)`` in the
+        runtime) to allow up to ``N - 8``.
+        """
+        return ((self._config.input_ring_bytes + 7) & ~7) - 8
+
+    @property
+    def pending_input(self) -> int:
+        """Messages sent and not yet taken by the actor (the inbox ring's records).
+
+        At most ``config.input_queue_size``; 0 before ``start``. After the child ended and
+        ``stop`` collected the leftovers, the number of messages it never took.
+        """
+        ring = self._in_ring
+        if ring is not None and not self._cleaned:
+            try:
+                return len(ring)
+            except ValueError:  # closed by a concurrent stop
+                pass
+        return len(self._unprocessed)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -428,27 +532,30 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
         # wait for "ready" (or an early death / error report)
         ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
-        report = status_r.recv() if status_r in ready and status_r.poll() else None
-        if report is None or report[0] != "ready":
-            if report is None and not ready:
+        report = self._read_status() if status_r in ready else []
+        if not report or report[0] != "ready":
+            if not ready:
                 process.kill()
             self._exit_code = _reap(process)
-            if report is not None and report[0] == "error":
+            if report and report[0] == "error":
                 cause = _rebuild_error(report, self._kernel_id, process.pid)
+                hint = _startup_hint(report)
             else:
                 cause = ChildProcessError(
                     f"the child process of kernel {self._kernel_id!r} "
                     f"{_describe_exit(self._exit_code)} before reporting ready"
                     + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
                 )
+                hint = _startup_hint(report) if ready else ""
             self._error = cause
             self._child_exited = True
-            err = KernelFailedError(self._kernel_id, cause)
+            err = KernelFailedError(self._kernel_id, cause, note=hint)
             raise err from cause
         # both processes have mapped the rings: drop the names so nothing can leak
         self._in_ring.unlink()
         self._out_ring.unlink()
         self._in_max = self._in_ring.max_record_size
+        self._prune_at = 2 * (cfg.input_queue_size + 1)
         self._rx = self._out_ring
         stop_r, stop_w = os.pipe()
         self._watch_stop = (stop_r, stop_w)
@@ -530,25 +637,67 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             process = self._process
             self._exit_code = _reap(process)
             error: BaseException | None = None
-            try:
-                while self._status.poll():
-                    report = self._status.recv()
-                    if report[0] == "error":
-                        error = _rebuild_error(report, self._kernel_id, process.pid)
-            except (EOFError, OSError):
-                pass
+            while report := self._read_status():
+                if report[0] == "error":
+                    error = _rebuild_error(report, self._kernel_id, process.pid)
             if error is None and self._exit_code != 0 and not self._stop_requested:
                 error = ChildProcessError(
                     f"the child process of kernel {self._kernel_id!r} (pid {process.pid}) "
                     f"{_describe_exit(self._exit_code)} without reporting an error"
                 )
+            self._final_counts = self._inbox_counts()
             with self._state_lock:
-                if error is not None:
+                if error is not None and self._error is None:
                     self._error = error
                 self._state = CythonKernelState.STOPPED
                 self._stopped_at = _monotonic()
             self._child_exited = True
         return True
+
+    def _read_status(self) -> list[Any]:
+        """The next report on the status pipe (``[]`` when none, closed or malformed).
+
+        Reports are MessagePack bytes: nothing the child sends is unpickled here.
+        """
+        status = self._status
+        try:
+            if status is None or not status.poll():
+                return []
+            data = status.recv_bytes(STATUS_MAX_BYTES)
+        except (EOFError, OSError):
+            return []
+        report = unpack_report(data)
+        return report if report else ["malformed"]
+
+    def _inbox_counts(self) -> tuple[int, int] | None:
+        """(taken, finished) from the inbox header, clamped to what was sent; None if gone."""
+        ring = self._in_ring
+        if ring is None or ring.closed:
+            return None
+        try:
+            taken, done = ring.records_read, ring.records_done
+        except ValueError:
+            return None
+        base = self._sent - len(self._inflight)
+        taken = min(max(taken, base), self._sent)
+        return taken, min(max(done, base), taken)
+
+    def _ring_failed(self, exc: RingCorruptedError) -> None:
+        """A ring's header is impossible: fail with ``exc`` and end the child (its channel
+        cannot be trusted any more). Safe from any thread."""
+        with self._state_lock:
+            if self._error is None:
+                self._error = exc
+            if self._state is _RUNNING:
+                self._state = CythonKernelState.STOPPING
+        process = self._process
+        if process is not None and not self._child_exited:
+            try:
+                process.kill()
+            except (OSError, ValueError):
+                pass
+            if _exited(process, 5.0):
+                self._on_child_exit()
 
     def _child_gone(self, value: bool = False) -> bool:
         """``gone`` callback for the wait helpers: checks (or records) the child's exit."""
@@ -558,6 +707,10 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop gracefully: close the inbox, let the child drain it and exit, collect replies.
+
+        Every reply the child produced stays readable afterwards (``receive_nowait`` or
+        :meth:`drain_replies`), and every message it did not finish comes back from
+        :meth:`take_undelivered`.
 
         Args:
             timeout: Seconds to wait for the child to finish; then it is terminated (and
@@ -601,7 +754,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if self._recv_lock.acquire(False):
                 try:
                     out_ring.set_reader_waiting(True)
-                    self._pending_out.extend(out_ring.read_all())
+                    self._drain_outbox()
                     if out_ring.writer_waiting:
                         _ring_bell(self._out_space_fd)
                 finally:
@@ -622,16 +775,26 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._on_child_exit()
         return False
 
+    def _drain_outbox(self) -> None:
+        """Move every committed reply record to ``_pending_out`` (``_recv_lock`` held)."""
+        ring = self._out_ring
+        if ring is None or ring.closed:
+            return
+        pending = self._pending_out
+        try:
+            while (data := ring.try_read()) is not None:
+                pending.append(data)
+        except RingCorruptedError as exc:
+            self._ring_failed(exc)
+
     def _collect_leftovers(self) -> None:
         with self._recv_lock:
-            if self._out_ring is not None and not self._out_ring.closed:
-                self._pending_out.extend(self._out_ring.read_all())
-        if self._in_ring is not None and not self._in_ring.closed:
-            for data in self._in_ring.read_all():  # the child has exited: we may read
-                try:
-                    self._unprocessed.append(deserialize_message(data))
-                except MessageDeserializationError:
-                    self._unprocessed.append(data)
+            self._drain_outbox()
+        with self._send_lock:  # the child has exited: the messages it never took
+            counts = self._final_counts or self._inbox_counts()
+            if counts is not None and not self._unprocessed:
+                base = self._sent - len(self._inflight)
+                self._unprocessed.extend(list(self._inflight)[counts[0] - base :])
 
     def _cleanup(self) -> None:
         if self._cleaned:
@@ -679,7 +842,12 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
     # -- caller side ------------------------------------------------------------------
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
-        """Serialize ``msg`` into the child's inbox, waiting while it is full.
+        """Encode ``msg`` into the child's inbox, waiting while it is full.
+
+        ``msg`` is a ``@message`` or any MessagePack-able value. The inbox is full when
+        ``config.input_queue_size`` messages are sent and not yet taken by the actor (or
+        its bytes are used up). The object itself is kept until the child has finished it
+        (see :meth:`take_undelivered`).
 
         Returns:
             True when queued, False when the timeout expired first.
@@ -687,18 +855,20 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         Raises:
             KernelStateError: the kernel is not running (``KernelFailedError`` if it failed
                 or its child died).
-            TypeValidationError: ``msg`` is not a message (or not the ``input_type``).
-            InvalidConfigurationError: the message can never fit the inbox ring.
+            TypeValidationError: ``msg`` is not the ``input_type``.
+            MessageSerializationError: ``msg`` cannot be encoded (the message names its
+                type), or it encodes to more than :attr:`max_message_bytes`; raised at
+                once, nothing is queued.
         """
         if self._state is not _RUNNING:
             raise self._state_error("send to")
         if type(msg) is not self._checked_type:  # validate each new type once
-            check_message(self._kernel_id, msg, self._input_type, "expects")
+            self._encode = encoder_for(self._kernel_id, msg, self._input_type, "expects")
             self._checked_type = type(msg)
-        data = msg.serialize()
+        data = self._encode(msg)
         ring = self._in_ring
         if len(data) > self._in_max:
-            raise _too_large(self._kernel_id, msg, len(data), ring, "inbox")
+            raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox")
         lock = self._send_lock
         if timeout is None:
             lock.acquire()
@@ -723,15 +893,34 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             except QueueClosedError:  # the child closed its inbox: it is exiting
                 self._await_child()
                 raise self._state_error("send to") from None
+            except RingCorruptedError as exc:
+                self._ring_failed(exc)
+                raise self._state_error("send to") from exc
             if not result:
                 if self._child_exited:
                     raise self._state_error("send to")
                 return False
+            inflight = self._inflight
+            if len(inflight) >= self._prune_at:
+                self._prune(ring)
+            inflight.append(msg)
+            self._sent += 1
         finally:
             lock.release()
         if result == WRITE_WAKE:
             _ring_bell(self._in_data_fd)
         return True
+
+    def _prune(self, ring: Any) -> None:
+        """Drop the kept messages the child has finished (``_send_lock`` held)."""
+        try:
+            done = ring.records_done
+        except ValueError:  # closed
+            return
+        inflight = self._inflight
+        drop = min(done - (self._sent - len(inflight)), len(inflight))
+        for _ in range(drop):
+            inflight.popleft()
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
         """Wait for a child that is known to be exiting (it closed a ring), then record it."""
@@ -745,11 +934,14 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         Replies already sent stay receivable after the kernel stopped or failed.
 
         Returns:
-            The reply, or None when the timeout expired.
+            The reply (a ``@message`` or a plain value), or None when the timeout expired.
 
         Raises:
-            KernelFailedError: the actor raised (or the child died) and every earlier reply
-                has been received.
+            MessageRejectedError: the child could not decode one message (a field of the
+                wrong type, for example); its ``correlation_id`` is that message's id. The
+                kernel keeps running: receive again for the next reply.
+            KernelFailedError: the actor raised (or the child died, or a ring was found
+                corrupted) and every earlier reply has been received.
             KernelStateError: the kernel never started, or stopped and is drained.
         """
         lock = self._recv_lock
@@ -759,12 +951,20 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             return None
         try:
             if self._pending_out:
-                return self._decode(self._pending_out.popleft())
+                record = self._pending_out.popleft()
+                if record[0] != FRAME_TAG:
+                    return self._decode(record)
+                return self._decode_frame(record)
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
             assert self._recv_waiter is not None
-            data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
+            try:
+                data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
+            except RingCorruptedError as exc:
+                self._ring_failed(exc)
+                self._rx = None
+                raise self._state_error("receive from") from exc
             if self._wakers.readable:
                 ring.set_reader_waiting(True)  # a park clears the watcher's arming
             if data is None:
@@ -778,7 +978,83 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 _ring_bell(self._out_space_fd)
         finally:
             lock.release()
-        return self._decode(data)
+        if data[0] != FRAME_TAG:
+            return self._decode(data)
+        return self._decode_frame(data)
+
+    def _decode_frame(self, data: bytes) -> Any:
+        """A reply record that is not a ``@message``: a plain value, or a rejection."""
+        if data[:2] == ERROR_FRAME:
+            raise _rejection(self._kernel_id, data)
+        return decode_value(self._kernel_id, data)
+
+    def drain_replies(self) -> list[Any]:
+        """Every reply readable now, oldest first, without waiting or raising for failures.
+
+        After :meth:`stop` (or once the child died) this is every reply the child produced
+        and nobody received yet: ``stop`` never discards one. A message the child rejected
+        appears in the list as its :class:`~pydotcompute.exceptions.MessageRejectedError`
+        instance (check with ``isinstance``); a reply that does not decode appears as its
+        ``MessageDeserializationError``. Safe from any thread; it waits for a concurrent
+        ``receive`` to return.
+        """
+        out: list[Any] = []
+        with self._recv_lock:
+            if not self._cleaned:
+                self._drain_outbox()
+            pending = self._pending_out
+            while pending:
+                data = pending.popleft()
+                try:
+                    out.append(
+                        self._decode(data) if data[0] != FRAME_TAG else self._decode_frame(data)
+                    )
+                except MessageDeserializationError as exc:
+                    out.append(exc)
+            ring = self._out_ring
+            if ring is not None and not ring.closed and ring.writer_waiting:
+                _ring_bell(self._out_space_fd)
+        return out
+
+    def take_undelivered(self) -> list[Any]:
+        """The messages the child did not finish, oldest first; each is returned only once.
+
+        A message is *finished* when the actor asked for its next message after taking it
+        (``ctx.receive``/``ctx.receive_nowait``), when the actor returned normally (or
+        ended on the ``QueueClosedError`` of a stop), or when the child rejected it as
+        undecodable (the caller got a ``MessageRejectedError``). Everything else sent
+        successfully comes back here, exactly the objects passed to ``send``: the one in
+        the actor's hands when the stop's grace period ran out, when the child was killed
+        or when the actor raised (first), then those it never took (in send order). A
+        message whose ``send`` raised or returned False was never sent.
+
+        Returns:
+            The unfinished messages; ``[]`` before ``start``, after a clean stop, and on
+            every call after the first.
+
+        Raises:
+            KernelStateError: the child is still running (call after :meth:`stop`, or once
+                the kernel failed because the child died).
+        """
+        with self._send_lock:
+            if self._process is None:
+                return []
+            if not self._child_exited:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "take undelivered messages from",
+                    "its child is still running; call stop() first",
+                )
+            if self._undelivered_taken:
+                return []
+            self._undelivered_taken = True
+            counts = self._final_counts
+            base = self._sent - len(self._inflight)
+            done = counts[1] if counts is not None else base
+            out = list(self._inflight)[done - base :]
+            self._inflight.clear()
+            return out
 
     # -- event-loop hosting -------------------------------------------------------------
 
@@ -817,6 +1093,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             "uptime_seconds": self._uptime(),
             "unprocessed": len(self._unprocessed),
             "pending_replies": len(self._pending_out),
+            "pending_input": self.pending_input,
+            "in_flight": len(self._inflight),
             **rings,
         }
 

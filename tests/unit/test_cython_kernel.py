@@ -10,6 +10,7 @@ import asyncio
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import sys as _sys
@@ -27,9 +28,13 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageRejectedError,
+    MessageSerializationError,
+    RemoteActorError,
+    RingCorruptedError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels import _cython
+from pydotcompute.ring_kernels import _cython, _spsc_py, cython_kernel
 from pydotcompute.ring_kernels.cython_kernel import (
     CythonKernelConfig,
     CythonKernelState,
@@ -93,6 +98,20 @@ def mirror(ctx: Any) -> None:
             ctx.send(Done(seq=msg.seq, pid=len(msg.payload)))
         else:
             ctx.send(Job(seq=msg.seq, payload="x" * msg.pid))
+
+
+def echo(ctx: Any) -> None:
+    """Send back whatever arrives, until the stop."""
+    while True:
+        ctx.send(ctx.receive())
+
+
+def sleeper(ctx: Any) -> None:
+    """Half a second per message, then a Done."""
+    while True:
+        job = ctx.receive()
+        time.sleep(0.5)
+        ctx.send(Done(seq=job.seq))
 
 
 def wrong_output(ctx: Any) -> None:
@@ -193,19 +212,93 @@ def test_use_before_start_and_after_stop() -> None:
         kernel.start()
 
 
-def test_messages_must_be_messages_and_fit() -> None:
-    cfg = CythonKernelConfig("big", input_ring_bytes=4096)
-    with CythonRingKernel("big", worker, config=cfg) as kernel:
-        with pytest.raises(TypeValidationError, match=r"carries @message instances .* got dict"):
-            kernel.send({"seq": 1})
-        with pytest.raises(
-            InvalidConfigurationError,
-            match=r"Job message of \d+ bytes can never fit the inbox of kernel 'big' "
-            r"\(largest message: 4088 bytes\); raise CythonKernelConfig\(input_ring_bytes",
-        ):
-            kernel.send(Job(seq=1, payload="x" * 5000))
-        kernel.send(Job(seq=2))  # still usable
+def test_an_oversized_message_is_refused_at_send_naming_both_fixes() -> None:
+    cfg = CythonKernelConfig("big", ring_bytes=4096)
+    kernel = CythonRingKernel("big", echo, config=cfg)
+    assert kernel.max_message_bytes == 4088  # known before start, for an up-front check
+    with kernel:
+        assert kernel.max_message_bytes == 4088
+        big = Job(seq=1, payload="x" * 5000)
+        size = len(big.serialize())
+        with pytest.raises(MessageSerializationError) as info:
+            kernel.send(big, timeout=1)
+        text = str(info.value)
+        assert isinstance(info.value, ValueError)
+        assert f"a Job that encodes to {size} bytes" in text
+        assert "takes at most 4088 bytes per message" in text
+        assert "launch(..., ring_bytes=" in text
+        assert "CythonKernelConfig(ring_bytes=" in text
+        with pytest.raises(MessageSerializationError, match="a bytes that encodes to"):
+            kernel.send_nowait(b"x" * 5000)
+        kernel.send(Job(seq=2))  # still usable; nothing of the refused ones was queued
         assert kernel.receive(timeout=30).seq == 2
+        assert kernel.receive(timeout=0.05) is None
+
+
+def test_a_reply_too_large_for_the_outbox_fails_the_actor_naming_the_fix() -> None:
+    cfg = CythonKernelConfig("bigout", output_ring_bytes=4096)
+    with CythonRingKernel("bigout", echo, config=cfg) as kernel:
+        kernel.send("y" * 8000)
+        with pytest.raises(KernelFailedError, match=r"output_ring_bytes") as info:
+            kernel.receive(timeout=30)
+        assert "MessageSerializationError" in str(info.value)
+
+
+PLAIN_VALUES: list[Any] = [
+    7,
+    -2.5,
+    "text",
+    b"\x00bytes",
+    True,
+    None,
+    [1, [2, "three"]],
+    {"a": 1, "b": [None, 2.0]},
+    2**63 - 1,
+]
+
+
+def test_plain_values_travel_both_ways() -> None:
+    import numpy as np
+
+    with CythonRingKernel("plain", echo) as kernel:
+        for value in PLAIN_VALUES:
+            assert kernel.send(value, timeout=30)
+            got = kernel.receive(timeout=30)
+            assert got == value
+            assert type(got) is type(value)
+        arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+        kernel.send(arr)
+        back = kernel.receive(timeout=30)
+        assert back.dtype == arr.dtype
+        assert back.shape == (3, 4)
+        assert np.array_equal(back, arr)
+        back[0, 0] = 99  # the receiver's own copy
+        kernel.send((1, "a"))
+        assert kernel.receive(timeout=30) == [1, "a"]  # MessagePack has no tuple
+        kernel.send(Job(seq=3))  # messages still go as messages
+        assert kernel.receive(timeout=30).seq == 3
+
+
+def test_a_value_that_cannot_be_encoded_is_refused_naming_its_type() -> None:
+    import numpy as np
+
+    with CythonRingKernel("plainbad", echo) as kernel:
+        with pytest.raises(MessageSerializationError, match="a object does not"):
+            kernel.send(object())
+        with pytest.raises(MessageSerializationError, match=r"a list does not .*Unpicklable"):
+            kernel.send([1, Unpicklable(1, 2)])
+        with pytest.raises(MessageSerializationError, match="dtype object"):
+            kernel.send(np.array([object()]))
+        kernel.send(5)
+        assert kernel.receive(timeout=30) == 5
+
+
+def test_input_type_still_applies_to_plain_values() -> None:
+    with (
+        CythonRingKernel("typedin", echo, input_type=Job) as kernel,
+        pytest.raises(TypeValidationError, match="expects Job, got int"),
+    ):
+        kernel.send(1)
 
 
 def test_output_type_is_checked_in_the_child() -> None:
@@ -234,11 +327,51 @@ def test_actor_error_carries_the_child_traceback() -> None:
     assert kernel.exit_code == 1
 
 
-def test_unpicklable_error_becomes_a_runtime_error_naming_it() -> None:
+def test_a_non_builtin_error_becomes_a_remote_actor_error_naming_it() -> None:
     with CythonRingKernel("odd", worker) as kernel:
         kernel.send(Job(seq=1, payload="odd"))
-        with pytest.raises(KernelFailedError, match=r"RuntimeError: .*Unpicklable: 1"):
+        with pytest.raises(KernelFailedError, match=r"RemoteActorError: .*Unpicklable: 1") as info:
             kernel.receive(timeout=30)
+        cause = info.value.__cause__
+        assert isinstance(cause, RemoteActorError)
+        assert (cause.type_name, cause.text) == ("Unpicklable", "1")
+        assert cause.module.endswith("test_cython_kernel")
+        assert "raise Unpicklable(1, 2)" in cause.remote_traceback
+
+
+SPRUNG: list[str] = []
+
+
+def _spring(text: str) -> ValueError:
+    SPRUNG.append(text)  # what unpickling the trap would run, in whichever process does it
+    return ValueError(text)
+
+
+class Trap(Exception):
+    """An exception whose unpickling runs code: it must never be unpickled in the parent."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_spring, (f"sprung in {os.getpid()}",))
+
+
+def trap_actor(ctx: Any) -> None:
+    ctx.receive()
+    raise Trap("from the child")
+
+
+def test_the_childs_exception_is_never_unpickled_by_the_parent() -> None:
+    SPRUNG.clear()
+    with CythonRingKernel("trap", trap_actor) as kernel:
+        kernel.send(Job(seq=1))
+        with pytest.raises(KernelFailedError) as info:
+            kernel.receive(timeout=30)
+    assert SPRUNG == []
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteActorError)
+    assert cause.type_name == "Trap"
+    assert cause.text == "from the child"
+    assert "in trap_actor" in cause.remote_traceback
+    assert "raised in the child process" in "".join(cause.__notes__)
 
 
 def test_child_exit_without_a_report_is_a_failure() -> None:
@@ -458,17 +591,37 @@ def test_child_exits_when_the_parent_dies(tmp_path: Path) -> None:
     assert not alive(child)
 
 
-def test_pickled_error_report_round_trip() -> None:
-    from pydotcompute.ring_kernels._process_actor import _error_report
+def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
+    from pydotcompute.ring_kernels._process_actor import (
+        exception_data,
+        pack_report,
+        unpack_report,
+    )
     from pydotcompute.ring_kernels.cython_kernel import _rebuild_error
 
-    try:
-        raise KeyError("missing")
-    except KeyError as exc:
-        report = _error_report(exc)
-    rebuilt = _rebuild_error(pickle.loads(pickle.dumps(report)), "k", 123)
-    assert isinstance(rebuilt, KeyError)
+    def report_of(exc: BaseException) -> list[Any]:
+        try:
+            raise exc
+        except BaseException as caught:
+            data = pack_report("error", "run", *exception_data(caught))
+        with pytest.raises(pickle.UnpicklingError):
+            pickle.loads(data)  # MessagePack, not a pickle
+        return unpack_report(data)
+
+    rebuilt = _rebuild_error(report_of(KeyError("missing")), "k", 123)
+    assert type(rebuilt) is KeyError
+    assert rebuilt.args == ("missing",)
     assert "pid 123" in "".join(getattr(rebuilt, "__notes__", []))
+    rebuilt = _rebuild_error(report_of(OSError(2, "gone")), "k", 1)
+    assert isinstance(rebuilt, OSError)
+    assert rebuilt.errno == 2
+    # a builtin name from another module, or a non-exception builtin, is never looked up
+    forged = ["error", "run", "builtins", "print", "x", ["boo"], "tb"]
+    assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
+    forged = ["error", "run", "os", "system", "x", ["echo hi"], "tb"]
+    assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
+    assert isinstance(_rebuild_error(["error"], "k", 1), RemoteActorError)  # truncated
+    assert unpack_report(b"\x80\x04garbage") == []
 
 
 def test_adaptive_spin_budget() -> None:
@@ -501,3 +654,262 @@ def test_fixed_spin_mode_round_trips() -> None:
         for i in range(50):
             kernel.send(Job(seq=i))
             assert kernel.receive(timeout=30).seq == i
+
+
+# --- robustness: corruption, what is in flight, replies, rejected frames, startup ----------
+
+
+class _KeepSegments:
+    """Wraps ``SharedByteRing`` so a test keeps its own mapping of each ring the kernel
+    creates (the kernel unlinks the names once the child attached)."""
+
+    def __init__(self) -> None:
+        self.segments: list[Any] = []
+        self._real = _cython.SharedByteRing
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ring = self._real(*args, **kwargs)
+        self.segments.append(_spsc_py.SharedSegment(ring.name, create=False))
+        return ring
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+
+
+def test_a_corrupted_outbox_fails_the_kernel_and_never_the_parent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keep = _KeepSegments()
+    monkeypatch.setattr(cython_kernel, "SharedByteRing", keep)
+    kernel = CythonRingKernel("scribbled", echo).start()
+    try:
+        _inbox, outbox = keep.segments
+        kernel.send(1)
+        assert kernel.receive(timeout=30) == 1
+        kernel.send(2)
+        deadline = time.monotonic() + 30
+        while not kernel.outbox.get_stats()["pending_records"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # a stray writer: the tail far past the capacity, a length word of 1 GiB
+        struct.pack_into("<Q", outbox.buf, _spsc_py.H_TAIL * 8, 1 << 40)
+        head = struct.unpack_from("<Q", outbox.buf, _spsc_py.H_HEAD * 8)[0]
+        cap = kernel.outbox.get_stats()["capacity"]
+        struct.pack_into("<Q", outbox.buf, _spsc_py.HEADER_BYTES + head % cap, 1 << 30)
+        with pytest.raises(KernelFailedError, match="is corrupt") as info:
+            kernel.receive(timeout=30)
+        assert isinstance(info.value.__cause__, RingCorruptedError)
+        assert kernel.failed
+        assert isinstance(kernel.error, RingCorruptedError)
+        with pytest.raises(KernelFailedError, match="is corrupt"):
+            kernel.send(3)
+        with pytest.raises(KernelFailedError, match="is corrupt"):
+            kernel.receive(timeout=1)
+        assert kernel.join(30)  # the child was ended: its channel cannot be trusted
+    finally:
+        kernel.stop(timeout=5)
+        keep.close()
+    assert kernel.state is CythonKernelState.STOPPED
+
+
+def test_a_corrupted_inbox_fails_the_actor_and_reaches_the_parent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keep = _KeepSegments()
+    monkeypatch.setattr(cython_kernel, "SharedByteRing", keep)
+    cfg = CythonKernelConfig("scribbled-in", spin_us=0)
+    kernel = CythonRingKernel("scribbled-in", echo, config=cfg).start()
+    try:
+        inbox = keep.segments[0]
+        kernel.send(1)
+        assert kernel.receive(timeout=30) == 1
+        time.sleep(0.1)  # the child parks on the empty inbox
+        struct.pack_into("<Q", inbox.buf, _spsc_py.H_TAIL * 8, 1 << 40)  # a stray writer
+        os.write(kernel._in_data_fd, b"\x00")  # and its doorbell
+        with pytest.raises(KernelFailedError, match="RingCorruptedError") as info:
+            kernel.receive(timeout=30)
+        cause = info.value.__cause__
+        assert isinstance(cause, RemoteActorError)
+        assert cause.type_name == "RingCorruptedError"
+    finally:
+        kernel.stop(timeout=5)
+        keep.close()
+
+
+def test_the_message_in_the_childs_hands_comes_back_at_a_stop_timeout() -> None:
+    kernel = CythonRingKernel("hands", sleeper).start()
+    sent = [Job(seq=i) for i in range(3)]
+    for job in sent:
+        kernel.send(job)
+    time.sleep(0.1)  # message 0 is with the actor, asleep
+    assert kernel.stop(timeout=0.2) is False
+    assert kernel.drain_replies() == []
+    undelivered = kernel.take_undelivered()
+    assert [m.seq for m in undelivered] == [0, 1, 2]
+    assert all(a is b for a, b in zip(undelivered, sent, strict=True))  # the sent objects
+    assert kernel.take_undelivered() == []  # exactly once
+    assert [m.seq for m in kernel.unprocessed()] == [1, 2]  # never handed to the actor
+
+
+def test_replies_and_undelivered_account_for_every_message_exactly_once() -> None:
+    kernel = CythonRingKernel("split", sleeper).start()
+    for i in range(5):
+        kernel.send(Job(seq=i))
+    time.sleep(1.2)  # two or three finished, one in hand
+    kernel.stop(timeout=0.0)
+    replies = [r.seq for r in kernel.drain_replies()]
+    undelivered = [m.seq for m in kernel.take_undelivered()]
+    assert replies + undelivered == list(range(5))
+    assert len(replies) >= 1
+    assert len(undelivered) >= 2
+
+
+def test_nothing_is_undelivered_after_a_clean_stop() -> None:
+    with CythonRingKernel("clean", echo) as kernel:
+        with pytest.raises(KernelStateError, match="call stop\\(\\) first"):
+            kernel.take_undelivered()
+        for i in range(50):
+            kernel.send(i)
+    assert kernel.take_undelivered() == []
+    assert kernel.drain_replies() == list(range(50))
+    assert CythonRingKernel("never", echo).take_undelivered() == []
+
+
+def test_a_killed_child_hands_back_what_it_held_and_what_was_queued() -> None:
+    kernel = CythonRingKernel("killed", sleeper).start()
+    try:
+        for i in range(4):
+            kernel.send(Job(seq=i))
+        time.sleep(0.1)
+        assert kernel.pid is not None
+        os.kill(kernel.pid, signal.SIGKILL)
+        assert kernel.join(30)
+        assert [m.seq for m in kernel.take_undelivered()] == [0, 1, 2, 3]
+    finally:
+        kernel.stop()
+    assert kernel.take_undelivered() == []
+
+
+def test_the_message_that_made_the_actor_raise_is_handed_back_first() -> None:
+    with CythonRingKernel("raised", worker) as kernel:
+        kernel.send(Job(seq=0))
+        assert kernel.receive(timeout=30).seq == 0
+        kernel.send(Job(seq=1, payload="boom"))
+        with pytest.raises(KernelFailedError):
+            kernel.receive(timeout=30)
+    assert [m.seq for m in kernel.take_undelivered()] == [1]
+
+
+def test_kept_messages_stay_within_the_in_flight_window() -> None:
+    cfg = CythonKernelConfig("window", input_queue_size=4)
+    with CythonRingKernel("window", echo, config=cfg) as kernel:
+        for i in range(200):
+            kernel.send(i, timeout=30)
+            assert kernel.receive(timeout=30) == i
+            assert kernel.statistics()["in_flight"] <= 2 * (4 + 1)
+
+
+def test_input_queue_size_bounds_messages_sent_and_not_taken() -> None:
+    cfg = CythonKernelConfig("bound", input_queue_size=3)
+    with CythonRingKernel("bound", sleeper, config=cfg) as kernel:
+        assert kernel.pending_input == 0
+        kernel.send(Job(seq=0))
+        deadline = time.monotonic() + 30
+        while kernel.pending_input and time.monotonic() < deadline:
+            time.sleep(0.01)  # the actor took it
+        assert [kernel.send_nowait(Job(seq=i)) for i in range(1, 5)] == [True, True, True, False]
+        assert kernel.pending_input == 3
+        assert kernel.send(Job(seq=9), timeout=0.05) is False
+        kernel.stop(timeout=0.1)
+    assert kernel.pending_input == 3  # never taken
+    assert [m.seq for m in kernel.take_undelivered()] == [0, 1, 2, 3]
+
+
+def test_replies_produced_before_stop_are_never_discarded() -> None:
+    cfg = CythonKernelConfig("echo4", input_queue_size=128, output_queue_size=4)
+    kernel = CythonRingKernel("echo4", echo, config=cfg).start()
+    for i in range(100):
+        kernel.send(i)
+    assert kernel.stop(timeout=30)  # nothing was read; the outbox holds 4
+    assert kernel.receive_nowait() == 0
+    assert kernel.drain_replies() == list(range(1, 100))
+    assert kernel.drain_replies() == []
+    with pytest.raises(KernelStateError, match="it has stopped"):
+        kernel.receive_nowait()
+
+
+@message
+class Strict:
+    count: int
+
+
+def test_a_frame_the_child_cannot_decode_is_one_rejected_message() -> None:
+    with CythonRingKernel("strict", echo) as kernel:
+        bad = Strict(count="not a number")  # type: ignore[arg-type]
+        kernel.send(bad)
+        kernel.send(Strict(count=2))
+        with pytest.raises(MessageRejectedError, match="count") as info:
+            kernel.receive(timeout=30)
+        assert info.value.correlation_id == bad.message_id
+        assert info.value.kernel_id == "strict"
+        assert kernel.is_running  # the child keeps serving
+        assert kernel.receive(timeout=30).count == 2
+        kernel.send(Strict(count="again"))  # type: ignore[arg-type]
+    (rejected,) = kernel.drain_replies()
+    assert isinstance(rejected, MessageRejectedError)
+    assert kernel.take_undelivered() == []  # answered with its error: finished
+    assert pickle.loads(pickle.dumps(rejected)).correlation_id == rejected.correlation_id
+
+
+_SCRIPT_HEAD = f"""
+import sys
+sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
+from pydotcompute.exceptions import KernelFailedError
+from pydotcompute.ring_kernels.cython_kernel import CythonRingKernel
+"""
+
+
+def _run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT_HEAD + textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+
+
+def test_startup_failure_names_a_missing_main_guard(tmp_path: Path) -> None:
+    out = _run_script(
+        tmp_path,
+        """
+        from test_cython_kernel import echo
+        try:
+            CythonRingKernel("unguarded", echo).start().stop()
+        except KernelFailedError as exc:
+            print("FAILED:", exc)
+        """,
+    )
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED:")]
+    assert failed, out.stdout + out.stderr
+    assert "before reporting ready" in failed[0]
+    assert 'if __name__ == "__main__":' in failed[0]
+    assert "script.py" in failed[0]
+
+
+def test_startup_failure_names_an_actor_defined_under_the_main_guard(tmp_path: Path) -> None:
+    out = _run_script(
+        tmp_path,
+        """
+        if __name__ == "__main__":
+            def actor(ctx):
+                ctx.receive()
+
+            try:
+                CythonRingKernel("guarded", actor).start().stop()
+            except KernelFailedError as exc:
+                print("FAILED:", exc)
+        """,
+    )
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED:")]
+    assert failed, out.stdout + out.stderr
+    assert "could not load the actor" in failed[0]
+    assert 'not one defined under `if __name__ == "__main__":`' in failed[0]

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
-    MessageDeserializationError,
     QueueClosedError,
+    QueueError,
+    RingCorruptedError,
 )
 from pydotcompute.ring_kernels import _cython, _spsc_py
 
@@ -300,6 +301,21 @@ def test_ring_close_writer_and_reader(ring_pair: Any) -> None:
         w.try_write(b"more")
 
 
+def test_records_done_trails_records_read_until_marked(ring_pair: Any) -> None:
+    w, r = ring_pair
+    for rec in (b"a", b"b", b"c"):
+        w.try_write(rec)
+    assert (w.records_read, w.records_done) == (0, 0)
+    r.try_read()
+    r.try_read()
+    assert (w.records_read, w.records_done) == (2, 0)  # taken, not finished
+    r.mark_done()
+    assert (w.records_read, w.records_done) == (2, 2)
+    r.try_read()
+    assert w.stats()["records_done"] == 2
+    assert w.stats()["records_read"] == 3
+
+
 def test_spin_read_and_write_give_up_after_the_budget(ring_pair: Any) -> None:
     w, r = ring_pair
     assert r.spin_read(0.002) is None
@@ -326,8 +342,73 @@ def test_corrupt_length_is_detected(ring_pair: Any) -> None:
         struct.pack_into("<Q", seg.buf, _spsc_py.HEADER_BYTES, 10_000)  # forge the length word
     finally:
         seg.close()
-    with pytest.raises(MessageDeserializationError, match="is corrupt: a record at position 0"):
+    with pytest.raises(RingCorruptedError, match="is corrupt: a record at position 0"):
         r.try_read()
+
+
+def _scribble(name: str, offset: int, value: int) -> None:
+    """Overwrite one uint64 of a ring's segment, as a stray writer would."""
+    seg = _spsc_py.SharedSegment(name, create=False)
+    try:
+        struct.pack_into("<Q", seg.buf, offset, value)
+    finally:
+        seg.close()
+
+
+_TAIL = _spsc_py.H_TAIL * 8
+_HEAD = _spsc_py.H_HEAD * 8
+_DATA = _spsc_py.HEADER_BYTES
+
+
+@pytest.mark.parametrize(
+    ("offset", "value", "what"),
+    [
+        # a tail far past the capacity with a length that fits it: reading would copy far
+        # past the mapping
+        (_TAIL, 1 << 40, "committed"),
+        # a tail less than one record header past the head: the committed count would
+        # underflow to 2**64 - 4
+        (_TAIL, 4, "record boundary"),
+        # a head that is not on a record boundary
+        (_HEAD, 3, "record boundary"),
+    ],
+)
+def test_a_scribbled_header_is_reported_never_read_past(
+    ring_pair: Any, offset: int, value: int, what: str
+) -> None:
+    w, r = ring_pair
+    w.try_write(b"abc")
+    _scribble(w.name, offset, value)
+    _scribble(w.name, _DATA, 1 << 30)  # and a length word that would read 1 GiB
+    with pytest.raises(RingCorruptedError, match=f"shared ring '{w.name}' is corrupt: .*{what}"):
+        r.try_read()
+    with pytest.raises(RingCorruptedError):
+        r.read_all()
+    with pytest.raises(RingCorruptedError):
+        r.spin_read(0.001)
+
+
+def test_a_huge_length_word_is_corruption_not_memory_error(ring_pair: Any) -> None:
+    w, r = ring_pair
+    w.try_write(b"abcdefgh" * 4)
+    _scribble(w.name, _DATA, (1 << 64) - 8)
+    with pytest.raises(RingCorruptedError, match="claims 18446744073709551608 bytes"):
+        r.try_read()
+
+
+@pytest.mark.parametrize(("offset", "value"), [(_HEAD, 1 << 40), (_TAIL, 5)])
+def test_the_writer_checks_the_positions_it_reads(ring_pair: Any, offset: int, value: int) -> None:
+    w, _ = ring_pair
+    while w.try_write(b"x" * 40):
+        pass  # full: the writer must look at the reader's head again
+    _scribble(w.name, offset, value)
+    with pytest.raises(RingCorruptedError, match=f"shared ring '{w.name}' is corrupt"):
+        w.try_write(b"y" * 40)
+
+
+def test_corruption_is_a_queue_error() -> None:
+    assert issubclass(RingCorruptedError, QueueError)
+    assert issubclass(RingCorruptedError, RuntimeError)
 
 
 def test_attach_errors(impl: Any) -> None:

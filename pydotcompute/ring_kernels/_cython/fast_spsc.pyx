@@ -77,6 +77,7 @@ cdef enum:
     H_RCOUNT = 17
     H_RWAIT = 18
     H_RCLOSED = 19
+    H_DONE = 20
 
 cdef uint64_t C_MAGIC = _twin.MAGIC
 
@@ -227,15 +228,19 @@ cdef class SharedByteRing:
     cdef int _write(self, const char *src, uint64_t n) except -1:
         cdef uint64_t cap = self._cap
         cdef uint64_t need = C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
-        cdef uint64_t tail, off, p, first, written
+        cdef uint64_t tail, head, used, off, p, first, written
         if need > cap:
             raise _twin.too_large_error(n, cap, self._name)
         if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
             raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
         tail = pdc_load_relaxed(&self._hdr[H_TAIL])
-        if need > cap - (tail - self._head_cache):
-            self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
-            if need > cap - (tail - self._head_cache):
+        used = tail - self._head_cache
+        if used > cap or need > cap - used or (tail & 7):
+            head = self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
+            used = tail - head
+            if used > cap or ((head | tail) & 7):  # a head past the tail wraps: > cap too
+                raise _twin.corrupt_error(self._name, _twin.positions_detail(head, tail, cap))
+            if need > cap - used:
                 return 0
         written = pdc_load_relaxed(&self._hdr[H_WCOUNT])
         if self._max_records and written - self._rcount_cache >= self._max_records:
@@ -347,18 +352,23 @@ cdef class SharedByteRing:
     cdef object _read(self):
         cdef uint64_t head = pdc_load_relaxed(&self._hdr[H_HEAD])
         cdef uint64_t cap = self._cap
-        cdef uint64_t off, n, p, first, committed
+        cdef uint64_t tail, off, n, p, first, committed
         cdef object out
         cdef char *dst
         if self._tail_cache <= head:
             self._tail_cache = pdc_load_acquire(&self._hdr[H_TAIL])
             if self._tail_cache <= head:
                 return None
+        tail = self._tail_cache
+        # everything read from the shared header is checked against the capacity before a
+        # byte is copied: a scribbled position or length must never read past the mapping
+        if tail - head > cap or tail - head < C_RECORD_HEADER or ((head | tail) & 7):
+            raise _twin.corrupt_error(self._name, _twin.positions_detail(head, tail, cap))
         off = head % cap
         n = (<uint64_t *>(self._data + off))[0]
-        committed = self._tail_cache - head - C_RECORD_HEADER
+        committed = tail - head - C_RECORD_HEADER
         if n > committed:
-            raise _twin.corrupt_error(self._name, n, head, committed)
+            raise _twin.corrupt_error(self._name, _twin.length_detail(n, head, committed))
         p = off + C_RECORD_HEADER
         if p == cap:
             p = 0
@@ -422,6 +432,28 @@ cdef class SharedByteRing:
                 return out
             out.append(rec)
 
+    def mark_done(self):
+        """Record that every record read so far is finished with (``records_done``).
+
+        The consumer calls it when it has dealt with what it took (a process actor asking
+        for its next message), so the producer can tell records merely taken from records
+        finished: after the consumer dies, ``records_read - records_done`` were in its hands.
+        """
+        self._check_open()
+        pdc_store_release(&self._hdr[H_DONE], pdc_load_relaxed(&self._hdr[H_RCOUNT]))
+
+    @property
+    def records_done(self):
+        """Records the consumer has marked finished (see :meth:`mark_done`)."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_DONE])
+
+    @property
+    def records_read(self):
+        """Records the consumer has taken so far."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_RCOUNT])
+
     def close_reader(self):
         """Mark that the reader is gone; further writes raise ``QueueClosedError``."""
         self._check_open()
@@ -473,6 +505,7 @@ cdef class SharedByteRing:
             "max_records": self._max_records,
             "records_written": pdc_load_acquire(&h[H_WCOUNT]),
             "records_read": pdc_load_acquire(&h[H_RCOUNT]),
+            "records_done": pdc_load_acquire(&h[H_DONE]),
             "pending_records": self._pending(),
             "used_bytes": self._used(),
         }
