@@ -63,7 +63,7 @@ from ..exceptions import (
 from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
 from ..ring_kernels.message import deserialize_message
 from ..ring_kernels.registry import get_registered_kernel
-from ..ring_kernels.runtime import _OPTION_ALIASES, PLACEMENT_OPTIONS
+from ..ring_kernels.runtime import OPTION_ALIASES, PLACEMENT_OPTIONS
 from ..ring_kernels.telemetry import RingKernelTelemetry
 from ._host import actor_name
 from ._kernel import RayKernel
@@ -305,7 +305,7 @@ class RayRingKernelRuntime:
             input_type = input_type if input_type is not None else spec.input_type
             output_type = output_type if output_type is not None else spec.output_type
             opts.update(spec.options)
-        for alias, targets in _OPTION_ALIASES.items():  # launch options beat the decorator's
+        for alias, targets in OPTION_ALIASES.items():  # launch options beat the decorator's
             if options.get(alias) is not None:
                 for target in targets:
                     if target not in options:

@@ -178,13 +178,13 @@ class FastMessageQueue(Generic[T]):
         "_getters",
         "_limit",
         "_maxsize",
-        "on_drop",
         "_peak",
         "_putters",
         "_removed",
         "_serialize",
         "_strategy",
         "kernel_id",
+        "on_drop",
     )
 
     def __init__(

@@ -442,10 +442,6 @@ class _DecodingContext(KernelContext):
         logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
 
 
-#: What :meth:`RingKernel.take_reply` returns when no reply is ready (a reply may be None).
-EMPTY: Any = type("Empty", (), {"__repr__": lambda self: "EMPTY", "__slots__": ()})()
-
-
 class RingKernel:
     """One persistent actor: its function, queues, task, state and telemetry.
 
@@ -603,7 +599,8 @@ class RingKernel:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
         if inbox:  # drop_oldest drops reach telemetry as they happen
             queue.on_drop = self.telemetry.record_drop
-        return queue
+        result: FastMessageQueue[Any] = queue
+        return result
 
     async def launch(self) -> None:
         """Phase 1: allocate the queues (CREATED -> LAUNCHED).
@@ -879,23 +876,6 @@ class RingKernel:
         if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
             validate_message(msg, in_t, self.kernel_id, "expects")
 
-    def try_accept(self, msg: Any) -> bool:
-        """Enqueue ``msg`` at once if that needs no check and no wait (the fast path of
-        ``runtime.send``): the exact ``input_type``, room in an open inbox. False means
-        "use :meth:`accept`", never that the message was refused."""
-        inbox = self._inbox
-        in_t = self.input_type
-        if (
-            self._direct
-            and (in_t is None or type(msg) is in_t)
-            and inbox is not None
-            and inbox._count < inbox._limit  # open, with room
-            and not self._stopping
-        ):
-            inbox._append(msg)
-            return True
-        return False
-
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy.
 
@@ -909,13 +889,6 @@ class RingKernel:
     def accept_nowait(self, msg: Any) -> None:
         """Like :meth:`accept` but a full inbox raises ``QueueFullError`` at once."""
         self._accept_nowait(msg)
-
-    def take_reply(self) -> Any:
-        """The next reply without waiting, or :data:`EMPTY` (a reply may itself be None)."""
-        out = self._outbox
-        if out is not None and out._count:
-            return out._pop()
-        return EMPTY
 
     def forward_to(self, target: RingKernel | None) -> None:
         """Send everything the actor sends on into ``target``'s inbox (None: the outbox)."""
@@ -948,7 +921,23 @@ class RingKernel:
         inbox.put_nowait(msg)
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
-        """Put ``msg`` in the inbox (waits under ``block`` backpressure)."""
+        """Put ``msg`` in the inbox (waits under ``block`` backpressure).
+
+        ``runtime.send`` returns this coroutine itself, so its fast path (the exact
+        ``input_type``, room in an open inbox: one append, no await) is the whole cost of
+        a send.
+        """
+        inbox = self._inbox
+        in_t = self.input_type
+        if (
+            self._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and inbox._count < inbox._limit  # open, with room
+            and not self._stopping
+        ):
+            inbox._append(msg)
+            return True
         await self._accept(msg, timeout)
         return True
 
@@ -1033,7 +1022,7 @@ class RingKernel:
                 f"(request {type(msg).__name__} {key}; kernel {self._state.name})"
             ) from None
         finally:
-            if not accepted or fut.done() and not fut.cancelled():
+            if not accepted or (fut.done() and not fut.cancelled()):
                 if waiters.get(key) is fut:
                     del waiters[key]
             elif not fut.done():

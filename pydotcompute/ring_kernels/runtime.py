@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from ..decorators.validators import validate_kernel_id
@@ -36,7 +35,7 @@ from ..exceptions import (
 )
 from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
-from .lifecycle import EMPTY, KernelFunc, KernelState, RingKernel, RingKernelConfig
+from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
 from .registry import get_registered_kernel, register_ring_kernel
 from .telemetry import RingKernelTelemetry, TelemetryCollector
 from .tiers import canonical_tier, check_actor_kind, register_tier, tier_class
@@ -44,6 +43,7 @@ from .tiers import canonical_tier, check_actor_kind, register_tier, tier_class
 __all__ = ("RingKernelRuntime", "get_registered_kernel", "register_ring_kernel", "register_tier")
 
 logger = logging.getLogger("pydotcompute")
+
 
 def _tier_class(tier: str) -> type[RingKernel]:
     cls: type[RingKernel] = tier_class(tier)
@@ -304,8 +304,13 @@ class RingKernelRuntime:
 
     # -- messaging ----------------------------------------------------------------------
 
-    async def send(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> bool:
-        """Deliver ``msg`` to a kernel's inbox.
+    def send(
+        self, kernel_id: str, msg: Any, *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, bool]:
+        """Deliver ``msg`` to a kernel's inbox (``await runtime.send(...)``).
+
+        The kernel's own ``send`` coroutine is returned to be awaited: the runtime adds no
+        frame of its own to the hot path. An unknown id raises at the call.
 
         Raises:
             KernelNotFoundError: unknown id (the text lists the known ids).
@@ -317,19 +322,17 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
-        # fast path (tier 1, right type, room in an open inbox): one append, no await
-        if kernel.try_accept(msg):
-            return True
-        await kernel.accept(msg, timeout)
-        return True
+        return kernel.send(msg, timeout)
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
         """Like :meth:`send` but never waits: a full inbox raises ``QueueFullError``."""
         self._kernel(kernel_id).accept_nowait(msg)
         return True
 
-    async def receive(self, kernel_id: str, *, timeout: float | None = None) -> Any:
-        """The next message from a kernel's outbox, waiting up to ``timeout`` seconds.
+    def receive(self, kernel_id: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """The next message from a kernel's outbox, waiting up to ``timeout`` seconds
+        (``await runtime.receive(...)``; the kernel's own ``receive`` coroutine is returned
+        to be awaited, and an unknown id raises at the call).
 
         Raises:
             QueueTimeoutError: nothing arrived in time (a ``TimeoutError``).
@@ -341,10 +344,7 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
-        reply = kernel.take_reply()
-        if reply is not EMPTY:
-            return reply
-        return await kernel.receive(timeout)
+        return kernel.receive(timeout)
 
     def receive_nowait(self, kernel_id: str) -> Any:
         """The next reply, or None when the outbox is empty."""
@@ -455,7 +455,8 @@ PLACEMENT_OPTIONS = frozenset(
         "label_selector",
     }
 )
-_OPTION_ALIASES = {
+#: Launch options that set several config fields (``queue_size`` sets both queue sizes).
+OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
     "backpressure": ("backpressure_strategy",),
 }
@@ -492,8 +493,8 @@ def _apply_options(
     fields = _CONFIG_FIELDS
     explicit = {k for k in options if k in fields and options[k] is not None}
     for key, value in options.items():
-        if key in _OPTION_ALIASES:
-            for target in _OPTION_ALIASES[key]:
+        if key in OPTION_ALIASES:
+            for target in OPTION_ALIASES[key]:
                 if target not in explicit:
                     setattr(config, target, value)
         elif key in fields:
@@ -506,7 +507,7 @@ def _apply_options(
         else:
             raise InvalidConfigurationError(
                 f"unknown option {key!r} for kernel {kernel_id!r} on tier {config.tier!r}; "
-                f"known: {sorted(fields | set(_OPTION_ALIASES) | extra_allowed)}; Ray "
+                f"known: {sorted(fields | set(OPTION_ALIASES) | extra_allowed)}; Ray "
                 f"placement options ({', '.join(sorted(PLACEMENT_OPTIONS))}) are accepted "
                 "and ignored in-process"
             )

@@ -86,3 +86,11 @@ async def test_priority_not_starved(case: sc.TierCase) -> None:
 
 async def test_wrong_actor_kind_refused(case: sc.TierCase) -> None:
     await sc.scenario_wrong_actor_kind_refused(case)
+
+
+async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
+    await sc.scenario_oversized_message(case)
+
+
+async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
+    await sc.scenario_pipeline_exactly_once(case)

@@ -100,6 +100,8 @@ class HostedKernel(RingKernel):
         await super().launch()
         self._bridge = int(self.config.extra.get("bridge_queue_size", 64))
         self._worker = self._make_worker(self._bridge)
+        if self._worker.max_message_bytes is not None:
+            self._direct = False  # every send takes the checked path: sizes are measured
 
     def _check_size(self, msg: Any) -> None:
         """Refuse at once a message the tier can never carry (the runtime's edge policy)."""
@@ -117,11 +119,6 @@ class HostedKernel(RingKernel):
                 f"bytes: the {self.config.tier} tier takes at most {limit} bytes a message; "
                 f"launch it with ring_bytes >= {size + 8} or send smaller messages"
             )
-
-    def try_accept(self, msg: Any) -> bool:
-        if self._worker is not None and self._worker.max_message_bytes is not None:
-            return False  # every message is measured on the checked path
-        return super().try_accept(msg)
 
     async def _accept(self, msg: Any, timeout: float | None) -> None:
         self._check_size(msg)
@@ -171,7 +168,9 @@ class HostedKernel(RingKernel):
         inbox = self._inbox
         worker = self._worker
         writable = self._writable
-        assert inbox is not None and worker is not None and writable is not None
+        assert inbox is not None
+        assert worker is not None
+        assert writable is not None
         bridge = self._bridge
         while True:
             if self._gate is not None:
@@ -183,7 +182,9 @@ class HostedKernel(RingKernel):
             except MessageDeserializationError as exc:  # serialize=True: one bad frame
                 self.telemetry.record_error(exc)
                 self._count_dropped(1)
-                logger.warning("kernel %r: dropped a message that does not decode: %s", self.kernel_id, exc)
+                logger.warning(
+                    "kernel %r: dropped a message that does not decode: %s", self.kernel_id, exc
+                )
                 continue
             self._held = msg
             if self._gate is not None:  # deactivated while we waited: hold it
@@ -240,7 +241,8 @@ class HostedKernel(RingKernel):
     async def _run_collector(self) -> None:
         worker = self._worker
         readable = self._readable
-        assert worker is not None and readable is not None
+        assert worker is not None
+        assert readable is not None
         while True:
             try:
                 reply = worker.poll_reply()

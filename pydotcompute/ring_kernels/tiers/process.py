@@ -71,9 +71,7 @@ class ProcessWorker(TierWorker):
         self.kernel.add_waker(callback, when="readable")
         return lambda: self.kernel.remove_waker(callback)
 
-    def watch(
-        self, loop: Any, callback: Callable[[], None]
-    ) -> Callable[[], None] | None:
+    def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
         kernel = self.kernel
         bell, sentinel = (os.dup(fd) for fd in kernel.wait_handles())
         aloop: asyncio.AbstractEventLoop = loop
