@@ -7,7 +7,10 @@ module states the tier's capabilities for the runtime. The registry imports it o
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..gpu_kernel import GPURingKernel
+from ..lifecycle import KernelState
 
 __all__ = ("GPUKernel",)
 
@@ -20,3 +23,10 @@ class GPUKernel(GPURingKernel):
     #: A persistent device kernel is not restarted by the runtime: refused at launch.
     SUPPORTS_RESTART = False
     __slots__ = ()
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """As `GPURingKernel.receive`, but a kernel never activated raises at once (no
+        reply can come), as on every tier."""
+        if self._state is KernelState.LAUNCHED:
+            raise self._not_active("receive from")
+        return await super().receive(timeout)
