@@ -98,6 +98,10 @@ class TierWorker(abc.ABC):
     def offer(self, msg: Any) -> bool:
         """Hand `msg` to the actor without waiting; False when the tier's side is full.
 
+        A tier is built with room for `bridge_queue_size` messages its actor has not taken
+        (`HostedKernel._make_worker(bridge)`): beyond that `offer` returns False, so the
+        runtime's banded inbox, not the tier's backlog, decides what the actor gets next.
+
         Raises:
             KernelFailedError: the actor failed (the runtime reports it).
             KernelStateError: the actor stopped.

@@ -171,7 +171,6 @@ class HostedKernel(RingKernel):
         assert inbox is not None
         assert worker is not None
         assert writable is not None
-        bridge = self._bridge
         while True:
             if self._gate is not None:
                 await asyncio.shield(self._gate)
@@ -193,18 +192,18 @@ class HostedKernel(RingKernel):
                 self.telemetry.messages_processed += 1
                 self._held_counted = True
             while True:
-                ok = False
-                if worker.pending_input < bridge:
-                    try:
-                        ok = worker.offer(msg)
-                    except (KernelFailedError, KernelStateError):
-                        return  # the collector reports it; the held message is handed back
-                    except Exception as exc:  # this one message cannot cross (too large)
-                        self._take_held()
-                        self.telemetry.record_error(exc)
-                        self._count_dropped(1)
-                        logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
-                        break
+                # the worker was built with room for ``bridge_queue_size`` messages its actor
+                # has not taken: ``offer`` says False beyond that
+                try:
+                    ok = worker.offer(msg)
+                except (KernelFailedError, KernelStateError):
+                    return  # the collector reports it; the held message is handed back
+                except Exception as exc:  # this one message cannot cross (too large)
+                    self._take_held()
+                    self.telemetry.record_error(exc)
+                    self._count_dropped(1)
+                    logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
+                    break
                 if ok:
                     break
                 writable.clear()
