@@ -26,9 +26,10 @@ __all__ = (
     "register_tier",
     "tier_class",
     "tier_names",
+    "unregister_tier",
 )
 
-_TIERS: dict[str, str] = {
+_TIERS: dict[str, str | type] = {
     "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
     "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
     "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
@@ -38,10 +39,14 @@ _ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda
 
 
 def register_tier(name: str, target: str | type) -> None:
-    """Make `tier=name` build kernels with `target` (a class or `"module:Class"`)."""
-    _TIERS[name] = (
-        target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
-    )
+    """Make `tier=name` build kernels with `target`: a class, or `"module:Class"` to import
+    it on first use."""
+    _TIERS[name] = target
+
+
+def unregister_tier(name: str) -> None:
+    """Forget tier `name` (a no-op when it is not registered)."""
+    _TIERS.pop(name, None)
 
 
 def tier_names() -> list[str]:
@@ -66,6 +71,8 @@ def tier_class(tier: str) -> Any:
         raise InvalidConfigurationError(
             f"unknown execution tier {tier!r}; choose one of {sorted(_TIERS)}"
         )
+    if not isinstance(target, str):
+        return target
     module, _, name = target.partition(":")
     try:
         return getattr(importlib.import_module(module), name)
