@@ -106,6 +106,8 @@ class TierCase:
     echo: Callable[..., Any]
     wrong_kind: Callable[..., Any]  # an actor of the kind this tier refuses
     options: tuple[tuple[str, Any], ...] = ()
+    #: The runtime the scenario drives (the Ray tests pass ``RayRingKernelRuntime``).
+    make_runtime: Callable[[], Any] = RingKernelRuntime
 
     def opts(self, **more: Any) -> dict[str, Any]:
         out = dict(self.options)
@@ -173,7 +175,7 @@ def assert_exactly_once(
 
 
 async def scenario_terminate_with_unread_replies(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, queue_size=4)
         accepted: list[int] = []
 
@@ -193,7 +195,7 @@ async def scenario_terminate_with_unread_replies(case: TierCase) -> None:
 
 
 async def scenario_forward_into_full_kernel_at_terminate(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, "a", queue_size=4)
         await rt.launch("b", echo_async, input_type=Done, output_type=Done, queue_size=4)
         rt.connect("a", "b")
@@ -219,7 +221,7 @@ async def scenario_forward_into_full_kernel_at_terminate(case: TierCase) -> None
 
 
 async def scenario_message_in_hand_at_grace_end(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case)
         for i in range(3):
             await rt.send("k", Job(seq=i, payload="sleep:0.5"))
@@ -236,7 +238,7 @@ async def scenario_message_in_hand_at_grace_end(case: TierCase) -> None:
 
 
 async def scenario_forward_into_reject_inbox(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, "a", queue_size=64)
         await rt.launch(
             "b", echo_async, input_type=Done, output_type=Done, queue_size=2, backpressure="reject"
@@ -262,7 +264,7 @@ async def scenario_forward_into_reject_inbox(case: TierCase) -> None:
 
 
 async def scenario_failure_reports_each_message_once(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, activate=False, queue_size=200)
         await rt.send("k", Job(seq=0, payload="boom"))
         for i in range(1, 100):
@@ -287,7 +289,7 @@ async def scenario_failure_reports_each_message_once(case: TierCase) -> None:
 
 
 async def scenario_drop_oldest_counted(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, activate=False, queue_size=8, backpressure="drop_oldest")
         for i in range(100):
             await rt.send("k", Job(seq=i))
@@ -300,7 +302,7 @@ async def scenario_drop_oldest_counted(case: TierCase) -> None:
 
 async def scenario_leave_scope_mid_pipeline(case: TierCase) -> None:
     async with asyncio.timeout(BOUND_S):
-        rt = RingKernelRuntime()
+        rt = case.make_runtime()
         accepted: list[int] = []
         async with rt:
             await _launch(rt, case, "a", queue_size=64)
@@ -322,7 +324,7 @@ async def scenario_leave_scope_mid_pipeline(case: TierCase) -> None:
 
 
 async def scenario_abandoned_replies_do_not_wedge(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         # room for every request, none for more than two replies
         await _launch(rt, case, input_queue_size=64, output_queue_size=2)
         for i in range(6):
@@ -341,7 +343,7 @@ async def scenario_abandoned_replies_do_not_wedge(case: TierCase) -> None:
 
 
 async def scenario_cancel_send_and_receive_loops(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case)
 
         async def caller(base: int) -> None:
@@ -366,7 +368,7 @@ async def scenario_cancel_send_and_receive_loops(case: TierCase) -> None:
 
 
 async def scenario_receive_on_launched_kernel(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, activate=False)
         with pytest.raises(KernelStateError, match=r"it is LAUNCHED; activate it first"):
             await asyncio.wait_for(rt.receive("k"), 2)
@@ -382,7 +384,7 @@ async def scenario_receive_on_launched_kernel(case: TierCase) -> None:
 
 
 async def scenario_restart_on_failure(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         if case.name not in RESTARTS:
             refusal = rf"restart='on_failure' is not supported on the {case.name} tier"
             with pytest.raises(InvalidConfigurationError, match=refusal):
@@ -402,7 +404,7 @@ async def scenario_restart_on_failure(case: TierCase) -> None:
 
 
 async def scenario_bad_field_is_not_a_poison_pill(case: TierCase, *, serialize: bool) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         opts: dict[str, Any] = {"serialize": True} if serialize else {}
         await _launch(rt, case, **opts)
         refused = False
@@ -420,7 +422,7 @@ async def scenario_bad_field_is_not_a_poison_pill(case: TierCase, *, serialize: 
 
 
 async def scenario_bridge_bound_holds(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, queue_size=8, backpressure="reject", bridge_queue_size=2)
         await rt.send("k", Job(seq=0, payload="sleep:1.0"))
         await asyncio.sleep(0.2)  # the actor holds message 0
@@ -438,7 +440,7 @@ async def scenario_bridge_bound_holds(case: TierCase) -> None:
 
 
 async def scenario_priority_not_starved(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, queue_size=4096, bridge_queue_size=2)
         for i in range(300):
             await rt.send("k", Job(seq=i, payload="sleep:0.002", priority=10))
@@ -451,7 +453,7 @@ async def scenario_priority_not_starved(case: TierCase) -> None:
 
 
 async def scenario_wrong_actor_kind_refused(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         with pytest.raises(TypeValidationError, match=rf"the {case.name} tier runs .* async"):
             await rt.launch("k", case.wrong_kind, input_type=Job, tier=case.name)
         assert "k" not in rt
@@ -461,7 +463,7 @@ async def scenario_wrong_actor_kind_refused(case: TierCase) -> None:
 
 
 async def scenario_oversized_message(case: TierCase) -> None:
-    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         opts = {"ring_bytes": 4096} if case.name == "process" else {}
         await _launch(rt, case, **opts)
         big = Job(seq=1, payload="x" * 10_000)
@@ -490,7 +492,7 @@ async def relay_async(ctx: Any) -> None:
 async def scenario_pipeline_exactly_once(case: TierCase) -> None:
     """a (this tier) -> b (asyncio, drop_oldest) -> c (asyncio, block), shut down mid-flow."""
     async with asyncio.timeout(BOUND_S):
-        rt = RingKernelRuntime()
+        rt = case.make_runtime()
         accepted: list[int] = []
         read: list[int] = []
         async with rt:
