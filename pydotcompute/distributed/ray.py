@@ -80,6 +80,18 @@ logger = logging.getLogger("pydotcompute")
 #: Launch options passed straight to ``ActorClass.options(...)`` (resources and placement).
 RAY_ACTOR_OPTIONS = PLACEMENT_OPTIONS  # an in-process launch accepts and ignores them
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
+
+
+def _never_activated(kernel_id: str, operation: str) -> KernelStateError:
+    """Waiting on a kernel that was never activated: no reply can come (said at once)."""
+    return KernelStateError(
+        kernel_id,
+        KernelState.LAUNCHED,
+        operation,
+        "activate it first: a kernel that was never activated runs no actor, so no reply can come",
+    )
+
+
 #: Ray threads per kernel actor: calls that can wait in it at once (parked fetch and watch,
 #: pushes waiting for room, concurrent ``send_and_receive`` callers).
 DEFAULT_MAX_CONCURRENCY = 64
@@ -638,6 +650,8 @@ class RayRingKernelRuntime:
             k = self._kernel(kernel_id)
         replies = k._replies
         if not replies:
+            if k.state is KernelState.LAUNCHED:
+                raise _never_activated(kernel_id, "receive from")
             await k._wait_replies(timeout, 1)
         msg = replies.popleft()
         if not replies and k._fetch is None and self.read_ahead:
@@ -691,6 +705,8 @@ class RayRingKernelRuntime:
             k = self._kernels[kernel_id]
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
+        if k.state is KernelState.LAUNCHED:
+            raise _never_activated(kernel_id, "send_and_receive to")
         data = k._encode(msg)
         if k._batches or k._setup is not None or k._restoring is not None:
             await self.flush(kernel_id)

@@ -20,7 +20,6 @@ not_yet = pytest.mark.xfail(
 )
 
 
-@not_yet
 async def test_receive_on_launched_kernel() -> None:
     await sc.scenario_receive_on_launched_kernel(RAY)
 
