@@ -166,7 +166,8 @@ class RemotePeer:
                     f"in another Ray actor ({len(self._pending)} messages waiting)"
                 )
             try:
-                await asyncio.wait_for(self._space.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: see lifecycle.py
+                    await self._space.wait()
             except TimeoutError:
                 continue
         if self.error is not None:

@@ -715,9 +715,10 @@ class RayRingKernelRuntime:
             if timeout is None:
                 answer = await k._request.remote(data)
             else:
-                answer = await asyncio.wait_for(
-                    k._request.remote(data, timeout), timeout + _REPLY_GRACE_S
-                )
+                # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
+                # cancellation that lands as the answer arrives
+                async with asyncio.timeout(timeout + _REPLY_GRACE_S):
+                    answer = await k._request.remote(data, timeout)
         except errors().actor as exc:
             raise k._lost(exc, "send to") from exc
         except TimeoutError:

@@ -41,3 +41,7 @@ async def test_drop_oldest_counted() -> None:
 
 async def test_wrong_actor_kind_refused() -> None:
     await sc.scenario_wrong_actor_kind_refused(RAY)
+
+
+async def test_cancel_send_and_receive_loops() -> None:
+    await sc.scenario_cancel_send_and_receive_loops(RAY)
