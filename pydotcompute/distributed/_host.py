@@ -94,8 +94,9 @@ def _register_message_type(cls: type | None) -> None:
 class RemotePeer:
     """Stand-in for a kernel in another Ray actor: what ``ctx.send`` / ``send_to`` reach.
 
-    It has the two methods the tier-1 kernel calls on a forward target (``_accept`` and
-    ``_accept_nowait``). Runs on the hosting actor's event loop.
+    It has the methods a kernel calls on a forward target (``accept`` and
+    ``accept_nowait``; the asyncio tier's ``ctx.send`` calls them by their underscored
+    names). Runs on the hosting actor's event loop.
     """
 
     def __init__(self, kernel_id: str, handle: Any, *, limit: int, max_batch: int) -> None:
@@ -132,6 +133,14 @@ class RemotePeer:
         self._pending.append(data)
         self._kick()
 
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+        """Queue ``msg`` to cross to the kernel (waits for room up to ``timeout``)."""
+        await self._accept(msg, timeout)
+
+    def accept_nowait(self, msg: Any) -> None:
+        """Queue ``msg`` to cross, or raise ``QueueFullError`` when too many wait."""
+        self._accept_nowait(msg)
+
     def _accept_nowait(self, msg: Any) -> None:
         data = self._encode(msg)
         if len(self._pending) >= self._limit:
@@ -157,7 +166,8 @@ class RemotePeer:
                     f"in another Ray actor ({len(self._pending)} messages waiting)"
                 )
             try:
-                await asyncio.wait_for(self._space.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: see lifecycle.py
+                    await self._space.wait()
             except TimeoutError:
                 continue
         if self.error is not None:
@@ -400,7 +410,7 @@ class _KernelCore:
             left = await self._runtime.terminate(self._kernel_id, timeout)
             for peer in list(self._peers.values()):
                 await peer.flush(timeout)
-            rest = kernel._outbox.drain() if kernel._outbox is not None else []
+            rest = kernel.outbox.drain() if kernel.outbox is not None else []
             if self._ended is not None:
                 self._ended.set()
             forward_dropped = sum(p.dropped for p in self._peers.values())
@@ -428,7 +438,7 @@ class _KernelCore:
             peer = self._peers.get(target_id)
             if peer is None or peer._handle != handle:
                 peer = self._add_peer(target_id, handle)
-            kernel._forward = peer  # type: ignore[assignment]
+            kernel.forward_to(peer)  # type: ignore[arg-type]
             self._forward = peer
             return True, None
         except PyDotComputeError as exc:
@@ -436,7 +446,7 @@ class _KernelCore:
 
     async def disconnect(self) -> Answer:
         if self._kernel is not None:
-            self._kernel._forward = None
+            self._kernel.forward_to(None)
         if self._forward is not None:
             await self._forward.flush()
         self._forward = None
@@ -448,7 +458,7 @@ class _KernelCore:
         accepted = 0
         try:
             kernel = self._require("send to")
-            accept = kernel._accept
+            accept = kernel.accept
             for data in batch:
                 await accept(deserialize_message(data), timeout)
                 accepted += 1
@@ -464,15 +474,15 @@ class _KernelCore:
         timeout: float | None,
     ) -> None:
         """Loop thread: register the waiter and enqueue; slow path when the inbox is full."""
-        inbox = kernel._inbox
-        if inbox is not None and inbox._maxsize and inbox._count >= inbox._maxsize:
+        inbox = kernel.inbox
+        if inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize:
             task = asyncio.get_running_loop().create_task(kernel.send_and_receive(msg, timeout))
             task.add_done_callback(lambda t: _settle_future(t, cf))
             return
         key = msg.message_id
         kernel._waiters[key] = _ReplyWaiter(cf)  # type: ignore[assignment]
         try:
-            kernel._accept_nowait(msg)
+            kernel.accept_nowait(msg)
         except BaseException as exc:
             kernel._waiters.pop(key, None)
             if not cf.done():
@@ -482,9 +492,9 @@ class _KernelCore:
         items: list[Any] = []
         try:
             kernel = self._require("receive from")
-            out = kernel._outbox
+            out = kernel.outbox
             assert out is not None
-            if out._count:
+            if len(out):
                 items = out.get_batch(n)
             else:
                 try:
@@ -492,7 +502,7 @@ class _KernelCore:
                 except QueueTimeoutError:
                     return []
                 items = [first]
-                if n > 1 and out._count:
+                if n > 1 and len(out):
                     items.extend(out.get_batch(n - 1))
             return _encode_all(items, self._kernel_id)
         except PyDotComputeError as exc:
@@ -505,7 +515,8 @@ class _KernelCore:
         if kernel is None:
             return None, None
         tel = kernel.telemetry
-        tel.queue_depth = len(kernel._inbox) if kernel._inbox is not None else 0
+        inbox = kernel.inbox
+        tel.queue_depth = len(inbox) if inbox is not None else 0
         return tel, None
 
 
@@ -631,15 +642,19 @@ class KernelHost:
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, cf, timeout)
         try:
-            reply = cf.result(timeout)
-        except concurrent.futures.TimeoutError:
-            self._loop.call_soon_threadsafe(kernel._waiters.pop, msg.message_id, None)
-            return None, pack_error(
-                QueueTimeoutError(
-                    f"no reply from kernel {self._kernel_id!r} within {timeout}s "
-                    f"(request {type(msg).__name__} {msg.message_id})"
-                )
-            )
+            try:
+                reply = cf.result(timeout)
+            except concurrent.futures.TimeoutError:
+                # the waiter stays registered, cancelled: the late reply is dropped and
+                # counted by the kernel instead of filling its outbox
+                if cf.cancel():
+                    return None, pack_error(
+                        QueueTimeoutError(
+                            f"no reply from kernel {self._kernel_id!r} within {timeout}s "
+                            f"(request {type(msg).__name__} {msg.message_id})"
+                        )
+                    )
+                reply = cf.result()  # it arrived as we gave up
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         try:

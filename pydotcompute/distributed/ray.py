@@ -63,7 +63,7 @@ from ..exceptions import (
 from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
 from ..ring_kernels.message import deserialize_message
 from ..ring_kernels.registry import get_registered_kernel
-from ..ring_kernels.runtime import _OPTION_ALIASES, PLACEMENT_OPTIONS
+from ..ring_kernels.runtime import OPTION_ALIASES, PLACEMENT_OPTIONS
 from ..ring_kernels.telemetry import RingKernelTelemetry
 from ._host import actor_name
 from ._kernel import RayKernel
@@ -80,6 +80,18 @@ logger = logging.getLogger("pydotcompute")
 #: Launch options passed straight to ``ActorClass.options(...)`` (resources and placement).
 RAY_ACTOR_OPTIONS = PLACEMENT_OPTIONS  # an in-process launch accepts and ignores them
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
+
+
+def _never_activated(kernel_id: str, operation: str) -> KernelStateError:
+    """Waiting on a kernel that was never activated: no reply can come (said at once)."""
+    return KernelStateError(
+        kernel_id,
+        KernelState.LAUNCHED,
+        operation,
+        "activate it first: a kernel that was never activated runs no actor, so no reply can come",
+    )
+
+
 #: Ray threads per kernel actor: calls that can wait in it at once (parked fetch and watch,
 #: pushes waiting for room, concurrent ``send_and_receive`` callers).
 DEFAULT_MAX_CONCURRENCY = 64
@@ -305,7 +317,7 @@ class RayRingKernelRuntime:
             input_type = input_type if input_type is not None else spec.input_type
             output_type = output_type if output_type is not None else spec.output_type
             opts.update(spec.options)
-        for alias, targets in _OPTION_ALIASES.items():  # launch options beat the decorator's
+        for alias, targets in OPTION_ALIASES.items():  # launch options beat the decorator's
             if options.get(alias) is not None:
                 for target in targets:
                     if target not in options:
@@ -638,6 +650,8 @@ class RayRingKernelRuntime:
             k = self._kernel(kernel_id)
         replies = k._replies
         if not replies:
+            if k.state is KernelState.LAUNCHED:
+                raise _never_activated(kernel_id, "receive from")
             await k._wait_replies(timeout, 1)
         msg = replies.popleft()
         if not replies and k._fetch is None and self.read_ahead:
@@ -691,6 +705,8 @@ class RayRingKernelRuntime:
             k = self._kernels[kernel_id]
         except (KeyError, TypeError):
             k = self._kernel(kernel_id)
+        if k.state is KernelState.LAUNCHED:
+            raise _never_activated(kernel_id, "send_and_receive to")
         data = k._encode(msg)
         if k._batches or k._setup is not None or k._restoring is not None:
             await self.flush(kernel_id)
@@ -699,9 +715,10 @@ class RayRingKernelRuntime:
             if timeout is None:
                 answer = await k._request.remote(data)
             else:
-                answer = await asyncio.wait_for(
-                    k._request.remote(data, timeout), timeout + _REPLY_GRACE_S
-                )
+                # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
+                # cancellation that lands as the answer arrives
+                async with asyncio.timeout(timeout + _REPLY_GRACE_S):
+                    answer = await k._request.remote(data, timeout)
         except errors().actor as exc:
             raise k._lost(exc, "send to") from exc
         except TimeoutError:

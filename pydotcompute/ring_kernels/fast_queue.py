@@ -34,7 +34,7 @@ import asyncio
 import enum
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -185,6 +185,7 @@ class FastMessageQueue(Generic[T]):
         "_serialize",
         "_strategy",
         "kernel_id",
+        "on_drop",
     )
 
     def __init__(
@@ -227,6 +228,8 @@ class FastMessageQueue(Generic[T]):
         self._putters: deque[asyncio.Future[None]] | None = None
         self._closed = False
         self._close_exc: BaseException | None = None
+        #: Called with 1 for every message ``drop_oldest`` drops (a kernel counts them).
+        self.on_drop: Callable[[int], None] | None = None
 
     def __del__(self) -> None:
         # a serializing queue thrown away with frames in it (a runtime discarded with
@@ -352,7 +355,17 @@ class FastMessageQueue(Generic[T]):
                 self._dropped += 1
                 self._removed += 1
                 _discard((item,))
+                if self.on_drop is not None:
+                    self.on_drop(1)
                 return
+
+    def put_overflow(self, item: T) -> None:
+        """Enqueue beyond the bound and even when closed (never waits, never drops).
+
+        For an owner that must keep an item readable rather than lose it: a reply produced
+        before its kernel stopped, say. Getters still drain it before the close reason.
+        """
+        self._append(item)
 
     def _full_error(self) -> QueueFullError:
         return QueueFullError(

@@ -52,7 +52,10 @@ from ..exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
@@ -226,6 +229,10 @@ class KernelContext:
     async def receive(self, timeout: float | None = None) -> Any:
         """The next message, by priority band then FIFO.
 
+        On a ``serialize=True`` kernel a message that does not decode (a field of the wrong
+        type, say) is counted as dropped, its error recorded in telemetry, and skipped: one
+        bad message never stops the actor.
+
         Raises:
             QueueTimeoutError: nothing arrived within ``timeout`` seconds (a TimeoutError).
             QueueClosedError: the kernel is terminating and its inbox is drained; let it
@@ -337,14 +344,24 @@ class KernelContext:
         waiters = k._waiters
         if waiters:
             fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None and not fut.done():  # a cancelled caller's reply goes on
-                fut.set_result(msg)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self._count_lost_reply()
                 return True
         target = k._forward
         if target is not None:
             try:
                 await target._accept(msg, timeout)
+            except (QueueFullError, KernelStateError):
+                # a reject-policy kernel downstream refused it, or that kernel stopped:
+                # the reply is counted as dropped and the actor told
+                self._handling = False
+                self._count_lost_reply()
+                raise
             except asyncio.CancelledError:
+                self._handling = False  # the message ended: its reply is counted
                 self._count_lost_reply()
                 raise
             return True
@@ -355,12 +372,19 @@ class KernelContext:
         try:
             return await out.put(msg, timeout=timeout)
         except asyncio.CancelledError:
-            self._count_lost_reply()
+            if k._stopping and not out.closed:
+                # terminate's grace period ran out while the outbox was full: the reply
+                # exists, so it stays readable (beyond the bound) and the message it
+                # answers counts as handled, not as undelivered as well
+                out.put_overflow(msg)
+                self._handling = False
+            else:
+                self._count_lost_reply()
             raise
 
     def _count_lost_reply(self) -> None:
-        """A send cancelled while it waited for space (terminate's grace period ran out, say):
-        the reply never got anywhere, so it is counted as dropped rather than lost silently."""
+        """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
+        downstream refused it, or its send was cancelled): counted as dropped."""
         self._outbox.count_dropped(1)
         self._kernel.telemetry.record_drop()
 
@@ -394,6 +418,34 @@ class KernelContext:
         return True
 
 
+class _DecodingContext(KernelContext):
+    """The context of a ``serialize=True`` kernel: a message that does not decode is
+    counted as dropped and skipped instead of failing the actor (no poison pill)."""
+
+    __slots__ = ()
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        while True:
+            try:
+                return await KernelContext.receive(self, timeout)
+            except MessageDeserializationError as exc:
+                self._skip(exc)
+
+    def receive_nowait(self) -> Any:
+        while True:
+            try:
+                return KernelContext.receive_nowait(self)
+            except MessageDeserializationError as exc:
+                self._skip(exc)
+
+    def _skip(self, exc: MessageDeserializationError) -> None:
+        k = self._kernel
+        k.telemetry.record_error(exc)
+        k.telemetry.record_drop()
+        self._inbox.count_dropped(1)
+        logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
+
+
 class RingKernel:
     """One persistent actor: its function, queues, task, state and telemetry.
 
@@ -402,6 +454,11 @@ class RingKernel:
     """
 
     EXTRA_OPTIONS: frozenset[str] = frozenset()
+    #: The kind of actor function this tier runs (``"async"``/``"sync"``; None: not
+    #: checked); the runtime refuses the other kind at launch.
+    ACTOR_KIND: str | None = "async"
+    #: Whether ``restart="on_failure"`` is honoured; the runtime refuses it otherwise.
+    SUPPORTS_RESTART: bool = True
 
     __slots__ = (
         "_ctx",
@@ -537,11 +594,17 @@ class RingKernel:
     def _make_queue(self, size: int, inbox: bool) -> FastMessageQueue[Any]:
         cfg = self.config
         strategy = cfg.backpressure_strategy if inbox else BackpressureStrategy.BLOCK
+        queue: Any
         if cfg.use_fast_queue:
-            return FastMessageQueue(
+            queue = FastMessageQueue(
                 size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
             )
-        return MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
+        else:
+            queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
+        if inbox:  # drop_oldest drops reach telemetry as they happen
+            queue.on_drop = self.telemetry.record_drop
+        result: FastMessageQueue[Any] = queue
+        return result
 
     async def launch(self) -> None:
         """Phase 1: allocate the queues (CREATED -> LAUNCHED).
@@ -557,7 +620,7 @@ class RingKernel:
             )
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
-        self._ctx = KernelContext(self)
+        self._ctx = (_DecodingContext if self.config.serialize else KernelContext)(self)
         self._state = KernelState.LAUNCHED
 
     async def activate(self) -> None:
@@ -624,8 +687,8 @@ class RingKernel:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-                return self._finish_termination(self._cut_off())
-        return self._finish_termination([])
+        # the message the actor held when it was cancelled, or raised on while draining
+        return self._finish_termination(self._cut_off())
 
     def _cut_off(self) -> list[Any]:
         """The message the actor was handling when it was cancelled, if any (``[]`` when it
@@ -683,6 +746,7 @@ class RingKernel:
             try:
                 await self._func(ctx)
             except QueueClosedError:
+                ctx._handling = False  # it asked for the next message: the last one is done
                 if self._stopping:
                     return
                 self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
@@ -693,7 +757,7 @@ class RingKernel:
                 raise
             except Exception as exc:
                 self.telemetry.record_error(exc)
-                if self._stopping:
+                if self._stopping:  # the message it raised on is handed back by terminate
                     self.error = exc
                     logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
                     return
@@ -708,13 +772,24 @@ class RingKernel:
                         self.config.max_restarts,
                     )
                     self._fail_request(ctx._current, exc, restarts)
+                    if self._cut_off():  # the message it raised on: dropped, and counted
+                        self.telemetry.record_drop()
+                        if self._inbox is not None:
+                            self._inbox.count_dropped(1)
                     ctx._current = None
                     ctx._handling = False
                     ctx._t_recv = 0
                     continue
+                cut = self._cut_off()  # the message it raised on comes back first
+                if cut:
+                    self.undelivered.extend(cut)
+                    self.telemetry.record_drop(len(cut))
+                    if self._inbox is not None:
+                        self._inbox.count_dropped(len(cut))
                 self._fail(exc)
                 return
             else:
+                ctx._handling = False  # returning finishes the message it held
                 if not self._stopping:
                     self._finished()
                 return
@@ -805,6 +880,29 @@ class RingKernel:
         if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
             validate_message(msg, in_t, self.kernel_id, "expects")
 
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+        """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy.
+
+        Raises:
+            TypeValidationError: not the kernel's ``input_type``.
+            KernelStateError: the kernel is terminating, terminated or failed.
+            QueueFullError / QueueTimeoutError: ``reject`` backpressure / the ``timeout``.
+        """
+        await self._accept(msg, timeout)
+
+    def accept_nowait(self, msg: Any) -> None:
+        """Like :meth:`accept` but a full inbox raises ``QueueFullError`` at once."""
+        self._accept_nowait(msg)
+
+    def forward_to(self, target: RingKernel | None) -> None:
+        """Send everything the actor sends on into ``target``'s inbox (None: the outbox)."""
+        self._forward = target
+
+    @property
+    def forwards_to(self) -> RingKernel | None:
+        """The kernel this one forwards into, or None."""
+        return self._forward
+
     async def _accept(self, msg: Any, timeout: float | None) -> None:
         """Validate and enqueue ``msg`` into the inbox (the path of every send)."""
         self._validate_in(msg)
@@ -827,7 +925,23 @@ class RingKernel:
         inbox.put_nowait(msg)
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
-        """Put ``msg`` in the inbox (waits under ``block`` backpressure)."""
+        """Put ``msg`` in the inbox (waits under ``block`` backpressure).
+
+        ``runtime.send`` returns this coroutine itself, so its fast path (the exact
+        ``input_type``, room in an open inbox: one append, no await) is the whole cost of
+        a send.
+        """
+        inbox = self._inbox
+        in_t = self.input_type
+        if (
+            self._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and inbox._count < inbox._limit  # open, with room
+            and not self._stopping
+        ):
+            inbox._append(msg)
+            return True
         await self._accept(msg, timeout)
         return True
 
@@ -837,11 +951,41 @@ class RingKernel:
         return True
 
     async def receive(self, timeout: float | None = None) -> Any:
-        """The next message from the outbox (a reply), waiting up to ``timeout``."""
+        """The next message from the outbox (a reply), waiting up to ``timeout``.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time.
+            KernelStateError: the kernel is LAUNCHED (never activated: no reply can come,
+                so this raises at once), or terminated and drained.
+            KernelFailedError: the actor raised (after the outbox was drained).
+        """
         out = self._outbox
         if out is None:
             raise self._refuse("receive from")
-        return await out.get(timeout=timeout)
+        if out._count:
+            return out._pop()
+        if self._state is KernelState.LAUNCHED:
+            raise self._not_active("receive from")
+        if timeout is not None:
+            return await out._get_slow(timeout)
+        while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
+            fut = out._park_getter()
+            try:
+                await fut
+            except BaseException:
+                out._unpark_getter(fut)
+                raise
+            if out._count:
+                return out._pop()
+
+    def _not_active(self, operation: str) -> KernelStateError:
+        return KernelStateError(
+            self.kernel_id,
+            self._state,
+            operation,
+            "activate it first: a kernel that was never activated runs no actor, so no "
+            "reply can come",
+        )
 
     def receive_nowait(self) -> Any:
         """The next reply or None."""
@@ -863,21 +1007,30 @@ class RingKernel:
                 f"kernel {self.kernel_id!r}: send_and_receive needs a message (an @message "
                 f"instance with a message_id), got {type(msg).__name__}"
             ) from None
-        self._waiters[key] = fut
+        if self._state is KernelState.LAUNCHED:
+            raise self._not_active("send_and_receive to")
+        waiters = self._waiters
+        waiters[key] = fut
+        accepted = False
         try:
-            await self._accept(msg, timeout)
-            if timeout is None:
+            # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
+            # cancellation that lands as the reply arrives, and a caller looping on
+            # send_and_receive would then never stop
+            async with asyncio.timeout(timeout):
+                await self._accept(msg, None)
+                accepted = True
                 return await fut
-            return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            from ..exceptions import QueueTimeoutError
-
             raise QueueTimeoutError(
                 f"no reply from kernel {self.kernel_id!r} within {timeout}s "
-                f"(request {type(msg).__name__} {key})"
+                f"(request {type(msg).__name__} {key}; kernel {self._state.name})"
             ) from None
         finally:
-            self._waiters.pop(key, None)
+            if not accepted or (fut.done() and not fut.cancelled()):
+                if waiters.get(key) is fut:
+                    del waiters[key]
+            elif not fut.done():
+                fut.cancel()  # stays registered: its late reply is dropped and counted
 
 
 @contextlib.asynccontextmanager

@@ -97,6 +97,8 @@ class MessageQueue(FastMessageQueue[T]):
         self._count -= 1
         self._dropped += 1
         self._removed += 1
+        if self.on_drop is not None:
+            self.on_drop(1)
 
     def clear(self) -> int:
         n = self._count

@@ -5,9 +5,12 @@ Design notes:
   inbox (validated against its ``input_type``), every receive a direct dequeue from its
   outbox, and pipelines (``connect``) forward inside the sending actor's ``ctx.send``. A
   router task per kernel was rejected: it doubles the hops on the hot path.
-- Execution tiers plug in by name (``tier=``): each tier provides a class with the
-  :class:`~pydotcompute.ring_kernels.lifecycle.RingKernel` interface, imported lazily so
-  that the default tier never loads threads, processes or CUDA.
+- Execution tiers plug in by name (``tier=``, see ``tiers/``): each tier provides a class
+  with the :class:`~pydotcompute.ring_kernels.lifecycle.RingKernel` interface, imported
+  lazily so that the default tier never loads threads, processes or CUDA. The runtime uses
+  kernels only through their public methods (``try_accept``/``accept``, ``receive``,
+  ``forward_to``, ...) and applies the launch-time policy (actor kind, restart support)
+  from each tier's stated capabilities.
 - Shutdown terminates kernels in parallel inside one overall timeout, drains what it can
   and reports what it could not (``shutdown()`` returns the undelivered counts).
 """
@@ -17,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from ..decorators.validators import validate_kernel_id
@@ -36,41 +38,15 @@ from ._loop import install_eager_task_factory
 from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
 from .registry import get_registered_kernel, register_ring_kernel
 from .telemetry import RingKernelTelemetry, TelemetryCollector
+from .tiers import canonical_tier, check_actor_kind, register_tier, tier_class
 
 __all__ = ("RingKernelRuntime", "get_registered_kernel", "register_ring_kernel", "register_tier")
 
 logger = logging.getLogger("pydotcompute")
 
-_TIERS: dict[str, str] = {
-    "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
-    "thread": "pydotcompute.ring_kernels.hosted:ThreadHostedKernel",
-    "process": "pydotcompute.ring_kernels.hosted:ProcessHostedKernel",
-    "gpu": "pydotcompute.ring_kernels.gpu_kernel:GPURingKernel",
-}
-_TIER_ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda": "gpu"}
-
-
-def register_tier(name: str, target: str | type) -> None:
-    """Make ``tier=name`` build kernels with ``target`` (a class or ``"module:Class"``)."""
-    _TIERS[name] = (
-        target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
-    )
-
 
 def _tier_class(tier: str) -> type[RingKernel]:
-    tier = _TIER_ALIASES.get(tier, tier)
-    target = _TIERS.get(tier)
-    if target is None:
-        raise InvalidConfigurationError(
-            f"unknown execution tier {tier!r}; choose one of {sorted(_TIERS)}"
-        )
-    if tier == "asyncio":
-        return RingKernel
-    module, _, name = target.partition(":")
-    try:
-        cls: type[RingKernel] = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
+    cls: type[RingKernel] = tier_class(tier)
     return cls
 
 
@@ -150,9 +126,9 @@ class RingKernelRuntime:
         """Terminate every kernel (draining inboxes in parallel within ``timeout`` seconds).
 
         Returns:
-            kernel id -> number of messages that could not be delivered (also counted as
-            dropped in telemetry and kept in ``kernel.undelivered``). Empty when nothing
-            was lost.
+            kernel id -> number of messages that could not be delivered (kept in
+            ``kernel.undelivered``, by terminate or by an earlier failure, and counted as
+            dropped in telemetry). Empty when nothing was lost.
         """
         if self._closed:
             return {}
@@ -185,8 +161,8 @@ class RingKernelRuntime:
             if isinstance(res, BaseException):
                 logger.error("terminating kernel %r raised %r", k.kernel_id, res)
                 report[k.kernel_id] = -1
-            elif res:
-                report[k.kernel_id] = len(res)
+            elif k.undelivered:  # what terminate returned, and what a failure left
+                report[k.kernel_id] = len(k.undelivered)
         return report
 
     # -- kernel lookup ------------------------------------------------------------------
@@ -248,14 +224,22 @@ class RingKernelRuntime:
         opts = options  # a fresh dict per call: ours to change
         if tier is not None:
             opts["tier"] = tier
-        cls = _tier_class(
+        tier_name = canonical_tier(
             opts.get("tier") or registered.get("tier") or (config.tier if config else "asyncio")
         )
+        cls = _tier_class(tier_name)
         if registered:  # the decorator's options first: an alias given here (queue_size) wins
             config = _build_config(kernel_id, config, registered, cls.EXTRA_OPTIONS)
             config = _apply_options(kernel_id, config, opts, cls.EXTRA_OPTIONS)  # our copy
         else:
             config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
+        check_actor_kind(kernel_id, tier_name, kernel_func, getattr(cls, "ACTOR_KIND", None))
+        if config.restart != "never" and not getattr(cls, "SUPPORTS_RESTART", True):
+            raise InvalidConfigurationError(
+                f"kernel {kernel_id!r}: restart={config.restart!r} is not supported on the "
+                f"{tier_name} tier (its actor is not restarted by the runtime); launch it "
+                "with restart='never' and relaunch on failure, or use the asyncio tier"
+            )
         kernel = cls(
             kernel_id,
             kernel_func,
@@ -285,7 +269,7 @@ class RingKernelRuntime:
         """Terminate one kernel, draining gracefully; returns its undelivered messages."""
         kernel = self._kernel(kernel_id)
         for other in self._kernels.values():
-            if other._forward is kernel and other.state not in (
+            if other.forwards_to is kernel and other.state not in (
                 KernelState.TERMINATED,
                 KernelState.FAILED,
             ):
@@ -320,8 +304,13 @@ class RingKernelRuntime:
 
     # -- messaging ----------------------------------------------------------------------
 
-    async def send(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> bool:
-        """Deliver ``msg`` to a kernel's inbox.
+    def send(
+        self, kernel_id: str, msg: Any, *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, bool]:
+        """Deliver ``msg`` to a kernel's inbox (``await runtime.send(...)``).
+
+        The kernel's own ``send`` coroutine is returned to be awaited: the runtime adds no
+        frame of its own to the hot path. An unknown id raises at the call.
 
         Raises:
             KernelNotFoundError: unknown id (the text lists the known ids).
@@ -333,54 +322,29 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
-        # fast path (tier 1, right type, room in an open inbox): one append, no await
-        inbox = kernel._inbox
-        in_t = kernel.input_type
-        if (
-            kernel._direct
-            and (in_t is None or type(msg) is in_t)
-            and inbox is not None
-            and inbox._count < inbox._limit  # open, with room
-            and not kernel._stopping
-        ):
-            inbox._append(msg)
-            return True
-        await kernel._accept(msg, timeout)
-        return True
+        return kernel.send(msg, timeout)
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
         """Like :meth:`send` but never waits: a full inbox raises ``QueueFullError``."""
-        self._kernel(kernel_id)._accept_nowait(msg)
+        self._kernel(kernel_id).accept_nowait(msg)
         return True
 
-    async def receive(self, kernel_id: str, *, timeout: float | None = None) -> Any:
-        """The next message from a kernel's outbox, waiting up to ``timeout`` seconds.
+    def receive(self, kernel_id: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """The next message from a kernel's outbox, waiting up to ``timeout`` seconds
+        (``await runtime.receive(...)``; the kernel's own ``receive`` coroutine is returned
+        to be awaited, and an unknown id raises at the call).
 
         Raises:
             QueueTimeoutError: nothing arrived in time (a ``TimeoutError``).
             KernelFailedError: the actor raised (after the outbox was drained).
-            KernelStateError: the kernel was terminated and its outbox is drained.
+            KernelStateError: the kernel was terminated and its outbox is drained, or it
+                is LAUNCHED (never activated: raised at once, no reply can come).
         """
         try:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
-        out = kernel._outbox
-        if kernel._direct and out is not None:
-            if out._count:
-                return out._pop()
-            if timeout is not None:
-                return await out._get_slow(timeout)
-            while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
-                fut = out._park_getter()
-                try:
-                    await fut
-                except BaseException:
-                    out._unpark_getter(fut)
-                    raise
-                if out._count:
-                    return out._pop()
-        return await kernel.receive(timeout)
+        return kernel.receive(timeout)
 
     def receive_nowait(self, kernel_id: str) -> Any:
         """The next reply, or None when the outbox is empty."""
@@ -412,11 +376,11 @@ class RingKernelRuntime:
                 f"cannot connect {source_id!r} -> {target_id!r}: {source_id!r} sends "
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
-        src._forward = dst
+        src.forward_to(dst)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
-        self._kernel(source_id)._forward = None
+        self._kernel(source_id).forward_to(None)
 
     # -- telemetry ----------------------------------------------------------------------
 
@@ -426,7 +390,8 @@ class RingKernelRuntime:
         refresh = getattr(kernel, "refresh_telemetry", None)
         if refresh is not None:
             refresh()
-        tel.queue_depth = len(kernel._inbox) if kernel._inbox is not None else 0
+        inbox = kernel.inbox
+        tel.queue_depth = len(inbox) if inbox is not None else 0
         return tel
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
@@ -490,7 +455,8 @@ PLACEMENT_OPTIONS = frozenset(
         "label_selector",
     }
 )
-_OPTION_ALIASES = {
+#: Launch options that set several config fields (``queue_size`` sets both queue sizes).
+OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
     "backpressure": ("backpressure_strategy",),
 }
@@ -527,8 +493,8 @@ def _apply_options(
     fields = _CONFIG_FIELDS
     explicit = {k for k in options if k in fields and options[k] is not None}
     for key, value in options.items():
-        if key in _OPTION_ALIASES:
-            for target in _OPTION_ALIASES[key]:
+        if key in OPTION_ALIASES:
+            for target in OPTION_ALIASES[key]:
                 if target not in explicit:
                     setattr(config, target, value)
         elif key in fields:
@@ -541,7 +507,7 @@ def _apply_options(
         else:
             raise InvalidConfigurationError(
                 f"unknown option {key!r} for kernel {kernel_id!r} on tier {config.tier!r}; "
-                f"known: {sorted(fields | set(_OPTION_ALIASES) | extra_allowed)}; Ray "
+                f"known: {sorted(fields | set(OPTION_ALIASES) | extra_allowed)}; Ray "
                 f"placement options ({', '.join(sorted(PLACEMENT_OPTIONS))}) are accepted "
                 "and ignored in-process"
             )

@@ -248,6 +248,7 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
         self._context: ThreadedKernelContext | None = None
+        self._taken_n = 0  # how many of ``_unprocessed`` take_undelivered handed out
 
     # -- properties -------------------------------------------------------------------
 
@@ -305,6 +306,10 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
                 error = exc  # a closed queue that is not our stop: the actor failed
         except BaseException as exc:  # the actor's failure is data, reported to callers
             error = exc
+        if error is not None and ctx.handling:
+            # the message it raised on was not finished: handed back first
+            ctx.handling = False
+            self._unprocessed.append(ctx._current)
         self._finish(error)
 
     def _finish(self, error: BaseException | None) -> None:
@@ -356,6 +361,29 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the actor thread to end without asking it to; True if it has."""
         return self._finished.wait(timeout)
+
+    @property
+    def pending_input(self) -> int:
+        """Messages sent and not yet taken by the actor (at most ``input_queue_size``)."""
+        return len(self._inbox)
+
+    def take_undelivered(self) -> list[Any]:
+        """The messages the actor never took, oldest first; each is returned only once.
+
+        Filled by a stop whose grace period ran out and by a failure (see
+        :meth:`unprocessed`, which keeps reporting them); every later call returns ``[]``.
+        A thread cannot be interrupted, so a message the actor still holds is not here:
+        its reply (if any) arrives late, on the outbox.
+        """
+        with self._state_lock:
+            out = self._unprocessed[self._taken_n :]
+            self._taken_n = len(self._unprocessed)
+        return out
+
+    def drain_replies(self) -> list[Any]:
+        """Every reply readable now, oldest first, without waiting or raising for failures."""
+        with self._recv_lock:
+            return list(self._outbox.drain())
 
     # -- caller side ------------------------------------------------------------------
 

@@ -150,13 +150,13 @@ def tier_unavailable_reason(tier: str) -> str | None:
     CUDA device or the Numba CUDA simulator.
     """
     from ..exceptions import InvalidConfigurationError
-    from ..ring_kernels.runtime import _TIER_ALIASES, _tier_class
+    from ..ring_kernels.tiers import canonical_tier, tier_class
 
     try:
-        _tier_class(tier)
+        tier_class(tier)
     except InvalidConfigurationError as exc:
         return str(exc)
-    if _TIER_ALIASES.get(tier, tier) == "gpu":
+    if canonical_tier(tier) == "gpu":
         reason = cuda_unavailable_reason(allow_simulator=True)
         if reason is not None:
             return f"execution tier 'gpu' {reason}"

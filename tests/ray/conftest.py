@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 import ray_test_actors  # noqa: E402  (tests/ray is on sys.path: no __init__.py here)
 
 import pydotcompute  # noqa: E402
+import tests  # noqa: E402  (the shared tier scenarios: tests/tier_scenarios.py)
 from pydotcompute.distributed.ray import RayRingKernelRuntime  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def ray_session() -> Iterator[Any]:
             "num_cpus": 2,
             "include_dashboard": False,
             "resources": {"pdc_slot": 2},
-            "runtime_env": {"py_modules": [pydotcompute, ray_test_actors]},
+            "runtime_env": {"py_modules": [pydotcompute, ray_test_actors, tests]},
             "logging_level": "ERROR",
             "log_to_driver": False,
         }

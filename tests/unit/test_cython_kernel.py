@@ -939,7 +939,7 @@ def test_the_hosted_process_tier_keeps_to_its_bridge_bound() -> None:
             for i in range(10):
                 await rt.send("hosted", Job(seq=i))
             await asyncio.sleep(0.3)
-            worker = kernel._worker  # type: ignore[attr-defined]
+            worker = kernel.worker.kernel  # type: ignore[attr-defined]
             window = (worker.pending_input, worker.statistics()["inbox"]["records_written"])
             await rt.terminate("hosted", timeout=0.1)
             return window

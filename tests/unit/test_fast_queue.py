@@ -658,3 +658,23 @@ def test_a_serializing_queue_refuses_a_non_message_with_the_kernel_id() -> None:
     with pytest.raises(TypeValidationError, match=r"kernel 'sink'.*serialize=True.*got int"):
         q.put_nowait(42)
     assert q.empty
+
+
+def test_drop_oldest_reports_each_drop_to_its_owner() -> None:
+    seen: list[int] = []
+    q: FastMessageQueue[Any] = FastMessageQueue(2, backpressure="drop_oldest")
+    q.on_drop = seen.append
+    for i in range(5):
+        q.put_nowait(i)
+    assert seen == [1, 1, 1]
+    assert q.statistics().total_dropped == 3
+
+
+def test_put_overflow_keeps_an_item_readable_past_the_bound_and_the_close() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(1)
+    q.put_nowait("a")
+    q.close()
+    q.put_overflow("b")  # full and closed: still kept, never dropped
+    assert [q.get_nowait(), q.get_nowait()] == ["a", "b"]
+    with pytest.raises(QueueClosedError):
+        q.get_nowait()

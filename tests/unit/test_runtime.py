@@ -720,3 +720,98 @@ def test_a_gpu_ring_kernel_declaration_accepts_placement_options() -> None:
         num_gpus=1,
     )(handler)
     assert fn is handler
+
+
+# --- the tier registry and the launch-time checks of the tier contract ------------------------
+
+
+def _plain_actor(ctx: Any) -> None:
+    pass
+
+
+class _AsyncCallable:
+    async def __call__(self, ctx: Any) -> None:
+        await ctx.receive()
+
+
+def test_actor_kind_checks_judge_plain_functions_methods_and_partials() -> None:
+    import functools
+
+    from pydotcompute.ring_kernels.tiers import check_actor_kind
+
+    check_actor_kind("k", "asyncio", doubler, "async")
+    check_actor_kind("k", "asyncio", functools.partial(doubler), "async")
+    check_actor_kind("k", "asyncio", _AsyncCallable(), "async")  # not judged: passes
+    check_actor_kind("k", "gpu", _plain_actor, None)  # the tier does not check
+    with pytest.raises(TypeValidationError, match=r"the asyncio tier runs async functions"):
+        check_actor_kind("k", "asyncio", functools.partial(_plain_actor), "async")
+    with pytest.raises(TypeValidationError, match=r"the thread tier runs plain functions"):
+        check_actor_kind("k", "thread", doubler, "sync")
+
+
+async def test_a_plain_def_is_refused_at_launch_and_nothing_is_left(rt: RingKernelRuntime) -> None:
+    with pytest.raises(TypeValidationError, match="tier='thread' or tier='process'"):
+        await rt.launch("k", _plain_actor)
+    assert "k" not in rt
+    await rt.launch("k", doubler)  # the id is free
+
+
+def test_unknown_tiers_are_named_with_the_known_ones() -> None:
+    from pydotcompute.ring_kernels.tiers import tier_class, tier_names
+
+    assert {"asyncio", "thread", "process", "gpu"} <= set(tier_names())
+    assert tier_class("cython").__name__ == "ProcessHostedKernel"  # an alias
+    with pytest.raises(InvalidConfigurationError, match=r"unknown execution tier 'nope'.*'thread'"):
+        tier_class("nope")
+
+
+async def test_a_registered_tier_is_launched_by_name(rt: RingKernelRuntime) -> None:
+    from pydotcompute.ring_kernels.lifecycle import RingKernel
+    from pydotcompute.ring_kernels.runtime import register_tier
+    from pydotcompute.ring_kernels.tiers import unregister_tier
+
+    class Recording(RingKernel):
+        __slots__ = ()
+
+    register_tier("recording", Recording)
+    try:
+        kernel = await rt.launch("k", doubler, tier="recording")
+        assert type(kernel) is Recording
+    finally:
+        unregister_tier("recording")
+
+
+def test_a_tier_worker_must_implement_the_whole_contract() -> None:
+    from pydotcompute.ring_kernels.tiers.contract import TierWorker
+
+    class Half(TierWorker):
+        def start(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()  # type: ignore[abstract]
+
+
+def test_the_thread_worker_hands_back_what_it_never_took_once() -> None:
+    import threading
+
+    from pydotcompute.ring_kernels.threaded_kernel import ThreadedKernelConfig, ThreadedRingKernel
+
+    release = threading.Event()
+
+    def stuck(ctx: Any) -> None:
+        ctx.receive()
+        release.wait(5)
+        raise ValueError("boom")
+
+    kernel = ThreadedRingKernel("t", stuck, config=ThreadedKernelConfig("t", input_queue_size=8))
+    kernel.start()
+    for i in range(3):
+        kernel.send(Req(x=i))
+    release.set()
+    assert kernel.join(5)
+    # the message it raised on first, then the two it never took; once
+    assert [m.x for m in kernel.take_undelivered()] == [0, 1, 2]
+    assert kernel.take_undelivered() == []
+    assert [m.x for m in kernel.unprocessed()] == [0, 1, 2]
+    kernel.stop()

@@ -1,0 +1,111 @@
+"""Execution tiers: where an actor runs, one module each, behind one contract.
+
+`contract.py` states what a tier provides (read its docstring first); `hosted.py` is the
+bridge that applies the runtime's policy to a tier whose actor runs off the loop; the
+other modules are the tiers. Adding a tier: write a `TierWorker` (or, for a tier that
+needs no bridge, a `RingKernel` subclass), a `HostedKernel` subclass that builds it, and
+register it with `register_tier`.
+
+Tiers are imported lazily by name, so the default tier never loads threads, processes,
+CUDA or Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ...exceptions import InvalidConfigurationError, TypeValidationError
+from .contract import ActorKind, TierWorker
+
+__all__ = (
+    "ActorKind",
+    "TierWorker",
+    "canonical_tier",
+    "check_actor_kind",
+    "register_tier",
+    "tier_class",
+    "tier_names",
+    "unregister_tier",
+)
+
+_TIERS: dict[str, str | type] = {
+    "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
+    "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
+    "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
+    "gpu": "pydotcompute.ring_kernels.tiers.gpu:GPUKernel",
+}
+_ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda": "gpu"}
+
+
+def register_tier(name: str, target: str | type) -> None:
+    """Make `tier=name` build kernels with `target`: a class, or `"module:Class"` to import
+    it on first use."""
+    _TIERS[name] = target
+
+
+def unregister_tier(name: str) -> None:
+    """Forget tier `name` (a no-op when it is not registered)."""
+    _TIERS.pop(name, None)
+
+
+def tier_names() -> list[str]:
+    """The registered tier names (aliases not included)."""
+    return sorted(_TIERS)
+
+
+def canonical_tier(name: str) -> str:
+    """`name` with its alias resolved (`"cython"` -> `"process"`)."""
+    return _ALIASES.get(name, name)
+
+
+def tier_class(tier: str) -> Any:
+    """The kernel class of tier `tier` (imported on first use).
+
+    Raises:
+        InvalidConfigurationError: no such tier, or it cannot be imported here.
+    """
+    tier = canonical_tier(tier)
+    target = _TIERS.get(tier)
+    if target is None:
+        raise InvalidConfigurationError(
+            f"unknown execution tier {tier!r}; choose one of {sorted(_TIERS)}"
+        )
+    if not isinstance(target, str):
+        return target
+    module, _, name = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
+
+
+def check_actor_kind(kernel_id: str, tier: str, func: Any, kind: str | None) -> None:
+    """Refuse, at launch, an actor of the kind tier `tier` does not run.
+
+    `kind` is the tier's `ACTOR_KIND`: `"async"` (coroutine functions), `"sync"` (plain
+    functions) or None (not checked). Only plain functions and methods are judged; other
+    callables (a class instance with `__call__`) pass, and fail on first use if wrong.
+    """
+    import functools
+    import inspect
+
+    if kind is None or not callable(func):
+        return
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    is_async = inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
+    plain = inspect.isfunction(target) or inspect.ismethod(target)
+    name = getattr(target, "__qualname__", repr(target))
+    if kind == "async" and plain and not is_async:
+        raise TypeValidationError(
+            f"kernel {kernel_id!r}: the {tier} tier runs async functions (async def actor"
+            f"(ctx)), but {name!r} is a plain function; make it async, or launch it with "
+            "tier='thread' or tier='process'"
+        )
+    if kind == "sync" and is_async:
+        raise TypeValidationError(
+            f"kernel {kernel_id!r}: the {tier} tier runs plain functions, but {name!r} is "
+            "async; make it a plain def, or launch it on the asyncio tier"
+        )

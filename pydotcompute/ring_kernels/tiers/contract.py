@@ -1,0 +1,171 @@
+"""The tier contract: what a place to run an actor must provide to the runtime.
+
+A tier is mechanism. It starts and stops the place where the actor runs (a thread, a
+child process, a GPU kernel, a Ray actor), moves messages in and out, and reports what
+happened. Everything that is a promise to the user is policy and lives once, in the
+runtime's kernel (`RingKernel` and the hosting bridge `HostedKernel`), for every tier:
+
+- *accounting*: every message accepted by `send` ends exactly once: as a reply read by
+  the user, a message forwarded to a connected kernel, a message handed back by
+  `terminate`/`shutdown` (`undelivered`), or a counted drop (backpressure, a reply nobody
+  waits for any more, a message the tier rejected). Telemetry counts every drop; nothing
+  is reported twice.
+- *supervision*: the restart policy, `FAILED`, errors to waiting callers.
+- *correlation*: `send_and_receive` matches replies; a caller that timed out or was
+  cancelled leaves no reply behind to fill an outbox (it is dropped and counted).
+- *backpressure*: the user's bounds hold end to end: the runtime keeps the banded inbox and
+  hands a tier at most `bridge_queue_size` messages, so priority is never starved behind a
+  tier's own backlog.
+- *edges*: cancellation, receive on a kernel that is not active, an oversized message and
+  a wrong actor kind are reported at once.
+
+Design notes:
+- The contract is an abstract class rather than a Protocol so that a tier states its
+  capabilities as class attributes a reader finds in one place, and so that a missing
+  method fails at construction, not at the first message.
+- Every method is non-blocking except `start` and `stop`, which the runtime runs in a
+  worker thread (`asyncio.to_thread`). Wake-ups come back through callbacks the tier may
+  call from any thread; the runtime hands them to its loop.
+- The asyncio tier is the runtime's own kernel class: its actor is a task on the loop, so
+  it needs no bridge and implements the policy directly on its queues.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+__all__ = ("ActorKind", "TierWorker")
+
+ActorKind = Literal["async", "sync"]
+
+
+class TierWorker(abc.ABC):
+    """The place one actor runs, as the runtime sees it.
+
+    Lifecycle: built (nothing runs), `start()` (the actor runs and may take messages),
+    `stop(timeout)` (the actor is asked to finish what it was given; after `timeout`
+    seconds it is stopped by force where the tier can), then `drain_replies()` and
+    `take_undelivered()` hand back everything the tier still holds.
+
+    Capabilities (class attributes):
+        ACTOR_KIND: `"sync"` for a plain function, `"async"` for a coroutine function. The
+            runtime refuses the other kind at launch.
+        SUPPORTS_RESTART: Whether `restart="on_failure"` can be honoured. The runtime
+            refuses the option at launch on a tier that cannot.
+    """
+
+    ACTOR_KIND: ClassVar[ActorKind] = "sync"
+    SUPPORTS_RESTART: ClassVar[bool] = False
+
+    # -- limits -----------------------------------------------------------------------------
+
+    @property
+    def max_message_bytes(self) -> int | None:
+        """The largest encoded message the tier can carry, or None when unbounded.
+
+        The runtime refuses a larger message in `send`, at once.
+        """
+        return None
+
+    @property
+    @abc.abstractmethod
+    def pending_input(self) -> int:
+        """Messages handed over by `offer` and not yet taken by the actor."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the place the actor runs; blocking (the runtime calls it in a thread).
+
+        Raises:
+            KernelFailedError: the actor could not start (the reason chained).
+        """
+
+    @abc.abstractmethod
+    def stop(self, timeout: float) -> bool:
+        """Stop the actor; blocking. True when it finished by itself within `timeout`.
+
+        Replies it produced stay available to `poll_reply`/`drain_replies`; messages it
+        never finished go to `take_undelivered`.
+        """
+
+    # -- messages in -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def offer(self, msg: Any) -> bool:
+        """Hand `msg` to the actor without waiting; False when the tier's side is full.
+
+        A tier is built with room for `bridge_queue_size` messages its actor has not taken
+        (`HostedKernel._make_worker(bridge)`): beyond that `offer` returns False, so the
+        runtime's banded inbox, not the tier's backlog, decides what the actor gets next.
+
+        Raises:
+            KernelFailedError: the actor failed (the runtime reports it).
+            KernelStateError: the actor stopped.
+        """
+
+    @abc.abstractmethod
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from any thread) when room frees up after `offer` said False."""
+
+    # -- messages out ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def poll_reply(self) -> Any:
+        """The next reply, or None when none is ready; never waits.
+
+        Replies come in the order the actor produced them, and stay readable after the
+        actor stopped or failed.
+
+        Raises:
+            MessageRejectedError: the tier could not decode one message it was given; the
+                actor keeps running (the runtime counts it as dropped and tells its caller).
+            KernelFailedError: the actor failed and every earlier reply was polled.
+            KernelStateError: the actor stopped and every reply was polled.
+        """
+
+    @abc.abstractmethod
+    def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (from any thread) when a reply may be ready; returns an undo."""
+
+    @abc.abstractmethod
+    def drain_replies(self) -> list[Any]:
+        """Every reply readable now, oldest first, without waiting or raising.
+
+        A message the tier rejected appears as its `MessageRejectedError`.
+        """
+
+    def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Have the event loop `loop` itself call `callback` when a reply may be ready
+        (watching descriptors, say: one thread hop fewer than `on_readable`); returns an
+        undo, or None when the tier cannot (the runtime then uses `on_readable`)."""
+        return None
+
+    @property
+    def is_idle(self) -> bool:
+        """True when the actor holds no message and waits for the next; False when unsure."""
+        return False
+
+    def on_late_reply(self, callback: Callable[[], None]) -> None:  # noqa: B027
+        """Call `callback` when the actor replies after `stop` returned (a thread that could
+        not be interrupted finishing its message). Tiers whose actor cannot outlive `stop`
+        need not implement it."""
+
+    # -- what is left ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def take_undelivered(self) -> list[Any]:
+        """After `stop` (or a failure): the messages the actor did not finish, each once.
+
+        The one in the actor's hands when it was stopped by force or raised comes first,
+        then those it never took, in the order they were offered. Every later call returns
+        `[]`.
+        """
+
+    @property
+    @abc.abstractmethod
+    def failure(self) -> BaseException | None:
+        """Why the actor failed (its exception, or the death of its process), or None."""

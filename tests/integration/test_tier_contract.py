@@ -1,0 +1,96 @@
+"""The tier contract, scenario by scenario, on every CPU tier through the runtime.
+
+The scenarios live in ``tests/tier_scenarios.py`` so the GPU (simulator) and Ray test
+processes run the same ones. Run this file again with ``PYDOTCOMPUTE_PUREPYTHON=1`` for the
+process tier on the pure-Python ring.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import tier_scenarios as sc
+
+CASES = [
+    pytest.param(sc.ASYNCIO, id="asyncio"),
+    pytest.param(sc.THREAD, id="thread"),
+    pytest.param(sc.PROCESS, id="process"),
+]
+
+
+@pytest.fixture(params=CASES)
+def case(request: pytest.FixtureRequest) -> sc.TierCase:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def test_terminate_with_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_terminate_with_unread_replies(case)
+
+
+async def test_forward_into_full_kernel_at_terminate(case: sc.TierCase) -> None:
+    await sc.scenario_forward_into_full_kernel_at_terminate(case)
+
+
+async def test_message_in_hand_at_grace_end(case: sc.TierCase) -> None:
+    await sc.scenario_message_in_hand_at_grace_end(case)
+
+
+async def test_forward_into_reject_inbox(case: sc.TierCase) -> None:
+    await sc.scenario_forward_into_reject_inbox(case)
+
+
+async def test_failure_reports_each_message_once(case: sc.TierCase) -> None:
+    await sc.scenario_failure_reports_each_message_once(case)
+
+
+async def test_drop_oldest_counted(case: sc.TierCase) -> None:
+    await sc.scenario_drop_oldest_counted(case)
+
+
+async def test_leave_scope_mid_pipeline(case: sc.TierCase) -> None:
+    await sc.scenario_leave_scope_mid_pipeline(case)
+
+
+async def test_abandoned_replies_do_not_wedge(case: sc.TierCase) -> None:
+    await sc.scenario_abandoned_replies_do_not_wedge(case)
+
+
+async def test_cancel_send_and_receive_loops(case: sc.TierCase) -> None:
+    await sc.scenario_cancel_send_and_receive_loops(case)
+
+
+async def test_receive_on_launched_kernel(case: sc.TierCase) -> None:
+    await sc.scenario_receive_on_launched_kernel(case)
+
+
+async def test_restart_on_failure(case: sc.TierCase) -> None:
+    await sc.scenario_restart_on_failure(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_bad_field_is_not_a_poison_pill(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_bad_field_is_not_a_poison_pill(case, serialize=serialize)
+
+
+async def test_bridge_bound_holds(case: sc.TierCase) -> None:
+    if case.name == "asyncio":
+        pytest.skip("the asyncio tier has no bridge: its inbox is the only bound")
+    await sc.scenario_bridge_bound_holds(case)
+
+
+async def test_priority_not_starved(case: sc.TierCase) -> None:
+    if case.name == "asyncio":
+        pytest.skip("the asyncio tier serves its banded inbox directly")
+    await sc.scenario_priority_not_starved(case)
+
+
+async def test_wrong_actor_kind_refused(case: sc.TierCase) -> None:
+    await sc.scenario_wrong_actor_kind_refused(case)
+
+
+async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
+    await sc.scenario_oversized_message(case)
+
+
+async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
+    await sc.scenario_pipeline_exactly_once(case)
