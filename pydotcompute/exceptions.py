@@ -1,6 +1,6 @@
 """The pydotcompute error hierarchy.
 
-Every error the library raises on purpose derives from :class:`PyDotComputeError`, and each
+Every error the library raises on purpose derives from `PyDotComputeError`, and each
 subclass also inherits the builtin exception it refines, so ``except KeyError`` or
 ``except TimeoutError`` keeps working in code that does not know about pydotcompute.
 Messages say what was wrong, what arrived and how to fix it.

@@ -41,7 +41,7 @@ __all__ = (
     "mlx_dtype",
 )
 
-#: Names accepted by :meth:`MetalBackend.get_elementwise_kernel`.
+#: Names accepted by `MetalBackend.get_elementwise_kernel`.
 ELEMENTWISE_OPS = (
     "add",
     "subtract",

@@ -1,19 +1,21 @@
 """UnifiedBuffer: one array with a host side and a device side, copied only when needed.
 
 State machine (``H`` = host copy, ``D`` = device copy; "dirty" = written since the other side
-last matched it)::
+last matched it):
 
-                      allocate(host, device)
-    UNINITIALIZED ──────────────────────────────┬──────────────┬──────────────┐
-          ▲                                     ▼              ▼              ▼
-          │ free()                          HOST_ONLY     SYNCHRONIZED    DEVICE_ONLY
-          │                                   │ read D       ▲   │           │ read H
-          │                                   └──copy H→D───►│   │◄──copy D→H┘
-          │                                                  │   │
-          │              read D / ensure_on_device: copy H→D │   │ mark_host_dirty()
-          │                                   HOST_DIRTY ────┘   ├──────────────► HOST_DIRTY
-          │              read H / ensure_on_host: copy D→H       │ mark_device_dirty()
-          └─ (from any state)                 DEVICE_DIRTY ──────┴──────────────► DEVICE_DIRTY
+```text
+                  allocate(host, device)
+UNINITIALIZED ──────────────────────────────┬──────────────┬──────────────┐
+      ▲                                     ▼              ▼              ▼
+      │ free()                          HOST_ONLY     SYNCHRONIZED    DEVICE_ONLY
+      │                                   │ read D       ▲   │           │ read H
+      │                                   └──copy H→D───►│   │◄──copy D→H┘
+      │                                                  │   │
+      │              read D / ensure_on_device: copy H→D │   │ mark_host_dirty()
+      │                                   HOST_DIRTY ────┘   ├──────────────► HOST_DIRTY
+      │              read H / ensure_on_host: copy D→H       │ mark_device_dirty()
+      └─ (from any state)                 DEVICE_DIRTY ──────┴──────────────► DEVICE_DIRTY
+```
 
 Reading the side that is current never copies; reading the stale side copies once and moves
 to ``SYNCHRONIZED``. Marking one side dirty while the other is dirty means both were written
@@ -28,7 +30,7 @@ for a discrete GPU behaves identically on the CPU (the price is a second copy of
 side when the device is not Metal.
 
 Async ``ensure_on_device``/``ensure_on_host`` copy in a worker thread (``asyncio.to_thread``)
-from :data:`ASYNC_COPY_THRESHOLD` bytes up, so a large copy does not stall the event loop;
+from `ASYNC_COPY_THRESHOLD` bytes up, so a large copy does not stall the event loop;
 smaller copies run inline because a thread hop costs more than the copy. A re-entrant lock
 guards the state, so a copy in a worker thread and a read on the loop thread never interleave.
 """

@@ -205,9 +205,11 @@ def is_ring_kernel(fn: Any) -> bool:
 
 
 class RingKernelBuilder:
-    """Fluent construction of a ring kernel declaration::
+    """Fluent construction of a ring kernel declaration:
 
+    ```python
     RingKernelBuilder("compute").input(Req).output(Resp).queue_size(1024).build(actor)
+    ```
     """
 
     def __init__(self, kernel_id: str) -> None:

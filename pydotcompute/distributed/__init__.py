@@ -1,7 +1,7 @@
 """Ring kernels beyond one machine.
 
 ``pydotcompute.distributed.ray`` places each ``@ring_kernel`` actor in a Ray actor and
-drives it with the usual lifecycle and messaging API (:class:`RayRingKernelRuntime`).
+drives it with the usual lifecycle and messaging API (`RayRingKernelRuntime`).
 Importing this package does not import Ray; Ray loads when a runtime starts
 (``pip install "pydotcompute[ray]"``).
 """

@@ -1,7 +1,7 @@
 """The inside of a Ray actor that hosts one ring kernel.
 
-Each ring kernel placed on a Ray cluster lives in its own Ray actor (:class:`KernelHost`),
-which runs an ordinary tier-1 :class:`RingKernelRuntime` on an event loop of its own, in a
+Each ring kernel placed on a Ray cluster lives in its own Ray actor (`KernelHost`),
+which runs an ordinary tier-1 `RingKernelRuntime` on an event loop of its own, in a
 thread of the actor process. The driver-side runtime (``pydotcompute.distributed.ray``)
 calls the methods below; Ray runs them on the actor's thread pool (a threaded actor, so a
 long-poll ``fetch`` or ``watch`` never blocks a ``push``) and each hands its work to the
@@ -11,7 +11,7 @@ Design notes:
 - Batches, not messages, cross the network: ``push`` takes a list of MessagePack byte
   strings, ``fetch`` returns up to ``n`` replies at once. One Ray call costs about a
   millisecond here, decoding a message about a microsecond.
-- Kernel-to-kernel traffic goes actor to actor. ``connect`` installs a :class:`RemotePeer`
+- Kernel-to-kernel traffic goes actor to actor. ``connect`` installs a `RemotePeer`
   as the tier-1 kernel's forward target, and ``ctx.send_to(other_id, ...)`` resolves other
   kernels of the same runtime by their Ray actor name. A peer coalesces whatever the actor
   sends while the previous batch is in flight into the next ``push`` (one call in flight
@@ -253,7 +253,7 @@ class _ReplyWaiter:
 
     The tier-1 kernel resolves waiters by calling ``done()`` / ``set_result()`` /
     ``set_exception()`` on what it finds in ``kernel._waiters`` (from its event loop);
-    this one forwards to a :class:`concurrent.futures.Future` the Ray thread blocks on, so
+    this one forwards to a `concurrent.futures.Future` the Ray thread blocks on, so
     the reply needs no further turn of the loop.
     """
 
@@ -278,7 +278,7 @@ class _ReplyWaiter:
 
 
 class _KernelCore:
-    """The kernel's side of a :class:`KernelHost`: everything that runs on its event loop.
+    """The kernel's side of a `KernelHost`: everything that runs on its event loop.
 
     Kept apart from the Ray-facing class on purpose: Ray turns a class with *any*
     ``async def`` method into an async actor, whose sync methods would then block Ray's
@@ -533,7 +533,7 @@ class KernelHost:
     every call (measured: about 15% more per round trip), and the loop thread keeps the
     kernel persistent between calls either way. ``request`` takes a shorter path still: it
     schedules one callback on the loop and receives the reply from the actor's
-    ``ctx.send`` directly (:class:`_ReplyWaiter`). No method here may be ``async def``.
+    ``ctx.send`` directly (`_ReplyWaiter`). No method here may be ``async def``.
     """
 
     def __init__(

@@ -80,7 +80,7 @@ class RayKernel:
         kernel_id: The kernel's id.
         actor: The Ray actor handle (``ray.kill(kernel.actor)`` simulates a lost node).
         actor_name: The Ray actor's name (unique per runtime).
-        config: The :class:`RingKernelConfig` the kernel was launched with.
+        config: The `RingKernelConfig` the kernel was launched with.
         error: Why the kernel FAILED (the actor's exception, or the Ray error when the
             actor died).
         undelivered: Messages that were sent but never processed (left in the inbox at

@@ -1,7 +1,7 @@
 """Ray, reached lazily: ``import pydotcompute`` must never import it.
 
 The package module that drives Ray is itself called ``ray`` (``pydotcompute.distributed.ray``),
-so the real library is always fetched through :mod:`importlib` by absolute name.
+so the real library is always fetched through `importlib` by absolute name.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def unpack_cause(packed: Any) -> BaseException | None:
 
 
 def unpack_error(packed: PackedError) -> BaseException:
-    """Rebuild the exception :func:`pack_error` flattened, with identical text."""
+    """Rebuild the exception `pack_error` flattened, with identical text."""
     name, text, attrs, cause_packed = packed
     cause = unpack_cause(cause_packed)
     cls = getattr(_exc, name, None) if name else None

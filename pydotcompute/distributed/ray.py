@@ -1,7 +1,7 @@
-"""Ring kernels on a Ray cluster: :class:`RayRingKernelRuntime`.
+"""Ring kernels on a Ray cluster: `RayRingKernelRuntime`.
 
 The same ``@ring_kernel`` actors, the same lifecycle and the same ``send`` / ``receive`` /
-``send_and_receive`` / ``connect`` calls as :class:`~pydotcompute.RingKernelRuntime`, but
+``send_and_receive`` / ``connect`` calls as `RingKernelRuntime`, but
 each kernel runs in its own Ray actor (which hosts an ordinary tier-1 runtime, see
 ``_host.py``). Ray does the placement, the resources and the process supervision; this
 module adds no cluster layer of its own.
@@ -25,7 +25,7 @@ Design notes:
   target's handle; the driver never relays kernel-to-kernel traffic.
 - Faults: a ``watch`` call is parked in every actor. When the actor dies, that call (and
   every other call in flight) fails; the kernel becomes FAILED with the Ray error as its
-  cause, and every waiting caller gets :class:`KernelFailedError` instead of hanging. With
+  cause, and every waiting caller gets `KernelFailedError` instead of hanging. With
   ``restart="on_failure"`` the actor is created with Ray's ``max_restarts``; when Ray brings
   it back, the driver relaunches the kernel in it and returns it to its previous state.
 - Ray is imported lazily (``importlib``) so that ``import pydotcompute`` never loads it, and
@@ -106,12 +106,14 @@ _runtime_ids = itertools.count(1)
 class RayRingKernelRuntime:
     """Launches, routes and supervises ring kernels placed in Ray actors.
 
-    Use it like :class:`~pydotcompute.RingKernelRuntime`::
+    Use it like `RingKernelRuntime`:
 
-        async with RayRingKernelRuntime() as runtime:
-            await runtime.launch("compute", num_cpus=1)
-            await runtime.activate("compute")
-            reply = await runtime.send_and_receive("compute", ComputeRequest(values=[1.0]))
+    ```python
+    async with RayRingKernelRuntime() as runtime:
+        await runtime.launch("compute", num_cpus=1)
+        await runtime.activate("compute")
+        reply = await runtime.send_and_receive("compute", ComputeRequest(values=[1.0]))
+    ```
 
     Args:
         address: Passed to ``ray.init(address=...)`` when Ray is not initialized yet
@@ -119,7 +121,7 @@ class RayRingKernelRuntime:
             already initialized it is used as is.
         init_options: More ``ray.init`` keyword arguments (``runtime_env``, ``namespace``,
             ``num_cpus`` for a local instance, ...). A runtime that initialized Ray shuts it
-            down again in :meth:`shutdown`.
+            down again in `shutdown`.
         max_batch: The most messages one Ray call carries (sends and forwards).
         prefetch: The most replies one fetch brings back to the driver.
         actor_options: Default ``ActorClass.options(...)`` for every kernel (per-kernel
@@ -287,7 +289,7 @@ class RayRingKernelRuntime:
         Without ``kernel_func`` the kernel comes from the ``@ring_kernel`` registry. Ray
         resource options (``num_cpus``, ``num_gpus``, ``resources``, ``memory``,
         ``accelerator_type``, ``scheduling_strategy``, ``runtime_env``, ...; see
-        :data:`RAY_ACTOR_OPTIONS`) go to the actor, here or in ``@ring_kernel(...)``; any
+        `RAY_ACTOR_OPTIONS`) go to the actor, here or in ``@ring_kernel(...)``; any
         other option configures the kernel as in ``RingKernelRuntime.launch``. A kernel
         on the GPU tier (``backend="cuda"``) asks for ``num_gpus=1`` unless told otherwise.
 
@@ -787,7 +789,7 @@ class RayRingKernelRuntime:
     # -- telemetry ----------------------------------------------------------------------
 
     def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
-        """The kernel's telemetry as last fetched (see :meth:`refresh_telemetry`)."""
+        """The kernel's telemetry as last fetched (see `refresh_telemetry`)."""
         k = self._kernel(kernel_id)
         k.telemetry.queue_depth = max(k.telemetry.queue_depth, 0)
         return k.telemetry

@@ -6,8 +6,8 @@ Design notes:
   the actor raised) and word their errors the same way; only the transport differs (queues
   in one process, shared-memory rings to a child process). What does not touch the
   transport lives here: the config and actor checks, reply correlation, and
-  :class:`KernelBase` with the state properties, the state errors and the context manager.
-- Each tier keeps its own public state enum (``state`` returns it), so :class:`KernelBase`
+  `KernelBase` with the state properties, the state errors and the context manager.
+- Each tier keeps its own public state enum (``state`` returns it), so `KernelBase`
   is generic over the config and the enum, and each tier names its CREATED and RUNNING
   members in ``_CREATED``/``_RUNNING``.
 - ``send``/``receive`` stay in the tiers: they are the per-message path, written flat so

@@ -3,10 +3,10 @@
 Importing pydotcompute installs uvloop's event-loop *policy* (not ``uvloop.install()``,
 which warns on 3.12+) so that plain ``asyncio.run`` gets the fast loop; set
 ``PYDOTCOMPUTE_NO_UVLOOP=1`` to opt out. Event-loop policies are deprecated from Python
-3.14, so there the policy is left alone and :func:`run` (a runner with uvloop's loop
+3.14, so there the policy is left alone and `run` (a runner with uvloop's loop
 factory) is the path the docs recommend on every version.
 
-The eager task factory installed is our own :func:`eager_task_factory`, not
+The eager task factory installed is our own `eager_task_factory`, not
 ``asyncio.eager_task_factory``: uvloop 0.23 on Python 3.13 calls a task factory with an
 ``eager_start`` keyword that the standard one only accepts from 3.14, so every
 ``create_task`` on such a loop would raise ``TypeError``.
@@ -64,7 +64,7 @@ def install_uvloop() -> bool:
     """Make uvloop the default loop for ``asyncio.run``; True when it is in effect.
 
     On Python 3.14+ policies are deprecated: nothing is installed and False is returned;
-    use :func:`pydotcompute.run` instead.
+    use `pydotcompute.run` instead.
     """
     uvloop = _uvloop()
     if uvloop is None or _POLICIES_DEPRECATED:
@@ -107,7 +107,7 @@ def install_eager_task_factory(loop: asyncio.AbstractEventLoop | None = None) ->
     """Start tasks eagerly on ``loop`` (default: the running loop); Python 3.12+.
 
     A task created on the loop runs at once, up to its first real wait, instead of
-    waiting for the loop's next turn (:func:`eager_task_factory`).
+    waiting for the loop's next turn (`eager_task_factory`).
     """
     if not _EAGER_SUPPORTED:
         return False

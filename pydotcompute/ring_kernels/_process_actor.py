@@ -1,8 +1,8 @@
 """The child side of the process tier, the wire both sides share, and their waiting.
 
-Kept apart from :mod:`~pydotcompute.ring_kernels.cython_kernel` (the parent side) because
+Kept apart from `cython_kernel` (the parent side) because
 this is the code a ``spawn`` child imports to run an actor: the doorbells, the waiting
-helpers, the record framing, :class:`CythonKernelContext` and the child's entry point. See
+helpers, the record framing, `CythonKernelContext` and the child's entry point. See
 ``cython_kernel`` for the design (transport, parking, liveness, shutdown).
 
 Design notes:
@@ -431,7 +431,7 @@ class ChildSpec:
 class CythonKernelContext:
     """What a process actor sees, inside the child process.
 
-    Same methods as :class:`~pydotcompute.ring_kernels.threaded_kernel.ThreadedKernelContext`;
+    Same methods as `ThreadedKernelContext`;
     call them from the actor's own thread. A message is *finished* once the actor asks for
     its next one (``receive``/``receive_nowait``) or returns; the parent keeps it until then
     and hands it back (``take_undelivered``) if the child ends before.

@@ -3,30 +3,32 @@
 ``pydotcompute.ring_kernels._cython`` imports the compiled extension when it is built and
 this module otherwise (or when ``PYDOTCOMPUTE_PUREPYTHON=1``). Both define:
 
-- :class:`FastSPSCQueue`: a bounded in-process object ring for one producer and one
+- `FastSPSCQueue`: a bounded in-process object ring for one producer and one
   consumer. ``put`` returns False when full, ``get`` returns None when empty. It relies on
   the GIL for atomicity (each call runs without releasing it), so it is not meant for
   free-threaded builds.
-- :class:`SharedByteRing`: a single-producer single-consumer ring of variable-length byte
+- `SharedByteRing`: a single-producer single-consumer ring of variable-length byte
   records in a named shared-memory segment, for two processes.
 
 This file mirrors one extension module name for name, which is why it is a little past the
 house limit.
 
-Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines)::
+Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines):
 
-    line 0   magic, capacity, max_records                      written once by the creator
-    line 1   tail, records_written, writer_waiting, writer_closed   written by the producer
-    line 2   head, records_read, reader_waiting, reader_closed, records_done
-                                                                    written by the consumer
-    256..    data: ``capacity`` bytes (a multiple of 8)
+```text
+line 0   magic, capacity, max_records                      written once by the creator
+line 1   tail, records_written, writer_waiting, writer_closed   written by the producer
+line 2   head, records_read, reader_waiting, reader_closed, records_done
+                                                                written by the consumer
+256..    data: ``capacity`` bytes (a multiple of 8)
+```
 
 ``head`` and ``tail`` are byte positions that only grow (``2**64`` bytes never wrap in
 practice); the offset in the data area is ``position % capacity``. A record is an 8-byte
 length followed by the payload, padded to 8 bytes; because records and the capacity are
 multiples of 8 the length word never straddles the end, while the payload may wrap and is
 then copied in two pieces. A record larger than ``capacity - 8`` can never fit and is
-refused with :class:`~pydotcompute.exceptions.InvalidConfigurationError`.
+refused with `InvalidConfigurationError`.
 
 Commit protocol and memory ordering. The producer copies the length and payload into the
 data area first and publishes the record by storing the new ``tail`` last; the consumer
@@ -161,7 +163,7 @@ def positions_detail(head: int, tail: int, capacity: int) -> str:
 class SharedSegment:
     """A named POSIX shared-memory segment mapped into this process.
 
-    Unlike :class:`multiprocessing.shared_memory.SharedMemory` on Python < 3.13, attaching
+    Unlike `multiprocessing.shared_memory.SharedMemory` on Python < 3.13, attaching
     does not register the segment with this process's resource tracker (which would unlink
     it when an unrelated attaching process exits). The creator registers it, so a creator
     that dies without ``unlink()`` still has the segment removed by the tracker.
@@ -259,7 +261,7 @@ class SharedByteRing:
 
     One process writes (``try_write``), one reads (``try_read``); each side keeps its own
     object. Create it in one process with ``SharedByteRing(capacity)`` and attach in the
-    other with ``SharedByteRing.attach(name)``. The creator calls :meth:`unlink` when done.
+    other with ``SharedByteRing.attach(name)``. The creator calls `unlink` when done.
 
     Args:
         capacity: Data bytes (rounded up to a multiple of 8); a record takes 8 bytes plus its
@@ -327,7 +329,7 @@ class SharedByteRing:
 
     @property
     def name(self) -> str:
-        """The shared-memory segment name (pass it to :meth:`attach`)."""
+        """The shared-memory segment name (pass it to `attach`)."""
         return self._segment.name
 
     @property
@@ -347,7 +349,7 @@ class SharedByteRing:
 
     @property
     def closed(self) -> bool:
-        """True after :meth:`close` in this process."""
+        """True after `close` in this process."""
         return self._closed
 
     def __len__(self) -> int:
@@ -430,7 +432,7 @@ class SharedByteRing:
         return not (self._max_records and self._pending() >= self._max_records)
 
     def spin_write(self, data: bytes | bytearray | memoryview, budget_s: float) -> int:
-        """Like :meth:`try_write`, retrying for up to ``budget_s`` seconds while full."""
+        """Like `try_write`, retrying for up to ``budget_s`` seconds while full."""
         result = self.try_write(data)
         if result or budget_s <= 0:
             return result
@@ -451,7 +453,7 @@ class SharedByteRing:
 
     @property
     def writer_closed(self) -> bool:
-        """True once the producer called :meth:`close_writer`."""
+        """True once the producer called `close_writer`."""
         return bool(self._q[H_WCLOSED])
 
     # -- consumer -----------------------------------------------------------------------
@@ -491,7 +493,7 @@ class SharedByteRing:
         return bool(q[H_TAIL] != q[H_HEAD])
 
     def spin_read(self, budget_s: float) -> bytes | None:
-        """Like :meth:`try_read`, polling for up to ``budget_s`` seconds while empty.
+        """Like `try_read`, polling for up to ``budget_s`` seconds while empty.
 
         Stops early when the writer has closed the ring.
         """
@@ -525,7 +527,7 @@ class SharedByteRing:
 
     @property
     def records_done(self) -> int:
-        """Records the consumer has marked finished (see :meth:`mark_done`)."""
+        """Records the consumer has marked finished (see `mark_done`)."""
         return int(self._q[H_DONE])
 
     @property
@@ -540,7 +542,7 @@ class SharedByteRing:
 
     @property
     def reader_closed(self) -> bool:
-        """True once the consumer called :meth:`close_reader`."""
+        """True once the consumer called `close_reader`."""
         return bool(self._q[H_RCLOSED])
 
     # -- parking flags ------------------------------------------------------------------

@@ -2,14 +2,16 @@
 
 Use it for CPU-heavy Python actors (a process of their own, no shared GIL) and for
 isolation (a crash cannot take the caller down). The actor is a plain, importable
-function taking a :class:`CythonKernelContext` (same methods as the threaded context)::
+function taking a `CythonKernelContext` (same methods as the threaded context):
 
-    with CythonRingKernel("fast_worker", worker) as kernel:
-        kernel.send(Request(value=21))
-        print(kernel.receive(timeout=5.0).value)
+```python
+with CythonRingKernel("fast_worker", worker) as kernel:
+    kernel.send(Request(value=21))
+    print(kernel.receive(timeout=5.0).value)
+```
 
 Design notes:
-- Transport: two :class:`~pydotcompute.ring_kernels._cython.SharedByteRing` segments
+- Transport: two `SharedByteRing` segments
   (inbox parent->child, outbox child->parent) carrying MessagePack bytes
   (``msg.serialize()`` / ``deserialize_message``); the commit protocol of the ring means a
   reader never sees a torn message. The parent creates both, the child attaches, and once
@@ -31,11 +33,11 @@ Design notes:
   doorbell pipes hang up when the parent dies, and the child then exits. An exception in
   the actor travels back as plain data (never a pickle: unpickling would run whatever the
   child's class asked for) and becomes ``error``: the builtin type when it was a builtin,
-  else :class:`~pydotcompute.exceptions.RemoteActorError`, with the child's traceback as a
+  else `RemoteActorError`, with the child's traceback as a
   note; callers get ``KernelFailedError`` after the replies sent before it.
 - What is in flight is never lost. The parent keeps every message it sent until the child
   has *finished* it (the actor asked for its next message, or returned), counted by the
-  inbox ring's ``records_done``; when the child ends early, :meth:`take_undelivered` hands
+  inbox ring's ``records_done``; when the child ends early, `take_undelivered` hands
   back exactly the unfinished ones, in send order, the one in the actor's hands first.
   Kept objects are pruned lazily, so at most twice the in-flight window
   (``input_queue_size`` + 1) is held.
@@ -47,15 +49,15 @@ Design notes:
 - Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
   is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
   parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
-  Replies stay receivable after ``stop()`` (:meth:`CythonRingKernel.drain_replies` takes
+  Replies stay receivable after ``stop()`` (`CythonRingKernel.drain_replies` takes
   them all); messages the child never took are returned by
-  :meth:`CythonRingKernel.unprocessed`.
+  `CythonRingKernel.unprocessed`.
 - Length: this file is past the house limit on purpose: it is one state machine (launch,
   watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
   side and the waiting helpers live in ``_process_actor``.
 - Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
-  :meth:`CythonRingKernel.wait_handles` gives the file descriptors to watch (with
-  ``loop.add_reader``) after arming the flag with :meth:`CythonRingKernel.arm_receive`.
+  `CythonRingKernel.wait_handles` gives the file descriptors to watch (with
+  ``loop.add_reader``) after arming the flag with `CythonRingKernel.arm_receive`.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ _RUNNING = CythonKernelState.RUNNING
 
 @dataclass
 class CythonKernelConfig:
-    """Settings of a :class:`CythonRingKernel`.
+    """Settings of a `CythonRingKernel`.
 
     Attributes:
         kernel_id: The kernel's name.
@@ -810,13 +812,13 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         """Stop gracefully: close the inbox, let the child drain it and exit, collect replies.
 
         Every reply the child produced stays readable afterwards (``receive_nowait`` or
-        :meth:`drain_replies`), and every message it did not finish comes back from
-        :meth:`take_undelivered`.
+        `drain_replies`), and every message it did not finish comes back from
+        `take_undelivered`.
 
         Args:
             timeout: Seconds to wait for the child to finish; then it is terminated (and
                 killed if it ignores that), and unread inbox messages move to
-                :meth:`unprocessed`.
+                `unprocessed`.
 
         Returns:
             True when the child exited by itself (also if it had already ended or never
@@ -948,7 +950,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         ``msg`` is a ``@message`` or any MessagePack-able value. The inbox is full when
         ``config.input_queue_size`` messages are sent and not yet taken by the actor (or
         its bytes are used up). The object itself is kept until the child has finished it
-        (see :meth:`take_undelivered`).
+        (see `take_undelivered`).
 
         Returns:
             True when queued, False when the timeout expired first.
@@ -958,7 +960,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 or its child died).
             TypeValidationError: ``msg`` is not the ``input_type``.
             MessageSerializationError: ``msg`` cannot be encoded (the message names its
-                type), or it encodes to more than :attr:`max_message_bytes`; raised at
+                type), or it encodes to more than `max_message_bytes`; raised at
                 once, nothing is queued.
         """
         if self._state is not _RUNNING:
@@ -1094,9 +1096,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
     def drain_replies(self) -> list[Any]:
         """Every reply readable now, oldest first, without waiting or raising for failures.
 
-        After :meth:`stop` (or once the child died) this is every reply the child produced
+        After `stop` (or once the child died) this is every reply the child produced
         and nobody received yet: ``stop`` never discards one. A message the child rejected
-        appears in the list as its :class:`~pydotcompute.exceptions.MessageRejectedError`
+        appears in the list as its `MessageRejectedError`
         instance (check with ``isinstance``); a reply that does not decode appears as its
         ``MessageDeserializationError``. Safe from any thread, but it waits for a
         concurrent ``receive`` to return (do not call it while another thread waits in
@@ -1137,7 +1139,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             every call after the first.
 
         Raises:
-            KernelStateError: the child is still running (call after :meth:`stop`, or once
+            KernelStateError: the child is still running (call after `stop`, or once
                 the kernel failed because the child died).
         """
         with self._send_lock:
@@ -1165,8 +1167,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
     def wait_handles(self) -> tuple[int, int]:
         """File descriptors an event loop can watch: (outbox doorbell, child sentinel).
 
-        Call :meth:`arm_receive` first, re-check with :meth:`receive_nowait`, then wait for
-        either descriptor to become readable; :meth:`disarm_receive` afterwards.
+        Call `arm_receive` first, re-check with `receive_nowait`, then wait for
+        either descriptor to become readable; `disarm_receive` afterwards.
         """
         if self._process is None or not self._conns:
             raise self._state_error("wait on")
@@ -1178,7 +1180,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             self._out_ring.set_reader_waiting(True)
 
     def disarm_receive(self) -> None:
-        """Withdraw :meth:`arm_receive` and empty the doorbell."""
+        """Withdraw `arm_receive` and empty the doorbell."""
         if self._out_ring is not None and not self._out_ring.closed:
             self._out_ring.set_reader_waiting(False)
             drain_bell(self._conns[2].fileno())

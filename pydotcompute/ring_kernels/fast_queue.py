@@ -24,7 +24,7 @@ Design notes:
   elsewhere) go in the band of the priority in their header, read without decoding the
   frame; bytes that are not a frame are refused then, not when the actor takes them. A
   frame the queue throws away unread (``drop_oldest``, ``clear``) releases the arrays an
-  :class:`~pydotcompute.ring_kernels.message.ArrayMessage` pinned in the buffer registry:
+  `ArrayMessage` pinned in the buffer registry:
   only decoding would have released them.
 """
 
@@ -163,7 +163,7 @@ class FastMessageQueue(Generic[T]):
         backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
 
     Messages dropped by ``drop_oldest`` or ``clear`` are counted in ``total_dropped``; a
-    dropped :class:`~pydotcompute.ring_kernels.message.ArrayMessage` frame releases the
+    dropped `ArrayMessage` frame releases the
     arrays it pinned in the buffer registry, and so do the frames still queued when the
     queue itself is garbage-collected.
     """
@@ -493,7 +493,7 @@ class FastMessageQueue(Generic[T]):
         """The empty queue's next wait: a future the next put (or ``close``) completes.
 
         Raises the close reason instead when the queue is closed. Callers that wait
-        inline (the actor's ``receive``) await the future, call :meth:`_unpark_getter`
+        inline (the actor's ``receive``) await the future, call `_unpark_getter`
         if that await raises, and re-check ``_count`` when it returns.
         """
         if self._closed:
@@ -561,7 +561,7 @@ class FastMessageQueue(Generic[T]):
     def clear(self) -> int:
         """Remove every queued message; returns how many (counted as dropped).
 
-        Dropped :class:`~pydotcompute.ring_kernels.message.ArrayMessage` frames release
+        Dropped `ArrayMessage` frames release
         the arrays they pinned in the buffer registry.
         """
         n = self._count
@@ -599,7 +599,7 @@ class FastMessageQueue(Generic[T]):
         )
 
     def get_stats(self) -> dict[str, Any]:
-        """The counters as a dict (keys as in :class:`QueueStats`)."""
+        """The counters as a dict (keys as in `QueueStats`)."""
         return self.statistics().to_dict()
 
     def __repr__(self) -> str:

@@ -3,14 +3,16 @@
 (Longer than most modules: it is one class, the GPU tier's host-side state machine. Device
 code, memory, launching, ring mechanics and option checks live in ``_gpu/``.)
 
-What runs where::
+What runs where:
 
-    event loop (host)                            mapped pinned host memory       GPU
-    -----------------                            -------------------------       ---
-    send -> staging queue -> write inbox slots   inbox ring [slots]              one block loops:
-            (or straight into the ring)  ------> ctl[IN_TAIL]  ---------------->  poll, handle,
-    pump task <- read outbox slots <------------ outbox ring, ctl[OUT_TAIL] <----  write reply,
-         -> waiter / forward / reply buffer     ctl: ACTIVE, TERMINATE, counters   publish
+```text
+event loop (host)                            mapped pinned host memory       GPU
+-----------------                            -------------------------       ---
+send -> staging queue -> write inbox slots   inbox ring [slots]              one block loops:
+        (or straight into the ring)  ------> ctl[IN_TAIL]  ---------------->  poll, handle,
+pump task <- read outbox slots <------------ outbox ring, ctl[OUT_TAIL] <----  write reply,
+     -> waiter / forward / reply buffer     ctl: ACTIVE, TERMINATE, counters   publish
+```
 
 The kernel is launched once (``launch``) on a non-blocking stream and loops until the control
 block says TERMINATE; ``activate``/``deactivate``/``reactivate`` flip ``ACTIVE`` and wait
@@ -307,8 +309,8 @@ class GPURingKernel(RingKernel):
     backend="cuda")`` declaration; ``kernel_func`` is the handler
     ``handler(inp, out, state) -> int`` (a Python function compiled as a Numba CUDA device
     function) unless the ``cuda_source`` option supplies it in CUDA C. The interface is
-    :class:`RingKernel`'s; :meth:`send_batch` / :meth:`send_records` and
-    :meth:`receive_batch` / :meth:`receive_records` move many messages per publish.
+    `RingKernel`'s; `send_batch` / `send_records` and
+    `receive_batch` / `receive_records` move many messages per publish.
     Every method runs on the event loop that launched the kernel.
     """
 
@@ -481,7 +483,7 @@ class GPURingKernel(RingKernel):
     async def launch(self) -> None:
         """Phase 1: allocate the rings and state, compile, and start the persistent kernel.
 
-        The kernel runs from here on but holds messages until :meth:`activate`.
+        The kernel runs from here on but holds messages until `activate`.
 
         Raises:
             BackendNotAvailableError: no GPU (and the simulator is off), or no CuPy/NVRTC

@@ -1,6 +1,6 @@
 """Old home of the hosted thread and process tiers (kept so existing imports work).
 
-They live in :mod:`pydotcompute.ring_kernels.tiers` now: the bridge in `tiers/hosted.py`,
+They live in `pydotcompute.ring_kernels.tiers` now: the bridge in `tiers/hosted.py`,
 the tiers in `tiers/thread.py` and `tiers/process.py`.
 """
 

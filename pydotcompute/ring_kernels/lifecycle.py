@@ -1,13 +1,15 @@
 """The ring-kernel lifecycle: states, configuration, the actor's context and the kernel.
 
-State machine (illegal moves raise ``KernelStateError`` naming kernel, state and operation)::
+State machine (illegal moves raise ``KernelStateError`` naming kernel, state and operation):
 
-    CREATED --launch--> LAUNCHED --activate--> ACTIVE <--deactivate/reactivate--> DEACTIVATED
-       |                   |                     |                                  |
-       +-------------------+------terminate------+----------------------------------+
-                                                 v
-                          TERMINATING --(drained or timed out)--> TERMINATED
-    any running state --(actor raises, no restart left)--> FAILED --terminate--> TERMINATED
+```text
+CREATED --launch--> LAUNCHED --activate--> ACTIVE <--deactivate/reactivate--> DEACTIVATED
+   |                   |                     |                                  |
+   +-------------------+------terminate------+----------------------------------+
+                                             v
+                      TERMINATING --(drained or timed out)--> TERMINATED
+any running state --(actor raises, no restart left)--> FAILED --terminate--> TERMINATED
+```
 
 Design notes:
 - Launch allocates the queues; activate starts the actor task. Messages sent in between wait
@@ -217,7 +219,7 @@ class KernelContext:
 
     @property
     def current_message(self) -> Any:
-        """The message most recently returned by :meth:`receive`."""
+        """The message most recently returned by `receive`."""
         return self._current
 
     async def wait_active(self) -> None:
@@ -297,7 +299,7 @@ class KernelContext:
         A reply without ``correlation_id`` is stamped with the current request itself
         (resolved to the request's ``message_id`` on first read, so no id is made unless
         someone looks). Once a reply class has passed, later replies of that class take
-        the short path in :meth:`send`.
+        the short path in `send`.
         """
         k = self._kernel
         out_t = k.output_type
@@ -389,7 +391,7 @@ class KernelContext:
         self._kernel.telemetry.record_drop()
 
     def send_nowait(self, msg: Any) -> bool:
-        """Like :meth:`send` but raises ``QueueFullError`` instead of waiting."""
+        """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
         k = self._kernel
         if k._waiters:
@@ -449,8 +451,8 @@ class _DecodingContext(KernelContext):
 class RingKernel:
     """One persistent actor: its function, queues, task, state and telemetry.
 
-    Usually created by :meth:`RingKernelRuntime.launch`; usable alone through
-    :func:`managed_kernel`.
+    Usually created by `RingKernelRuntime.launch`; usable alone through
+    `managed_kernel`.
     """
 
     EXTRA_OPTIONS: frozenset[str] = frozenset()
@@ -891,7 +893,7 @@ class RingKernel:
         await self._accept(msg, timeout)
 
     def accept_nowait(self, msg: Any) -> None:
-        """Like :meth:`accept` but a full inbox raises ``QueueFullError`` at once."""
+        """Like `accept` but a full inbox raises ``QueueFullError`` at once."""
         self._accept_nowait(msg)
 
     def forward_to(self, target: RingKernel | None) -> None:
@@ -1039,7 +1041,7 @@ async def managed_kernel(
 ) -> AsyncIterator[RingKernel]:
     """Launch and activate a standalone kernel; terminate it on exit.
 
-    ``kwargs`` are passed to :class:`RingKernel` (``config``, ``input_type``, ...).
+    ``kwargs`` are passed to `RingKernel` (``config``, ``input_type``, ...).
     """
     kernel = RingKernel(kernel_id, kernel_func, **kwargs)
     await kernel.launch()

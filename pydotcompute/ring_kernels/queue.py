@@ -1,7 +1,7 @@
 """MessageQueue: an asyncio queue ordered by exact priority (or FIFO), with backpressure.
 
 It shares the waiting, closing and backpressure machinery of
-:class:`~pydotcompute.ring_kernels.fast_queue.FastMessageQueue` and replaces only the
+`FastMessageQueue` and replaces only the
 storage: a heap keyed by ``(-priority, sequence)`` so that priority 200 is served before 199
 (the fast queue only orders by band), or a single deque when ``use_priority=False``.
 Use it when exact priorities matter; the runtime's inboxes use the O(1) band queue.

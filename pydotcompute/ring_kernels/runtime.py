@@ -6,7 +6,7 @@ Design notes:
   outbox, and pipelines (``connect``) forward inside the sending actor's ``ctx.send``. A
   router task per kernel was rejected: it doubles the hops on the hot path.
 - Execution tiers plug in by name (``tier=``, see ``tiers/``): each tier provides a class
-  with the :class:`~pydotcompute.ring_kernels.lifecycle.RingKernel` interface, imported
+  with the `RingKernel` interface, imported
   lazily so that the default tier never loads threads, processes or CUDA. The runtime uses
   kernels only through their public methods (``try_accept``/``accept``, ``receive``,
   ``forward_to``, ...) and applies the launch-time policy (actor kind, restart support)
@@ -53,13 +53,15 @@ def _tier_class(tier: str) -> type[RingKernel]:
 class RingKernelRuntime:
     """Launches, routes and supervises ring kernels on the running event loop.
 
-    Use it as an async context manager::
+    Use it as an async context manager:
 
-        async with RingKernelRuntime() as runtime:
-            await runtime.launch("compute")
-            await runtime.activate("compute")
-            await runtime.send("compute", ComputeRequest(values=[1.0]))
-            reply = await runtime.receive("compute")
+    ```python
+    async with RingKernelRuntime() as runtime:
+        await runtime.launch("compute")
+        await runtime.activate("compute")
+        await runtime.send("compute", ComputeRequest(values=[1.0]))
+        reply = await runtime.receive("compute")
+    ```
 
     Args:
         enable_telemetry: Time every message (one or two ``perf_counter_ns`` calls each; the
@@ -198,7 +200,7 @@ class RingKernelRuntime:
         """Phase 1: create the kernel and allocate its queues (state LAUNCHED).
 
         Without ``kernel_func`` the kernel comes from the ``@ring_kernel`` registry.
-        ``options`` override :class:`RingKernelConfig` fields (``queue_size``,
+        ``options`` override `RingKernelConfig` fields (``queue_size``,
         ``backpressure``, ``restart``, ``serialize``, ``tier``, ...).
 
         Raises:
@@ -325,7 +327,7 @@ class RingKernelRuntime:
         return kernel.send(msg, timeout)
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
-        """Like :meth:`send` but never waits: a full inbox raises ``QueueFullError``."""
+        """Like `send` but never waits: a full inbox raises ``QueueFullError``."""
         self._kernel(kernel_id).accept_nowait(msg)
         return True
 
@@ -485,7 +487,7 @@ def _apply_options(
 ) -> RingKernelConfig:
     """Apply launch ``options`` to ``config`` in place (a config this module made).
 
-    Ray placement options (:data:`PLACEMENT_OPTIONS`) are skipped: they only mean something
+    Ray placement options (`PLACEMENT_OPTIONS`) are skipped: they only mean something
     to a Ray runtime. Any other unknown option raises, listing the known ones.
     """
     if not options:

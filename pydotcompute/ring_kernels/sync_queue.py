@@ -143,7 +143,7 @@ class _QueueBase(Generic[T]):
 
     @property
     def is_shutdown(self) -> bool:
-        """True after :meth:`shutdown`."""
+        """True after `shutdown`."""
         return self._closed
 
     def __len__(self) -> int:
@@ -332,7 +332,7 @@ class SyncQueue(_QueueBase[T]):
 
         Raises:
             QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
-                :meth:`shutdown`).
+                `shutdown`).
         """
         mutex = self._mutex
         mutex.acquire()
@@ -441,7 +441,7 @@ class SPSCQueue(_QueueBase[T]):
 
     No mutex: it relies on the GIL (``deque`` operations are atomic) and parks each side on
     a flag plus a binary semaphore. Several producers (or consumers) must serialize their
-    calls themselves; :class:`~pydotcompute.ring_kernels.threaded_kernel.ThreadedRingKernel`
+    calls themselves; `ThreadedRingKernel`
     does. Not meant for free-threaded Python builds.
 
     Args:
@@ -474,7 +474,7 @@ class SPSCQueue(_QueueBase[T]):
     # -- producer ---------------------------------------------------------------------
 
     def put(self, item: T, timeout: float | None = None) -> bool:
-        """Append ``item``, waiting while full (same contract as :meth:`SyncQueue.put`)."""
+        """Append ``item``, waiting while full (same contract as `SyncQueue.put`)."""
         if self._closed:
             raise self._put_closed()
         if item is None:
@@ -515,7 +515,7 @@ class SPSCQueue(_QueueBase[T]):
     # -- consumer ---------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> T | None:
-        """Pop the oldest item, waiting while empty (same contract as :meth:`SyncQueue.get`)."""
+        """Pop the oldest item, waiting while empty (same contract as `SyncQueue.get`)."""
         items = self._items
         if not items and not self._wait_item(timeout):
             return None

@@ -1,32 +1,34 @@
 """Tier 2: a ring kernel whose actor runs in a dedicated thread.
 
 Use it for actors that block (file or socket I/O, C code that releases the GIL) and would
-stall an event loop. The actor is a plain function taking a :class:`ThreadedKernelContext`::
+stall an event loop. The actor is a plain function taking a `ThreadedKernelContext`:
 
-    def worker(ctx):
-        while not ctx.should_terminate:
-            msg = ctx.receive(timeout=0.1)
-            if msg is not None:
-                ctx.send(Reply(value=msg.value * 2))
+```python
+def worker(ctx):
+    while not ctx.should_terminate:
+        msg = ctx.receive(timeout=0.1)
+        if msg is not None:
+            ctx.send(Reply(value=msg.value * 2))
 
-    with ThreadedRingKernel("worker", worker) as kernel:
-        kernel.send(Request(value=21))
-        print(kernel.receive(timeout=1.0).value)
+with ThreadedRingKernel("worker", worker) as kernel:
+    kernel.send(Request(value=21))
+    print(kernel.receive(timeout=1.0).value)
+```
 
 Design notes:
-- Inbox and outbox are :class:`~pydotcompute.ring_kernels.sync_queue.SPSCQueue` (default)
-  or :class:`~pydotcompute.ring_kernels.sync_queue.SyncQueue`. The kernel thread is the
+- Inbox and outbox are `SPSCQueue` (default)
+  or `SyncQueue`. The kernel thread is the
   only consumer of the inbox and the only producer of the outbox; callers of ``send`` and
   ``receive`` on the kernel serialize through one lock per direction, which keeps the SPSC
   contract with any number of caller threads.
 - Graceful stop drains: ``stop()`` shuts the inbox, so ``ctx.should_terminate`` turns True
   only once the inbox is empty, and a ``receive`` blocked on an empty, stopped inbox raises
   ``QueueClosedError``, which ends the actor cleanly. If the actor does not finish within
-  the timeout, what is still queued is moved to :meth:`ThreadedRingKernel.unprocessed`
+  the timeout, what is still queued is moved to `ThreadedRingKernel.unprocessed`
   (counted as dropped), never silently lost. Replies stay receivable after the stop.
 - Failure: an exception escaping the actor is stored in ``error``, the state becomes
   STOPPED with ``failed`` True, the outbox is shut down, and every caller blocked in (or
-  later calling) ``receive`` gets :class:`~pydotcompute.exceptions.KernelFailedError` once
+  later calling) ``receive`` gets `KernelFailedError` once
   the replies sent before the failure are drained.
 - Length: the kernel, its context and the pool share one file because the pool is built
   on the kernel's private stop signal and outbox wakers.
@@ -88,13 +90,13 @@ class ThreadedKernelState(enum.Enum):
 
 @dataclass
 class ThreadedKernelConfig:
-    """Settings of a :class:`ThreadedRingKernel`.
+    """Settings of a `ThreadedRingKernel`.
 
     Attributes:
         kernel_id: The kernel's name (errors and the thread name use it).
         input_queue_size: Inbox capacity (>= 1); ``send`` waits (or times out) when full.
         output_queue_size: Outbox capacity (>= 1); the actor's ``ctx.send`` waits when full.
-        use_spsc: Use the mutex-free :class:`SPSCQueue` (default) instead of :class:`SyncQueue`.
+        use_spsc: Use the mutex-free `SPSCQueue` (default) instead of `SyncQueue`.
         thread_name: Name of the actor thread; default ``"pydotcompute-<kernel_id>"``.
         daemon: Run the actor in a daemon thread (an actor stuck in user code cannot keep
             the interpreter alive at exit).
@@ -329,7 +331,7 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
 
         Args:
             timeout: Seconds to wait for the actor to finish. After that, whatever is still
-                queued moves to :meth:`unprocessed` and the kernel waits a little longer.
+                queued moves to `unprocessed` and the kernel waits a little longer.
 
         Returns:
             True when the actor thread has ended (also if it had already ended or never
@@ -371,7 +373,7 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
         """The messages the actor never took, oldest first; each is returned only once.
 
         Filled by a stop whose grace period ran out and by a failure (see
-        :meth:`unprocessed`, which keeps reporting them); every later call returns ``[]``.
+        `unprocessed`, which keeps reporting them); every later call returns ``[]``.
         A thread cannot be interrupted, so a message the actor still holds is not here:
         its reply (if any) arrives late, on the outbox.
         """

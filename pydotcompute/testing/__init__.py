@@ -1,14 +1,14 @@
 """Testing tools for projects that build on pydotcompute (and for pydotcompute itself).
 
-- Drive actors deterministically: :func:`run_actor`, :class:`ScriptedKernel`,
-  :func:`wait_until_idle`, :func:`collect_replies`, :func:`assert_no_drops`,
-  :func:`assert_no_failures`.
-- Record what code moves between host and device: :class:`RecordingBackend`.
-- Run one test everywhere: :func:`all_tiers`, :func:`all_loops`, :func:`event_loop_kinds`,
-  :func:`loop_factory`, and the ``*_unavailable_reason`` probes behind the skip markers.
-- Catch leftovers: :class:`LeakGuard`.
+- Drive actors deterministically: `run_actor`, `ScriptedKernel`,
+  `wait_until_idle`, `collect_replies`, `assert_no_drops`,
+  `assert_no_failures`.
+- Record what code moves between host and device: `RecordingBackend`.
+- Run one test everywhere: `all_tiers`, `all_loops`, `event_loop_kinds`,
+  `loop_factory`, and the ``*_unavailable_reason`` probes behind the skip markers.
+- Catch leftovers: `LeakGuard`.
 
-The pytest plugin (:mod:`pydotcompute.testing.plugin`, loaded automatically once
+The pytest plugin (`pydotcompute.testing.plugin`, loaded automatically once
 pydotcompute is installed) provides the fixtures and markers; see the "Testing your actors"
 guide. Importing this module imports neither pytest nor any GPU library.
 """

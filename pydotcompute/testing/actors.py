@@ -4,15 +4,15 @@ Design notes:
 - "Idle" means no kernel can make progress without a new message: every ACTIVE kernel has
   an empty inbox and its actor is parked in ``ctx.receive()``. Each kernel answers through
   its read-only ``is_idle`` property (tiers that run actors elsewhere answer for
-  themselves). :func:`wait_until_idle` polls it on the event loop and requires two idle
+  themselves). `wait_until_idle` polls it on the event loop and requires two idle
   polls in a row with a loop turn in between, so work already scheduled with ``call_soon``
   cannot slip past. Sleeping a fixed time was rejected: it is slow or flaky, usually both.
 - Kernels that are not ACTIVE (launched, deactivated, terminated, failed) count as idle:
   nothing is delivered to them, so waiting on them could only time out. An actor that
   never parks in ``receive()`` (it sleeps or polls) is never idle; waiting on it times out
   with a message that names it.
-- :class:`ScriptedKernel` owns a private runtime unless given one, and drives one kernel;
-  :func:`run_actor` is the one-call form. Replies are read from the outbox, so a reply an
+- `ScriptedKernel` owns a private runtime unless given one, and drives one kernel;
+  `run_actor` is the one-call form. Replies are read from the outbox, so a reply an
   actor forwards elsewhere (``connect``, ``send_to``) is not collected here.
 """
 
@@ -94,7 +94,7 @@ async def wait_until_idle(
 
     Args:
         target: A ``RingKernelRuntime`` (all its kernels, including ones launched while
-            waiting), a ``RingKernel``, a :class:`ScriptedKernel`, or an iterable of them.
+            waiting), a ``RingKernel``, a `ScriptedKernel`, or an iterable of them.
         timeout: Seconds to wait before giving up.
         kernel_ids: With a runtime, only these kernels.
 
@@ -135,7 +135,7 @@ def collect_replies(target: Any, kernel_id: str | None = None) -> list[Any]:
 
     Args:
         target: A ``RingKernelRuntime`` (then ``kernel_id`` is required), a ``RingKernel``
-            or a :class:`ScriptedKernel`.
+            or a `ScriptedKernel`.
         kernel_id: The kernel, with a runtime.
     """
     if isinstance(target, RingKernelRuntime):
@@ -170,7 +170,7 @@ def assert_no_drops(target: Any, *kernel_ids: str) -> None:
     when it was terminated or failed).
 
     Args:
-        target: A runtime, a kernel, a :class:`ScriptedKernel` or an iterable of them.
+        target: A runtime, a kernel, a `ScriptedKernel` or an iterable of them.
         kernel_ids: With a runtime, only these kernels (default: all).
 
     Raises:
@@ -236,11 +236,13 @@ class ScriptedKernel:
     terminates it on exit (shutting a private runtime down). Every method runs on the
     test's event loop.
 
-    Example::
+    Example:
 
-        async with ScriptedKernel(compute_actor) as kernel:
-            assert await kernel.ask(ComputeRequest(values=[1.0, 2.0])) == ...
-            replies = await kernel.feed(req_a, req_b)
+    ```python
+    async with ScriptedKernel(compute_actor) as kernel:
+        assert await kernel.ask(ComputeRequest(values=[1.0, 2.0])) == ...
+        replies = await kernel.feed(req_a, req_b)
+    ```
 
     Args:
         actor: An ``async def actor(ctx)`` (``@ring_kernel`` options are honoured) or the
@@ -319,7 +321,7 @@ class ScriptedKernel:
     async def stop(self) -> list[Any]:
         """Terminate the actor (draining its inbox); returns undelivered messages.
 
-        Replies still in the outbox are moved to :attr:`received`. A private runtime is
+        Replies still in the outbox are moved to `received`. A private runtime is
         shut down; a shared one forgets the kernel so its id can be launched again.
         """
         kernel = self._kernel
@@ -388,7 +390,7 @@ class ScriptedKernel:
 
         Raises:
             KernelFailedError: the actor raised (replies it sent first are in
-                :attr:`received`).
+                `received`).
             QueueTimeoutError: not idle within ``timeout``.
         """
         await wait_until_idle(self.runtime, self.timeout)
@@ -470,10 +472,12 @@ async def run_actor(
 ) -> list[Any]:
     """Run ``actor`` over scripted ``messages`` and return every reply, in order.
 
-    Example::
+    Example:
 
-        replies = await run_actor(compute_actor, [ComputeRequest(values=[1.0, 2.0])])
-        assert [r.result for r in replies] == [3.0]
+    ```python
+    replies = await run_actor(compute_actor, [ComputeRequest(values=[1.0, 2.0])])
+    assert [r.result for r in replies] == [3.0]
+    ```
 
     Args:
         actor: An ``async def actor(ctx)`` or a registered ``@ring_kernel`` id.
@@ -486,7 +490,7 @@ async def run_actor(
             Works on every tier, including those that cannot report idleness.
         allow_drops: Do not fail when a message was dropped (``drop_oldest`` backpressure).
         kernel_id, input_type, output_type, runtime, tier, timeout, options: As for
-            :class:`ScriptedKernel`.
+            `ScriptedKernel`.
 
     Raises:
         KernelFailedError: the actor raised.

@@ -4,9 +4,9 @@ Code that moves data between host and device (buffers, pools, orchestrators, act
 own device state) is tested for *what it moves*: one host-to-device copy after a host
 write, none when nothing changed, a synchronize before reading back. This backend behaves
 like the CPU backend (device arrays are separate NumPy copies, never aliases of the host
-array) and records each call as an :class:`BackendCall`, so a test can assert on
+array) and records each call as an `BackendCall`, so a test can assert on
 counts, directions and byte totals without a GPU. ``available=False`` makes it behave like
-a backend whose library is missing, and :meth:`RecordingBackend.fail_next` injects an error
+a backend whose library is missing, and `RecordingBackend.fail_next` injects an error
 into the next call of one operation.
 """
 

@@ -4,7 +4,7 @@ Every probe returns ``None`` when the thing is usable and otherwise a sentence s
 not (and how to fix it), which is what a skipped test prints. Probes import CuPy, Numba,
 MLX or Ray only when called, never at import, and cache their answer for the process.
 
-The parametrization helpers (:func:`all_tiers`, :func:`event_loop_kinds`) return
+The parametrization helpers (`all_tiers`, `event_loop_kinds`) return
 ``pytest.param`` objects whose unavailable entries carry a skip mark with the reason, so a
 suite written once runs everywhere and says what it could not run.
 """
@@ -166,11 +166,13 @@ def tier_unavailable_reason(tier: str) -> str | None:
 def all_tiers(tiers: Iterable[str] = PYTHON_TIERS) -> list[ParameterSet]:
     """``pytest.param`` per execution tier, skipped with the reason where unavailable.
 
-    Example::
+    Example:
 
-        @pytest.mark.parametrize("tier", all_tiers())
-        async def test_echo(runtime, tier):
-            await runtime.launch("echo", echo, tier=tier)
+    ```python
+    @pytest.mark.parametrize("tier", all_tiers())
+    async def test_echo(runtime, tier):
+        await runtime.launch("echo", echo, tier=tier)
+    ```
 
     Args:
         tiers: Which tiers (default: those that run Python actors; add ``"gpu"`` for
@@ -243,14 +245,16 @@ def available_loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLo
 def event_loop_kinds() -> list[ParameterSet]:
     """``pytest.param`` per event loop kind, skipped with the reason where unavailable.
 
-    For synchronous tests that create their loop themselves::
+    For synchronous tests that create their loop themselves:
 
-        @pytest.mark.parametrize("kind", event_loop_kinds())
-        def test_on_each_loop(kind):
-            with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
-                runner.run(main())
+    ```python
+    @pytest.mark.parametrize("kind", event_loop_kinds())
+    def test_on_each_loop(kind):
+        with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
+            runner.run(main())
+    ```
 
-    Async tests use :func:`all_loops` instead.
+    Async tests use `all_loops` instead.
     """
     import pytest
 
@@ -278,11 +282,13 @@ def all_loops() -> MarkDecorator:
     reason. Needs pytest-asyncio 1.4 or later: with an older one the test is skipped with
     a reason rather than silently run once.
 
-    Example::
+    Example:
 
-        @all_loops()
-        async def test_echo_on_every_loop(runtime):
-            ...
+    ```python
+    @all_loops()
+    async def test_echo_on_every_loop(runtime):
+        ...
+    ```
     """
     import pytest
 

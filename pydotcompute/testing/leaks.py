@@ -1,6 +1,6 @@
 """The leak guard: nothing a test started may outlive it.
 
-A :class:`LeakGuard` snapshots the process before a test and compares after it. It looks for
+A `LeakGuard` snapshots the process before a test and compares after it. It looks for
 four kinds of leftovers, each recognised by the ``pydotcompute`` naming convention so that
 threads and processes owned by other libraries (pytest-timeout, Ray, uvloop, Numba, a
 thread pool) are never blamed:
@@ -22,7 +22,7 @@ test does not poison the next; a thread cannot be killed and is only reported.
 Design note: comparing before/after snapshots filtered by name was chosen over "nothing new
 at all", which blames pytest-timeout's timer thread, Ray's raylet, Numba's pool or a
 session fixture started lazily; resources created while a broader-scoped fixture is set up
-are excused explicitly (:meth:`LeakGuard.excuse`).
+are excused explicitly (`LeakGuard.excuse`).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class LeakGuard:
         return leaks
 
     def check(self) -> None:
-        """Raise ``AssertionError`` listing every leftover (see :meth:`find_leaks`)."""
+        """Raise ``AssertionError`` listing every leftover (see `find_leaks`)."""
         leaks = self.find_leaks()
         if leaks:
             raise AssertionError(format_leaks(leaks))

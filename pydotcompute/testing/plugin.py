@@ -245,7 +245,7 @@ def pydotcompute_leak_guard(request: pytest.FixtureRequest) -> Iterator[LeakGuar
 
     Request it (or set ``pydotcompute_leak_guard = true`` in the pytest ini options, or
     mark a test ``@pytest.mark.pydotcompute(leak_guard=True)``); a test marked
-    ``leak_guard=False`` opts out. Yields the :class:`LeakGuard`, or None when opted out.
+    ``leak_guard=False`` opts out. Yields the `LeakGuard`, or None when opted out.
     """
     if _options(request.node).leak_guard is False:
         yield None
@@ -353,9 +353,11 @@ def memory_pool() -> Iterator[Any]:
 def unified_buffer(request: pytest.FixtureRequest) -> Iterator[Any]:
     """An allocated ``UnifiedBuffer`` (1024 float32 by default), freed afterwards.
 
-    Choose another shape and dtype with indirect parametrization::
+    Choose another shape and dtype with indirect parametrization:
 
-        @pytest.mark.parametrize("unified_buffer", [((64, 64), "int32")], indirect=True)
+    ```text
+    @pytest.mark.parametrize("unified_buffer", [((64, 64), "int32")], indirect=True)
+    ```
     """
     core = _import_or_skip("pydotcompute.core", "unified_buffer")
     shape, dtype = getattr(request, "param", ((1024,), "float32"))
@@ -371,10 +373,12 @@ def unified_buffer(request: pytest.FixtureRequest) -> Iterator[Any]:
 def message_queue(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A ``MessageQueue`` (exact priority order, capacity 128 by default), closed after.
 
-    Pass keyword arguments with indirect parametrization::
+    Pass keyword arguments with indirect parametrization:
 
-        @pytest.mark.parametrize("message_queue", [{"maxsize": 2, "backpressure": "reject"}],
-                                 indirect=True)
+    ```text
+    @pytest.mark.parametrize("message_queue", [{"maxsize": 2, "backpressure": "reject"}],
+                             indirect=True)
+    ```
     """
     module = _import_or_skip("pydotcompute.ring_kernels.queue", "message_queue")
     kwargs = {"maxsize": 128, **getattr(request, "param", {})}
@@ -387,7 +391,7 @@ def message_queue(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture
 def recording_backend() -> RecordingBackend:
-    """A fresh :class:`~pydotcompute.testing.RecordingBackend` (records every transfer)."""
+    """A fresh `RecordingBackend` (records every transfer)."""
     from .backend import RecordingBackend
 
     return RecordingBackend()

@@ -1,7 +1,7 @@
 """The SPSC rings, compiled when possible: picks ``fast_spsc`` or its pure-Python twin.
 
-Both implementations expose the same names (:class:`FastSPSCQueue`,
-:class:`SharedByteRing`, :class:`SharedSegment`) with the same semantics and the same
+Both implementations expose the same names (`FastSPSCQueue`,
+`SharedByteRing`, `SharedSegment`) with the same semantics and the same
 shared-memory layout, so a process using the extension can talk to one using the twin.
 ``PYDOTCOMPUTE_PUREPYTHON=1`` (set before import) forces the twin; tests and CI run the
 queue and tier suites both ways.

@@ -6,9 +6,11 @@ construction; ``static_assert`` checks the sizes), the memory-order primitives a
 PTX, and the same loop as the Numba kernel (``device.py``). NVRTC compiles it to PTX
 without a GPU (``ptx``); on a GPU CuPy's ``RawModule`` compiles and loads it.
 
-The handler's signature::
+The handler's signature:
 
-    __device__ int handle(const In* in, Out* out, State* state)
+```text
+__device__ int handle(const In* in, Out* out, State* state)
+```
 
 where ``In``/``Out`` are the message class names (also typedef'd as ``pdc_in_t`` and
 ``pdc_out_t``), ``State`` is the C type of the state array's elements (``pdc_state_t``)

@@ -95,5 +95,5 @@ BATCH = 64
 
 
 def constants() -> dict[str, int]:
-    """Every layout constant by name (used to emit the CUDA C ``#define``\\ s)."""
+    """Every layout constant by name (used to emit the CUDA C ``#define``s)."""
     return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, int)}

@@ -1,6 +1,6 @@
 """The asyncio tier (the default): the actor is a task on the runtime's event loop.
 
-Its kernel is the runtime's own :class:`~pydotcompute.ring_kernels.lifecycle.RingKernel`:
+Its kernel is the runtime's own `RingKernel`:
 the actor takes messages straight from the banded inbox and replies straight into the
 outbox, so no bridge stands between them and the policy of the tier contract is applied
 on the queues themselves.

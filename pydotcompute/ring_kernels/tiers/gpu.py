@@ -1,6 +1,6 @@
 """The GPU tier: the actor is a persistent CUDA kernel polling rings in mapped memory.
 
-The mechanism lives in :mod:`pydotcompute.ring_kernels.gpu_kernel` (and `_gpu/`); this
+The mechanism lives in `pydotcompute.ring_kernels.gpu_kernel` (and `_gpu/`); this
 module states the tier's capabilities for the runtime. The registry imports it only when
 `tier="gpu"` is first launched, so `import pydotcompute` loads no CUDA library.
 """

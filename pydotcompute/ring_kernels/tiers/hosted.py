@@ -2,7 +2,7 @@
 
 A hosted kernel keeps the tier-1 face (a banded asyncio inbox with the user's backpressure,
 an asyncio outbox, correlated `send_and_receive`, `connect`) and runs the actor in a
-:class:`~pydotcompute.ring_kernels.tiers.contract.TierWorker`: a thread, a child process.
+`TierWorker`: a thread, a child process.
 It talks to the worker only through that contract.
 
 Design notes:
@@ -50,8 +50,8 @@ _POLL_S = 0.05
 
 
 class HostedKernel(RingKernel):
-    """A ring kernel whose actor runs in a :class:`TierWorker`; subclasses build the worker
-    in :meth:`_make_worker`."""
+    """A ring kernel whose actor runs in a `TierWorker`; subclasses build the worker
+    in `_make_worker`."""
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
     ACTOR_KIND = "sync"

@@ -1,8 +1,8 @@
 """The process tier: the actor runs in a child process over shared-memory rings.
 
-The mechanism is :class:`~pydotcompute.ring_kernels.cython_kernel.CythonRingKernel`
-(compiled ring, or its pure-Python twin); :class:`ProcessWorker` presents it through the
-tier contract and :class:`ProcessHostedKernel` is what
+The mechanism is `CythonRingKernel`
+(compiled ring, or its pure-Python twin); `ProcessWorker` presents it through the
+tier contract and `ProcessHostedKernel` is what
 `runtime.launch(..., tier="process")` builds.
 
 Design notes:
@@ -37,7 +37,7 @@ def _drain_doorbell(fd: int) -> None:
 
 
 class ProcessWorker(TierWorker):
-    """A :class:`CythonRingKernel` behind the tier contract."""
+    """A `CythonRingKernel` behind the tier contract."""
 
     ACTOR_KIND = "sync"
 

@@ -1,7 +1,7 @@
 """The thread tier: the actor is a plain function running in a thread of its own.
 
-The mechanism is :class:`~pydotcompute.ring_kernels.threaded_kernel.ThreadedRingKernel`;
-:class:`ThreadWorker` presents it through the tier contract and :class:`ThreadHostedKernel`
+The mechanism is `ThreadedRingKernel`;
+`ThreadWorker` presents it through the tier contract and `ThreadHostedKernel`
 is what `runtime.launch(..., tier="thread")` builds.
 
 Design notes:
@@ -23,7 +23,7 @@ __all__ = ("ThreadHostedKernel", "ThreadWorker")
 
 
 class ThreadWorker(TierWorker):
-    """A :class:`ThreadedRingKernel` behind the tier contract."""
+    """A `ThreadedRingKernel` behind the tier contract."""
 
     ACTOR_KIND = "sync"
 
@@ -76,7 +76,7 @@ class ThreadWorker(TierWorker):
 class ThreadHostedKernel(HostedKernel):
     """Tier 2 in the runtime: the actor is a plain function running in its own thread.
 
-    The actor receives a :class:`ThreadedKernelContext` (blocking ``receive``/``send``).
+    The actor receives a `ThreadedKernelContext` (blocking ``receive``/``send``).
     Extra options: ``bridge_queue_size``, ``thread_name``.
     """
 
