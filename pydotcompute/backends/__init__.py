@@ -77,7 +77,10 @@ def available_backends() -> list[str]:
     return names
 
 
-def _reset_backends() -> None:
+def reset_backends() -> None:
     """Forget the shared instances (tests use this after changing the environment)."""
     with _lock:
         _instances.clear()
+
+
+_reset_backends = reset_backends  # the earlier private name

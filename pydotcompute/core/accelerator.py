@@ -431,9 +431,9 @@ class Accelerator:
         """Probe again (after installing a library or changing ``PYDOTCOMPUTE_BACKEND``)."""
         with self._lock:
             self._probed = False
-        from ..backends import _reset_backends
+        from ..backends import reset_backends
 
-        _reset_backends()
+        reset_backends()
         self._probe()
 
     def summary(self) -> dict[str, Any]:
@@ -466,9 +466,9 @@ class Accelerator:
         """Drop the singleton so the next ``Accelerator()`` probes from scratch."""
         with cls._instance_lock:
             cls._instance = None
-        from ..backends import _reset_backends
+        from ..backends import reset_backends
 
-        _reset_backends()
+        reset_backends()
 
     def __repr__(self) -> str:
         if not self._probed:

@@ -113,7 +113,7 @@ from ._process_actor import (
     write_wait,
 )
 from .message import message_decoder
-from .sync_queue import _WakerSet
+from .sync_queue import WakerSet
 
 __all__ = (
     "CythonKernelConfig",
@@ -487,7 +487,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._recv_waiter: Waiter | None = None
         self._watcher: threading.Thread | None = None
         self._watch_stop: tuple[int, int] | None = None
-        self._wakers = _WakerSet()
+        self._wakers = WakerSet()
         self._space_armed = False
         self._cleaned = False
         # (type, encoder) of the last type sent, replaced as one object: two threads sending

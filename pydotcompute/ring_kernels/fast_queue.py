@@ -729,3 +729,10 @@ class RingBuffer(Generic[T]):
             except TimeoutError:
                 return None
         return self.get_nowait()
+
+
+# Public names of the helpers the sibling `MessageQueue` shares (queue.py).
+BAND_OF = _BAND_OF
+priority_of = _priority_of
+discard_items = _discard
+wake_one = _wake_one

@@ -65,7 +65,7 @@ from .message import RingKernelMessage
 from .message import raw_correlation_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
-from .telemetry import _FOLD_AT, RingKernelTelemetry
+from .telemetry import FOLD_AT, RingKernelTelemetry
 
 if TYPE_CHECKING:
     from .runtime import RingKernelRuntime
@@ -247,7 +247,7 @@ class KernelContext:
                 pend = tel._pending
                 pend.append(now - self._t_recv)
                 self._t_recv = 0
-                if len(pend) >= _FOLD_AT:
+                if len(pend) >= FOLD_AT:
                     tel._fold()
         self._handling = False
         k = self._kernel

@@ -14,14 +14,11 @@ import itertools
 from collections import deque
 from typing import Any, TypeVar
 
-from .fast_queue import (
-    _BAND_OF,
-    BackpressureStrategy,
-    FastMessageQueue,
-    _discard,
-    _priority_of,
-    _wake_one,
-)
+from .fast_queue import BAND_OF as _BAND_OF
+from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .fast_queue import discard_items as _discard
+from .fast_queue import priority_of as _priority_of
+from .fast_queue import wake_one as _wake_one
 
 __all__ = ("BackpressureStrategy", "MessageQueue")
 

@@ -591,3 +591,6 @@ class SPSCQueue(_QueueBase[T]):
     def __repr__(self) -> str:
         state = " shut down" if self._closed else ""
         return f"<SPSCQueue {self._name!r} {len(self._items)}/{self._capacity}{state}>"
+
+
+WakerSet = _WakerSet  # public name for the process tier (cython_kernel.py)

@@ -57,7 +57,7 @@ _MID_LO, _MID_HI = 128, 65536
 _MID_BUCKET_NP = np.array(_MID_BUCKET, dtype=np.intp)
 _LOW_BUCKET_NP = np.array([_bucket_of(i) for i in range(_MID_LO)], dtype=np.intp)
 
-_FOLD_AT = 512  # pending latencies folded at once (a list of at most ~20 KiB per actor)
+FOLD_AT = _FOLD_AT = 512  # pending latencies folded at once (a list of at most ~20 KiB per actor)
 _FOLD_LOCK = threading.Lock()  # one folder at a time (a reader may be on another thread)
 
 
