@@ -40,7 +40,7 @@ from ._support import errors, reason
 from ._wire import unpack_cause, unpack_error
 
 if TYPE_CHECKING:
-    from .ray import RayRingKernelRuntime
+    from .driver import RayDriver
 
 __all__ = ("RayKernel",)
 
@@ -99,7 +99,7 @@ class RayKernel:
         input_type: type | None,
         output_type: type | None,
         ray_options: dict[str, Any],
-        runtime: RayRingKernelRuntime,
+        runtime: RayDriver,
     ) -> None:
         self._rt = runtime
         self.kernel_id = kernel_id
@@ -153,6 +153,12 @@ class RayKernel:
     def buffered(self) -> int:
         """Replies already fetched to the driver and not yet received."""
         return len(self._replies)
+
+    def drop_buffered(self) -> int:
+        """Drop the replies fetched to the driver and not yet received; how many."""
+        n = len(self._replies)
+        self._replies.clear()
+        return n
 
     def __repr__(self) -> str:
         return f"<RayKernel {self.kernel_id!r} {self._state.name} actor={self.actor_name!r}>"

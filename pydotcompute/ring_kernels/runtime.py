@@ -388,10 +388,10 @@ class RingKernelRuntime:
 
     def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
         kernel = self._kernel(kernel_id)
-        tel = kernel.telemetry
         refresh = getattr(kernel, "refresh_telemetry", None)
-        if refresh is not None:
+        if refresh is not None:  # first: a tier may replace its telemetry object
             refresh()
+        tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
         return tel
