@@ -493,9 +493,14 @@ class RayDriver:
         try:
             if k._restoring is not None:
                 await asyncio.wait({k._restoring})
-            await k._flush_quietly()
+            grace = k.config.drain_timeout if timeout is None else timeout
+            await k._flush_quietly(grace)
             if not k._dead:
                 left = await self._terminate_remote(k, timeout)
+            # a push the actor could not take (its inbox full, its outbox unread) ends
+            # with the actor's terminate: wait for its answer, so that what it refused is
+            # accounted for before terminate returns
+            await k._flush_quietly(5.0)
             if left:
                 k.undelivered.extend(left)
                 k.telemetry.record_drop(len(left))

@@ -27,7 +27,6 @@ async def test_abandoned_replies_do_not_wedge() -> None:
     await sc.scenario_abandoned_replies_do_not_wedge(RAY)
 
 
-@pytest.mark.xfail(strict=True, reason="terminate with unread replies hangs on Ray")
 async def test_terminate_with_unread_replies() -> None:
     await sc.scenario_terminate_with_unread_replies(RAY)
 
