@@ -27,6 +27,7 @@ Design notes:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import weakref
 from typing import Any, ClassVar
@@ -36,6 +37,7 @@ from ...exceptions import InvalidConfigurationError, KernelStateError
 from ..lifecycle import KernelFunc, KernelState, RingKernelConfig
 from ..runtime import PLACEMENT_OPTIONS
 from ..telemetry import RingKernelTelemetry
+from . import check_actor_kind, tier_class
 
 __all__ = ("RayTierKernel", "driver_for", "use_driver")
 
@@ -100,7 +102,8 @@ class RayTierKernel:
         output_type: The message class the actor sends.
     """
 
-    ACTOR_KIND: ClassVar[str | None] = "async"
+    #: Checked in `launch`, against the tier inside the actor (asyncio: async functions).
+    ACTOR_KIND: ClassVar[str | None] = None
     #: Ray restarts the actor (`max_restarts`) and the driver relaunches the kernel in it.
     SUPPORTS_RESTART: ClassVar[bool] = True
     EXTRA_OPTIONS: ClassVar[frozenset[str]] = PLACEMENT_OPTIONS | frozenset(
@@ -126,6 +129,7 @@ class RayTierKernel:
         self._driver = driver_for(runtime, enable_telemetry=enable_telemetry)
         self._handle: RayKernel | None = None
         self._forward: RayTierKernel | None = None
+        self._setup: asyncio.Task[None] | None = None
         self._inbox = _Depth(self)
         self._outbox = _Buffered(self)
 
@@ -149,6 +153,32 @@ class RayTierKernel:
     def actor(self) -> Any:
         """The Ray actor handle (`ray.kill(kernel.actor)` simulates a lost node)."""
         return self._require("use").actor
+
+    @property
+    def actor_name(self) -> str:
+        """The Ray actor's name (unique per runtime)."""
+        return self._require("use").actor_name
+
+    @property
+    def ray_options(self) -> dict[str, Any]:
+        """The `ActorClass.options(...)` the actor was created with."""
+        return self._require("use").ray_options
+
+    @property
+    def pending(self) -> int:
+        """Messages sent from the driver and not yet acknowledged by the actor."""
+        return self._handle.pending if self._handle is not None else 0
+
+    @property
+    def buffered(self) -> int:
+        """Replies already fetched to the driver and not yet received."""
+        return self._handle.buffered if self._handle is not None else 0
+
+    @property
+    def setup(self) -> asyncio.Task[None] | None:
+        """The last `connect`/`disconnect` on its way to the actor (await it to wait until
+        the actor applied it), or None."""
+        return self._setup
 
     @property
     def state(self) -> KernelState:
@@ -208,12 +238,16 @@ class RayTierKernel:
         extra = dict(self.config.extra)
         ray_options = extra.pop("ray_options", None)
         check_resources = extra.pop("check_resources", True)
-        actor_tier = extra.pop("actor_tier", None) or "asyncio"
+        named = extra.pop("actor_tier", None)
+        actor_tier = named or "asyncio"
         if actor_tier == "ray":
             raise InvalidConfigurationError(
                 f"kernel {self.kernel_id!r}: actor_tier='ray' would nest a Ray actor in a Ray "
                 "actor; choose the tier inside the actor: 'asyncio', 'thread' or 'process'"
             )
+        inner = tier_class(actor_tier)
+        kind = getattr(inner, "ACTOR_KIND", None)
+        check_actor_kind(self.kernel_id, named or "ray", self._func, kind)
         config = dataclasses.replace(self.config, tier=actor_tier, extra={})
         driver = self._driver
         await driver.start()
@@ -284,7 +318,7 @@ class RayTierKernel:
         kid = self._require("connect").kernel_id
         if target is None:
             self._forward = None
-            self._driver.disconnect(kid)
+            self._setup = self._driver.disconnect(kid)
             return
         if not isinstance(target, RayTierKernel) or target.driver is not self._driver:
             raise InvalidConfigurationError(
@@ -293,7 +327,7 @@ class RayTierKernel:
                 "runtime; launch the target with tier='ray', or receive from the source and "
                 "send to the target yourself"
             )
-        self._driver.connect(kid, target._require("connect").kernel_id)
+        self._setup = self._driver.connect(kid, target._require("connect").kernel_id)
         self._forward = target
 
     @property
