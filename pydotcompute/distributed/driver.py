@@ -31,11 +31,10 @@ Design notes:
   cause, and every waiting caller gets `KernelFailedError` instead of hanging. With
   ``restart="on_failure"`` the actor is created with Ray's ``max_restarts``; when Ray brings
   it back, the driver relaunches the kernel in it and returns it to its previous state.
-- Ray is imported lazily (``importlib``) so that ``import pydotcompute`` never loads it, and
-  because this module is itself called ``ray``.
+- Ray is imported lazily (``importlib``) so that ``import pydotcompute`` never loads it.
 
-Layout (and why this file is long): it is the public surface, one documented method per
-verb of ``RingKernelRuntime`` plus the Ray-only ones;
+Layout (and why this file is long): one method per verb, by kernel id, plus the Ray-only
+ones (the tier's kernels and the compatibility class call them);
 ``_kernel`` holds the per-kernel batching, prefetching and fault handling on the driver,
 ``_host`` the Ray actor that hosts a kernel, ``_wire`` how errors cross, ``_support`` the
 lazy access to Ray.
