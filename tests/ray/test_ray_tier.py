@@ -43,6 +43,22 @@ async def test_cancel_send_and_receive_loops() -> None:
     await sc.scenario_cancel_send_and_receive_loops(RAY)
 
 
+async def test_failure_reports_each_message_once() -> None:
+    await sc.scenario_failure_reports_each_message_once(RAY)
+
+
+async def test_message_in_hand_at_grace_end() -> None:
+    await sc.scenario_message_in_hand_at_grace_end(RAY)
+
+
+async def test_oversized_message() -> None:
+    await sc.scenario_oversized_message(RAY)
+
+
+async def test_bad_field_is_not_a_poison_pill() -> None:
+    await sc.scenario_bad_field_is_not_a_poison_pill(RAY, serialize=True)
+
+
 async def test_pipeline_exactly_once() -> None:
     case = sc.TierCase("ray", sc.echo_async, sc.plain_def_actor)
     async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:

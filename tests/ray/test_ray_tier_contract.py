@@ -35,3 +35,7 @@ async def test_wrong_actor_kind_refused() -> None:
 
 async def test_cancel_send_and_receive_loops() -> None:
     await sc.scenario_cancel_send_and_receive_loops(RAY)
+
+
+async def test_failure_reports_each_message_once() -> None:
+    await sc.scenario_failure_reports_each_message_once(RAY)
