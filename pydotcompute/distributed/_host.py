@@ -407,7 +407,10 @@ class _KernelCore:
         try:
             kernel = self._require("terminate")
             assert self._runtime is not None
+            failed = kernel.state is KernelState.FAILED
             left = await self._runtime.terminate(self._kernel_id, timeout)
+            if failed:  # what the failure left (the message it raised on first) goes back too
+                left = list(kernel.undelivered)
             for peer in list(self._peers.values()):
                 await peer.flush(timeout)
             rest = kernel.outbox.drain() if kernel.outbox is not None else []

@@ -40,7 +40,7 @@ from ._support import errors, reason
 from ._wire import unpack_cause, unpack_error
 
 if TYPE_CHECKING:
-    from .ray import RayRingKernelRuntime
+    from .driver import RayDriver
 
 __all__ = ("RayKernel",)
 
@@ -61,13 +61,14 @@ def _min_timeout(a: float | None, b: float | None) -> float | None:
 class _Batch:
     """Messages that will cross in one ``push`` call."""
 
-    __slots__ = ("accepted", "done", "error", "items", "sent", "timeout", "unwaited")
+    __slots__ = ("accepted", "done", "error", "items", "nowait", "sent", "timeout", "unwaited")
 
     def __init__(self, timeout: float | None) -> None:
         self.items: list[bytes] = []
         self.timeout = timeout
         self.sent = False
         self.unwaited = False
+        self.nowait: set[int] = set()  # indices of items whose sender does not wait
         self.accepted: int | None = None
         self.error: BaseException | None = None
         self.done: asyncio.Future[None] | None = None
@@ -99,7 +100,7 @@ class RayKernel:
         input_type: type | None,
         output_type: type | None,
         ray_options: dict[str, Any],
-        runtime: RayRingKernelRuntime,
+        runtime: RayDriver,
     ) -> None:
         self._rt = runtime
         self.kernel_id = kernel_id
@@ -153,6 +154,12 @@ class RayKernel:
     def buffered(self) -> int:
         """Replies already fetched to the driver and not yet received."""
         return len(self._replies)
+
+    def drop_buffered(self) -> int:
+        """Drop the replies fetched to the driver and not yet received; how many."""
+        n = len(self._replies)
+        self._replies.clear()
+        return n
 
     def __repr__(self) -> str:
         return f"<RayKernel {self.kernel_id!r} {self._state.name} actor={self.actor_name!r}>"
@@ -208,6 +215,7 @@ class RayKernel:
             i += take
             if not waited:
                 b.unwaited = True
+                b.nowait.update(range(len(b.items) - take, len(b.items)))
             parts.append((b, len(b.items)))
         self._queued += n
         if self._pump is None:
@@ -243,7 +251,8 @@ class RayKernel:
                 b.accepted = accepted
                 b.error = err
                 if accepted < len(b.items):
-                    self._refused(b.items[accepted:], err)
+                    unwaited = sum(1 for i in b.nowait if i >= accepted)
+                    self._refused(b.items[accepted:], err, unwaited)
                     if b.unwaited and self._async_error is None:
                         self._async_error = err
                 if b.done is not None and not b.done.done():
@@ -251,7 +260,9 @@ class RayKernel:
         finally:
             self._pump = None
 
-    def _refused(self, items: list[bytes], err: BaseException | None) -> None:
+    def _refused(self, items: list[bytes], err: BaseException | None, unwaited: int) -> None:
+        """Keep refused messages in `undelivered`; count as dropped those whose sender
+        was not told (`send_nowait`): a send that raised accepted nothing."""
         msgs: list[Any] = []
         for data in items:
             try:
@@ -259,7 +270,8 @@ class RayKernel:
             except Exception:
                 msgs.append(data)
         self.undelivered.extend(msgs)
-        self.telemetry.record_drop(len(msgs))
+        if unwaited:
+            self.telemetry.record_drop(unwaited)
         logger.warning(
             "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
             self.kernel_id,
@@ -311,10 +323,15 @@ class RayKernel:
         if self._restoring is not None:
             await asyncio.wait({self._restoring})
 
-    async def _flush_quietly(self) -> None:
+    async def _flush_quietly(self, timeout: float | None = None) -> None:
+        """Wait (up to `timeout` seconds) until every batch so far has been answered.
+
+        Bounded because the actor may be unable to take a batch until it is terminated
+        (a full inbox behind an actor blocked on a full, unread outbox).
+        """
         if self._batches:
             with contextlib.suppress(Exception):
-                await self._wait_parts([(self._batches[-1], 0)])
+                await asyncio.wait_for(self._wait_parts([(self._batches[-1], 0)]), timeout)
         self._async_error = None
 
     # -- messaging: receives -------------------------------------------------------------

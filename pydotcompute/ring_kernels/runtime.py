@@ -71,6 +71,9 @@ class RingKernelRuntime:
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
     """
 
+    #: How errors name this runtime ("unknown kernel id 'x' in the runtime").
+    RUNTIME_NAME = "runtime"
+
     def __init__(
         self,
         *,
@@ -173,9 +176,11 @@ class RingKernelRuntime:
         try:
             return self._kernels[kernel_id]
         except KeyError:
-            raise KernelNotFoundError(kernel_id, self._kernels) from None
+            raise KernelNotFoundError(kernel_id, self._kernels, where=self.RUNTIME_NAME) from None
         except TypeError:
-            raise KernelNotFoundError(repr(kernel_id), self._kernels) from None
+            raise KernelNotFoundError(
+                repr(kernel_id), self._kernels, where=self.RUNTIME_NAME
+            ) from None
 
     def get_kernel(self, kernel_id: str) -> RingKernel:
         """The kernel object (for introspection: state, telemetry, undelivered)."""
@@ -212,7 +217,7 @@ class RingKernelRuntime:
         validate_kernel_id(kernel_id)
         if kernel_id in self._kernels:
             raise KernelAlreadyExistsError(
-                f"kernel {kernel_id!r} is already launched in this runtime "
+                f"kernel {kernel_id!r} is already launched in this {self.RUNTIME_NAME} "
                 f"(state {self._kernels[kernel_id].state.name}); terminate it first or "
                 "choose another kernel_id"
             )
@@ -388,10 +393,10 @@ class RingKernelRuntime:
 
     def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
         kernel = self._kernel(kernel_id)
-        tel = kernel.telemetry
         refresh = getattr(kernel, "refresh_telemetry", None)
-        if refresh is not None:
+        if refresh is not None:  # first: a tier may replace its telemetry object
             refresh()
+        tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
         return tel

@@ -1,23 +1,16 @@
-"""The tier contract's scenarios on Ray (a local instance; see ``conftest.py``).
+"""The tier contract's scenarios through the compatibility class `RayRingKernelRuntime`.
 
-Ray is not yet a tier of ``RingKernelRuntime``: ``RayRingKernelRuntime`` drives the same
-scenarios (``tests/tier_scenarios.py``) with the asyncio actors, each kernel in a Ray
-actor that hosts a runtime of its own.
+The same scenarios (`tests/tier_scenarios.py`) run through `RingKernelRuntime(...,
+tier="ray")` in `test_ray_tier.py`; here they pin the older entry point, with the asyncio
+actors, each kernel in a Ray actor that hosts a runtime of its own.
 """
 
 from __future__ import annotations
-
-import pytest
 
 from pydotcompute.distributed.ray import RayRingKernelRuntime
 from tests import tier_scenarios as sc
 
 RAY = sc.TierCase("asyncio", sc.echo_async, sc.plain_def_actor, make_runtime=RayRingKernelRuntime)
-
-#: Fails until Ray is a tier of ``RingKernelRuntime`` (the driver side keeps its own policy).
-not_yet = pytest.mark.xfail(
-    strict=True, reason="RayRingKernelRuntime does not apply the runtime's tier policy yet"
-)
 
 
 async def test_receive_on_launched_kernel() -> None:
@@ -28,7 +21,6 @@ async def test_abandoned_replies_do_not_wedge() -> None:
     await sc.scenario_abandoned_replies_do_not_wedge(RAY)
 
 
-@not_yet
 async def test_terminate_with_unread_replies() -> None:
     await sc.scenario_terminate_with_unread_replies(RAY)
 
@@ -43,3 +35,7 @@ async def test_wrong_actor_kind_refused() -> None:
 
 async def test_cancel_send_and_receive_loops() -> None:
     await sc.scenario_cancel_send_and_receive_loops(RAY)
+
+
+async def test_failure_reports_each_message_once() -> None:
+    await sc.scenario_failure_reports_each_message_once(RAY)

@@ -34,6 +34,7 @@ _TIERS: dict[str, str | type] = {
     "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
     "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
     "gpu": "pydotcompute.ring_kernels.tiers.gpu:GPUKernel",
+    "ray": "pydotcompute.ring_kernels.tiers.ray:RayTierKernel",
 }
 _ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda": "gpu"}
 
