@@ -480,7 +480,7 @@ _TARGETS = {
     ("1 asyncio", "RingKernelRuntime actor", "us"): "ratio <= 1.2",
     ("1 asyncio", "RingKernelRuntime actor", "msg/s"): "ratio >= 0.7",
     ("2 thread", "ThreadedRingKernel", "us"): "ratio <= 1.5",
-    ("3 process", "CythonRingKernel", "us"): "<= 3 us",
+    ("3 process", "CythonRingKernel", "us"): "<= 2.5 us",
 }
 
 
