@@ -317,6 +317,7 @@ class PoolWorker(TierWorker):
         self.rejected = [0] * n
         self.returned = [0] * n  # handed back by `take_undelivered`
         self.failed_at: int | None = None  # the first member that failed
+        self._stop_lock = threading.Lock()
 
     # -- limits -------------------------------------------------------------------------
 
@@ -367,7 +368,11 @@ class PoolWorker(TierWorker):
             raise
 
     def stop(self, timeout: float) -> bool:
-        return all(self._each(lambda m: m.stop(timeout)))
+        # one stop at a time: after a failure the runtime stops the pool while a terminate
+        # may already be stopping it, and a member that is still running must not be
+        # stopped from two threads at once (the second waits, then finds it stopped)
+        with self._stop_lock:
+            return all(self._each(lambda m: m.stop(timeout)))
 
     # -- messages in --------------------------------------------------------------------
 
