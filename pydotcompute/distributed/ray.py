@@ -338,6 +338,14 @@ class RayRingKernelRuntime:
                 f"(a parked fetch, a watch, a push and a request run at once), got "
                 f"{concurrency!r}"
             )
+        replicas = opts.pop("replicas", None)
+        if replicas is not None and replicas != 1:
+            raise InvalidConfigurationError(
+                f"kernel {kernel_id!r}: replicas={replicas!r} is not supported on Ray (each "
+                "kernel is one Ray actor); launch several kernels under their own ids, or "
+                "run the pool in-process with RingKernelRuntime on the asyncio, thread or "
+                "process tier"
+            )
         cfg = self._checked_config(kernel_id, config, opts)
         if cfg.tier in ("gpu", "cuda") and "num_gpus" not in actor_opts:
             actor_opts["num_gpus"] = 1

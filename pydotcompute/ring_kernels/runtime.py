@@ -199,11 +199,16 @@ class RingKernelRuntime:
 
         Without ``kernel_func`` the kernel comes from the ``@ring_kernel`` registry.
         ``options`` override :class:`RingKernelConfig` fields (``queue_size``,
-        ``backpressure``, ``restart``, ``serialize``, ``tier``, ...).
+        ``backpressure``, ``restart``, ``serialize``, ``tier``, ...). ``replicas=N`` runs N
+        copies of the actor behind this one id (a worker pool, see `pool.py`: replies
+        in completion order, not FIFO across replicas) on the asyncio, thread and process
+        tiers; other tiers refuse it.
 
         Raises:
             KernelAlreadyExistsError: ``kernel_id`` is already launched in this runtime.
             KernelNotFoundError: no function given and none registered under the id.
+            InvalidConfigurationError: a bad option, or ``replicas > 1`` on a tier that
+                cannot run a pool.
         """
         if not self._active:
             await self.start()
