@@ -305,12 +305,24 @@ class PoolWorker(TierWorker):
     from the runtime's loop; `start`/`stop` run the members' in parallel threads.
     """
 
-    def __init__(self, kernel_id: str, members: list[TierWorker]) -> None:
+    def __init__(self, kernel_id: str, members: list[TierWorker], room: int | None = None) -> None:
         if not members:
             raise InvalidConfigurationError(f"kernel {kernel_id!r}: a pool needs members")
         self.kernel_id = kernel_id
         self.members = members
         n = len(members)
+        # Refilling full members: each member was built with room for `room` messages its
+        # actor has not taken. When all are full, a failed `offer` would arm every member
+        # to wake the runtime as soon as one slot frees (a thread wake-up per message
+        # while the pool is saturated). Instead, while replies flow, the collector's own
+        # wake-up refills a member once it is half empty (`poll_reply`); if a wait ends
+        # with no reply (an actor that does not answer every message, or a slow one),
+        # members are armed as for one kernel from then on.
+        self._room = room
+        self._reply_driven = room is not None
+        self._blocked = False  # `offer` said False without arming any member
+        self._blocked_replies = 0  # replies collected when it did
+        self._writable: list[Callable[[], None]] = []
         self._next = 0  # the member `poll_reply` tries first
         self.offered = [0] * n
         self.replied = [0] * n
@@ -384,20 +396,36 @@ class PoolWorker(TierWorker):
                 self.offered[0] += 1
             return ok
         # least busy first: fewest messages not yet taken, then fewest without a reply
-        order = sorted(
-            range(len(members)),
-            key=lambda i: (members[i].pending_input, self._outstanding(i)),
-        )
+        pending = [m.pending_input for m in members]
+        order = sorted(range(len(members)), key=lambda i: (pending[i], self._outstanding(i)))
+        room = self._room
+        if self._blocked and sum(self.replied) == self._blocked_replies:
+            self._reply_driven = False  # the wait ended without a reply: arm from now on
+        self._blocked = False
+        if self._reply_driven and room is not None and all(p >= room for p in pending):
+            self._blocked = True
+            self._blocked_replies = sum(self.replied)
+            return False  # the collector wakes the runtime (`_refill`)
         for i in order:
             if members[i].offer(msg):
                 self.offered[i] += 1
                 return True
         return False
 
+    def _refill(self, i: int) -> None:
+        """A reply came from member `i`: if `offer` is waiting for room and the member is
+        half empty, wake the runtime to refill it."""
+        room = self._room
+        if room is not None and self.members[i].pending_input <= room // 2:
+            self._blocked_replies = -1  # resolved by a reply
+            for callback in self._writable:
+                callback()
+
     def _outstanding(self, i: int) -> int:
         return self.offered[i] - self.replied[i] - self.rejected[i]
 
     def on_writable(self, callback: Callable[[], None]) -> None:
+        self._writable.append(callback)
         for m in self.members:
             m.on_writable(callback)
 
@@ -429,6 +457,8 @@ class PoolWorker(TierWorker):
             if reply is not None:
                 self.replied[i] += 1
                 self._next = (i + 1) % n
+                if self._blocked:
+                    self._refill(i)
                 return reply
         if failure is not None:  # nothing else ready: the pool fails as one kernel
             raise failure
@@ -547,7 +577,7 @@ class HostedPoolKernel(HostedKernel):
         n = self.replicas
         each = max(1, math.ceil(bridge / n))
         make = super()._make_worker  # (zero-argument super() fails in a comprehension)
-        return PoolWorker(self.kernel_id, [make(each) for _ in range(n)])
+        return PoolWorker(self.kernel_id, [make(each) for _ in range(n)], room=each)
 
     def replica_telemetry(self) -> list[RingKernelTelemetry]:
         """One telemetry record per replica (processed, sent, errors); empty before launch.
