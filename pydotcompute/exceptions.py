@@ -175,8 +175,8 @@ class MessageRejectedError(MessageDeserializationError):
         self.text = text
         self.remote_traceback = remote_traceback
         super().__init__(
-            f"kernel {kernel_id!r} rejected message {correlation_id}: {text}; the kernel "
-            "keeps running"
+            f"kernel {kernel_id!r} could not decode message {correlation_id} ({text}); check "
+            "that its field values match the class's annotations. The kernel keeps running"
         )
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -642,15 +642,19 @@ class KernelHost:
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, cf, timeout)
         try:
-            reply = cf.result(timeout)
-        except concurrent.futures.TimeoutError:
-            self._loop.call_soon_threadsafe(kernel._waiters.pop, msg.message_id, None)
-            return None, pack_error(
-                QueueTimeoutError(
-                    f"no reply from kernel {self._kernel_id!r} within {timeout}s "
-                    f"(request {type(msg).__name__} {msg.message_id})"
-                )
-            )
+            try:
+                reply = cf.result(timeout)
+            except concurrent.futures.TimeoutError:
+                # the waiter stays registered, cancelled: the late reply is dropped and
+                # counted by the kernel instead of filling its outbox
+                if cf.cancel():
+                    return None, pack_error(
+                        QueueTimeoutError(
+                            f"no reply from kernel {self._kernel_id!r} within {timeout}s "
+                            f"(request {type(msg).__name__} {msg.message_id})"
+                        )
+                    )
+                reply = cf.result()  # it arrived as we gave up
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         try:

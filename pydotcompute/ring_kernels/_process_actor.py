@@ -44,7 +44,16 @@ from ._cython import SharedByteRing
 from ._kernel_common import check_type, stamp_reply
 from .message import RingKernelMessage, message_decoder
 
-__all__ = ("CythonKernelContext",)
+__all__ = (
+    "ChildSpec",
+    "CythonKernelContext",
+    "Waiter",
+    "child_main",
+    "drain_bell",
+    "read_wait",
+    "ring_bell",
+    "write_wait",
+)
 
 WRITE_WAKE = 2
 SLICE_S = 0.05  # longest single sleep; a safety net, doorbells and sentinels wake sooner
@@ -54,14 +63,14 @@ _monotonic = time.monotonic
 # --- doorbells and parking (both processes) -------------------------------------------------
 
 
-def _ring_bell(fd: int) -> None:
+def ring_bell(fd: int) -> None:
     try:
         os.write(fd, b"\x00")
     except (BlockingIOError, BrokenPipeError):
         pass  # full: a wake-up is already pending; broken: the peer is gone (seen elsewhere)
 
 
-def _drain_bell(fd: int) -> None:
+def drain_bell(fd: int) -> None:
     try:
         os.read(fd, 4096)
     except (BlockingIOError, InterruptedError):
@@ -78,7 +87,7 @@ PROBE_EVERY = 8  # an adaptive waiter that keeps parking still tries a full spin
 _MIN_SPIN_S = 1e-6
 
 
-class _Waiter:
+class Waiter:
     """Waits for one role (reader or writer of one ring): spin, then park on a doorbell.
 
     Parking polls the doorbell plus a liveness fd and returns when the bell rang, the
@@ -129,7 +138,7 @@ class _Waiter:
         for fd, events in self.poller.poll(_poll_ms(remaining)):
             if fd == self.bell_fd:
                 if events & select.POLLIN:
-                    _drain_bell(fd)
+                    drain_bell(fd)
                 if events & (select.POLLHUP | select.POLLERR) and not events & select.POLLIN:
                     gone = True
             else:
@@ -137,7 +146,7 @@ class _Waiter:
         return gone
 
 
-def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> bytes | None:
+def read_wait(ring: Any, waiter: Waiter, timeout: float | None, gone: Any) -> bytes | None:
     """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
     ``spin_read`` tries at once, so callers need no ``try_read`` of their own first.
@@ -172,7 +181,7 @@ def read_wait(ring: Any, waiter: _Waiter, timeout: float | None, gone: Any) -> b
     return data
 
 
-def write_wait(ring: Any, data: bytes, waiter: _Waiter, timeout: float | None, gone: Any) -> int:
+def write_wait(ring: Any, data: bytes, waiter: Waiter, timeout: float | None, gone: Any) -> int:
     """Spin, then park, until ``data`` fits (returns the write code) or the timeout ends (0).
 
     Raises ``QueueClosedError`` through ``try_write`` when the reader has closed the ring;
@@ -348,8 +357,20 @@ def pack_report(kind: str, *fields: Any) -> bytes:
     try:
         return _pack([kind, *fields])
     except (OverflowError, TypeError, ValueError, msgspec.EncodeError):
-        clean = [None if isinstance(f, list) else f for f in fields]  # only ``args`` is a list
+        clean = [_packable(f) for f in fields]
         return _pack([kind, *clean])
+
+
+def _packable(field: Any) -> Any:
+    """``field`` as something MessagePack takes: ``args`` (the one list) dropped, an int
+    out of range or any other odd object as its text."""
+    if isinstance(field, list):
+        return None
+    if isinstance(field, (str, bytes, float, bool, type(None))):
+        return field
+    if isinstance(field, int) and -(2**63) <= field < 2**64:
+        return field
+    return str(field)
 
 
 def unpack_report(data: bytes) -> list[Any]:
@@ -361,9 +382,19 @@ def unpack_report(data: bytes) -> list[Any]:
     return report if isinstance(report, list) and report else []
 
 
-def error_frame(correlation: bytes | None, exc: BaseException) -> bytes:
-    """An outbox record reporting that the message with id ``correlation`` failed."""
-    return ERROR_FRAME + pack_report("rejected", correlation, *exception_data(exc))
+def error_frame(correlation: bytes | None, exc: BaseException, max_bytes: int) -> bytes:
+    """An outbox record reporting that the message with id ``correlation`` failed.
+
+    Cut to ``max_bytes`` (the ring's largest record): the traceback goes first, then the
+    text is shortened, so the report always fits.
+    """
+    module, qualname, text, args, tb = exception_data(exc)
+    frame = ERROR_FRAME + pack_report("rejected", correlation, module, qualname, text, args, tb)
+    if len(frame) <= max_bytes:
+        return frame
+    room = max(max_bytes - 200 - len(module) - len(qualname), 0)
+    short = text[: room // 4]  # a UTF-8 character takes at most 4 bytes
+    return ERROR_FRAME + pack_report("rejected", correlation, module, qualname, short, None, "")
 
 
 def frame_id(data: bytes) -> bytes | None:
@@ -380,7 +411,7 @@ def frame_id(data: bytes) -> bytes | None:
 
 
 @dataclass
-class _ChildSpec:
+class ChildSpec:
     """Everything the child needs; pickled into it by multiprocessing."""
 
     kernel_id: str
@@ -395,6 +426,7 @@ class _ChildSpec:
     out_data: Any  # write end: we ring it when the outbox has data
     out_space: Any  # read end: the parent rings it when it freed outbox space
     status: Any  # write end: ready/error reports (MessagePack bytes)
+    stderr: Any = None  # the parent's stderr: ours is a file the parent reads while we start
 
 
 class CythonKernelContext:
@@ -407,16 +439,14 @@ class CythonKernelContext:
     """
 
     __slots__ = (
-        "_checked_type",
+        "_codec",
         "_current",
         "_decode",
-        "_encode",
         "_gone",
         "_in",
         "_in_space_fd",
         "_out",
         "_out_data_fd",
-        "_out_is_message",
         "_out_max",
         "_output_type",
         "_read_waiter",
@@ -425,7 +455,7 @@ class CythonKernelContext:
         "kernel_id",
     )
 
-    def __init__(self, spec: _ChildSpec, in_ring: Any, out_ring: Any) -> None:
+    def __init__(self, spec: ChildSpec, in_ring: Any, out_ring: Any) -> None:
         self.kernel_id = spec.kernel_id
         self._in = in_ring
         self._out = out_ring
@@ -433,12 +463,11 @@ class CythonKernelContext:
         self._output_type = spec.output_type
         self._in_space_fd = spec.in_space.fileno()
         self._out_data_fd = spec.out_data.fileno()
-        self._read_waiter = _Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
-        self._write_waiter = _Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
+        self._read_waiter = Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
+        self._write_waiter = Waiter(spec.out_space.fileno(), None, spec.spin_s, spec.adaptive)
         self._gone = False
-        self._checked_type: type | None = None
-        self._encode: Callable[[Any], bytes] = _no_encoder
-        self._out_is_message = False
+        # (type, encoder, is a message) of the last type sent, replaced as one object
+        self._codec: tuple[type | None, Callable[[Any], bytes], bool] = (None, _no_encoder, False)
         self._out_max: int = out_ring.max_record_size
         self._current: Any = None  # the last message received: replies are correlated to it
         self._decode = message_decoder()  # the inbox's stream: its type's fast path
@@ -493,7 +522,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._in_space_fd)
+                ring_bell(self._in_space_fd)
             try:
                 if data[0] != FRAME_TAG:
                     msg = self._current = self._decode(data)
@@ -514,7 +543,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._in_space_fd)
+                ring_bell(self._in_space_fd)
             try:
                 if data[0] != FRAME_TAG:
                     msg = self._current = self._decode(data)
@@ -527,7 +556,8 @@ class CythonKernelContext:
     def _reject(self, data: bytes, exc: BaseException) -> None:
         """Report an undecodable record to the parent as its message's error."""
         self._current = None
-        frame = error_frame(frame_id(data) if data[0] != FRAME_TAG else None, exc)
+        cid = frame_id(data) if data[0] != FRAME_TAG else None
+        frame = error_frame(cid, exc, self._out_max)
         self._write(frame, None)
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -545,13 +575,13 @@ class CythonKernelContext:
                 fit the outbox ring.
             QueueClosedError: the parent process has gone.
         """
-        if type(msg) is not self._checked_type:  # validate each new type once
-            self._encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
-            self._out_is_message = isinstance(msg, RingKernelMessage)
-            self._checked_type = type(msg)
-        if self._out_is_message:
+        codec = self._codec
+        if type(msg) is not codec[0]:  # validate each new type once
+            encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
+            codec = self._codec = (type(msg), encode, isinstance(msg, RingKernelMessage))
+        if codec[2]:
             stamp_reply(msg, self._current)
-        data = self._encode(msg)
+        data = codec[1](msg)
         if len(data) > self._out_max:
             raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox")
         return self._write(data, timeout)
@@ -566,7 +596,7 @@ class CythonKernelContext:
                     raise self._closed()
                 return False
         if result == WRITE_WAKE:
-            _ring_bell(self._out_data_fd)
+            ring_bell(self._out_data_fd)
         return True
 
     def send_nowait(self, msg: Any) -> bool:
@@ -588,7 +618,7 @@ def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - replaced before first 
     raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
 
 
-def _child_main(spec: _ChildSpec) -> None:
+def child_main(spec: ChildSpec) -> None:
     """Entry point of the child process (module level so ``spawn`` can import it).
 
     Reports ``["ready", pid]`` once the actor is loaded and the rings attached, or
@@ -597,6 +627,13 @@ def _child_main(spec: _ChildSpec) -> None:
     the actor raised).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    if spec.stderr is not None:  # started: stderr back to where the parent's goes
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os.dup2(spec.stderr.fileno(), 2)
+        spec.stderr.close()
     for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space):
         os.set_blocking(conn.fileno(), False)
     status = spec.status
@@ -626,13 +663,18 @@ def _child_main(spec: _ChildSpec) -> None:
     finally:
         if out_ring is not None:
             out_ring.close_writer()
-            _ring_bell(spec.out_data.fileno())
+            ring_bell(spec.out_data.fileno())
             out_ring.close()
         if in_ring is not None:
             in_ring.close_reader()
-            _ring_bell(spec.in_space.fileno())
+            ring_bell(spec.in_space.fileno())
             in_ring.close()
         for conn in (spec.in_data, spec.in_space, spec.out_data, spec.out_space, status):
             conn.close()
     if exit_code:
         sys.exit(exit_code)
+
+
+# the names these had before they were public (kept for code that imported them)
+_drain_bell = drain_bell
+_ring_bell = ring_bell

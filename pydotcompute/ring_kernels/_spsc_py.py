@@ -295,7 +295,12 @@ class SharedByteRing:
             q[H_CAPACITY] = capacity
             q[H_MAX_RECORDS] = max_records
             q[H_MAGIC] = MAGIC
-        elif q[H_MAGIC] != MAGIC or self._segment.size < HEADER_BYTES + q[H_CAPACITY]:
+        elif (
+            q[H_MAGIC] != MAGIC
+            or self._segment.size < HEADER_BYTES + q[H_CAPACITY]
+            or q[H_CAPACITY] < MIN_CAPACITY
+            or q[H_CAPACITY] & 7
+        ):
             self._release()
             raise InvalidConfigurationError(
                 f"shared-memory segment {name!r} is not a pydotcompute ring "

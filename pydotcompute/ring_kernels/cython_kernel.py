@@ -41,6 +41,9 @@ Design notes:
   (``input_queue_size`` + 1) is held.
 - A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
   header) fails the kernel and kills the child; it is never read past its end.
+- Startup failures name their likely cause, and a spawned child's stderr from before it
+  runs our code is tapped into a temporary file (see ``_StderrTap``) so a script without
+  the ``__main__`` guard gets the child's own traceback in the error.
 - Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
   is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
   parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
@@ -63,6 +66,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -93,15 +97,15 @@ from ._process_actor import (
     SLICE_S,
     STATUS_MAX_BYTES,
     WRITE_WAKE,
+    ChildSpec,
     CythonKernelContext,
-    _child_main,
-    _ChildSpec,
-    _drain_bell,
-    _ring_bell,
-    _Waiter,
+    Waiter,
+    child_main,
     decode_value,
+    drain_bell,
     encoder_for,
     read_wait,
+    ring_bell,
     too_large,
     unpack_report,
     write_wait,
@@ -252,7 +256,14 @@ def _rejection(kernel_id: str, data: bytes) -> MessageRejectedError:
     fields = [*report[1:7], None, None, None, None, None, None][:6]
     mid, module, qualname, text, _, tb_text = fields
     cid = uuid.UUID(bytes=mid) if type(mid) is bytes and len(mid) == 16 else None
-    what = f"{qualname}: {text}" if module == "builtins" else f"{module}.{qualname}: {text}"
+    if not isinstance(qualname, str):
+        what = "the child's report of what did not decode was itself malformed"
+    elif qualname == "MessageDeserializationError":
+        what = str(text)
+    elif module == "builtins":
+        what = f"{qualname}: {text}"
+    else:
+        what = f"{module}.{qualname}: {text}"
     return MessageRejectedError(kernel_id, cid, what, str(tb_text or ""))
 
 
@@ -274,6 +285,84 @@ def _startup_hint(report: list[Any]) -> str:
         f'under `if __name__ == "__main__":`, and the main module must import cleanly in a '
         "new process; the child's traceback is on its stderr)"
     )
+
+
+def _no_encoder(msg: Any) -> bytes:  # pragma: no cover - paired with no type
+    raise TypeValidationError(f"no encoder chosen for {type(msg).__name__}")
+
+
+_STDERR_LOCK = threading.Lock()
+_STDERR_TAIL_BYTES = 4000
+
+
+class _StderrTap:
+    """What a spawned child writes to stderr before it runs any kernel code.
+
+    A child that dies while re-importing the main module (a script without the
+    ``__main__`` guard, a module that raises on import) prints its traceback and exits
+    before our code runs, so the parent could only say "exited with code 1". For the spawn
+    start method the child starts with its stderr on an unlinked temporary file: the parent
+    points its own fd 2 there for the few milliseconds of ``Process.start`` (under a lock),
+    and the child puts its real stderr back first thing in ``child_main``. A file, not a
+    pipe: a process spawned by another thread in that window inherits it too, and a file
+    can never fail its writes (a pipe closed later would raise EPIPE there). Whatever the
+    file caught is forwarded to the parent's stderr, so nothing is hidden; its tail goes
+    into the startup error.
+    """
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self._file: Any = None
+        self._spec = spec
+
+    def start(self, process: Any) -> None:
+        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails)."""
+        try:
+            original = os.dup(2)
+        except OSError:  # no stderr to tap
+            process.start()
+            return
+        try:
+            self._file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
+        except OSError:
+            os.close(original)
+            process.start()
+            return
+        self._spec.stderr = mp_connection.Connection(original)  # the child restores it
+        with _STDERR_LOCK:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+            os.dup2(self._file.fileno(), 2)
+            try:
+                process.start()
+            finally:
+                os.dup2(original, 2)
+                self._spec.stderr.close()
+                self._spec.stderr = None
+
+    def finish(self, *, failed: bool) -> str:
+        """Forward what the file caught and close it; on failure, its tail for the error."""
+        file, self._file = self._file, None
+        if file is None:
+            return ""
+        try:
+            file.seek(0)
+            caught = file.read()
+        except OSError:
+            caught = b""
+        finally:
+            file.close()
+        if caught:
+            try:
+                os.write(2, caught)
+            except OSError:
+                pass
+        tail = caught[-_STDERR_TAIL_BYTES:]
+        if not failed or not tail.strip():
+            return ""
+        lines = tail.decode("utf-8", "replace").strip().splitlines()[-15:]
+        return "; the child's stderr ended with:\n" + "\n".join(lines)
 
 
 def _exited(process: Any, timeout: float | None) -> bool:
@@ -392,19 +481,20 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._conns: list[Any] = []
         self._in_data_fd = -1
         self._out_space_fd = -1
-        self._send_waiter: _Waiter | None = None
-        self._recv_waiter: _Waiter | None = None
+        self._send_waiter: Waiter | None = None
+        self._recv_waiter: Waiter | None = None
         self._watcher: threading.Thread | None = None
         self._watch_stop: tuple[int, int] | None = None
         self._wakers = _WakerSet()
         self._space_armed = False
         self._cleaned = False
-        self._checked_type: type | None = None
-        self._encode: Any = None  # the encoder for ``_checked_type``
+        # (type, encoder) of the last type sent, replaced as one object: two threads sending
+        # different types must never pair one type with the other's encoder
+        self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, _no_encoder)
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: deque[Any] = deque()
-        self._sent = 0  # messages written to the inbox, ever
+        self._pruned = 0  # finished messages dropped from the front of ``_inflight``
         self._prune_at = 2 * (config.input_queue_size + 1)
         self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
         self._undelivered_taken = False
@@ -495,7 +585,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
         self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
         self._status = status_r
-        spec = _ChildSpec(
+        spec = ChildSpec(
             kernel_id=self._kernel_id,
             func=self._func_bytes,
             output_type=self._output_type,
@@ -510,13 +600,17 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             status=status_w,
         )
         process = ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(spec,),
             name=f"pydotcompute-{self._kernel_id}",
             daemon=cfg.daemon,
         )
+        tap = _StderrTap(spec) if ctx.get_start_method() == "spawn" else None
         try:
-            process.start()
+            if tap is not None:
+                tap.start(process)
+            else:
+                process.start()
         finally:
             for conn in child_ends:
                 conn.close()
@@ -528,8 +622,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._in_data_fd = in_data_w.fileno()
         self._out_space_fd = out_space_w.fileno()
         adaptive = cfg.adaptive_spin
-        self._send_waiter = _Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
-        self._recv_waiter = _Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._send_waiter = Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._recv_waiter = Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
         # wait for "ready" (or an early death / error report)
         ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
         report = self._read_status() if status_r in ready else []
@@ -546,11 +640,17 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     f"{_describe_exit(self._exit_code)} before reporting ready"
                     + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
                 )
-                hint = _startup_hint(report) if ready else ""
+                # exit code 1 is an uncaught exception in the bootstrap (a signal or
+                # os._exit says something else)
+                hint = _startup_hint(report) if ready and self._exit_code == 1 else ""
+            if tap is not None:
+                hint += tap.finish(failed=True)
             self._error = cause
             self._child_exited = True
             err = KernelFailedError(self._kernel_id, cause, note=hint)
             raise err from cause
+        if tap is not None:
+            tap.finish(failed=False)
         # both processes have mapped the rings: drop the names so nothing can leak
         self._in_ring.unlink()
         self._out_ring.unlink()
@@ -590,10 +690,10 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if stop_r in ready and os.read(stop_r, 1) != b"r":
                 return  # stop; b"r" means "the wakers changed"
             if out_fd in ready:
-                _drain_bell(out_fd)
+                drain_bell(out_fd)
                 _call_wakers(readable)
             if space_fd in ready:
-                _drain_bell(space_fd)
+                drain_bell(space_fd)
                 _call_wakers(writable)
             if sentinel in ready:
                 self._on_child_exit()
@@ -678,8 +778,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             taken, done = ring.records_read, ring.records_done
         except ValueError:
             return None
-        base = self._sent - len(self._inflight)
-        taken = min(max(taken, base), self._sent)
+        base = self._pruned
+        sent = base + len(self._inflight)
+        taken = min(max(taken, base), sent)
         return taken, min(max(done, base), taken)
 
     def _ring_failed(self, exc: RingCorruptedError) -> None:
@@ -739,7 +840,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             finally:
                 if got_send:
                     self._send_lock.release()
-            _ring_bell(self._in_data_fd)
+            ring_bell(self._in_data_fd)
             graceful = self._await_exit(deadline)
         self._collect_leftovers()
         self._cleanup()
@@ -756,7 +857,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     out_ring.set_reader_waiting(True)
                     self._drain_outbox()
                     if out_ring.writer_waiting:
-                        _ring_bell(self._out_space_fd)
+                        ring_bell(self._out_space_fd)
                 finally:
                     self._recv_lock.release()
             remaining = deadline - _monotonic()
@@ -764,7 +865,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 break
             ready = mp_connection.wait([process.sentinel, out_fd], min(remaining, SLICE_S))
             if out_fd in ready:
-                _drain_bell(out_fd)
+                drain_bell(out_fd)
             if process.sentinel in ready:
                 self._on_child_exit()
                 return True
@@ -793,7 +894,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         with self._send_lock:  # the child has exited: the messages it never took
             counts = self._final_counts or self._inbox_counts()
             if counts is not None and not self._unprocessed:
-                base = self._sent - len(self._inflight)
+                base = self._pruned
                 self._unprocessed.extend(list(self._inflight)[counts[0] - base :])
 
     def _cleanup(self) -> None:
@@ -862,10 +963,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         """
         if self._state is not _RUNNING:
             raise self._state_error("send to")
-        if type(msg) is not self._checked_type:  # validate each new type once
-            self._encode = encoder_for(self._kernel_id, msg, self._input_type, "expects")
-            self._checked_type = type(msg)
-        data = self._encode(msg)
+        codec = self._codec
+        if type(msg) is not codec[0]:  # validate each new type once
+            codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
+            self._codec = codec
+        data = codec[1](msg)
         ring = self._in_ring
         if len(data) > self._in_max:
             raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox")
@@ -904,11 +1006,10 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if len(inflight) >= self._prune_at:
                 self._prune(ring)
             inflight.append(msg)
-            self._sent += 1
         finally:
             lock.release()
         if result == WRITE_WAKE:
-            _ring_bell(self._in_data_fd)
+            ring_bell(self._in_data_fd)
         return True
 
     def _prune(self, ring: Any) -> None:
@@ -918,9 +1019,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         except ValueError:  # closed
             return
         inflight = self._inflight
-        drop = min(done - (self._sent - len(inflight)), len(inflight))
+        drop = min(done - self._pruned, len(inflight))
         for _ in range(drop):
             inflight.popleft()
+        if drop > 0:
+            self._pruned += drop
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
         """Wait for a child that is known to be exiting (it closed a ring), then record it."""
@@ -975,7 +1078,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                         raise self._state_error("receive from")
                 return None
             if ring.writer_waiting:
-                _ring_bell(self._out_space_fd)
+                ring_bell(self._out_space_fd)
         finally:
             lock.release()
         if data[0] != FRAME_TAG:
@@ -995,8 +1098,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         and nobody received yet: ``stop`` never discards one. A message the child rejected
         appears in the list as its :class:`~pydotcompute.exceptions.MessageRejectedError`
         instance (check with ``isinstance``); a reply that does not decode appears as its
-        ``MessageDeserializationError``. Safe from any thread; it waits for a concurrent
-        ``receive`` to return.
+        ``MessageDeserializationError``. Safe from any thread, but it waits for a
+        concurrent ``receive`` to return (do not call it while another thread waits in
+        ``receive(timeout=None)`` on a running kernel).
         """
         out: list[Any] = []
         with self._recv_lock:
@@ -1013,7 +1117,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     out.append(exc)
             ring = self._out_ring
             if ring is not None and not ring.closed and ring.writer_waiting:
-                _ring_bell(self._out_space_fd)
+                ring_bell(self._out_space_fd)
         return out
 
     def take_undelivered(self) -> list[Any]:
@@ -1050,7 +1154,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 return []
             self._undelivered_taken = True
             counts = self._final_counts
-            base = self._sent - len(self._inflight)
+            base = self._pruned
             done = counts[1] if counts is not None else base
             out = list(self._inflight)[done - base :]
             self._inflight.clear()
@@ -1077,7 +1181,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         """Withdraw :meth:`arm_receive` and empty the doorbell."""
         if self._out_ring is not None and not self._out_ring.closed:
             self._out_ring.set_reader_waiting(False)
-            _drain_bell(self._conns[2].fileno())
+            drain_bell(self._conns[2].fileno())
 
     def statistics(self) -> dict[str, Any]:
         """State, error, child and ring counters in one dictionary."""

@@ -24,7 +24,6 @@ async def test_receive_on_launched_kernel() -> None:
     await sc.scenario_receive_on_launched_kernel(RAY)
 
 
-@not_yet
 async def test_abandoned_replies_do_not_wedge() -> None:
     await sc.scenario_abandoned_replies_do_not_wedge(RAY)
 
@@ -34,7 +33,6 @@ async def test_terminate_with_unread_replies() -> None:
     await sc.scenario_terminate_with_unread_replies(RAY)
 
 
-@not_yet
 async def test_drop_oldest_counted() -> None:
     await sc.scenario_drop_oldest_counted(RAY)
 

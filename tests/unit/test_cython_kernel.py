@@ -114,6 +114,13 @@ def sleeper(ctx: Any) -> None:
         ctx.send(Done(seq=job.seq))
 
 
+def chatty(ctx: Any) -> None:
+    """Write to stderr from the child, then answer."""
+    msg = ctx.receive()
+    print("chatty child speaking", file=sys.stderr, flush=True)
+    ctx.send(msg)
+
+
 def wrong_output(ctx: Any) -> None:
     ctx.receive()
     ctx.send(Job(seq=0))
@@ -622,14 +629,17 @@ def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
     assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
     assert isinstance(_rebuild_error(["error"], "k", 1), RemoteActorError)  # truncated
     assert unpack_report(b"\x80\x04garbage") == []
+    rebuilt = _rebuild_error(report_of(ValueError(2**70)), "k", 1)  # args MessagePack refuses
+    assert type(rebuilt) is ValueError
+    assert str(rebuilt) == str(2**70)
 
 
 def test_adaptive_spin_budget() -> None:
-    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, _Waiter
+    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, Waiter
 
     r, w = os.pipe()
     try:
-        waiter = _Waiter(r, None, 50e-6, adaptive=True)
+        waiter = Waiter(r, None, 50e-6, adaptive=True)
         budgets = []
         for _ in range(PROBE_EVERY):
             waiter.miss()
@@ -640,7 +650,7 @@ def test_adaptive_spin_budget() -> None:
         waiter.hit()
         assert waiter.spin_s == 50e-6
         assert waiter.misses == 0
-        fixed = _Waiter(r, None, 50e-6, adaptive=False)
+        fixed = Waiter(r, None, 50e-6, adaptive=False)
         fixed.miss()
         assert fixed.spin_s == 50e-6
     finally:
@@ -885,7 +895,7 @@ def test_startup_failure_names_a_missing_main_guard(tmp_path: Path) -> None:
         try:
             CythonRingKernel("unguarded", echo).start().stop()
         except KernelFailedError as exc:
-            print("FAILED:", exc)
+            print("FAILED:", str(exc).replace("\\n", " | "))
         """,
     )
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED:")]
@@ -893,6 +903,10 @@ def test_startup_failure_names_a_missing_main_guard(tmp_path: Path) -> None:
     assert "before reporting ready" in failed[0]
     assert 'if __name__ == "__main__":' in failed[0]
     assert "script.py" in failed[0]
+    # the child's own traceback: in the error, and still on stderr
+    assert "the child's stderr ended with: | " in failed[0]
+    assert "bootstrapping phase" in failed[0]
+    assert "bootstrapping phase" in out.stderr
 
 
 def test_startup_failure_names_an_actor_defined_under_the_main_guard(tmp_path: Path) -> None:
@@ -913,3 +927,116 @@ def test_startup_failure_names_an_actor_defined_under_the_main_guard(tmp_path: P
     assert failed, out.stdout + out.stderr
     assert "could not load the actor" in failed[0]
     assert 'not one defined under `if __name__ == "__main__":`' in failed[0]
+
+
+def test_the_hosted_process_tier_keeps_to_its_bridge_bound() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> tuple[int, int]:
+        async with RingKernelRuntime() as rt:
+            kernel = await rt.launch("hosted", sleeper, tier="process", bridge_queue_size=2)
+            await rt.activate("hosted")
+            for i in range(10):
+                await rt.send("hosted", Job(seq=i))
+            await asyncio.sleep(0.3)
+            worker = kernel.worker.kernel  # type: ignore[attr-defined]
+            window = (worker.pending_input, worker.statistics()["inbox"]["records_written"])
+            await rt.terminate("hosted", timeout=0.1)
+            return window
+
+    pending, written = asyncio.run(main())
+    assert pending == 2  # the bridge is full ...
+    assert written == 3  # ... behind the one in the actor's hands: the rest wait upstream
+
+
+def test_the_hosted_caller_of_a_rejected_message_gets_the_error() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> None:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-strict", echo, tier="process")
+            await rt.activate("hosted-strict")
+            bad = Strict(count="x")  # type: ignore[arg-type]
+            with pytest.raises(MessageRejectedError) as info:
+                await rt.send_and_receive("hosted-strict", bad, timeout=30)
+            assert info.value.correlation_id == bad.message_id
+            reply = await rt.send_and_receive("hosted-strict", Strict(count=4), timeout=30)
+            assert reply.count == 4  # still serving
+
+    asyncio.run(main())
+
+
+def test_the_hosted_process_tier_carries_plain_values() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> list[Any]:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-plain", echo, tier="process")
+            await rt.activate("hosted-plain")
+            for value in (7, "seven", [7]):
+                await rt.send("hosted-plain", value)
+            return [await rt.receive("hosted-plain", timeout=30) for _ in range(3)]
+
+    assert asyncio.run(main()) == [7, "seven", [7]]
+
+
+def test_the_childs_stderr_still_reaches_the_parents(tmp_path: Path) -> None:
+    out = _run_script(
+        tmp_path,
+        """
+        from test_cython_kernel import chatty
+        if __name__ == "__main__":
+            with CythonRingKernel("chatty", chatty) as kernel:
+                kernel.send(1)
+                print("REPLY:", kernel.receive(timeout=30))
+            print("parent still speaking", file=sys.stderr)
+        """,
+    )
+    assert "REPLY: 1" in out.stdout, out.stderr
+    assert "chatty child speaking" in out.stderr
+    assert "parent still speaking" in out.stderr
+
+
+def test_the_hosted_caller_of_an_oversized_message_gets_the_error() -> None:
+    from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+
+    async def main() -> None:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("hosted-small", echo, tier="process", ring_bytes=4096)
+            await rt.activate("hosted-small")
+            big = Job(seq=1, payload="x" * 5000)
+            with pytest.raises(MessageSerializationError, match="ring_bytes=") as info:
+                await rt.send_and_receive("hosted-small", big, timeout=30)
+            assert "launch(..., ring_bytes=" in str(info.value)
+            reply = await rt.send_and_receive("hosted-small", Job(seq=2), timeout=30)
+            assert reply.seq == 2  # the pump goes on
+
+    asyncio.run(main())
+
+
+def test_a_rejection_report_always_fits_a_small_outbox() -> None:
+    cfg = CythonKernelConfig("tiny-out", output_ring_bytes=1024)
+    with CythonRingKernel("tiny-out", echo, config=cfg) as kernel:
+        bad = Strict(count="n" * 3000)  # type: ignore[arg-type]
+        kernel.send(bad)
+        with pytest.raises(MessageRejectedError) as info:
+            kernel.receive(timeout=30)
+        assert info.value.correlation_id == bad.message_id
+        assert kernel.is_running
+        kernel.send(Strict(count=1))
+        assert kernel.receive(timeout=30).count == 1
+
+
+def test_undelivered_is_exact_after_finished_messages_were_pruned() -> None:
+    cfg = CythonKernelConfig("pruned", input_queue_size=2)  # prunes every few sends
+    kernel = CythonRingKernel("pruned", worker, config=cfg).start()
+    for i in range(20):
+        kernel.send(Job(seq=i), timeout=30)
+        assert kernel.receive(timeout=30).seq == i
+    kernel.send(Job(seq=20, payload="sleep"))
+    kernel.send(Job(seq=21))
+    kernel.send(Job(seq=22))
+    time.sleep(0.2)
+    assert kernel.stop(timeout=0.2) is False
+    assert [m.seq for m in kernel.take_undelivered()] == [20, 21, 22]
+    assert [m.seq for m in kernel.unprocessed()] == [21, 22]

@@ -406,6 +406,62 @@ def test_the_writer_checks_the_positions_it_reads(ring_pair: Any, offset: int, v
         w.try_write(b"y" * 40)
 
 
+@pytest.mark.parametrize("capacity", [(1 << 64) - 64, 1 << 20, 13, 0])
+def test_attach_refuses_a_capacity_the_segment_cannot_hold(impl: Any, capacity: int) -> None:
+    ring = impl.SharedByteRing(256)
+    try:
+        _scribble(ring.name, _spsc_py.H_CAPACITY * 8, capacity)
+        with pytest.raises(InvalidConfigurationError, match="is not a pydotcompute ring"):
+            impl.SharedByteRing.attach(ring.name)
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+_WORDS = [_spsc_py.H_TAIL, _spsc_py.H_WCOUNT, _spsc_py.H_HEAD, _spsc_py.H_RCOUNT]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 120), min_size=1, max_size=8),
+    scribbles=st.lists(
+        st.tuples(
+            st.one_of(st.sampled_from(_WORDS), st.integers(32, 32 + 256 // 8 - 1)),
+            st.one_of(st.integers(0, 1 << 10), st.integers(0, (1 << 64) - 1)),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_scribbles_anywhere_never_read_past_the_ring(
+    sizes: list[int], scribbles: list[tuple[int, int]]
+) -> None:
+    # header words (positions, counters) and data words (length words among them) get
+    # arbitrary values; every read and write must stay inside the ring or say it is corrupt
+    for mod in [_spsc_py] + ([EXT] if EXT is not None else []):
+        w = mod.SharedByteRing(256)
+        r = mod.SharedByteRing.attach(w.name)
+        try:
+            for n in sizes:
+                w.try_write(b"x" * n)
+            for word, value in scribbles:
+                _scribble(w.name, word * 8, value)
+            for _ in range(len(sizes) + 2):
+                try:
+                    rec = r.try_read()
+                except RingCorruptedError:
+                    break
+                assert rec is None or len(rec) <= r.max_record_size
+                try:
+                    w.try_write(b"y" * 24)
+                except RingCorruptedError:
+                    break
+        finally:
+            r.close()
+            w.close()
+            w.unlink()
+
+
 def test_corruption_is_a_queue_error() -> None:
     assert issubclass(RingCorruptedError, QueueError)
     assert issubclass(RingCorruptedError, RuntimeError)

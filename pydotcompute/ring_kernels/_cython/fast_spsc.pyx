@@ -151,7 +151,10 @@ cdef class SharedByteRing:
         elif (
             self._pybuf.len < C_HEADER_BYTES
             or pdc_load_acquire(&self._hdr[H_MAGIC]) != C_MAGIC
-            or <uint64_t>self._pybuf.len < C_HEADER_BYTES + self._hdr[H_CAPACITY]
+            # written so that a huge capacity cannot wrap the sum around
+            or self._hdr[H_CAPACITY] > <uint64_t>self._pybuf.len - C_HEADER_BYTES
+            or self._hdr[H_CAPACITY] < _twin.MIN_CAPACITY
+            or (self._hdr[H_CAPACITY] & 7)
         ):
             self._release()
             raise InvalidConfigurationError(

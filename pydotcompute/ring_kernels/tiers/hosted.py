@@ -117,7 +117,8 @@ class HostedKernel(RingKernel):
             raise MessageSerializationError(
                 f"kernel {self.kernel_id!r} cannot carry a {type(msg).__name__} of {size} "
                 f"bytes: the {self.config.tier} tier takes at most {limit} bytes a message; "
-                f"launch it with ring_bytes >= {size + 8} or send smaller messages"
+                f"raise it with launch(..., ring_bytes={size + 8}) or more, or send smaller "
+                "messages"
             )
 
     async def _accept(self, msg: Any, timeout: float | None) -> None:
