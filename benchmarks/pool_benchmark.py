@@ -100,8 +100,21 @@ async def _hand_rolled_rate(n: int, messages: int) -> float:
     return messages / elapsed
 
 
-def _best(make: Any, repeats: int) -> float:
-    return max(asyncio.run(make()) for _ in range(repeats))
+def _best_pair(make_one: Any, make_two: Any, repeats: int) -> tuple[float, float]:
+    """The best of ``repeats`` runs of each, interleaved (1, 2, 1, 2, ...) so that a
+    change in the machine's load falls on both alike."""
+    one = two = 0.0
+    for _ in range(repeats):
+        one = max(one, asyncio.run(make_one()))
+        two = max(two, asyncio.run(make_two()))
+    return one, two
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def main() -> None:
@@ -113,13 +126,20 @@ def main() -> None:
     repeats = 1 if args.quick else 3
     n = calibrate()
     cores = os.cpu_count() or 1
-    print(f"handler: {n} iterations (~1 ms here); {messages} messages; {cores} cores")
+    load_before = _load()
+    print(
+        f"handler: {n} iterations (~1 ms here); {messages} messages; {cores} cores; "
+        f"load average {load_before}"
+    )
 
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     for tier in ("process", "thread", "asyncio"):
-        one = _best(lambda tier=tier: _pool_rate(tier, 1, n, messages), repeats)
-        two = _best(lambda tier=tier: _pool_rate(tier, 2, n, messages), repeats)
+        one, two = _best_pair(
+            lambda tier=tier: _pool_rate(tier, 1, n, messages),
+            lambda tier=tier: _pool_rate(tier, 2, n, messages),
+            repeats,
+        )
         ratio = two / one
         rows.append(
             {
@@ -142,7 +162,7 @@ def main() -> None:
                 note=None if tier == "process" else "one GIL: no gain expected",
             )
         )
-    hand = _best(lambda: _hand_rolled_rate(n, messages), repeats)
+    hand = max(asyncio.run(_hand_rolled_rate(n, messages)) for _ in range(repeats))
     one_process = rows[0]["1 replica msg/s"]
     rows.append(
         {
@@ -170,7 +190,9 @@ def main() -> None:
     )
     process_ratio = rows[0]["ratio"]
     verdict = "meets" if process_ratio >= TARGET else "MISSES"
+    load_after = _load()
     print(f"\nprocess tier, 2 replicas: {process_ratio:.2f} x one replica ({verdict} {TARGET})")
+    print(f"load average before {load_before}, after {load_after} (other work skews this)")
     save_json(
         "pool",
         {
@@ -178,6 +200,7 @@ def main() -> None:
             "messages": messages,
             "handler_iterations": n,
             "cores": cores,
+            "load_average": {"before": load_before, "after": load_after},
             "rows": rows,
             "summary": summary,
         },

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -65,6 +66,10 @@ logger = logging.getLogger("pydotcompute")
 
 #: The launch option that makes a pool.
 REPLICAS_OPTION = "replicas"
+#: Seconds a saturated hosted pool waits for a reply before it stops relying on replies
+#: to refill its members (see `PoolWorker`).
+NO_REPLY_S = 0.04
+_monotonic = time.monotonic
 
 
 def check_replicas(kernel_id: str, value: Any) -> int:
@@ -315,13 +320,14 @@ class PoolWorker(TierWorker):
         # actor has not taken. When all are full, a failed `offer` would arm every member
         # to wake the runtime as soon as one slot frees (a thread wake-up per message
         # while the pool is saturated). Instead, while replies flow, the collector's own
-        # wake-up refills a member once it is half empty (`poll_reply`); if a wait ends
-        # with no reply (an actor that does not answer every message, or a slow one),
-        # members are armed as for one kernel from then on.
+        # wake-up refills a member once it is half empty (`poll_reply`); if no reply comes
+        # for `NO_REPLY_S` while waiting (an actor that does not answer every message, or
+        # a slow one), members are armed as for one kernel from then on.
         self._room = room
         self._reply_driven = room is not None
         self._blocked = False  # `offer` said False without arming any member
         self._blocked_replies = 0  # replies collected when it did
+        self._blocked_since = 0.0
         self._writable: list[Callable[[], None]] = []
         self._next = 0  # the member `poll_reply` tries first
         self.offered = [0] * n
@@ -399,13 +405,20 @@ class PoolWorker(TierWorker):
         pending = [m.pending_input for m in members]
         order = sorted(range(len(members)), key=lambda i: (pending[i], self._outstanding(i)))
         room = self._room
-        if self._blocked and sum(self.replied) == self._blocked_replies:
-            self._reply_driven = False  # the wait ended without a reply: arm from now on
-        self._blocked = False
+        replied = sum(self.replied)
+        if self._blocked:
+            if replied != self._blocked_replies:
+                self._blocked = False  # a reply came since: the wait was resolved
+            elif _monotonic() - self._blocked_since >= NO_REPLY_S:
+                self._reply_driven = False  # no reply for that long: arm from now on
+                self._blocked = False
         if self._reply_driven and room is not None and all(p >= room for p in pending):
-            self._blocked = True
-            self._blocked_replies = sum(self.replied)
+            if not self._blocked:  # (an early wake-up keeps the wait's start)
+                self._blocked = True
+                self._blocked_replies = replied
+                self._blocked_since = _monotonic()
             return False  # the collector wakes the runtime (`_refill`)
+        self._blocked = False
         for i in order:
             if members[i].offer(msg):
                 self.offered[i] += 1
@@ -417,7 +430,6 @@ class PoolWorker(TierWorker):
         half empty, wake the runtime to refill it."""
         room = self._room
         if room is not None and self.members[i].pending_input <= room // 2:
-            self._blocked_replies = -1  # resolved by a reply
             for callback in self._writable:
                 callback()
 

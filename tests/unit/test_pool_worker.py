@@ -19,6 +19,7 @@ from pydotcompute.exceptions import (
     KernelStateError,
     MessageRejectedError,
 )
+from pydotcompute.ring_kernels import pool as pool_module
 from pydotcompute.ring_kernels.pool import PoolWorker, check_replicas
 from pydotcompute.ring_kernels.tiers.contract import TierWorker
 
@@ -142,19 +143,48 @@ def test_a_full_pool_waits_for_a_half_empty_member_while_replies_flow() -> None:
     assert len(a.inbox) == 4
 
 
-def test_a_wait_that_ends_without_a_reply_arms_the_members() -> None:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_wait_with_no_reply_for_long_arms_the_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(pool_module, "_monotonic", clock)
     pool, members, woken = _pool(room=2)
     for i in range(4):
         assert pool.offer(i)
     assert not pool.offer(4)  # not armed: a reply is expected to wake the runtime
+    clock.now += pool_module.NO_REPLY_S / 2
+    assert not pool.offer(4)  # an early wake-up: still waiting for a reply
     assert sum(m.armed for m in members) == 0
-    members[0].take()  # the actor takes it and never replies (a sink)
-    # the runtime's safety-net poll calls offer again: no reply came, so from now on
-    # refused offers arm the members, as for one kernel
+    members[0].take()  # the actor takes one and never replies (a sink)
+    # the runtime's safety-net poll calls offer again: no reply came for that long, so
+    # from now on refused offers arm the members, as for one kernel
+    clock.now += pool_module.NO_REPLY_S
     assert pool.offer(4)
     assert not pool.offer(5)
     assert sum(m.armed for m in members) == 2
     assert woken == []
+
+
+def test_replies_keep_the_pool_reply_driven(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(pool_module, "_monotonic", clock)
+    pool, (a, b), _ = _pool(room=2)
+    for i in range(4):
+        pool.offer(i)
+    assert not pool.offer(4)
+    a.take()
+    a.reply()
+    assert pool.poll_reply() is not None
+    clock.now += 10 * pool_module.NO_REPLY_S  # long, but a reply came meanwhile
+    assert pool.offer(4)
+    assert not pool.offer(5)
+    assert a.armed + b.armed == 0
 
 
 def test_poll_reply_takes_turns_and_reports_a_failure_after_the_others() -> None:
