@@ -416,3 +416,21 @@ async def test_a_pool_started_twice_is_refused(case: sc.TierCase) -> None:
         await _launch_who(rt, case)
         with pytest.raises(KernelStateError, match="already active"):
             await rt.activate("p")
+
+
+async def test_asyncio_pool_latency_is_the_replicas_together() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, ASYNCIO_POOL)
+        await asyncio.gather(
+            *(rt.send_and_receive("p", Work(seq=i, pause=0.002), timeout=20) for i in range(20))
+        )
+        await rt.send_and_receive("p", Work(seq=99), timeout=20)  # the last one is timed
+        total = rt.get_telemetry("p")
+        per = rt.get_replica_telemetry("p")
+        timed = [t for t in per if t.histogram.count]
+        assert len(timed) == 2
+        assert total.histogram.count == sum(t.histogram.count for t in per)
+        assert total.total_latency_ns == sum(t.total_latency_ns for t in per)
+        assert total.max_latency_ns == max(t.max_latency_ns for t in timed)
+        assert total.min_latency_ns == min(t.min_latency_ns for t in timed)
+        assert total.p50_latency_ns > 0
