@@ -434,3 +434,16 @@ async def test_asyncio_pool_latency_is_the_replicas_together() -> None:
         assert total.max_latency_ns == max(t.max_latency_ns for t in timed)
         assert total.min_latency_ns == min(t.min_latency_ns for t in timed)
         assert total.p50_latency_ns > 0
+
+
+@pytest.mark.parametrize("pool_case", [ASYNCIO_POOL, THREAD_POOL], ids=["asyncio", "thread"])
+async def test_wait_until_idle_waits_for_every_replica(pool_case: sc.TierCase) -> None:
+    from pydotcompute.testing import wait_until_idle
+
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, pool_case)
+        for i in range(10):
+            await rt.send("p", Work(seq=i, pause=0.02))
+        await wait_until_idle(rt, timeout=20)
+        got = sorted(r.seq for r in iter(lambda: rt.receive_nowait("p"), None))
+        assert got == list(range(10))
