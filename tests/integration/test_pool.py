@@ -108,6 +108,10 @@ async def _launch_who(
 
 
 # --- the contract's scenarios, on a pool ----------------------------------------------------
+# Not repeated here: the bridge-bound scenario (it counts on one actor holding one message
+# while nothing else moves; a second replica keeps working) and the wrong-actor-kind one
+# (it launches without the case's options). Drop-oldest and abandoned replies have pool
+# versions below: a pool's replies come in completion order.
 
 
 async def test_terminate_with_unread_replies(case: sc.TierCase) -> None:
