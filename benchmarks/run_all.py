@@ -82,6 +82,12 @@ SUITE = (
     ),
     Script("memory", "memory_benchmark.py", True, "UnifiedBuffer and MemoryPool overhead"),
     Script(
+        "pool",
+        "pool_benchmark.py",
+        False,
+        "a CPU-bound handler: 2 replicas against 1, per tier",
+    ),
+    Script(
         "gpu_ring_kernel",
         "gpu_ring_kernel_benchmark.py",
         True,

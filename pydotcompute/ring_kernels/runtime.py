@@ -206,11 +206,16 @@ class RingKernelRuntime:
 
         Without ``kernel_func`` the kernel comes from the ``@ring_kernel`` registry.
         ``options`` override `RingKernelConfig` fields (``queue_size``,
-        ``backpressure``, ``restart``, ``serialize``, ``tier``, ...).
+        ``backpressure``, ``restart``, ``serialize``, ``tier``, ...). ``replicas=N`` runs N
+        copies of the actor behind this one id (a worker pool, see `pool.py`: replies
+        in completion order, not FIFO across replicas) on the asyncio, thread and process
+        tiers; other tiers refuse it.
 
         Raises:
             KernelAlreadyExistsError: ``kernel_id`` is already launched in this runtime.
             KernelNotFoundError: no function given and none registered under the id.
+            InvalidConfigurationError: a bad option, or ``replicas > 1`` on a tier that
+                cannot run a pool.
         """
         if not self._active:
             await self.start()
@@ -235,6 +240,8 @@ class RingKernelRuntime:
             opts.get("tier") or registered.get("tier") or (config.tier if config else "asyncio")
         )
         cls = _tier_class(tier_name)
+        if "replicas" in opts or "replicas" in registered:
+            cls, opts, registered = _pool_launch(kernel_id, tier_name, cls, opts, registered)
         if registered:  # the decorator's options first: an alias given here (queue_size) wins
             config = _build_config(kernel_id, config, registered, cls.EXTRA_OPTIONS)
             config = _apply_options(kernel_id, config, opts, cls.EXTRA_OPTIONS)  # our copy
@@ -401,6 +408,20 @@ class RingKernelRuntime:
         tel.queue_depth = len(inbox) if inbox is not None else 0
         return tel
 
+    def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
+        """One telemetry record per replica of a pool (`launch(..., replicas=N)`).
+
+        Their `messages_processed` and `messages_sent` add up to `get_telemetry`'s, which
+        is the pool as a whole. A kernel that is not a pool gives a one-item list holding
+        its own telemetry.
+        """
+        tel = self.get_telemetry(kernel_id)
+        per = getattr(self._kernels[kernel_id], "replica_telemetry", None)
+        if per is None:
+            return [tel]
+        replicas: list[RingKernelTelemetry] = per()
+        return replicas
+
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
         return {kid: self.get_telemetry(kid) for kid in self._kernels}
 
@@ -443,6 +464,27 @@ class RingKernelRuntime:
             if kernel.state is not KernelState.TERMINATED:
                 await kernel.terminate()
             self._kernels.pop(kernel_id, None)
+
+
+def _pool_launch(
+    kernel_id: str,
+    tier: str,
+    cls: type[RingKernel],
+    opts: dict[str, Any],
+    registered: dict[str, Any],
+) -> tuple[type[RingKernel], dict[str, Any], dict[str, Any]]:
+    """Apply the `replicas` option: the pool class of tier `tier` for more than one, the
+    tier's own class for one (the option then removed from both option sets)."""
+    from .pool import check_replicas, pool_class
+
+    registered = dict(registered)
+    value = opts.pop("replicas", None)
+    from_decorator = registered.pop("replicas", 1)
+    replicas = check_replicas(kernel_id, from_decorator if value is None else value)
+    if replicas == 1:
+        return cls, opts, registered
+    opts["replicas"] = replicas
+    return pool_class(kernel_id, tier, cls, replicas), opts, registered
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RingKernelConfig)) - {"extra"}

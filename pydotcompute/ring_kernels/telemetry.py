@@ -242,6 +242,27 @@ class RingKernelTelemetry:
         pending.clear()  # the same list: an actor's hot path may hold it
         self._pending = pending
 
+    def merge_latencies(self, parts: list[RingKernelTelemetry]) -> None:
+        """Make this record's latency statistics those of `parts` taken together (the
+        replicas of a pool); latencies recorded here directly are replaced."""
+        hist = LatencyHistogram()
+        timed = [p for p in parts if p.histogram.count]
+        for p in timed:
+            src = p.histogram._buckets
+            if src is None:
+                continue
+            if hist._buckets is None:
+                hist._buckets = [0] * _BUCKETS
+            dst = hist._buckets
+            for i, c in enumerate(src):
+                if c:
+                    dst[i] += c
+            hist.count += p.histogram.count
+        self.histogram = hist
+        self.total_latency_ns = sum(p.total_latency_ns for p in timed)
+        self.max_latency_ns = max((p.max_latency_ns for p in timed), default=0)
+        self.min_latency_ns = min((p.min_latency_ns for p in timed), default=0)
+
     @property
     def uptime_seconds(self) -> float:
         """Seconds since the telemetry started (or was reset); settable."""

@@ -1,0 +1,647 @@
+"""Worker pools: one kernel id, N replicas of its actor (`launch(..., replicas=N)`).
+
+A pool is one kernel to the runtime: one banded inbox, one outbox, one state, one
+telemetry record, one entry in `kernel.undelivered`. Only the place the actor runs is
+multiplied, so `send`, `send_and_receive`, `connect`, the lifecycle, the accounting and the
+supervision are the single kernel's, unchanged.
+
+- asyncio tier: N actor tasks read the one inbox; whichever is free takes the next
+  message, so the least busy replica gets it by construction.
+- hosted tiers (thread, process, and any `HostedKernel` tier): one bridge whose worker is
+  a `PoolWorker`, a composite `TierWorker` of N member workers. `offer` goes to the member
+  with the fewest messages not yet taken (then the fewest without a reply yet), among
+  those with room; `poll_reply` polls the members in turn.
+- other tiers (GPU, Ray): refused at launch with `InvalidConfigurationError`.
+
+Design notes:
+- Ordering: a pool does not keep FIFO across replicas. Each replica takes messages in
+  the inbox's order (priority band, then FIFO), but replicas finish at their own pace, so
+  replies come out in completion order. `send_and_receive` still matches each reply by
+  correlation.
+- Supervision is per replica where the tier restarts actors (asyncio: a replica that
+  raises is restarted, `max_restarts` each); elsewhere one failing replica fails the pool
+  as one kernel: `FAILED`, every other replica stopped, everything any of them held
+  handed back once.
+- Accounting stays the kernel's: the pool's telemetry is the whole pool. The per-replica
+  figures (`replica_telemetry()`) split processed/sent/errors/restarts by replica and sum
+  to the pool's.
+- Each member of a hosted pool gets `ceil(bridge_queue_size / N)` slots, so the pool as a
+  whole holds about `bridge_queue_size` messages its actors have not taken, as a single
+  kernel does, and a late high-priority message waits behind at most that many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    MessageRejectedError,
+    QueueClosedError,
+)
+from .lifecycle import KernelContext, KernelState, RingKernel
+from .telemetry import RingKernelTelemetry
+from .tiers.contract import TierWorker
+from .tiers.hosted import HostedKernel
+
+__all__ = (
+    "AsyncioPoolKernel",
+    "HostedPoolKernel",
+    "PoolWorker",
+    "check_replicas",
+    "pool_class",
+    "replica_telemetry",
+)
+
+logger = logging.getLogger("pydotcompute")
+
+#: The launch option that makes a pool.
+REPLICAS_OPTION = "replicas"
+#: Seconds a saturated hosted pool waits for a reply before it stops relying on replies
+#: to refill its members (see `PoolWorker`).
+NO_REPLY_S = 0.04
+_monotonic = time.monotonic
+
+
+def check_replicas(kernel_id: str, value: Any) -> int:
+    """`value` as a replica count, or a clear `InvalidConfigurationError`."""
+    if type(value) is not int or value < 1:
+        raise InvalidConfigurationError(
+            f"kernel {kernel_id!r}: replicas must be an int >= 1 (how many copies of the "
+            f"actor serve this id), got {value!r}"
+        )
+    return value
+
+
+def _replicas_of(kernel: RingKernel) -> int:
+    return int(kernel.config.extra.get(REPLICAS_OPTION, 1))
+
+
+def _replica_name(kernel_id: str, index: int) -> str:
+    return f"{kernel_id}[{index}]"
+
+
+# --- asyncio tier ------------------------------------------------------------------------------
+
+
+class AsyncioPoolKernel(RingKernel):
+    """N actor tasks on the runtime's loop sharing one inbox and one outbox.
+
+    Telemetry: each replica's context counts into a record of its own
+    (`replica_telemetry()`); the pool's `telemetry` adds them up whenever it is read
+    through `runtime.get_telemetry` (or after `refresh_telemetry()`).
+    """
+
+    EXTRA_OPTIONS = frozenset({REPLICAS_OPTION})
+    __slots__ = ("_ctxs", "_replica_tels", "_returned", "_tasks")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ctxs: list[KernelContext] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._replica_tels: list[RingKernelTelemetry] = []
+        self._returned = 0
+
+    @property
+    def replicas(self) -> int:
+        """How many copies of the actor serve this id."""
+        return _replicas_of(self)
+
+    async def launch(self) -> None:
+        await super().launch()
+        first = self._ctx
+        assert first is not None
+        ctx_class = type(first)  # the plain or the decoding context, as a single kernel
+        self._ctxs = [first] + [ctx_class(self) for _ in range(self.replicas - 1)]
+        self._replica_tels = [
+            RingKernelTelemetry(_replica_name(self.kernel_id, i)) for i in range(self.replicas)
+        ]
+        if self._timed:
+            for ctx, tel in zip(self._ctxs, self._replica_tels, strict=True):
+                ctx._tel = tel
+
+    async def activate(self) -> None:
+        """Start every replica's task (LAUNCHED -> ACTIVE)."""
+        self._check("activate")
+        self._state = KernelState.ACTIVE
+        loop = asyncio.get_running_loop()
+        try:
+            for i, ctx in enumerate(self._ctxs):
+                coro = self._supervise_replica(i, ctx)
+                try:
+                    task = loop.create_task(coro, name=f"pydotcompute:{self.kernel_id}[{i}]")
+                except BaseException:
+                    coro.close()
+                    raise
+                self._tasks.append(task)
+        except BaseException:  # a task factory that refused: stop what started
+            for task in self._tasks:
+                task.cancel()
+            self._tasks = []
+            self._state = KernelState.LAUNCHED
+            raise
+        self._task = self._tasks[0]
+
+    def refresh_telemetry(self) -> None:
+        """Fold the replicas' counts into the pool's telemetry."""
+        if not self._timed:
+            return
+        self.telemetry.messages_processed = sum(t.messages_processed for t in self._replica_tels)
+        self.telemetry.messages_sent = sum(t.messages_sent for t in self._replica_tels)
+        self.telemetry.restarts = sum(t.restarts for t in self._replica_tels)
+        self.telemetry.merge_latencies(self._replica_tels)
+
+    def replica_telemetry(self) -> list[RingKernelTelemetry]:
+        """One telemetry record per replica (processed, sent, latency, errors, restarts)."""
+        return list(self._replica_tels)
+
+    @property
+    def is_idle(self) -> bool:
+        if self._state is not KernelState.ACTIVE:
+            return True
+        inbox = self._inbox
+        if inbox is None or len(inbox):
+            return False
+        live = sum(1 for t in self._tasks if not t.done())
+        getters = inbox._getters
+        parked = 0 if not getters else sum(1 for fut in getters if not fut.done())
+        return parked >= live
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Stop every replica, draining the inbox; what none finished is handed back."""
+        self._check("terminate")
+        current = asyncio.current_task()
+        if current is not None and current in self._tasks:
+            raise KernelStateError(
+                self.kernel_id,
+                self._state,
+                "terminate",
+                "an actor cannot await its own termination; return from the actor function instead",
+            )
+        if timeout is None:
+            timeout = self.config.drain_timeout
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        running = {t for t in self._tasks if not t.done()}
+        if running:
+            _, pending = await asyncio.wait(running, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        cut: list[Any] = []
+        for i in range(len(self._ctxs)):
+            cut += self._cut_off_replica(i)
+        return self._finish_termination(cut)
+
+    def _cut_off(self) -> list[Any]:
+        out: list[Any] = []
+        for i in range(len(self._ctxs)):
+            out += self._cut_off_replica(i)
+        return out
+
+    def _cut_off_replica(self, index: int) -> list[Any]:
+        """The message replica `index` was handling when it stopped, if any (see
+        `RingKernel._cut_off`)."""
+        ctx = self._ctxs[index]
+        if not ctx._handling or ctx._current is None:
+            return []
+        ctx._handling = False
+        if ctx._tel is not None:
+            ctx._tel.messages_processed -= 1
+        return [ctx._current]
+
+    def _hand_back(self, messages: list[Any]) -> None:
+        if messages:
+            self.undelivered.extend(messages)
+            self.telemetry.record_drop(len(messages))
+            if self._inbox is not None:
+                self._inbox.count_dropped(len(messages))
+
+    async def _supervise_replica(self, index: int, ctx: KernelContext) -> None:
+        """`RingKernel._supervise` for one replica: restarts count per replica; a replica
+        that fails with no restart left fails the pool, and the others stop."""
+        restarts = 0
+        tel = self._replica_tels[index]
+        while True:
+            try:
+                await self._func(ctx)
+            except QueueClosedError:
+                ctx._handling = False
+                if self._stopping or self._state is KernelState.FAILED:
+                    return
+                self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
+                return
+            except asyncio.CancelledError:
+                if self._state is KernelState.FAILED:  # another replica failed the pool
+                    self._hand_back(self._cut_off_replica(index))
+                    return
+                if self._stopping:
+                    return
+                raise
+            except Exception as exc:
+                if self._state is KernelState.FAILED:  # woken by another replica's failure
+                    self._hand_back(self._cut_off_replica(index))
+                    return
+                self.telemetry.record_error(exc)
+                tel.record_error(exc)
+                if self._stopping:
+                    self.error = exc
+                    logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
+                    return
+                if self.config.restart == "on_failure" and restarts < self.config.max_restarts:
+                    restarts += 1
+                    tel.restarts = restarts
+                    logger.warning(
+                        "kernel %r replica %d raised %r; restart %d of %d",
+                        self.kernel_id,
+                        index,
+                        exc,
+                        restarts,
+                        self.config.max_restarts,
+                    )
+                    self._fail_request(ctx._current, exc, restarts)
+                    if self._cut_off_replica(index):  # the message it raised on: dropped
+                        self.telemetry.record_drop()
+                        if self._inbox is not None:
+                            self._inbox.count_dropped(1)
+                    ctx._current = None
+                    ctx._handling = False
+                    ctx._t_recv = 0
+                    continue
+                self._hand_back(self._cut_off_replica(index))  # first in `undelivered`
+                self._fail(exc)
+                self._stop_others(index)
+                return
+            else:
+                ctx._handling = False
+                self._returned += 1
+                if not self._stopping and self._returned >= len(self._ctxs):
+                    self._finished()  # the last replica returned on its own
+                return
+
+    def _stop_others(self, index: int) -> None:
+        me = self._tasks[index] if index < len(self._tasks) else None
+        for task in self._tasks:
+            if task is not me and not task.done():
+                task.cancel()
+
+
+# --- hosted tiers ------------------------------------------------------------------------------
+
+
+class PoolWorker(TierWorker):
+    """N member workers behind one `TierWorker`: the hosted tiers' pool.
+
+    Not thread-safe beyond the contract: `offer`, `poll_reply` and the counters are used
+    from the runtime's loop; `start`/`stop` run the members' in parallel threads.
+    """
+
+    def __init__(self, kernel_id: str, members: list[TierWorker], room: int | None = None) -> None:
+        if not members:
+            raise InvalidConfigurationError(f"kernel {kernel_id!r}: a pool needs members")
+        self.kernel_id = kernel_id
+        self.members = members
+        n = len(members)
+        # Refilling full members: each member was built with room for `room` messages its
+        # actor has not taken. When all are full, a failed `offer` would arm every member
+        # to wake the runtime as soon as one slot frees (a thread wake-up per message
+        # while the pool is saturated). Instead, while replies flow, the collector's own
+        # wake-up refills a member once it is half empty (`poll_reply`); if no reply comes
+        # for `NO_REPLY_S` while waiting (an actor that does not answer every message, or
+        # a slow one), members are armed as for one kernel from then on.
+        self._room = room
+        self._reply_driven = room is not None
+        self._blocked = False  # `offer` said False without arming any member
+        self._blocked_replies = 0  # replies collected when it did
+        self._blocked_since = 0.0
+        self._writable: list[Callable[[], None]] = []
+        self._next = 0  # the member `poll_reply` tries first
+        self.offered = [0] * n
+        self.replied = [0] * n
+        self.rejected = [0] * n
+        self.returned = [0] * n  # handed back by `take_undelivered`
+        self.failed_at: int | None = None  # the first member that failed
+        self._stop_lock = threading.Lock()
+
+    # -- limits -------------------------------------------------------------------------
+
+    @property
+    def max_message_bytes(self) -> int | None:
+        limits = [m.max_message_bytes for m in self.members]
+        known = [x for x in limits if x is not None]
+        return min(known) if known else None
+
+    @property
+    def pending_input(self) -> int:
+        return sum(m.pending_input for m in self.members)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _each(self, fn: Callable[[TierWorker], Any]) -> list[Any]:
+        """`fn(member)` for every member at once, in threads; results in member order.
+        The first exception is raised after all finished."""
+        results: list[Any] = [None] * len(self.members)
+        errors: list[BaseException | None] = [None] * len(self.members)
+
+        def run(i: int, member: TierWorker) -> None:
+            try:
+                results[i] = fn(member)
+            except BaseException as exc:
+                errors[i] = exc
+
+        threads = [
+            threading.Thread(target=run, args=(i, m), name=f"pydotcompute-{self.kernel_id}-{i}")
+            for i, m in enumerate(self.members)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return results
+
+    def start(self) -> None:
+        try:
+            self._each(lambda m: m.start())
+        except BaseException:
+            # one member could not start: stop those that did, and report it
+            with contextlib.suppress(Exception):
+                self._each(lambda m: m.stop(1.0))
+            raise
+
+    def stop(self, timeout: float) -> bool:
+        # one stop at a time: after a failure the runtime stops the pool while a terminate
+        # may already be stopping it, and a member that is still running must not be
+        # stopped from two threads at once (the second waits, then finds it stopped)
+        with self._stop_lock:
+            return all(self._each(lambda m: m.stop(timeout)))
+
+    # -- messages in --------------------------------------------------------------------
+
+    def offer(self, msg: Any) -> bool:
+        members = self.members
+        if len(members) == 1:
+            ok = members[0].offer(msg)
+            if ok:
+                self.offered[0] += 1
+            return ok
+        # least busy first: fewest messages not yet taken, then fewest without a reply
+        pending = [m.pending_input for m in members]
+        order = sorted(range(len(members)), key=lambda i: (pending[i], self._outstanding(i)))
+        room = self._room
+        replied = sum(self.replied)
+        if self._blocked:
+            if replied != self._blocked_replies:
+                self._blocked = False  # a reply came since: the wait was resolved
+            elif _monotonic() - self._blocked_since >= NO_REPLY_S:
+                self._reply_driven = False  # no reply for that long: arm from now on
+                self._blocked = False
+        if self._reply_driven and room is not None and all(p >= room for p in pending):
+            if not self._blocked:  # (an early wake-up keeps the wait's start)
+                self._blocked = True
+                self._blocked_replies = replied
+                self._blocked_since = _monotonic()
+            return False  # the collector wakes the runtime (`_refill`)
+        self._blocked = False
+        for i in order:
+            if members[i].offer(msg):
+                self.offered[i] += 1
+                return True
+        return False
+
+    def _refill(self, i: int) -> None:
+        """A reply came from member `i`: if `offer` is waiting for room and the member is
+        half empty, wake the runtime to refill it."""
+        room = self._room
+        if room is not None and self.members[i].pending_input <= room // 2:
+            for callback in self._writable:
+                callback()
+
+    def _outstanding(self, i: int) -> int:
+        return self.offered[i] - self.replied[i] - self.rejected[i]
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        self._writable.append(callback)
+        for m in self.members:
+            m.on_writable(callback)
+
+    # -- messages out -------------------------------------------------------------------
+
+    def poll_reply(self) -> Any:
+        members = self.members
+        n = len(members)
+        failure: KernelFailedError | None = None
+        stopped = 0
+        start = self._next
+        for k in range(n):
+            i = (start + k) % n
+            try:
+                reply = members[i].poll_reply()
+            except MessageRejectedError:
+                self.rejected[i] += 1
+                self._next = (i + 1) % n
+                raise
+            except KernelFailedError as exc:
+                if failure is None:
+                    failure = exc
+                    if self.failed_at is None:
+                        self.failed_at = i
+                continue
+            except KernelStateError:
+                stopped += 1
+                continue
+            if reply is not None:
+                self.replied[i] += 1
+                self._next = (i + 1) % n
+                if self._blocked:
+                    self._refill(i)
+                return reply
+        if failure is not None:  # nothing else ready: the pool fails as one kernel
+            raise failure
+        if stopped == n:
+            raise KernelStateError(self.kernel_id, "STOPPED", "receive from", "")
+        return None
+
+    def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        undos = [m.on_readable(callback) for m in self.members]
+
+        def undo() -> None:
+            for u in undos:
+                u()
+
+        return undo
+
+    def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
+        undos: list[Callable[[], None]] = []
+        for m in self.members:
+            undo = m.watch(loop, callback)
+            if undo is None:  # one member cannot: every member uses `on_readable`
+                for u in undos:
+                    u()
+                return None
+            undos.append(undo)
+
+        def unwatch() -> None:
+            for u in undos:
+                u()
+
+        return unwatch
+
+    def drain_replies(self) -> list[Any]:
+        out: list[Any] = []
+        for i, m in enumerate(self.members):
+            got = m.drain_replies()
+            for r in got:
+                if isinstance(r, MessageRejectedError):
+                    self.rejected[i] += 1
+                else:
+                    self.replied[i] += 1
+            out += got
+        return out
+
+    @property
+    def is_idle(self) -> bool:
+        return all(m.is_idle for m in self.members)
+
+    def on_late_reply(self, callback: Callable[[], None]) -> None:
+        for m in self.members:
+            m.on_late_reply(callback)
+
+    # -- what is left -------------------------------------------------------------------
+
+    def take_undelivered(self) -> list[Any]:
+        """The failed member's leftovers first (the message it raised on leads), then the
+        other members' in member order; each member's own order is kept."""
+        order = list(range(len(self.members)))
+        failed = self._failed_index()
+        if failed is not None:
+            order.remove(failed)
+            order.insert(0, failed)
+        out: list[Any] = []
+        for i in order:
+            got = self.members[i].take_undelivered()
+            self.returned[i] += len(got)
+            out += got
+        return out
+
+    def _failed_index(self) -> int | None:
+        if self.failed_at is not None:
+            return self.failed_at
+        for i, m in enumerate(self.members):
+            if m.failure is not None:
+                self.failed_at = i
+                return i
+        return None
+
+    @property
+    def failure(self) -> BaseException | None:
+        i = self._failed_index()
+        return None if i is None else self.members[i].failure
+
+    def member_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
+        """Per-member counts as telemetry records: processed (handed over, less those
+        handed back or rejected), sent (replies collected), errors (a failed member)."""
+        out = []
+        for i, m in enumerate(self.members):
+            tel = RingKernelTelemetry(_replica_name(kernel_id, i))
+            tel.messages_processed = self.offered[i] - self.returned[i] - self.rejected[i]
+            tel.messages_sent = self.replied[i]
+            tel.messages_dropped = self.rejected[i]
+            tel.queue_depth = m.pending_input
+            err = m.failure
+            if err is not None:
+                tel.record_error(err)
+            out.append(tel)
+        return out
+
+
+class HostedPoolKernel(HostedKernel):
+    """A hosted tier's kernel whose worker is a `PoolWorker` of `replicas` members.
+
+    Not launched directly: `pool_class` combines it with a tier's `HostedKernel`
+    subclass, whose `_make_worker` builds each member.
+    """
+
+    __slots__ = ()
+
+    @property
+    def replicas(self) -> int:
+        """How many copies of the actor serve this id."""
+        return _replicas_of(self)
+
+    def _make_worker(self, bridge: int) -> TierWorker:
+        n = self.replicas
+        each = max(1, math.ceil(bridge / n))
+        make = super()._make_worker  # (zero-argument super() fails in a comprehension)
+        return PoolWorker(self.kernel_id, [make(each) for _ in range(n)], room=each)
+
+    def replica_telemetry(self) -> list[RingKernelTelemetry]:
+        """One telemetry record per replica (processed, sent, errors); empty before launch.
+
+        On these tiers the pool's own telemetry is counted at the bridge, so its
+        `messages_processed` and `messages_sent` equal the replicas' sums.
+        """
+        worker = self._worker
+        if not isinstance(worker, PoolWorker):
+            return []
+        return worker.member_telemetry(self.kernel_id)
+
+
+_HOSTED_POOLS: dict[type, type] = {}
+
+
+def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) -> type[RingKernel]:
+    """The kernel class that runs `replicas` copies of tier `tier`'s actor (`cls` is the
+    tier's kernel class).
+
+    Raises:
+        InvalidConfigurationError: the tier cannot run a pool.
+    """
+    if cls is RingKernel:
+        return AsyncioPoolKernel
+    if isinstance(cls, type) and issubclass(cls, HostedKernel):
+        made = _HOSTED_POOLS.get(cls)
+        if made is None:
+            made = type(
+                f"{cls.__name__}Pool",
+                (HostedPoolKernel, cls),
+                {
+                    "__slots__": (),
+                    "__module__": __name__,
+                    "EXTRA_OPTIONS": cls.EXTRA_OPTIONS | {REPLICAS_OPTION},
+                },
+            )
+            _HOSTED_POOLS[cls] = made
+        return cast("type[RingKernel]", made)
+    raise InvalidConfigurationError(
+        f"kernel {kernel_id!r}: replicas={replicas} is not supported on the {tier} tier "
+        "(its actor cannot be replicated behind one id); launch it with replicas=1, or run "
+        "the pool on the asyncio, thread or process tier, or launch several kernels under "
+        "their own ids"
+    )
+
+
+def replica_telemetry(kernel: RingKernel) -> list[RingKernelTelemetry]:
+    """Per-replica telemetry of `kernel`: its replicas' records for a pool, else a
+    one-item list holding its own telemetry."""
+    per = getattr(kernel, "replica_telemetry", None)
+    if per is None:
+        return [kernel.telemetry]
+    result: list[RingKernelTelemetry] = per()
+    return result
