@@ -41,7 +41,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -656,6 +656,26 @@ class RingKernel:
         if gate is not None and not gate.done():
             gate.set_result(None)
 
+    def _begin_terminating(self, actor_tasks: Collection[Any], timeout: float | None) -> float:
+        """The first steps of `terminate` for kernels whose actors are tasks on the loop:
+        refuse an actor awaiting its own termination (before anything changes: the kernel
+        keeps running), then stop intake and wake the actors. Returns the grace period."""
+        self._check("terminate")
+        current = asyncio.current_task()
+        if current is not None and current in actor_tasks:
+            raise KernelStateError(
+                self.kernel_id,
+                self._state,
+                "terminate",
+                "an actor cannot await its own termination; return from the actor function instead",
+            )
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        return self.config.drain_timeout if timeout is None else timeout
+
     async def terminate(self, timeout: float | None = None) -> list[Any]:
         """Stop the kernel, draining its inbox gracefully.
 
@@ -666,22 +686,7 @@ class RingKernel:
         the next one), first in the list and no longer counted as processed. The outbox
         stays readable until drained.
         """
-        self._check("terminate")
-        if self._task is not None and self._task is asyncio.current_task():
-            # refused before anything changes: the kernel keeps running
-            raise KernelStateError(
-                self.kernel_id,
-                self._state,
-                "terminate",
-                "an actor cannot await its own termination; return from the actor function instead",
-            )
-        if timeout is None:
-            timeout = self.config.drain_timeout
-        self._state = KernelState.TERMINATING
-        self._stopping = True
-        if self._inbox is not None:
-            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
-        self._open_gate()
+        timeout = self._begin_terminating((self._task,), timeout)
         task = self._task
         if task is not None and not task.done():
             _, pending = await asyncio.wait({task}, timeout=timeout)

@@ -178,22 +178,7 @@ class AsyncioPoolKernel(RingKernel):
 
     async def terminate(self, timeout: float | None = None) -> list[Any]:
         """Stop every replica, draining the inbox; what none finished is handed back."""
-        self._check("terminate")
-        current = asyncio.current_task()
-        if current is not None and current in self._tasks:
-            raise KernelStateError(
-                self.kernel_id,
-                self._state,
-                "terminate",
-                "an actor cannot await its own termination; return from the actor function instead",
-            )
-        if timeout is None:
-            timeout = self.config.drain_timeout
-        self._state = KernelState.TERMINATING
-        self._stopping = True
-        if self._inbox is not None:
-            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
-        self._open_gate()
+        timeout = self._begin_terminating(self._tasks, timeout)
         running = {t for t in self._tasks if not t.done()}
         if running:
             _, pending = await asyncio.wait(running, timeout=timeout)
