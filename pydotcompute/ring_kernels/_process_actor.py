@@ -225,6 +225,7 @@ _SIMPLE_ARGS = (str, int, float, bool, type(None))
 
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.Decoder().decode
+_REJECTED = object()  # `_take`: the record was reported back, read the next one
 
 
 def _value_enc_hook(obj: Any) -> Any:
@@ -520,16 +521,9 @@ class CythonKernelContext:
                 if self._gone or ring.writer_closed:
                     raise self._closed()
                 return None
-            if ring.writer_waiting:
-                ring_bell(self._in_space_fd)
-            try:
-                if data[0] != FRAME_TAG:
-                    msg = self._current = self._decode(data)
-                    return msg
-                self._current = None
-                return decode_value(self.kernel_id, data)
-            except MessageDeserializationError as exc:
-                self._reject(data, exc)
+            msg = self._take(ring, data)
+            if msg is not _REJECTED:
+                return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting (marks the previous one finished)."""
@@ -541,16 +535,24 @@ class CythonKernelContext:
                 if ring.writer_closed and not ring.readable():
                     raise self._closed()
                 return None
-            if ring.writer_waiting:
-                ring_bell(self._in_space_fd)
-            try:
-                if data[0] != FRAME_TAG:
-                    msg = self._current = self._decode(data)
-                    return msg
-                self._current = None
-                return decode_value(self.kernel_id, data)
-            except MessageDeserializationError as exc:
-                self._reject(data, exc)
+            msg = self._take(ring, data)
+            if msg is not _REJECTED:
+                return msg
+
+    def _take(self, ring: Any, data: bytes) -> Any:
+        """One record read from the inbox: the message it holds (now in the actor's hands),
+        or `_REJECTED` once an undecodable record was reported back as its message's error."""
+        if ring.writer_waiting:
+            ring_bell(self._in_space_fd)
+        try:
+            if data[0] != FRAME_TAG:
+                msg = self._current = self._decode(data)
+                return msg
+            self._current = None
+            return decode_value(self.kernel_id, data)
+        except MessageDeserializationError as exc:
+            self._reject(data, exc)
+            return _REJECTED
 
     def _reject(self, data: bytes, exc: BaseException) -> None:
         """Report an undecodable record to the parent as its message's error."""
