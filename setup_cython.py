@@ -1,4 +1,4 @@
-"""Declare (and optionally build) the Cython extension ``fast_spsc``.
+"""Declare (and optionally build) the Cython extensions ``fast_spsc`` and ``fast_message``.
 
 Metadata lives in ``pyproject.toml``; this file only says which extension exists and how
 to build it without making the build mandatory:
@@ -23,9 +23,17 @@ from typing import Any
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-EXTENSION_NAME = "pydotcompute.ring_kernels._cython.fast_spsc"
-PYX_SOURCE = "pydotcompute/ring_kernels/_cython/fast_spsc.pyx"
-C_SOURCE = PYX_SOURCE[: -len(".pyx")] + ".c"
+#: (module name, Cython source): the rings, and the messages' fast paths
+EXTENSIONS: tuple[tuple[str, str], ...] = (
+    (
+        "pydotcompute.ring_kernels._cython.fast_spsc",
+        "pydotcompute/ring_kernels/_cython/fast_spsc.pyx",
+    ),
+    (
+        "pydotcompute.ring_kernels._cython.fast_message",
+        "pydotcompute/ring_kernels/_cython/fast_message.pyx",
+    ),
+)
 
 
 def _required() -> bool:
@@ -33,32 +41,38 @@ def _required() -> bool:
 
 
 def _extensions() -> list[Any]:
-    """The extension list, cythonized when Cython is importable (else from a shipped .c)."""
+    """The extensions, cythonized when Cython is importable (else from shipped .c files).
+
+    Each is prepared on its own, so one that fails to cythonize leaves the other built.
+    """
     flags = [] if sys.platform == "win32" else ["-O3"]
-    ext = Extension(EXTENSION_NAME, [PYX_SOURCE], extra_compile_args=flags)
     try:
         from Cython.Build import cythonize  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
-        if os.path.exists(C_SOURCE):
-            ext.sources = [C_SOURCE]
-            return [ext]
-        if _required():
-            raise
-        print("pydotcompute: Cython is not installed; using the pure-Python rings")
-        return []
-    try:
-        return list(
-            cythonize(  # type: ignore[no-untyped-call,unused-ignore]
+        shipped = []
+        for name, pyx in EXTENSIONS:
+            c_source = pyx[: -len(".pyx")] + ".c"
+            if os.path.exists(c_source):
+                shipped.append(Extension(name, [c_source], extra_compile_args=flags))
+        if not shipped:
+            if _required():
+                raise
+            print("pydotcompute: Cython is not installed; using the pure-Python fallbacks")
+        return shipped
+    out: list[Any] = []
+    for name, pyx in EXTENSIONS:
+        ext = Extension(name, [pyx], extra_compile_args=flags)
+        try:
+            out += cythonize(  # type: ignore[no-untyped-call,unused-ignore]
                 [ext],
                 compiler_directives={"language_level": "3"},
                 quiet=True,
             )
-        )
-    except Exception as exc:  # a Cython compile error must not break the install
-        if _required():
-            raise
-        print(f"pydotcompute: cythonizing {PYX_SOURCE} failed ({exc}); using pure Python")
-        return []
+        except Exception as exc:  # a Cython compile error must not break the install
+            if _required():
+                raise
+            print(f"pydotcompute: cythonizing {pyx} failed ({exc}); using pure Python")
+    return out
 
 
 class OptionalBuildExt(build_ext):  # type: ignore[misc,unused-ignore]
@@ -81,8 +95,8 @@ class OptionalBuildExt(build_ext):  # type: ignore[misc,unused-ignore]
         if _required():
             raise exc
         print(
-            f"pydotcompute: building the fast_spsc extension failed ({exc}); the package "
-            "works with its pure-Python twin (set PYDOTCOMPUTE_REQUIRE_CYTHON=1 to fail)",
+            f"pydotcompute: building a Cython extension failed ({exc}); the package "
+            "works with its pure-Python twins (set PYDOTCOMPUTE_REQUIRE_CYTHON=1 to fail)",
             file=sys.stderr,
         )
 
@@ -103,7 +117,7 @@ def build_here(argv: list[str]) -> None:
 
     dist = Distribution(
         {
-            "name": "pydotcompute-fast-spsc",
+            "name": "pydotcompute-extensions",
             "script_name": "setup_cython.py",
             "script_args": argv,
             **setup_kwargs(),

@@ -1,4 +1,5 @@
-"""The SPSC rings, compiled when possible: picks ``fast_spsc`` or its pure-Python twin.
+"""The compiled extensions, when built: the SPSC rings (``fast_spsc``, else its pure-Python
+twin) and the messages' fast paths (``fast_message``, else Python code in the message package).
 
 Both implementations expose the same names (`FastSPSCQueue`,
 `SharedByteRing`, `SharedSegment`) with the same semantics and the same
@@ -10,6 +11,7 @@ queue and tier suites both ways.
 from __future__ import annotations
 
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 __all__ = (
@@ -20,6 +22,7 @@ __all__ = (
     "SharedSegment",
     "extension_import_error",
     "is_cython_available",
+    "message_extension",
 )
 
 _FORCED_PURE = os.environ.get("PYDOTCOMPUTE_PUREPYTHON", "") not in ("", "0")
@@ -42,6 +45,20 @@ else:
 
 CYTHON_AVAILABLE = _import_error is None
 IMPLEMENTATION = "cython" if CYTHON_AVAILABLE else "python"
+
+_fast_message: ModuleType | None = None
+if not _FORCED_PURE:
+    try:
+        from . import fast_message  # type: ignore[attr-defined]
+    except ImportError:  # not built: the message package runs its Python code
+        pass
+    else:
+        _fast_message = fast_message
+
+
+def message_extension() -> ModuleType | None:
+    """The compiled ``fast_message`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
+    return _fast_message
 
 
 def is_cython_available() -> bool:

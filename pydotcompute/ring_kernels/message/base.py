@@ -19,6 +19,9 @@ Design notes:
 - The priority range (0..255) is checked by `__post_init__` on construction (msgspec calls
   it) and by the typed decoder on every decode. Other field types are not checked on
   construction (msgspec does not); every hop that decodes bytes checks them.
+- With the `fast_message` extension built, `__post_init__` and `serialize` are its C
+  functions (same results and errors; unusual cases call back into the Python code here).
+  The Python check alone costs about as much as building the Struct.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ import msgspec
 import numpy as np
 
 from ...exceptions import MessageDeserializationError, TypeValidationError
+from .._cython import message_extension
 from . import layout
 from .codec import (
+    DIRECT_ENCODERS,
     HEADER_NAMES,
     Codec,
     WireId,
@@ -47,8 +52,8 @@ from .codec import (
     register_message_type,
     serialize_error,
 )
-from .ids import ID_SOURCE, next_id_bytes, uuid_from_bytes
 from .ids import new_message_id as _new_id
+from .ids import next_id_bytes, uuid_from_bytes
 
 __all__ = (
     "ArrayMessage",
@@ -64,6 +69,7 @@ _T = TypeVar("_T")
 _M = TypeVar("_M", bound="RingKernelMessage")
 _UUID = uuid.UUID
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
+_fast = message_extension()
 
 
 def _bad_priority(value: object) -> ValueError:
@@ -96,10 +102,14 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
         priority: Annotated[int, msgspec.Meta(ge=0, le=255)] = 128
         correlation_id: WireId | None = None
 
-    def __post_init__(self) -> None:
-        p = self.priority
-        if p.__class__ is not int or p < 0 or p > 255:
-            raise _bad_priority(p)
+    if _fast is not None:
+        __post_init__ = _fast.check_priority  # type: ignore[misc]  # the same check, compiled
+    else:
+
+        def __post_init__(self) -> None:
+            p = self.priority
+            if p.__class__ is not int or p < 0 or p > 255:
+                raise _bad_priority(p)
 
     def __eq__(self, other: object) -> bool:
         # through the attributes, as `__repr__`: an id stored as bytes equals its UUID
@@ -130,8 +140,7 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
                 decorated with `@message`.
         """
         if self._pdc_mid is None:  # the id, made now as its wire bytes
-            src = ID_SOURCE
-            self._pdc_mid = (src.base ^ next(src.counter)).to_bytes(16, "big")
+            self._pdc_mid = next_id_bytes()
         cid = self._pdc_cid
         if cid is not None and cid.__class__ is not bytes and cid.__class__ is not _UUID:
             self._pdc_cid = _wire_correlation(cid)  # the request this message answers
@@ -302,6 +311,20 @@ RingKernelMessage._pdc_mid = _MID_SLOT
 RingKernelMessage._pdc_cid = _CID_SLOT
 type.__setattr__(RingKernelMessage, "message_id", _LazyId(_MID_SLOT))
 type.__setattr__(RingKernelMessage, "correlation_id", _LazyCorrelation(_CID_SLOT))
+
+if _fast is not None:
+    _fast.bind(
+        RingKernelMessage,
+        _MID_SLOT,
+        RingKernelMessage.__dict__["priority"],
+        _CID_SLOT,
+        _bad_priority,
+        RingKernelMessage.serialize,  # what the C path hands unusual cases to
+        _UUID,
+        DIRECT_ENCODERS,
+    )
+    type.__setattr__(RingKernelMessage, "serialize", _fast.serialize)
+_check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
 
 _raw_cid_get = _CID_SLOT.__get__
 #: Write a message's correlation slot as stored (a UUID, or the request being answered).
@@ -524,9 +547,7 @@ def _make_message_class(cls: type, base: type[RingKernelMessage]) -> type:
 
 def _with_priority_check(post: Callable[[Any], None]) -> Callable[[Any], None]:
     def __post_init__(self: Any) -> None:
-        p = self.priority
-        if p.__class__ is not int or p < 0 or p > 255:
-            raise _bad_priority(p)
+        _check_priority(self)
         post(self)
 
     __post_init__.__doc__ = post.__doc__

@@ -36,6 +36,7 @@ from ...exceptions import (
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
 
 __all__ = (
+    "DIRECT_ENCODERS",
     "HEADER_NAMES",
     "Codec",
     "FrameHeader",
@@ -128,6 +129,10 @@ def _mentions_message(tp: Any) -> bool:
 
 _TYPES: dict[str, type] = {}
 _CODECS: dict[type, Codec] = {}
+#: Class -> the encode function `serialize` may call as it is: every registered class but
+#: those with nested messages (their ids are made in Python first). Read by the compiled
+#: `serialize`; written here under the lock.
+DIRECT_ENCODERS: dict[type, Callable[[Any], bytes]] = {}
 _LOCK = threading.Lock()
 _version = 0  # bumped on every registration: a stream decoder's cached class checks it
 
@@ -172,6 +177,10 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
     with _LOCK:
         _CODECS[cls] = codec
         _TYPES[tag] = cls
+        if codec.nested:
+            DIRECT_ENCODERS.pop(cls, None)
+        else:
+            DIRECT_ENCODERS[cls] = codec.encode
         _version += 1
     return codec
 
