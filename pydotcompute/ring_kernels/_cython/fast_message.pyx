@@ -152,11 +152,21 @@ def serialize(self):
     if mid == NULL or cid == NULL:
         return _slow_serialize(self)
     cdef object c = <object>cid
-    if c is not None and type(c) is not bytes and type(c) is not _uuid_type:
-        return _slow_serialize(self)  # a request to resolve, or a value to refuse
+    cdef PyObject *rid
     cdef PyObject *encode = PyDict_GetItem(_encoders, type(self))
     if encode == NULL:
         return _slow_serialize(self)
+    if c is not None and type(c) is not bytes and type(c) is not _uuid_type:
+        if not PyObject_TypeCheck(c, _base):
+            return _slow_serialize(self)  # a value the Python code refuses, with its error
+        # the request this reply answers (stamped by a runtime): its id, made if need be
+        rid = _slot(c, _mid_off)
+        if rid == NULL:
+            return _slow_serialize(self)
+        if <object>rid is None:
+            _set_slot(c, _mid_off, _new_id())
+            rid = _slot(c, _mid_off)
+        _set_slot(self, _cid_off, <object>rid)
     if <object>mid is None:
         _set_slot(self, _mid_off, _new_id())
     try:
