@@ -255,23 +255,28 @@ class KernelContext:
         if waited:
             await self.wait_active()
         inbox = self._inbox
-        if inbox._count:
-            msg = inbox._pop()
-        else:
-            waited = True
-            if timeout is not None:
-                msg = await inbox._get_slow(timeout)
-            else:
-                while True:  # ``inbox.get()`` inlined: the wake-up resumes one frame less
-                    fut = inbox._park_getter()
-                    try:
-                        await fut
-                    except BaseException:
-                        inbox._unpark_getter(fut)
-                        raise
-                    if inbox._count:
-                        msg = inbox._pop()
-                        break
+        while True:
+            try:
+                if inbox._count:
+                    msg = inbox._pop()
+                else:
+                    waited = True
+                    if timeout is not None:
+                        msg = await inbox._get_slow(timeout)
+                    else:
+                        while True:  # ``inbox.get()`` inlined: one frame less to resume
+                            fut = inbox._park_getter()
+                            try:
+                                await fut
+                            except BaseException:
+                                inbox._unpark_getter(fut)
+                                raise
+                            if inbox._count:
+                                msg = inbox._pop()
+                                break
+                break
+            except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
+                self._skip(exc)
         if k._gate is not None:  # deactivated while we waited: hold the message
             await self.wait_active()
         self._current = msg
@@ -281,6 +286,15 @@ class KernelContext:
             # a message that was already waiting starts at this call's first clock read
             self._t_recv = _perf_ns() if waited else now
         return msg
+
+    def _skip(self, exc: MessageDeserializationError) -> None:
+        """A frame of a ``serialize=True`` inbox that does not decode: counted as dropped,
+        its error recorded, and the actor goes on with the next message."""
+        k = self._kernel
+        k.telemetry.record_error(exc)
+        k.telemetry.record_drop()
+        self._inbox.count_dropped(1)
+        logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
 
     def receive_nowait(self) -> Any:
         """The next message or None; never waits (ignores deactivation)."""
@@ -426,26 +440,12 @@ class _DecodingContext(KernelContext):
 
     __slots__ = ()
 
-    async def receive(self, timeout: float | None = None) -> Any:
-        while True:
-            try:
-                return await KernelContext.receive(self, timeout)
-            except MessageDeserializationError as exc:
-                self._skip(exc)
-
     def receive_nowait(self) -> Any:
         while True:
             try:
                 return KernelContext.receive_nowait(self)
             except MessageDeserializationError as exc:
                 self._skip(exc)
-
-    def _skip(self, exc: MessageDeserializationError) -> None:
-        k = self._kernel
-        k.telemetry.record_error(exc)
-        k.telemetry.record_drop()
-        self._inbox.count_dropped(1)
-        logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
 
 
 class RingKernel:
