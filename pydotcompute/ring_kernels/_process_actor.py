@@ -55,7 +55,6 @@ __all__ = (
     "write_wait",
 )
 
-WRITE_OK = 1
 WRITE_WAKE = 2
 SLICE_S = 0.05  # longest single sleep; a safety net, doorbells and sentinels wake sooner
 _monotonic = time.monotonic
@@ -147,19 +146,16 @@ class Waiter:
         return gone
 
 
-def read_wait(
-    ring: Any, waiter: Waiter, timeout: float | None, gone: Any, *, spun: bool = False
-) -> bytes | None:
+def read_wait(ring: Any, waiter: Waiter, timeout: float | None, gone: Any) -> bytes | None:
     """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
-    ``spin_read`` tries at once, so callers need no ``try_read`` of their own first; a
-    caller that already spun its budget inline (and found nothing) passes ``spun=True``.
+    ``spin_read`` tries at once, so callers need no ``try_read`` of their own first.
     ``gone`` is consulted before each park; it returns True when the peer has exited (the
     caller then drains what is committed and reports the error). Returns None on timeout
     or when the writer closed the ring and it is empty.
     """
     budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
-    data: bytes | None = None if spun else ring.spin_read(budget)
+    data: bytes | None = ring.spin_read(budget)
     if data is not None:
         if budget > 0 and waiter.misses:  # a shrunken budget paid off: restore it
             waiter.hit()
@@ -520,25 +516,11 @@ class CythonKernelContext:
         ring = self._in
         while True:
             ring.mark_done()
-            # the common case inline: a record arrives within the spin budget
-            waiter = self._read_waiter
-            budget = waiter.spin_s
-            data = ring.spin_read(budget) if timeout is None else None
+            data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
             if data is None:
-                spun = timeout is None
-                data = read_wait(ring, waiter, timeout, self._parent_gone, spun=spun)
-                if data is None:
-                    if self._gone or ring.writer_closed:
-                        raise self._closed()
-                    return None
-            elif budget > 0 and waiter.misses:
-                waiter.hit()
-            if data[0] != FRAME_TAG and not ring.writer_waiting:
-                try:
-                    msg = self._current = self._decode(data)
-                    return msg
-                except MessageDeserializationError:
-                    pass  # `_take` reports it
+                if self._gone or ring.writer_closed:
+                    raise self._closed()
+                return None
             msg = self._take(ring, data)
             if msg is not _REJECTED:
                 return msg
@@ -598,17 +580,11 @@ class CythonKernelContext:
         if type(msg) is not codec[0]:  # validate each new type once
             encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
             codec = self._codec = (type(msg), encode, isinstance(msg, RingKernelMessage))
-        if codec[2] and self._current is not None:
+        if codec[2]:
             stamp_reply(msg, self._current)
         data = codec[1](msg)
         if len(data) > self._out_max:
             raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox")
-        result = self._out.try_write(data)  # the common case inline
-        if result == WRITE_OK:
-            return True
-        if result == WRITE_WAKE:
-            ring_bell(self._out_data_fd)
-            return True
         return self._write(data, timeout)
 
     def _write(self, data: bytes, timeout: float | None) -> bool:

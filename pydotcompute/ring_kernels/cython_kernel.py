@@ -1063,18 +1063,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
-            waiter = self._recv_waiter
-            assert waiter is not None
+            assert self._recv_waiter is not None
             try:
-                if timeout is None:  # the common case inline: a reply within the spin budget
-                    budget = waiter.spin_s
-                    data = ring.spin_read(budget)
-                    if data is None:
-                        data = read_wait(ring, waiter, None, self._child_gone, spun=True)
-                    elif budget > 0 and waiter.misses:
-                        waiter.hit()
-                else:
-                    data = read_wait(ring, waiter, timeout, self._child_gone)
+                data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
             except RingCorruptedError as exc:
                 self._ring_failed(exc)
                 self._rx = None

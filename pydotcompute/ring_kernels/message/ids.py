@@ -79,13 +79,8 @@ def new_message_id() -> uuid.UUID:
     return _ids.next_uuid()
 
 
-def _next_id_bytes() -> bytes:
-    """A fresh message id as the 16 bytes the wire carries."""
-    return (_ids.base ^ next(_ids.counter)).to_bytes(16, "big")
-
-
 #: A fresh message id as the 16 bytes the wire carries (one C call when compiled).
-next_id_bytes: Callable[[], bytes] = _fast.next_id_bytes if _fast is not None else _next_id_bytes
+next_id_bytes: Callable[[], bytes] = _fast.next_id_bytes if _fast is not None else _ids.next_bytes
 
 
 def uuid_from_bytes(raw: bytes) -> uuid.UUID:
