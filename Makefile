@@ -63,7 +63,7 @@ test-main: install
 
 # The queue and tier tests again on the pure-Python twin of the Cython extension.
 test-purepython: install
-	PYDOTCOMPUTE_PUREPYTHON=1 $(PYTEST) -q tests/unit -k "spsc or sync_queue or cython or tier or fast_queue or message"
+	PYDOTCOMPUTE_PUREPYTHON=1 $(PYTEST) -q tests/unit -k "spsc or sync_queue or cython or tier or fast_queue or message or telemetry"
 
 # GPU code paths under the Numba CUDA simulator, in their own process.
 test-cudasim: install

@@ -1,4 +1,5 @@
-"""Declare (and optionally build) the Cython extensions ``fast_spsc`` and ``fast_message``.
+"""Declare (and optionally build) the Cython extensions ``fast_spsc``, ``fast_message`` and
+``fast_telemetry``.
 
 Metadata lives in ``pyproject.toml``; this file only says which extension exists and how
 to build it without making the build mandatory:
@@ -23,7 +24,7 @@ from typing import Any
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-#: (module name, Cython source): the rings, and the messages' fast paths
+#: (module name, Cython source): the rings, the messages' fast paths, the latency recorder
 EXTENSIONS: tuple[tuple[str, str], ...] = (
     (
         "pydotcompute.ring_kernels._cython.fast_spsc",
@@ -32,6 +33,10 @@ EXTENSIONS: tuple[tuple[str, str], ...] = (
     (
         "pydotcompute.ring_kernels._cython.fast_message",
         "pydotcompute/ring_kernels/_cython/fast_message.pyx",
+    ),
+    (
+        "pydotcompute.ring_kernels._cython.fast_telemetry",
+        "pydotcompute/ring_kernels/_cython/fast_telemetry.pyx",
     ),
 )
 

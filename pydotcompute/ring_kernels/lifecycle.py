@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,7 +64,7 @@ from .message import RingKernelMessage
 from .message import raw_correlation_get as _raw_cid_get
 from .message import raw_correlation_set as _raw_cid_set
 from .queue import MessageQueue
-from .telemetry import FOLD_AT, RingKernelTelemetry
+from .telemetry import RingKernelTelemetry
 
 if TYPE_CHECKING:
     from .runtime import RingKernelRuntime
@@ -80,7 +79,6 @@ __all__ = (
 )
 
 logger = logging.getLogger("pydotcompute")
-_perf_ns = time.perf_counter_ns
 
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 
@@ -179,9 +177,9 @@ class KernelContext:
         "_inbox",
         "_kernel",
         "_outbox",
+        "_rec",
         "_reply_for",
         "_reply_t",
-        "_t_recv",
         "_tel",
         "kernel_id",
     )
@@ -192,7 +190,8 @@ class KernelContext:
         self._inbox: FastMessageQueue[Any] = kernel._inbox  # type: ignore[assignment]
         self._outbox: FastMessageQueue[Any] = kernel._outbox  # type: ignore[assignment]
         self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
-        self._t_recv = 0
+        # times each message, from ``receive`` taking it to the next ``receive``
+        self._rec = None if self._tel is None else self._tel.latency_recorder
         self._current: Any = None
         # True from the moment a message is taken until the actor asks for the next one:
         # a message cut off by terminate's grace period is reported, not processed
@@ -240,19 +239,12 @@ class KernelContext:
             QueueClosedError: the kernel is terminating and its inbox is drained; let it
                 propagate (or check ``should_terminate``) to end the actor cleanly.
         """
-        tel = self._tel
-        if tel is not None:
-            now = _perf_ns()
-            if self._t_recv:  # the previous message's time: deferred (telemetry._fold)
-                pend = tel._pending
-                pend.append(now - self._t_recv)
-                self._t_recv = 0
-                if len(pend) >= FOLD_AT:
-                    tel._fold()
+        rec = self._rec
         self._handling = False
         k = self._kernel
-        waited = k._gate is not None
-        if waited:
+        if k._gate is not None:
+            if rec is not None:  # the previous message's time ends before any wait
+                rec.idle()
             await self.wait_active()
         inbox = self._inbox
         while True:
@@ -260,7 +252,8 @@ class KernelContext:
                 if inbox._count:
                     msg = inbox._pop()
                 else:
-                    waited = True
+                    if rec is not None:
+                        rec.idle()
                     if timeout is not None:
                         msg = await inbox._get_slow(timeout)
                     else:
@@ -278,13 +271,14 @@ class KernelContext:
             except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
                 self._skip(exc)
         if k._gate is not None:  # deactivated while we waited: hold the message
+            if rec is not None:
+                rec.idle()
             await self.wait_active()
         self._current = msg
         self._handling = True
-        if tel is not None:
-            tel.messages_processed += 1
-            # a message that was already waiting starts at this call's first clock read
-            self._t_recv = _perf_ns() if waited else now
+        if rec is not None:
+            rec.took()  # one clock read: ends the previous message's time, starts this one
+            self._tel.messages_processed += 1  # type: ignore[union-attr]
         return msg
 
     def _skip(self, exc: MessageDeserializationError) -> None:
@@ -785,7 +779,8 @@ class RingKernel:
                             self._inbox.count_dropped(1)
                     ctx._current = None
                     ctx._handling = False
-                    ctx._t_recv = 0
+                    if ctx._rec is not None:  # the message it raised on is not timed
+                        ctx._rec.cancel()
                     continue
                 cut = self._cut_off()  # the message it raised on comes back first
                 if cut:

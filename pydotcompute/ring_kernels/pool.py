@@ -128,6 +128,7 @@ class AsyncioPoolKernel(RingKernel):
         if self._timed:
             for ctx, tel in zip(self._ctxs, self._replica_tels, strict=True):
                 ctx._tel = tel
+                ctx._rec = tel.latency_recorder
 
     async def activate(self) -> None:
         """Start every replica's task (LAUNCHED -> ACTIVE)."""
@@ -265,7 +266,8 @@ class AsyncioPoolKernel(RingKernel):
                             self._inbox.count_dropped(1)
                     ctx._current = None
                     ctx._handling = False
-                    ctx._t_recv = 0
+                    if ctx._rec is not None:  # the message it raised on is not timed
+                        ctx._rec.cancel()
                     continue
                 self._hand_back(self._cut_off_replica(index))  # first in `undelivered`
                 self._fail(exc)

@@ -64,8 +64,9 @@ class RingKernelRuntime:
     ```
 
     Args:
-        enable_telemetry: Time every message (one or two ``perf_counter_ns`` calls each; the
-            latencies are folded into the statistics in batches).
+        enable_telemetry: Time every message (one clock read each, binned into a latency
+            histogram in C by `telemetry.LatencyRecorder`, or in NumPy batches without the
+            compiled extension).
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).

@@ -6,11 +6,12 @@ Design notes:
   latencies fall: big-int arithmetic costs more than the lookup), percentiles are within
   12.5% of the true value.
   Its bucket list is allocated on the first record so an idle actor stays small.
-- Tier-1 actors do not record each latency as it happens: they append it to the
-  telemetry's ``_pending`` list, and every ``_FOLD_AT`` latencies (and before anything
-  reads a latency statistic) the batch is folded in with NumPy. That costs ~40 ns per
-  message instead of ~150 ns, and the statistics stay exact: total, min, max and the
-  histogram are read through properties that fold first.
+- Tier-1 actors time each message with a `LatencyRecorder`: the compiled one
+  (``_cython/fast_telemetry.pyx``) reads the clock and bins the latency in C, one call per
+  message; its Python twin `PyLatencyRecorder` buffers latencies and bins them with NumPy
+  every ``FOLD_AT``. Either is drained into the record (`_fold`) before anything reads a
+  latency statistic, so the statistics stay exact: total, min, max and the histogram are
+  read through properties that fold first. ``record_latency`` buffers the same way.
 - ``GPUMonitor`` imports ``pynvml`` (from the ``nvidia-ml-py`` package) only when first
   used; with no library, driver or GPU it reports ``is_available = False`` and returns
   empty results instead of raising.
@@ -21,15 +22,19 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from ._cython import telemetry_extension
 
 __all__ = (
     "GPUInfo",
     "GPUMonitor",
     "LatencyHistogram",
+    "LatencyRecorder",
+    "PyLatencyRecorder",
     "RingKernelTelemetry",
     "TelemetryCollector",
     "get_gpu_monitor",
@@ -102,20 +107,163 @@ class LatencyHistogram:
         self.count = 0
 
 
+# a batch of latencies summed up: (count, total, min, max, [(bucket, count), ...])
+_Summary = tuple[int, int, int, int, list[tuple[int, int]]]
+_perf_ns = time.perf_counter_ns
+_INT64_MAX = (1 << 63) - 1
+
+
+def _summarize(batch: list[int]) -> _Summary:
+    """Count, total, min, max and the bucket counts of a non-empty batch of latencies."""
+    n = len(batch)
+    try:
+        a: Any = np.array(batch, dtype=np.int64)
+    except OverflowError:  # a latency beyond int64: Python ints, exactly
+        per: dict[int, int] = {}
+        for ns in batch:
+            i = _bucket_of(ns)
+            per[i] = per.get(i, 0) + 1
+        return n, sum(batch), min(batch), max(batch), list(per.items())
+    # 0 .. 65,535 ns (nearly all) by table lookup, the rest one at a time
+    table = (a >= 0) & (a < _MID_HI)
+    v = a[table]
+    idx = np.where(
+        v < _MID_LO,
+        _LOW_BUCKET_NP[np.minimum(v, _MID_LO - 1)],
+        _MID_BUCKET_NP[v >> 4],
+    )
+    counts = np.bincount(idx, minlength=_BUCKETS)
+    hit = np.flatnonzero(counts)
+    pairs = list(zip(hit.tolist(), counts[hit].tolist(), strict=True))
+    if len(v) < n:
+        pairs += [(_bucket_of(ns), 1) for ns in a[~table].tolist()]
+    lo, hi = int(a.min()), int(a.max())
+    # an int64 sum is exact unless n values this large could overflow it
+    exact = max(hi, -lo) <= _INT64_MAX // n
+    return n, int(a.sum()) if exact else sum(batch), lo, hi, pairs
+
+
+def _combine(a: _Summary | None, b: _Summary) -> _Summary:
+    if a is None:
+        return b
+    return (a[0] + b[0], a[1] + b[1], min(a[2], b[2]), max(a[3], b[3]), a[4] + b[4])
+
+
+class PyLatencyRecorder:
+    """The pure-Python twin of the compiled `LatencyRecorder` (same methods and results).
+
+    Times the messages of one actor and keeps their latency statistics until drained:
+    `took` marks a message taken (ending the previous one's time, if any), `idle` ends the
+    running message's time before the actor waits, `cancel` forgets it, `add` records a
+    latency directly. `drain` hands over what was recorded since the last drain as
+    ``(count, total_ns, min_ns, max_ns, [(bucket, count), ...])`` and starts over; it
+    returns None when nothing was recorded. Latencies are buffered and binned with NumPy
+    every ``FOLD_AT``; a lock keeps a drain from another thread whole.
+    """
+
+    __slots__ = ("_batch", "_lock", "_start", "_sum")
+
+    def __init__(self) -> None:
+        self._start = 0
+        self._batch: list[int] = []
+        self._sum: _Summary | None = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a copy starts empty: what was recorded belongs to the telemetry it was drained into
+        return (PyLatencyRecorder, ())
+
+    @property
+    def dirty(self) -> bool:
+        """True when latencies were recorded since the last `drain`."""
+        return bool(self._batch) or self._sum is not None
+
+    @property
+    def timing(self) -> bool:
+        """True while a message's time is running (between `took` and `idle`)."""
+        return self._start != 0
+
+    def took(self) -> None:
+        """A message was taken now: the previous one's time (if running) ends here."""
+        now = _perf_ns()
+        start = self._start
+        self._start = now
+        if start:
+            self._append(now - start)
+
+    def idle(self) -> None:
+        """The actor is about to wait: the running message's time (if any) ends here."""
+        start = self._start
+        if start:
+            self._start = 0
+            self._append(_perf_ns() - start)
+
+    def cancel(self) -> None:
+        """Forget the running message's time (it failed, or was cut off)."""
+        self._start = 0
+
+    def add(self, latency_ns: int) -> None:
+        """Record one latency of ``latency_ns`` (an int64)."""
+        ns = operator.index(latency_ns)
+        if not -(1 << 63) <= ns < 1 << 63:
+            raise OverflowError(f"latency {ns} does not fit in an int64")
+        self._append(ns)
+
+    def _append(self, ns: int) -> None:
+        batch = self._batch
+        batch.append(ns)
+        if len(batch) >= _FOLD_AT:
+            self._absorb()
+
+    def _absorb(self) -> None:
+        # the batch is a prefix, copied then deleted: a latency appended meanwhile (by the
+        # actor's thread) stays for the next one
+        with self._lock:
+            batch = self._batch
+            n = len(batch)
+            if n:
+                part = batch[:n]
+                del batch[:n]
+                self._sum = _combine(self._sum, _summarize(part))
+
+    def drain(self) -> _Summary | None:
+        """What was recorded since the last drain (see the class), or None; starts over."""
+        self._absorb()
+        with self._lock:
+            out, self._sum = self._sum, None
+        return out
+
+    def clear(self) -> None:
+        """Drop what was recorded (a running message's time keeps running)."""
+        with self._lock:
+            self._batch.clear()
+            self._sum = None
+
+
+_ext = telemetry_extension()
+#: the recorder actors use: compiled when the extension is built, else `PyLatencyRecorder`
+LatencyRecorder: type[PyLatencyRecorder] = (
+    PyLatencyRecorder if _ext is None else _ext.LatencyRecorder
+)
+
+
 @dataclass(slots=True, init=False)
 class RingKernelTelemetry:
     """Counters and latencies of one kernel (``runtime.get_telemetry(id)``).
 
-    Latency is the time the actor spent on a message: from ``receive()`` taking it (the
-    moment ``receive()`` was called when the message was already queued, else the moment
-    the actor woke up with it) to the actor's next ``receive()`` call. The latency
-    statistics are exact whenever read: values still pending a batch fold are folded in
-    first.
+    Latency is the time the actor spent on a message: from ``receive()`` taking it to the
+    actor's next ``receive()`` taking the next message or starting to wait. The latency
+    statistics are exact whenever read: what `latency_recorder` and ``record_latency`` hold
+    is folded in first.
     """
 
     # latencies recorded and not yet folded in (see `_fold`); set first in `__init__`,
     # before the latency fields (properties that look at it)
     _pending: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    #: what times the actor's messages (`LatencyRecorder`), drained into this record
+    latency_recorder: PyLatencyRecorder = field(
+        default_factory=LatencyRecorder, init=False, repr=False, compare=False
+    )
     kernel_id: str = ""
     messages_processed: int = 0
     messages_dropped: int = 0
@@ -154,6 +302,7 @@ class RingKernelTelemetry:
         the kernel has already been up (the clock starts that far back).
         """
         self._pending = []
+        self.latency_recorder = LatencyRecorder()
         self.kernel_id = kernel_id
         self.messages_processed = messages_processed
         self.messages_dropped = messages_dropped
@@ -181,51 +330,37 @@ class RingKernelTelemetry:
             self._fold()
 
     def _fold(self) -> None:
-        """Fold the pending latencies into total, min, max and the histogram.
+        """Fold what the recorder and ``_pending`` hold into total, min, max and the
+        histogram.
 
-        The batch is a prefix of ``_pending``, copied and then deleted: a latency the actor
-        appends meanwhile (from another thread) stays for the next fold.
+        The pending batch is a prefix of ``_pending``, copied and then deleted: a latency
+        appended meanwhile (from another thread) stays for the next fold.
         """
         with _FOLD_LOCK:
+            got = self.latency_recorder.drain()
+            if got is not None:
+                self._merge(got)
             pend = self._pending
             n = len(pend)
-            if not n:
-                return
-            batch = pend[:n]
-            del pend[:n]
-            try:
-                a: Any = np.array(batch, dtype=np.int64)
-                lo, hi, total = int(a.min()), int(a.max()), int(a.sum())
-            except OverflowError:  # a latency beyond int64: Python ints, exactly
-                a = None
-                lo, hi, total = min(batch), max(batch), sum(batch)
-            _total_slot.__set__(self, _total_slot.__get__(self) + total)
-            if hi > _max_slot.__get__(self):
-                _max_slot.__set__(self, hi)
-            h: LatencyHistogram = _hist_slot.__get__(self)
-            if lo < _min_slot.__get__(self) or not h.count:
-                _min_slot.__set__(self, lo)
-            b = h._buckets
-            if b is None:
-                b = h._buckets = [0] * _BUCKETS
-            if a is None:
-                rest = batch
-            else:  # 0 .. 65,535 ns (nearly all) by table lookup, the rest one at a time
-                table = (a >= 0) & (a < _MID_HI)
-                v = a[table]
-                idx = np.where(
-                    v < _MID_LO,
-                    _LOW_BUCKET_NP[np.minimum(v, _MID_LO - 1)],
-                    _MID_BUCKET_NP[v >> 4],
-                )
-                counts = np.bincount(idx, minlength=_BUCKETS)
-                hit = np.flatnonzero(counts)
-                for i, c in zip(hit.tolist(), counts[hit].tolist(), strict=True):
-                    b[i] += c
-                rest = a[~table].tolist() if len(v) < n else []
-            for ns in rest:
-                b[_bucket_of(ns)] += 1
-            h.count += n
+            if n:
+                batch = pend[:n]
+                del pend[:n]
+                self._merge(_summarize(batch))
+
+    def _merge(self, part: _Summary) -> None:
+        n, total, lo, hi, pairs = part
+        _total_slot.__set__(self, _total_slot.__get__(self) + total)
+        if hi > _max_slot.__get__(self):
+            _max_slot.__set__(self, hi)
+        h: LatencyHistogram = _hist_slot.__get__(self)
+        if lo < _min_slot.__get__(self) or not h.count:
+            _min_slot.__set__(self, lo)
+        b = h._buckets
+        if b is None:
+            b = h._buckets = [0] * _BUCKETS
+        for i, c in pairs:
+            b[i] += c
+        h.count += n
 
     def record_drop(self, n: int = 1) -> None:
         self.messages_dropped += n
@@ -237,10 +372,22 @@ class RingKernelTelemetry:
     def reset(self) -> None:
         """Zero every counter and restart the uptime clock."""
         kid = self.kernel_id
-        pending = self._pending
+        pending, recorder = self._pending, self.latency_recorder
         self.__init__(kid)  # type: ignore[misc]
-        pending.clear()  # the same list: an actor's hot path may hold it
-        self._pending = pending
+        # the same list and recorder: an actor's hot path may hold them
+        pending.clear()
+        recorder.clear()
+        self._pending, self.latency_recorder = pending, recorder
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the statistics, folded (a copy gets its own, empty, recorder and pending list)
+        return {f: getattr(self, f) for f in _STATE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._pending = []
+        self.latency_recorder = LatencyRecorder()
+        for f in _STATE:
+            setattr(self, f, state[f])
 
     def merge_latencies(self, parts: list[RingKernelTelemetry]) -> None:
         """Make this record's latency statistics those of `parts` taken together (the
@@ -328,18 +475,22 @@ def _folding(slot: Any) -> property:
     get, put = slot.__get__, slot.__set__
 
     def fget(self: RingKernelTelemetry) -> Any:
-        if self._pending:
+        if self._pending or self.latency_recorder.dirty:
             self._fold()
         return get(self)
 
     def fset(self: RingKernelTelemetry, value: Any) -> None:
-        if self._pending:
+        if self._pending or self.latency_recorder.dirty:
             self._fold()
         put(self, value)
 
     return property(fget, fset)
 
 
+#: what a pickled or copied record carries
+_STATE = tuple(
+    f.name for f in fields(RingKernelTelemetry) if f.name not in ("_pending", "latency_recorder")
+)
 _total_slot = RingKernelTelemetry.__dict__["total_latency_ns"]
 _max_slot = RingKernelTelemetry.__dict__["max_latency_ns"]
 _min_slot = RingKernelTelemetry.__dict__["min_latency_ns"]

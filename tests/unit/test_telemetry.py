@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 import sys
 import threading
@@ -13,12 +15,15 @@ from foundation_helpers import Req, doubler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pydotcompute.ring_kernels._cython import telemetry_extension
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
 from pydotcompute.ring_kernels.telemetry import (
     _FOLD_AT,
     GPUInfo,
     GPUMonitor,
     LatencyHistogram,
+    LatencyRecorder,
+    PyLatencyRecorder,
     RingKernelTelemetry,
     TelemetryCollector,
     get_gpu_monitor,
@@ -268,6 +273,165 @@ def test_a_reader_thread_folding_loses_no_latency() -> None:
     assert t.histogram.count == n
     assert t.total_latency_ns == sum(100 + i % 1000 for i in range(n))
     assert (t.min_latency_ns, t.max_latency_ns) == (100, 1099)
+
+
+# --- the latency recorders (compiled and Python) -------------------------------------
+
+_EXT = telemetry_extension()
+RECORDERS = [
+    pytest.param(PyLatencyRecorder, id="python"),
+    pytest.param(
+        None if _EXT is None else _EXT.LatencyRecorder,
+        id="compiled",
+        marks=pytest.mark.skipif(_EXT is None, reason="the fast_telemetry extension is not built"),
+    ),
+]
+
+
+def _drained_into_histogram(rec: Any) -> tuple[Any, LatencyHistogram]:
+    got = rec.drain()
+    h = LatencyHistogram()
+    if got is not None:
+        h._buckets = [0] * len(LatencyHistogram()._buckets or [0] * 496)
+        for i, c in got[4]:
+            h._buckets[i] += c
+        h.count = got[0]
+    return got, h
+
+
+def test_actors_use_the_compiled_recorder_when_it_is_built() -> None:
+    expected = PyLatencyRecorder if _EXT is None else _EXT.LatencyRecorder
+    assert LatencyRecorder is expected
+    assert type(RingKernelTelemetry("k").latency_recorder) is expected
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1, max_size=700))
+@settings(max_examples=60, deadline=None)
+def test_recorder_matches_the_histogram(recorder: Any, values: list[int]) -> None:
+    rec = recorder()
+    for v in values:
+        rec.add(v)
+    assert rec.dirty
+    got, h = _drained_into_histogram(rec)
+    ref = LatencyHistogram()
+    for v in values:
+        ref.record(v)
+    assert got[:4] == (len(values), sum(values), min(values), max(values))
+    assert h._buckets == ref._buckets
+    assert not rec.dirty
+    assert rec.drain() is None
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_recorder_refuses_what_is_not_an_int64(recorder: Any) -> None:
+    rec = recorder()
+    with pytest.raises(OverflowError):
+        rec.add(2**63)
+    with pytest.raises(TypeError):
+        rec.add(1.5)
+    assert rec.drain() is None
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_recorder_times_from_took_to_the_next_took_or_idle(recorder: Any) -> None:
+    rec = recorder()
+    rec.idle()  # nothing running: nothing recorded
+    assert not rec.timing
+    assert not rec.dirty
+    rec.took()  # the first message: nothing before it
+    assert rec.timing
+    assert not rec.dirty
+    rec.took()  # ends the first, starts the second
+    rec.idle()  # ends the second
+    rec.idle()
+    assert not rec.timing
+    got = rec.drain()
+    assert got is not None
+    assert got[0] == 2
+    assert 0 <= got[2] <= got[3]
+    assert got[1] == got[2] + got[3]
+    rec.took()
+    rec.cancel()  # forgotten: the message failed
+    rec.took()
+    rec.clear()  # the statistics go, the running message keeps its clock
+    assert rec.timing
+    assert rec.drain() is None
+    rec.idle()
+    assert rec.drain()[0] == 1
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_recorder_drained_from_another_thread_loses_no_latency(recorder: Any) -> None:
+    rec = recorder()
+    n = 30_000
+    seen: list[Any] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            got = rec.drain()
+            if got is not None:
+                seen.append(got)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(n):
+            rec.add(100 + i % 1000)
+    finally:
+        stop.set()
+        thread.join()
+    last = rec.drain()
+    if last is not None:
+        seen.append(last)
+    assert sum(g[0] for g in seen) == n
+    assert sum(g[1] for g in seen) == sum(100 + i % 1000 for i in range(n))
+    assert sum(c for g in seen for _, c in g[4]) == n
+
+
+def test_recorder_latencies_reach_the_telemetry() -> None:
+    t = RingKernelTelemetry("k")
+    t.latency_recorder.add(300)
+    t.record_latency(40)  # the other path, folded in the same way
+    t.latency_recorder.add(5_000)
+    assert (t.total_latency_ns, t.min_latency_ns, t.max_latency_ns) == (5_340, 40, 5_000)
+    assert t.histogram.count == 3
+    t.latency_recorder.add(1)
+    assert t.avg_latency_ns == 5_341 / 4
+
+
+def test_reset_keeps_the_recorder_an_actor_holds() -> None:
+    t = RingKernelTelemetry("k")
+    rec = t.latency_recorder
+    rec.add(10)
+    t.reset()
+    assert t.latency_recorder is rec
+    assert t.histogram.count == 0
+    assert t.total_latency_ns == 0
+
+
+@pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
+def test_a_copied_record_carries_every_statistic(how: str) -> None:
+    t = RingKernelTelemetry("k", messages_processed=3, messages_sent=2)
+    for v in (300, 40, 5_000):
+        t.latency_recorder.add(v)
+    t.record_latency(7)
+    t.record_error("boom")
+    if how == "pickle":
+        c = pickle.loads(pickle.dumps(t))
+    else:
+        c = copy.copy(t) if how == "copy" else copy.deepcopy(t)
+    fields = ("kernel_id", "messages_processed", "messages_sent", "error_count", "start_time")
+    assert [getattr(c, f) for f in fields] == [getattr(t, f) for f in fields]
+    assert (c.total_latency_ns, c.min_latency_ns, c.max_latency_ns) == (5_347, 7, 5_000)
+    assert c.histogram._buckets == t.histogram._buckets
+    assert c.last_error == "boom"
+    assert c.latency_recorder is not t.latency_recorder
+    c.latency_recorder.add(1)  # a copy's recorder is its own
+    assert c.histogram.count == 5
+    if how != "copy":  # (a shallow copy shares the histogram object)
+        assert t.histogram.count == 4
 
 
 async def test_telemetry_can_be_switched_off() -> None:

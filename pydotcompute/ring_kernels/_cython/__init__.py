@@ -1,5 +1,6 @@
 """The compiled extensions, when built: the SPSC rings (``fast_spsc``, else its pure-Python
-twin) and the messages' fast paths (``fast_message``, else Python code in the message package).
+twin), the messages' fast paths (``fast_message``, else Python code in the message package)
+and the actors' latency recorder (``fast_telemetry``, else `telemetry.PyLatencyRecorder`).
 
 Both implementations expose the same names (`FastSPSCQueue`,
 `SharedByteRing`, `SharedSegment`) with the same semantics and the same
@@ -23,6 +24,7 @@ __all__ = (
     "extension_import_error",
     "is_cython_available",
     "message_extension",
+    "telemetry_extension",
 )
 
 _FORCED_PURE = os.environ.get("PYDOTCOMPUTE_PUREPYTHON", "") not in ("", "0")
@@ -56,9 +58,24 @@ if not _FORCED_PURE:
         _fast_message = fast_message
 
 
+_fast_telemetry: ModuleType | None = None
+if not _FORCED_PURE:
+    try:
+        from . import fast_telemetry  # type: ignore[attr-defined]
+    except ImportError:  # not built: telemetry uses its Python recorder
+        pass
+    else:
+        _fast_telemetry = fast_telemetry
+
+
 def message_extension() -> ModuleType | None:
     """The compiled ``fast_message`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
     return _fast_message
+
+
+def telemetry_extension() -> ModuleType | None:
+    """The compiled ``fast_telemetry`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
+    return _fast_telemetry
 
 
 def is_cython_available() -> bool:
