@@ -32,6 +32,7 @@ from pydotcompute.decorators.validators import validate_config as fast_validate_
 from pydotcompute.exceptions import InvalidConfigurationError
 from pydotcompute.ring_kernels.lifecycle import RingKernelConfig
 from pydotcompute.ring_kernels.message import codec_of, deserialize_message, message_decoder
+from pydotcompute.ring_kernels.message.codec import python_message_decoder
 from pydotcompute.ring_kernels.telemetry import LatencyHistogram, RingKernelTelemetry
 
 
@@ -73,7 +74,17 @@ def _outcome(fn: Any, data: Any) -> tuple[Any, ...]:
 # --- decoding ----------------------------------------------------------------------------
 
 
-def test_queue_decoder_matches_deserialize_message_on_good_and_bad_bytes() -> None:
+# the decoder in use (compiled when built) and its Python twin
+DECODERS = [
+    pytest.param(message_decoder, id="in-use"),
+    pytest.param(python_message_decoder, id="python"),
+]
+
+
+@pytest.mark.parametrize("make_decoder", DECODERS)
+def test_queue_decoder_matches_deserialize_message_on_good_and_bad_bytes(
+    make_decoder: Any,
+) -> None:
     rng = random.Random(7)
     good = []
     for i in range(60):
@@ -86,19 +97,22 @@ def test_queue_decoder_matches_deserialize_message_on_good_and_bad_bytes() -> No
         bad += [bytes(flipped), data[: rng.randrange(len(data))], data + b"\x00"]
     stream = good + bad + [b"", b"\x92", b"\xdc\x00\x02", bytearray(good[0]), 12]
     rng.shuffle(stream)
-    decode = message_decoder()
+    decode = make_decoder()
     for data in stream:
         assert _outcome(decode, data) == _outcome(deserialize_message, data), data
 
 
-def test_queue_decoder_follows_a_class_registered_again_under_the_same_name() -> None:
+@pytest.mark.parametrize("make_decoder", DECODERS)
+def test_queue_decoder_follows_a_class_registered_again_under_the_same_name(
+    make_decoder: Any,
+) -> None:
     namespace: dict[str, Any] = {"message": message, "__name__": "tier1_fast_paths_again"}
     # compiled on its own: this module's ``from __future__ import annotations`` stays out
     source = compile("@message\nclass Again:\n    x: int\n", "<again>", "exec", dont_inherit=True)
     exec(source, namespace)
     first = namespace["Again"]
     data = first(x=1).serialize()
-    decode = message_decoder()
+    decode = make_decoder()
     assert type(decode(data)) is first
     assert type(decode(data)) is first  # the cached path
     exec(source, namespace)  # same qualified name: the registry now maps to the new class

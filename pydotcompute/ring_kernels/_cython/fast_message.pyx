@@ -13,6 +13,7 @@ Design notes:
   entry point checks that it was handed a message before touching a slot.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
@@ -173,3 +174,56 @@ def serialize(self):
         return (<object>encode)(self)
     except Exception:
         return _slow_serialize(self)  # raises the error that names the field
+
+
+# --- stream decoding -------------------------------------------------------------------------
+
+cdef Py_ssize_t _registry_version = 0
+
+
+def registry_changed():
+    """The message registry changed (a class was registered): every `StreamDecoder`
+    looks its cached class up again before trusting it."""
+    global _registry_version
+    _registry_version += 1
+
+
+@cython.final
+cdef class StreamDecoder:
+    """Decodes one stream of frames (a queue's, a process ring's): `codec.message_decoder`.
+
+    The class of the previous frame is tried first: its typed decoder checks the tag
+    itself, so a stream of one class decodes in one msgspec call. Anything it does not
+    accept goes through ``general`` (`deserialize_message`), so results and errors are
+    the same. ``fast_of(cls)`` gives a class's typed decode function, or None for a class
+    that must always take the general path.
+    """
+
+    cdef object _fast
+    cdef object _last
+    cdef Py_ssize_t _seen
+    cdef object _general
+    cdef object _fast_of
+
+    def __init__(self, general, fast_of):
+        self._general = general
+        self._fast_of = fast_of
+        self._fast = None
+        self._last = None
+        self._seen = -1
+
+    @cython.always_allow_keywords(False)
+    def decode(self, data):
+        """The message in the frame ``data`` (raises `MessageDeserializationError`)."""
+        if self._fast is not None and self._seen == _registry_version:
+            try:
+                return self._fast(data)
+            except Exception:  # another class, or bad bytes: the general path says which
+                pass
+        msg = self._general(data)
+        t = type(msg)
+        if t is not self._last or self._seen != _registry_version:
+            self._seen = _registry_version
+            self._last = t
+            self._fast = self._fast_of(t)
+        return msg

@@ -33,6 +33,7 @@ from ...exceptions import (
     MessageSerializationError,
     TypeValidationError,
 )
+from .._cython import message_extension
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
 
 __all__ = (
@@ -135,6 +136,7 @@ _CODECS: dict[type, Codec] = {}
 DIRECT_ENCODERS: dict[type, Callable[[Any], bytes]] = {}
 _LOCK = threading.Lock()
 _version = 0  # bumped on every registration: a stream decoder's cached class checks it
+_ext = message_extension()  # the compiled stream decoder, when built
 
 
 def register_message_type(cls: type, *, by_reference: bool | None = None) -> Codec:
@@ -182,6 +184,8 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         else:
             DIRECT_ENCODERS[cls] = codec.encode
         _version += 1
+        if _ext is not None:
+            _ext.registry_changed()
     return codec
 
 
@@ -409,8 +413,24 @@ def message_decoder() -> Callable[[Any], Any]:
     itself, so a stream of one class decodes in one msgspec call. Anything it does not
     accept goes through `deserialize_message`, so results and errors are the same.
     By-reference classes always take that path: decoding them takes arrays out of the
-    registry, which must not happen twice.
+    registry, which must not happen twice. With the extension built this is
+    `fast_message.StreamDecoder`; `python_message_decoder` is its twin.
     """
+    if _ext is not None:
+        stream = _ext.StreamDecoder(deserialize_message, _fast_decode_of)
+        decode: Callable[[Any], Any] = stream.decode
+        return decode
+    return python_message_decoder()
+
+
+def _fast_decode_of(cls: type) -> Callable[[Any], Any] | None:
+    """The typed decode function a stream may call directly for frames of `cls`."""
+    codec = _CODECS[cls]
+    return None if codec.by_reference else codec.decode
+
+
+def python_message_decoder() -> Callable[[Any], Any]:
+    """`message_decoder` in Python (used when the extension is not built)."""
     fast: Callable[[Any], Any] | None = None
     last: type | None = None
     seen = -1
@@ -425,9 +445,8 @@ def message_decoder() -> Callable[[Any], Any]:
         msg = deserialize_message(data)
         t = type(msg)
         if t is not last or seen != _version:
-            codec = _CODECS[t]
             last, seen = t, _version
-            fast = None if codec.by_reference else codec.decode
+            fast = _fast_decode_of(t)
         return msg
 
     return decode
