@@ -143,6 +143,20 @@ def _summarize(batch: list[int]) -> _Summary:
     return n, int(a.sum()) if exact else sum(batch), lo, hi, pairs
 
 
+def _take(batch: list[int]) -> _Summary | None:
+    """Summarize what ``batch`` holds now and remove it (None if empty).
+
+    The batch is a prefix, copied then deleted: a latency appended meanwhile (from another
+    thread) stays for the next take.
+    """
+    n = len(batch)
+    if not n:
+        return None
+    part = batch[:n]
+    del batch[:n]
+    return _summarize(part)
+
+
 def _combine(a: _Summary | None, b: _Summary) -> _Summary:
     if a is None:
         return b
@@ -216,15 +230,10 @@ class PyLatencyRecorder:
             self._absorb()
 
     def _absorb(self) -> None:
-        # the batch is a prefix, copied then deleted: a latency appended meanwhile (by the
-        # actor's thread) stays for the next one
         with self._lock:
-            batch = self._batch
-            n = len(batch)
-            if n:
-                part = batch[:n]
-                del batch[:n]
-                self._sum = _combine(self._sum, _summarize(part))
+            part = _take(self._batch)
+            if part is not None:
+                self._sum = _combine(self._sum, part)
 
     def drain(self) -> _Summary | None:
         """What was recorded since the last drain (see the class), or None; starts over."""
@@ -331,21 +340,11 @@ class RingKernelTelemetry:
 
     def _fold(self) -> None:
         """Fold what the recorder and ``_pending`` hold into total, min, max and the
-        histogram.
-
-        The pending batch is a prefix of ``_pending``, copied and then deleted: a latency
-        appended meanwhile (from another thread) stays for the next fold.
-        """
+        histogram (a latency appended meanwhile, from another thread, waits for the next)."""
         with _FOLD_LOCK:
-            got = self.latency_recorder.drain()
-            if got is not None:
-                self._merge(got)
-            pend = self._pending
-            n = len(pend)
-            if n:
-                batch = pend[:n]
-                del pend[:n]
-                self._merge(_summarize(batch))
+            for part in (self.latency_recorder.drain(), _take(self._pending)):
+                if part is not None:
+                    self._merge(part)
 
     def _merge(self, part: _Summary) -> None:
         n, total, lo, hi, pairs = part

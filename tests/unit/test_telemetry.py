@@ -253,23 +253,32 @@ def test_reset_keeps_the_pending_list_an_actor_holds() -> None:
     assert t.histogram.count == 0
 
 
-def test_a_reader_thread_folding_loses_no_latency() -> None:
-    t = RingKernelTelemetry("k")
-    n = 50_000
+def _write_while_reading(n: int, write: Any, read: Any) -> None:
+    """Call ``write(i)`` for i in range(n) while another thread calls ``read()`` in a loop."""
     stop = threading.Event()
 
     def reader() -> None:
         while not stop.is_set():
-            assert t.total_latency_ns >= 0  # folds whatever is pending right now
+            read()
 
     thread = threading.Thread(target=reader)
     thread.start()
     try:
         for i in range(n):
-            t.record_latency(100 + i % 1000)
+            write(i)
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_reader_thread_folding_loses_no_latency() -> None:
+    t = RingKernelTelemetry("k")
+    n = 50_000
+
+    def read() -> None:
+        assert t.total_latency_ns >= 0  # folds whatever is pending right now
+
+    _write_while_reading(n, lambda i: t.record_latency(100 + i % 1000), read)
     assert t.histogram.count == n
     assert t.total_latency_ns == sum(100 + i % 1000 for i in range(n))
     assert (t.min_latency_ns, t.max_latency_ns) == (100, 1099)
@@ -366,22 +375,13 @@ def test_recorder_drained_from_another_thread_loses_no_latency(recorder: Any) ->
     rec = recorder()
     n = 30_000
     seen: list[Any] = []
-    stop = threading.Event()
 
-    def reader() -> None:
-        while not stop.is_set():
-            got = rec.drain()
-            if got is not None:
-                seen.append(got)
+    def read() -> None:
+        got = rec.drain()
+        if got is not None:
+            seen.append(got)
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        for i in range(n):
-            rec.add(100 + i % 1000)
-    finally:
-        stop.set()
-        thread.join()
+    _write_while_reading(n, lambda i: rec.add(100 + i % 1000), read)
     last = rec.drain()
     if last is not None:
         seen.append(last)

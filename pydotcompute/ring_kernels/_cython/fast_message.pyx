@@ -4,9 +4,9 @@
 Design notes:
 - Each function here has a Python twin in `pydotcompute.ring_kernels.message` with the same
   results and errors, used when this extension is not built. Only the common case runs in
-  C: anything unusual (a nested message, a correlation slot holding the request being
-  answered, a value the encoder refuses) is handed to the Python twin, so the rules live in
-  one place.
+  C: anything unusual (a nested message, a correlation value that is neither an id nor a
+  message, a value the encoder refuses) is handed to the Python twin, so the rules live in
+  one place. A reply whose correlation slot holds its request gets the request's id in C.
 - The three header fields are slots of `RingKernelMessage` itself, so they sit at the same
   offset in every subclass. `bind` reads the offsets from their member descriptors once;
   afterwards a header slot is read with one load instead of an attribute lookup. Every
