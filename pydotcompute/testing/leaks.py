@@ -101,6 +101,11 @@ def _proc_info(pid: int) -> tuple[str, list[str], bool] | None:
     return comm, argv, state == "Z"
 
 
+#: how long a thread already gone from threading.enumerate() may take to be done, when the
+#: grace period has run out meanwhile
+_FINISHING_S = 0.1
+
+
 @dataclass
 class LeakGuard:
     """Fail when a kernel task, thread, child process or shared-memory segment outlives a test.
@@ -224,8 +229,10 @@ class LeakGuard:
         leaks = list(self._task_leaks)
         self._task_leaks.clear()
         deadline = time.monotonic() + self.grace
+        seen: set[threading.Thread] = set()
         while True:
             threads = self._new_threads()
+            seen.update(threads)
             procs = self._new_processes()
             segs = self._new_segments()
             left = deadline - time.monotonic()
@@ -235,6 +242,10 @@ class LeakGuard:
                 threads[0].join(min(left, 0.05))
             else:
                 time.sleep(min(left, 0.01))
+        # a finishing thread leaves threading.enumerate() a moment before it is done (its
+        # interpreter state is still being torn down): wait for those it listed before
+        for t in seen.difference(threads):
+            t.join(max(deadline - time.monotonic(), _FINISHING_S))
         leaks += [
             f"thread {t.name!r} is still alive after {self.grace}s (stop its kernel or pool)"
             for t in threads

@@ -508,6 +508,27 @@ def test_leak_guard_gives_a_stopping_thread_its_grace() -> None:
     assert not thread.is_alive()
 
 
+def test_leak_guard_waits_for_a_thread_that_left_enumerate_but_is_not_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python 3.13 drops a finishing thread from threading.enumerate() a moment before
+    # is_alive() turns False: the guard must still wait for it to be done
+    real = threading.enumerate
+    with LeakGuard(grace=2.0):
+        thread, release = _parked_thread("pydotcompute-finishing")
+        calls = {"n": 0}
+
+        def enumerate_dropping_it_after_one_look() -> list[threading.Thread]:
+            calls["n"] += 1
+            return [t for t in real() if t is not thread or calls["n"] == 1]
+
+        monkeypatch.setattr(threading, "enumerate", enumerate_dropping_it_after_one_look)
+        threading.Timer(0.2, release.set).start()
+    monkeypatch.undo()
+    assert calls["n"] >= 2
+    assert not thread.is_alive()
+
+
 def test_leak_guard_ignores_what_existed_before_or_was_excused() -> None:
     early, release_early = _parked_thread("pydotcompute-early")
     try:
