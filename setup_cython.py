@@ -1,5 +1,5 @@
-"""Declare (and optionally build) the Cython extensions ``fast_spsc``, ``fast_message`` and
-``fast_telemetry``.
+"""Declare (and optionally build) the Cython extensions ``fast_spsc``, ``fast_message``,
+``fast_telemetry`` and ``fast_queue_core``.
 
 Metadata lives in ``pyproject.toml``; this file only says which extension exists and how
 to build it without making the build mandatory:
@@ -24,7 +24,8 @@ from typing import Any
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-#: (module name, Cython source): the rings, the messages' fast paths, the latency recorder
+#: (module name, Cython source): the rings, the messages' fast paths, the latency recorder,
+#: the tier-1 queues' core
 EXTENSIONS: tuple[tuple[str, str], ...] = (
     (
         "pydotcompute.ring_kernels._cython.fast_spsc",
@@ -37,6 +38,10 @@ EXTENSIONS: tuple[tuple[str, str], ...] = (
     (
         "pydotcompute.ring_kernels._cython.fast_telemetry",
         "pydotcompute/ring_kernels/_cython/fast_telemetry.pyx",
+    ),
+    (
+        "pydotcompute.ring_kernels._cython.fast_queue_core",
+        "pydotcompute/ring_kernels/_cython/fast_queue_core.pyx",
     ),
 )
 

@@ -11,10 +11,17 @@ Design notes:
 - ``close()`` makes the queue refuse puts while getters drain what is left; once empty,
   getters raise the close reason (``QueueClosedError`` or the actor's failure). This is how
   shutdown wakes actors parked in ``receive()`` without a timeout.
-- Not thread-safe: one event loop owns a queue (other tiers have their own queues).
-- Hot-path shape (the runtime and ``KernelContext`` call ``_append``/``_pop`` directly):
+- Not thread-safe: one event loop owns a queue (other tiers have their own queues). As with
+  ``asyncio.Queue``, the loop of the first wait is kept: on Python 3.11 looking up the
+  running loop costs as much as making the waiter future, twice per round trip.
+- The calls every message makes (``_append``, ``_pop``, ``_park_getter``) and the state they
+  touch are the queue's core, compiled (``_cython/fast_queue_core.pyx``) or its Python twin
+  (``_queue_core_py``); this class adds everything else. Compiled, an append plus a pop
+  costs about half as much.
+- Hot-path shape (the runtime and ``KernelContext`` call ``_offer``/``_pop`` directly):
   "open, with room" is one comparison, ``_count < _limit`` (``_limit`` is the capacity,
-  ``sys.maxsize`` when unbounded, 0 once closed); ``total_enqueued`` is derived from the
+  ``sys.maxsize`` when unbounded, 0 once closed), which ``_offer`` makes before it
+  appends; ``total_enqueued`` is derived from the
   other counters instead of counted; an idle queue shares one empty band tuple. Callers
   that wait inline (the actor's ``receive``) park with ``_park_getter`` and clean up with
   ``_unpark_getter``, so a wake-up resumes one coroutine frame less. A reusable waiter
@@ -36,7 +43,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..exceptions import (
     InvalidConfigurationError,
@@ -45,6 +52,11 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
+from . import _queue_core_py
+from ._cython import queue_extension
+from ._queue_core_py import BAND_OF as _BAND_OF
+from ._queue_core_py import NO_BANDS as _NO_BANDS
+from ._queue_core_py import wake_one as _wake_one
 from .message import frame_priority, get_buffer_registry, release_frame
 
 _buffers = get_buffer_registry()
@@ -60,7 +72,6 @@ __all__ = (
 
 T = TypeVar("T")
 _UNBOUNDED = sys.maxsize
-_get_running_loop = asyncio.get_running_loop
 
 
 class PriorityBand(enum.IntEnum):
@@ -91,13 +102,9 @@ class BackpressureStrategy(enum.StrEnum):
             ) from None
 
 
-_NO_BANDS: tuple[None, ...] = (None, None, None, None)
 _STRATEGIES: dict[str, BackpressureStrategy] = {s.value: s for s in BackpressureStrategy}
 
 # A dict, not a tuple: a negative priority must miss instead of indexing from the end.
-_BAND_OF: dict[int, int] = {
-    p: 0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3 for p in range(256)
-}
 
 
 def get_priority_band(priority: int) -> PriorityBand:
@@ -149,7 +156,14 @@ def _discard(items: Iterable[Any]) -> None:
             release_frame(item)
 
 
-class FastMessageQueue(Generic[T]):
+_core = queue_extension()
+if TYPE_CHECKING:  # both cores have the twin's attributes and signatures
+    _QueueCore = _queue_core_py.QueueCore
+else:
+    _QueueCore = _core.QueueCore if _core is not None else _queue_core_py.QueueCore
+
+
+class FastMessageQueue(_QueueCore, Generic[T]):
     """Bounded four-band priority queue for one event loop.
 
     Args:
@@ -168,21 +182,12 @@ class FastMessageQueue(Generic[T]):
     queue itself is garbage-collected.
     """
 
+    # the per-message state (bands, counts, waiters, decoder, loop) is the core's
     __slots__ = (
-        "_bands",
         "_close_exc",
-        "_closed",
-        "_count",
-        "_decode",
-        "_dequeued",
         "_dropped",
-        "_getters",
-        "_limit",
         "_maxsize",
-        "_peak",
-        "_putters",
         "_removed",
-        "_serialize",
         "_strategy",
         "kernel_id",
         "on_drop",
@@ -228,6 +233,7 @@ class FastMessageQueue(Generic[T]):
         self._putters: deque[asyncio.Future[None]] | None = None
         self._closed = False
         self._close_exc: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # bound by the first wait
         #: Called with 1 for every message ``drop_oldest`` drops (a kernel counts them).
         self.on_drop: Callable[[int], None] | None = None
 
@@ -277,40 +283,16 @@ class FastMessageQueue(Generic[T]):
             return self._close_exc
         return QueueClosedError(f"{self._describe()} is closed")
 
-    def _append(self, item: Any) -> None:
-        try:
-            band = _BAND_OF[item.priority]
-        except (AttributeError, KeyError, TypeError):
-            band = self._band_of(item)
-        if self._serialize and type(item) is not bytes:
-            try:
-                item = item.serialize()
-            except AttributeError:
-                if hasattr(item, "serialize"):
-                    raise  # raised inside a message's own serialize
-                raise self._not_a_message(item) from None
-        d = self._bands[band]
-        if d is None:
-            d = self._new_band(band)
-        d.append(item)
-        n = self._count + 1
-        self._count = n
-        if n > self._peak:
-            self._peak = n
-        getters = self._getters
-        if getters:  # wake the longest waiter (``_wake_one``, first round inlined)
-            fut = getters.popleft()
-            if fut.done():
-                _wake_one(getters)
-            else:
-                fut.set_result(None)
-
     def _discard_queued(self) -> None:
         """Everything queued is thrown away unread: frames give back what they pinned."""
         _discard(x for d in self._bands if d for x in d)
 
     def _band_of(self, item: Any) -> int:
         """The band of an item without a valid ``priority`` attribute (the slow path)."""
+        try:
+            return _BAND_OF[item.priority]
+        except (AttributeError, KeyError, TypeError):
+            pass
         if self._serialize and type(item) is bytes:  # a frame: its header says
             return _BAND_OF[frame_priority(item)]
         return _BAND_OF[_priority_of(item)]
@@ -321,31 +303,6 @@ class FastMessageQueue(Generic[T]):
             f"instances or their bytes; got {type(item).__name__}. Decorate the class with "
             "@message, or launch without serialize=True to pass plain objects"
         )
-
-    def _new_band(self, band: int) -> deque[Any]:
-        bands = self._bands
-        if type(bands) is not list:
-            bands = self._bands = [None, None, None, None]
-        d: deque[Any] = deque()
-        bands[band] = d
-        return d
-
-    def _pop(self) -> Any:
-        b = self._bands
-        # the first non-empty band in priority order (the caller knows one is non-empty)
-        item = (b[0] or b[1] or b[2] or b[3]).popleft()  # type: ignore[union-attr]
-        self._count -= 1
-        self._dequeued += 1
-        putters = self._putters
-        if putters:
-            fut = putters.popleft()
-            if fut.done():
-                _wake_one(putters)
-            else:
-                fut.set_result(None)
-        if self._decode is not None:
-            return self._decode(item)
-        return item
 
     def _drop_oldest(self) -> None:
         for d in reversed(self._bands):
@@ -418,7 +375,7 @@ class FastMessageQueue(Generic[T]):
         return True
 
     async def _wait_for_space(self, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._maxsize and self._count >= self._maxsize:
             if self._closed:
@@ -489,28 +446,12 @@ class FastMessageQueue(Generic[T]):
             if self._count:
                 return self._pop()
 
-    def _park_getter(self) -> asyncio.Future[None]:
-        """The empty queue's next wait: a future the next put (or ``close``) completes.
-
-        Raises the close reason instead when the queue is closed. Callers that wait
-        inline (the actor's ``receive``) await the future, call `_unpark_getter`
-        if that await raises, and re-check ``_count`` when it returns.
-        """
-        if self._closed:
-            raise self._closed_error()
-        fut: asyncio.Future[None] = _get_running_loop().create_future()
-        getters = self._getters
-        if getters is None:
-            getters = self._getters = deque()
-        getters.append(fut)
-        return fut
-
     def _unpark_getter(self, fut: asyncio.Future[None]) -> None:
         """Clean up a wait that was abandoned (cancelled, say); a wake-up it got moves on."""
         _forget(self._getters, fut, self._count > 0)  # type: ignore[arg-type]
 
     async def _get_slow(self, timeout: float | None) -> T:
-        loop = _get_running_loop()
+        loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._count:
             if self._closed:
@@ -610,14 +551,6 @@ class FastMessageQueue(Generic[T]):
 
 
 # --- shared waiting helpers ------------------------------------------------------------------
-
-
-def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
-    while waiters:
-        fut = waiters.popleft()
-        if not fut.done():
-            fut.set_result(None)
-            return
 
 
 def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None], pass_on: bool) -> None:

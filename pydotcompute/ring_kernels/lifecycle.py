@@ -376,8 +376,7 @@ class KernelContext:
                 raise
             return True
         out = self._outbox
-        if out._count < out._limit:  # open, with room
-            out._append(msg)
+        if out._offer(msg):  # open, with room: appended
             return True
         try:
             return await out.put(msg, timeout=timeout)
@@ -911,8 +910,7 @@ class RingKernel:
         inbox = self._inbox
         if inbox is None or inbox._closed or self._stopping:
             raise self._refuse("send to")
-        if inbox._count < inbox._limit:  # room (it is open)
-            inbox._append(msg)
+        if inbox._offer(msg):  # room (it is open): appended
             return
         try:
             await inbox.put(msg, timeout=timeout)
@@ -939,10 +937,9 @@ class RingKernel:
             self._direct
             and (in_t is None or type(msg) is in_t)
             and inbox is not None
-            and inbox._count < inbox._limit  # open, with room
             and not self._stopping
+            and inbox._offer(msg)  # open, with room: appended
         ):
-            inbox._append(msg)
             return True
         await self._accept(msg, timeout)
         return True

@@ -111,6 +111,33 @@ def test_put_with_out_of_range_priority_is_refused(bad: object) -> None:
     assert len(q) == 0
 
 
+class _Prioritized:
+    def __init__(self, priority: object) -> None:
+        self.priority = priority
+
+
+def test_every_priority_lands_in_its_band() -> None:
+    """The queue's core (compiled, or the twin under PYDOTCOMPUTE_PUREPYTHON) picks the
+    band `get_priority_band` names for each of the 256 priorities, and a bool keeps the
+    band of its int value, as the table lookup gives it."""
+    q: FastMessageQueue[object] = FastMessageQueue(0)
+    for p in range(256):
+        q.put_nowait(_Prioritized(p))
+        counts = q.statistics().band_counts
+        assert counts[get_priority_band(p)] == 1, p
+        q.get_nowait()
+    q.put_nowait(_Prioritized(True))
+    assert q.statistics().band_counts == (0, 0, 0, 1)
+
+
+@pytest.mark.parametrize("bad", [2**70, -(2**70), None])
+def test_a_priority_beyond_a_c_long_is_refused(bad: object) -> None:
+    q: FastMessageQueue[object] = FastMessageQueue(0)
+    with pytest.raises(ValueError, match=r"priority must be an int in 0\.\.255"):
+        q.put_nowait(_Prioritized(bad))
+    assert len(q) == 0
+
+
 # --- properties and statistics ---------------------------------------------------------
 
 
@@ -361,6 +388,29 @@ async def test_many_getters_each_get_one_message() -> None:
     assert sorted(seqs(got)) == list(range(50))
 
 
+def test_a_queue_belongs_to_the_loop_of_its_first_wait() -> None:
+    """As with ``asyncio.Queue``: waiting from a second loop raises, it does not hang, and
+    the queue stays usable from its own loop's point of view (nothing left parked)."""
+    q: FastMessageQueue[Item] = FastMessageQueue(0)
+
+    async def first() -> None:
+        with pytest.raises(QueueTimeoutError):
+            await q.get(timeout=0.001)
+        waiter = asyncio.ensure_future(q.get())
+        await asyncio.sleep(0)
+        q.put_nowait(item(1))
+        assert (await waiter).seq == 1
+
+    async def second() -> None:
+        with pytest.raises(RuntimeError, match="different loop"):
+            await asyncio.wait_for(q.get(), 5.0)
+        q.put_nowait(item(2))  # no stale waiter swallows the wake-up
+        assert q.get_nowait().seq == 2  # type: ignore[union-attr]
+
+    asyncio.run(first())
+    asyncio.run(second())
+
+
 # --- close -----------------------------------------------------------------------------
 
 
@@ -423,6 +473,32 @@ async def test_serializing_queue_stores_bytes_and_returns_messages() -> None:
     out = [await q.get(), q.get_nowait()]
     assert out == [b, a]
     assert out[0] is not b  # a decoded copy, as across a process
+
+
+@message
+class Counted:
+    seq: int
+
+    def serialize(self) -> bytes:
+        SERIALIZED.append(self.seq)
+        return super().serialize()
+
+
+SERIALIZED: list[int] = []
+
+
+def test_a_serializing_queue_calls_each_class_own_serialize() -> None:
+    """A class that overrides ``serialize`` is served by its own method every time, also
+    after a plain class took the queue's short path to the compiled one."""
+    SERIALIZED.clear()
+    q: FastMessageQueue[Any] = FastMessageQueue(0, serialize=True)
+    for i in range(3):
+        q.put_nowait(item(i))
+        q.put_nowait(Counted(seq=i))
+    assert SERIALIZED == [0, 1, 2]
+    got = q.get_batch(6)
+    assert [type(m) for m in got] == [Item, Counted] * 3
+    assert [m.seq for m in got] == [0, 0, 1, 1, 2, 2]
 
 
 # --- RingBuffer ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The compiled extensions, when built: the SPSC rings (``fast_spsc``, else its pure-Python
-twin), the messages' fast paths (``fast_message``, else Python code in the message package)
-and the actors' latency recorder (``fast_telemetry``, else `telemetry.PyLatencyRecorder`).
+twin), the messages' fast paths (``fast_message``, else Python code in the message package),
+the actors' latency recorder (``fast_telemetry``, else `telemetry.PyLatencyRecorder`) and the
+tier-1 queues' hot core (``fast_queue_core``, else ``_queue_core_py.QueueCore``).
 
 Both implementations expose the same names (`FastSPSCQueue`,
 `SharedByteRing`, `SharedSegment`) with the same semantics and the same
@@ -24,6 +25,7 @@ __all__ = (
     "extension_import_error",
     "is_cython_available",
     "message_extension",
+    "queue_extension",
     "telemetry_extension",
 )
 
@@ -68,6 +70,16 @@ if not _FORCED_PURE:
         _fast_telemetry = fast_telemetry
 
 
+_fast_queue_core: ModuleType | None = None
+if not _FORCED_PURE:
+    try:
+        from . import fast_queue_core  # type: ignore[attr-defined]
+    except ImportError:  # not built: the queues use their Python core
+        pass
+    else:
+        _fast_queue_core = fast_queue_core
+
+
 def message_extension() -> ModuleType | None:
     """The compiled ``fast_message`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
     return _fast_message
@@ -76,6 +88,11 @@ def message_extension() -> ModuleType | None:
 def telemetry_extension() -> ModuleType | None:
     """The compiled ``fast_telemetry`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
     return _fast_telemetry
+
+
+def queue_extension() -> ModuleType | None:
+    """The compiled ``fast_queue_core`` module, or None (not built, or PYDOTCOMPUTE_PUREPYTHON)."""
+    return _fast_queue_core
 
 
 def is_cython_available() -> bool:

@@ -1,0 +1,171 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The compiled hot core of `FastMessageQueue`: what every tier-1 message touches.
+
+Design notes:
+- Same attributes, methods and results as ``_queue_core_py.QueueCore``, used when this
+  extension is not built. `FastMessageQueue` subclasses whichever core is in use and
+  supplies the hooks (``_band_of``, ``_not_a_message``, ``_closed_error``) that only
+  unusual items and closed queues reach; they are called as Python methods.
+- A serializing queue remembers the last class whose ``serialize`` is the compiled one
+  (not overridden) and calls that function directly for it: no attribute lookup, no bound
+  method per message.
+- The counters are C integers behind ``public`` attributes, so the queue's Python methods
+  and the actor's inlined fast paths read and write them as before. The band of a valid
+  priority is computed (224+, 160+, 64+, else LOW) instead of looked up; anything else
+  (no ``priority``, not an exact int in 0..255) takes the hook, which keeps the Python
+  table's answers.
+"""
+
+from collections import deque
+
+from cpython.long cimport PyLong_CheckExact
+from cpython.object cimport PyObject_IsTrue
+
+IMPLEMENTATION = "cython"
+
+cdef object _get_running_loop
+from asyncio import get_running_loop as _get_running_loop
+
+cdef object _fast_serialize = None  # RingKernelMessage.serialize, when compiled
+try:
+    from .fast_message import serialize as _fast_serialize
+except ImportError:
+    pass
+
+
+cdef inline void _wake_one(object waiters) except *:
+    """Complete the longest-waiting future that is still pending, if any."""
+    while waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(None)
+            return
+
+
+cdef class QueueCore:
+    """The per-message state and calls of a `FastMessageQueue` (compiled)."""
+
+    cdef public object _bands
+    cdef public bint _closed
+    cdef public Py_ssize_t _count
+    cdef public object _decode
+    cdef public Py_ssize_t _dequeued
+    cdef public object _getters
+    cdef public Py_ssize_t _limit
+    cdef public object _loop
+    cdef public Py_ssize_t _peak
+    cdef public object _putters
+    cdef public bint _serialize
+    cdef object _ser_type  # the last class seen to serialize with the compiled function
+
+    def __cinit__(self):
+        self._bands = None
+        self._decode = None
+        self._getters = None
+        self._loop = None
+        self._putters = None
+        self._ser_type = None
+
+    def _append(self, item):
+        """Enqueue ``item`` in its band (no capacity check) and wake one getter."""
+        cdef Py_ssize_t band = -1, n
+        cdef long p
+        try:
+            prio = item.priority
+        except AttributeError:
+            prio = None
+        if prio is not None and PyLong_CheckExact(prio):
+            try:
+                p = prio
+            except OverflowError:
+                p = -1
+            if 0 <= p <= 255:
+                band = 0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3
+        if band < 0:
+            band = self._band_of(item)
+        if self._serialize and type(item) is not bytes:
+            t = type(item)
+            if t is self._ser_type:  # the compiled serialize, called without a lookup
+                item = _fast_serialize(item)
+            else:
+                try:
+                    item = item.serialize()
+                except AttributeError:
+                    if hasattr(item, "serialize"):
+                        raise  # raised inside a message's own serialize
+                    raise self._not_a_message(item) from None
+                if _fast_serialize is not None and getattr(t, "serialize", None) is _fast_serialize:
+                    self._ser_type = t
+        d = self._bands[band]
+        if d is None:
+            d = self._new_band(band)
+        d.append(item)
+        n = self._count + 1
+        self._count = n
+        if n > self._peak:
+            self._peak = n
+        getters = self._getters
+        if getters is not None and PyObject_IsTrue(getters):  # wake the longest waiter
+            fut = getters.popleft()
+            if fut.done():
+                _wake_one(getters)
+            else:
+                fut.set_result(None)
+
+    def _offer(self, item):
+        """`_append` when the queue is open with room (True), else nothing (False)."""
+        if self._count < self._limit:
+            self._append(item)
+            return True
+        return False
+
+    def _new_band(self, Py_ssize_t band):
+        bands = self._bands
+        if type(bands) is not list:
+            bands = self._bands = [None, None, None, None]
+        d = deque()
+        bands[band] = d
+        return d
+
+    def _pop(self):
+        """Dequeue the first item of the highest non-empty band (the caller knows one is
+        non-empty), wake one putter, and decode a frame of a serializing queue."""
+        b = self._bands
+        item = (b[0] or b[1] or b[2] or b[3]).popleft()
+        self._count -= 1
+        self._dequeued += 1
+        putters = self._putters
+        if putters is not None and PyObject_IsTrue(putters):
+            fut = putters.popleft()
+            if fut.done():
+                _wake_one(putters)
+            else:
+                fut.set_result(None)
+        if self._decode is not None:
+            return self._decode(item)
+        return item
+
+    def _park_getter(self):
+        """The empty queue's next wait: a future the next put (or ``close``) completes.
+
+        Raises the close reason instead when the queue is closed. Callers that wait
+        inline (the actor's ``receive``) await the future, call ``_unpark_getter`` if
+        that await raises, and re-check ``_count`` when it returns.
+        """
+        if self._closed:
+            raise self._closed_error()
+        loop = self._loop
+        if loop is None:
+            loop = self._bind_loop()
+        fut = loop.create_future()
+        getters = self._getters
+        if getters is None:
+            getters = self._getters = deque()
+        getters.append(fut)
+        return fut
+
+    def _bind_loop(self):
+        """The running loop, which owns this queue from its first wait on (as with
+        ``asyncio.Queue``; a wait from another loop then raises ``RuntimeError``)."""
+        loop = self._loop = _get_running_loop()
+        return loop
