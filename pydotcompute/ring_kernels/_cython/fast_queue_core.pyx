@@ -26,6 +26,10 @@ IMPLEMENTATION = "cython"
 cdef object _get_running_loop
 from asyncio import get_running_loop as _get_running_loop
 
+# the deque methods, called as functions: no method lookup per message
+cdef object _deque_append = deque.append
+cdef object _deque_popleft = deque.popleft
+
 cdef object _fast_serialize = None  # RingKernelMessage.serialize, when compiled
 try:
     from .fast_message import serialize as _fast_serialize
@@ -36,7 +40,7 @@ except ImportError:
 cdef inline void _wake_one(object waiters) except *:
     """Complete the longest-waiting future that is still pending, if any."""
     while waiters:
-        fut = waiters.popleft()
+        fut = _deque_popleft(waiters)
         if not fut.done():
             fut.set_result(None)
             return
@@ -99,14 +103,14 @@ cdef class QueueCore:
         d = self._bands[band]
         if d is None:
             d = self._new_band(band)
-        d.append(item)
+        _deque_append(d, item)
         n = self._count + 1
         self._count = n
         if n > self._peak:
             self._peak = n
         getters = self._getters
         if getters is not None and PyObject_IsTrue(getters):  # wake the longest waiter
-            fut = getters.popleft()
+            fut = _deque_popleft(getters)
             if fut.done():
                 _wake_one(getters)
             else:
@@ -131,12 +135,12 @@ cdef class QueueCore:
         """Dequeue the first item of the highest non-empty band (the caller knows one is
         non-empty), wake one putter, and decode a frame of a serializing queue."""
         b = self._bands
-        item = (b[0] or b[1] or b[2] or b[3]).popleft()
+        item = _deque_popleft(b[0] or b[1] or b[2] or b[3])
         self._count -= 1
         self._dequeued += 1
         putters = self._putters
         if putters is not None and PyObject_IsTrue(putters):
-            fut = putters.popleft()
+            fut = _deque_popleft(putters)
             if fut.done():
                 _wake_one(putters)
             else:
@@ -161,7 +165,7 @@ cdef class QueueCore:
         getters = self._getters
         if getters is None:
             getters = self._getters = deque()
-        getters.append(fut)
+        _deque_append(getters, fut)
         return fut
 
     def _bind_loop(self):
