@@ -176,6 +176,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             ``TypeValidationError``.
         backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
 
+    Like ``asyncio.Queue``, a queue belongs to the event loop of its first wait: waiting on
+    it from another loop raises ``RuntimeError``.
+
     Messages dropped by ``drop_oldest`` or ``clear`` are counted in ``total_dropped``; a
     dropped `ArrayMessage` frame releases the
     arrays it pinned in the buffer registry, and so do the frames still queued when the
