@@ -21,7 +21,8 @@ from typing import Any
 
 __all__ = ("BAND_OF", "NO_BANDS", "QueueCore", "wake_one")
 
-#: priority (0..255) -> band: SYSTEM 224+, HIGH 160+, NORMAL 64+, LOW below
+#: priority (0..255) -> band: SYSTEM 224+, HIGH 160+, NORMAL 64+, LOW below. A dict, not a
+#: tuple: a negative priority must miss instead of indexing from the end.
 BAND_OF: dict[int, int] = {
     p: 0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3 for p in range(256)
 }

@@ -104,8 +104,6 @@ class BackpressureStrategy(enum.StrEnum):
 
 _STRATEGIES: dict[str, BackpressureStrategy] = {s.value: s for s in BackpressureStrategy}
 
-# A dict, not a tuple: a negative priority must miss instead of indexing from the end.
-
 
 def get_priority_band(priority: int) -> PriorityBand:
     """The band of a 0..255 priority."""
@@ -347,8 +345,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             QueueFullError: the queue is full and the strategy is ``block`` or ``reject``.
             QueueClosedError: the queue is closed.
         """
-        if self._count < self._limit:  # open, with room
-            self._append(item)
+        if self._offer(item):  # open, with room: appended
             return True
         if self._closed:
             raise self._closed_error()
@@ -366,8 +363,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         ``QueueTimeoutError``); ``reject`` raises ``QueueFullError``; ``drop_oldest`` drops
         and counts the oldest lowest-band message.
         """
-        if self._count < self._limit:  # open, with room
-            self._append(item)
+        if self._offer(item):  # open, with room: appended
             return True
         if self._closed:
             raise self._closed_error()

@@ -62,14 +62,6 @@ cdef class QueueCore:
     cdef public bint _serialize
     cdef object _ser_type  # the last class seen to serialize with the compiled function
 
-    def __cinit__(self):
-        self._bands = None
-        self._decode = None
-        self._getters = None
-        self._loop = None
-        self._putters = None
-        self._ser_type = None
-
     def _append(self, item):
         """Enqueue ``item`` in its band (no capacity check) and wake one getter."""
         cdef Py_ssize_t band = -1, n
@@ -78,7 +70,7 @@ cdef class QueueCore:
             prio = item.priority
         except AttributeError:
             prio = None
-        if prio is not None and PyLong_CheckExact(prio):
+        if PyLong_CheckExact(prio):
             try:
                 p = prio
             except OverflowError:
