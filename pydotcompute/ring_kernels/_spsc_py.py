@@ -17,11 +17,16 @@ Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines):
 
 ```text
 line 0   magic, capacity, max_records                      written once by the creator
-line 1   tail, records_written, writer_waiting, writer_closed   written by the producer
-line 2   head, records_read, reader_waiting, reader_closed, records_done
-                                                                written by the consumer
+line 1   tail, records_written                             written by the producer per record
+line 2   head, records_read, records_done                  written by the consumer per record
+line 3   writer_waiting, writer_closed, reader_waiting, reader_closed
+                                                           written only to park, wake or close
 256..    data: ``capacity`` bytes (a multiple of 8)
 ```
+
+The flags have a line of their own because each side reads the other's on every record (a
+write checks ``reader_waiting`` and ``reader_closed``): beside ``head`` they would pull the
+consumer's busiest line across cores once per record (0.15 µs of a raw round trip here).
 
 ``head`` and ``tail`` are byte positions that only grow (``2**64`` bytes never wrap in
 practice); the offset in the data area is ``position % capacity``. A record is an 8-byte
@@ -82,7 +87,7 @@ __all__ = (
 
 IMPLEMENTATION = "python"
 
-MAGIC = 0x31474E4952434450  # b"PDCRING1" little-endian
+MAGIC = 0x32474E4952434450  # b"PDCRING2" little-endian (the layout's version)
 HEADER_BYTES = 256
 RECORD_HEADER_BYTES = 8
 MIN_CAPACITY = 64
@@ -92,8 +97,9 @@ MAX_CAPACITY = 1 << 40
 H_MAGIC, H_CAPACITY, H_MAX_RECORDS = 0, 1, 2
 # header words are uint64: counters and positions wrap as the compiled ring's do
 _U64 = (1 << 64) - 1
-H_TAIL, H_WCOUNT, H_WWAIT, H_WCLOSED = 8, 9, 10, 11
-H_HEAD, H_RCOUNT, H_RWAIT, H_RCLOSED, H_DONE = 16, 17, 18, 19, 20
+H_TAIL, H_WCOUNT = 8, 9
+H_HEAD, H_RCOUNT, H_DONE = 16, 17, 18
+H_WWAIT, H_WCLOSED, H_RWAIT, H_RCLOSED = 24, 25, 26, 27
 
 WRITE_FULL, WRITE_OK, WRITE_WAKE = 0, 1, 2
 

@@ -71,13 +71,13 @@ cdef enum:
     H_MAX_RECORDS = 2
     H_TAIL = 8
     H_WCOUNT = 9
-    H_WWAIT = 10
-    H_WCLOSED = 11
     H_HEAD = 16
     H_RCOUNT = 17
-    H_RWAIT = 18
-    H_RCLOSED = 19
-    H_DONE = 20
+    H_DONE = 18
+    H_WWAIT = 24
+    H_WCLOSED = 25
+    H_RWAIT = 26
+    H_RCLOSED = 27
 
 cdef uint64_t C_MAGIC = _twin.MAGIC
 
