@@ -30,7 +30,7 @@ from ..exceptions import (
     KernelStateError,
     TypeValidationError,
 )
-from .message import raw_correlation_get, raw_correlation_set
+from .message import stamp_reply  # correlates a reply to the request being handled
 
 __all__ = (
     "KernelBase",
@@ -114,17 +114,6 @@ def check_type(kernel_id: str, msg: object, expected: type | None, what: str) ->
         raise TypeValidationError(
             f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
         )
-
-
-def stamp_reply(msg: Any, current: Any) -> None:
-    """Correlate a reply without ``correlation_id`` to the request being handled (as tier 1)."""
-    if current is None:
-        return
-    try:
-        if raw_correlation_get(msg) is None:
-            raw_correlation_set(msg, current)
-    except TypeError:  # not a RingKernelMessage
-        pass
 
 
 class KernelBase(Generic[_ConfigT, _StateT]):

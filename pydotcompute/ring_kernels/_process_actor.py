@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 
 from ..exceptions import (
+    InvalidConfigurationError,
     MessageDeserializationError,
     MessageSerializationError,
     QueueClosedError,
@@ -50,12 +51,13 @@ __all__ = (
     "Waiter",
     "child_main",
     "drain_bell",
+    "read_parked",
     "read_wait",
     "ring_bell",
     "write_wait",
 )
 
-WRITE_WAKE = 2
+WRITE_OK, WRITE_WAKE = 1, 2  # SharedByteRing.try_write's codes
 SLICE_S = 0.05  # longest single sleep; a safety net, doorbells and sentinels wake sooner
 _monotonic = time.monotonic
 
@@ -146,37 +148,49 @@ class Waiter:
         return gone
 
 
-def read_wait(ring: Any, waiter: Waiter, timeout: float | None, gone: Any) -> bytes | None:
+def read_wait(
+    ring: Any, waiter: Waiter, timeout: float | None, gone: Any, wake_fd: int = -1
+) -> bytes | None:
     """Spin, then park, until a record arrives, ``gone()`` is true, or the timeout ends.
 
     ``spin_read`` tries at once, so callers need no ``try_read`` of their own first.
     ``gone`` is consulted before each park; it returns True when the peer has exited (the
     caller then drains what is committed and reports the error). Returns None on timeout
-    or when the writer closed the ring and it is empty.
+    or when the writer closed the ring and it is empty. With a ``wake_fd`` (the writer's
+    space doorbell), a read that frees space for a parked writer rings it.
     """
     budget = waiter.spin_s if timeout is None else min(waiter.spin_s, timeout)
-    data: bytes | None = ring.spin_read(budget)
+    data: bytes | None = ring.spin_read(budget, wake_fd)
     if data is not None:
         if budget > 0 and waiter.misses:  # a shrunken budget paid off: restore it
             waiter.hit()
         return data
     if timeout is not None and timeout <= 0:
         return None
+    return read_parked(ring, waiter, timeout, gone, wake_fd)
+
+
+def read_parked(
+    ring: Any, waiter: Waiter, timeout: float | None, gone: Any, wake_fd: int = -1
+) -> bytes | None:
+    """The rest of `read_wait` once its spin found nothing: park until a record, ``gone()``,
+    a closed ring or the timeout. Hot paths inline the spin and call this on a miss."""
+    data: bytes | None = None
     deadline = None if timeout is None else _monotonic() + timeout
     waiter.miss()
     while data is None:
         if gone() or ring.writer_closed:
-            last: bytes | None = ring.try_read()
+            last: bytes | None = ring.spin_read(0, wake_fd)
             return last
         remaining = None if deadline is None else deadline - _monotonic()
         if remaining is not None and remaining <= 0:
             return None
         ring.set_reader_waiting(True)
-        data = ring.try_read()
+        data = ring.spin_read(0, wake_fd)
         if data is None:
             if waiter.park(remaining):
                 gone(True)
-            data = ring.try_read()
+            data = ring.spin_read(0, wake_fd)
         ring.set_reader_waiting(False)
     return data
 
@@ -514,14 +528,30 @@ class CythonKernelContext:
                 process died (letting it escape ends the actor cleanly).
         """
         ring = self._in
+        waiter = self._read_waiter
+        wake = self._in_space_fd  # the reads ring it when they free space for a parked parent
         while True:
             ring.mark_done()
-            data = read_wait(ring, self._read_waiter, timeout, self._parent_gone)
+            if timeout is None:  # read_wait inlined: this is every message's path
+                data = ring.spin_read(waiter.spin_s, wake)
+                if data is None:
+                    data = read_parked(ring, waiter, None, self._parent_gone, wake)
+                elif waiter.misses and waiter.spin_s > 0:
+                    waiter.hit()
+            else:
+                data = read_wait(ring, waiter, timeout, self._parent_gone, wake)
             if data is None:
                 if self._gone or ring.writer_closed:
                     raise self._closed()
                 return None
-            msg = self._take(ring, data)
+            if data[0] != FRAME_TAG:
+                try:
+                    msg = self._current = self._decode(data)
+                    return msg
+                except MessageDeserializationError as exc:
+                    self._reject(data, exc)
+                    continue
+            msg = self._take(data)
             if msg is not _REJECTED:
                 return msg
 
@@ -530,20 +560,19 @@ class CythonKernelContext:
         ring = self._in
         while True:
             ring.mark_done()
-            data = ring.try_read()
+            data = ring.spin_read(0, self._in_space_fd)  # rings a parked parent
             if data is None:
                 if ring.writer_closed and not ring.readable():
                     raise self._closed()
                 return None
-            msg = self._take(ring, data)
+            msg = self._take(data)
             if msg is not _REJECTED:
                 return msg
 
-    def _take(self, ring: Any, data: bytes) -> Any:
+    def _take(self, data: bytes) -> Any:
         """One record read from the inbox: the message it holds (now in the actor's hands),
-        or `_REJECTED` once an undecodable record was reported back as its message's error."""
-        if ring.writer_waiting:
-            ring_bell(self._in_space_fd)
+        or `_REJECTED` once an undecodable record was reported back as its message's error.
+        (`receive` decodes a ``@message`` record itself, the same way.)"""
         try:
             if data[0] != FRAME_TAG:
                 msg = self._current = self._decode(data)
@@ -583,13 +612,21 @@ class CythonKernelContext:
         if codec[2]:
             stamp_reply(msg, self._current)
         data = codec[1](msg)
-        if len(data) > self._out_max:
-            raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox")
-        return self._write(data, timeout)
+        try:
+            result = self._out.try_write(data)
+        except InvalidConfigurationError:  # the ring says it can never hold the record
+            raise too_large(self.kernel_id, msg, len(data), self._out_max, "outbox") from None
+        if result == WRITE_OK:
+            return True
+        return self._write_rest(data, result, timeout)
 
     def _write(self, data: bytes, timeout: float | None) -> bool:
+        return self._write_rest(data, self._out.try_write(data), timeout)
+
+    def _write_rest(self, data: bytes, result: int, timeout: float | None) -> bool:
+        """Finish a write that `try_write` answered with ``result``: wait for room when it
+        was full, ring the parent's doorbell when it is parked."""
         ring = self._out
-        result = ring.try_write(data)
         if not result:
             result = write_wait(ring, data, self._write_waiter, timeout, self._parent_gone)
             if not result:

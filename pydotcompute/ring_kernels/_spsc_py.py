@@ -498,21 +498,28 @@ class SharedByteRing:
         q = self._q
         return bool(q[H_TAIL] != q[H_HEAD])
 
-    def spin_read(self, budget_s: float) -> bytes | None:
+    def spin_read(self, budget_s: float, wake_fd: int = -1) -> bytes | None:
         """Like `try_read`, polling for up to ``budget_s`` seconds while empty.
 
-        Stops early when the writer has closed the ring.
+        Stops early when the writer has closed the ring. With a ``wake_fd``, a read that
+        finds the writer parked for space writes one byte to that doorbell (errors ignored:
+        a full pipe already holds a wake-up, a closed one means the writer is gone).
         """
         out = self.try_read()
-        if out is not None or budget_s <= 0:
-            return out
-        q = self._q
-        deadline = time.perf_counter() + budget_s
-        head = q[H_HEAD]
-        while time.perf_counter() < deadline:
-            if q[H_TAIL] != head or q[H_WCLOSED]:
-                break
-        return self.try_read()
+        if out is None and budget_s > 0:
+            q = self._q
+            deadline = time.perf_counter() + budget_s
+            head = q[H_HEAD]
+            while time.perf_counter() < deadline:
+                if q[H_TAIL] != head or q[H_WCLOSED]:
+                    break
+            out = self.try_read()
+        if out is not None and wake_fd >= 0 and self.writer_waiting:
+            try:
+                os.write(wake_fd, b"\x00")
+            except OSError:
+                pass
+        return out
 
     def read_all(self) -> list[bytes]:
         """Pop every committed record (used to recover what a dead peer left behind)."""

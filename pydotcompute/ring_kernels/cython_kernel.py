@@ -106,6 +106,7 @@ from ._process_actor import (
     decode_value,
     drain_bell,
     encoder_for,
+    read_parked,
     read_wait,
     ring_bell,
     too_large,
@@ -495,7 +496,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, _no_encoder)
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
-        self._inflight: deque[Any] = deque()
+        self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
         self._pruned = 0  # finished messages dropped from the front of ``_inflight``
         self._prune_at = 2 * (config.input_queue_size + 1)
         self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
@@ -897,7 +898,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             counts = self._final_counts or self._inbox_counts()
             if counts is not None and not self._unprocessed:
                 base = self._pruned
-                self._unprocessed.extend(list(self._inflight)[counts[0] - base :])
+                self._unprocessed.extend(self._inflight[counts[0] - base :])
 
     def _cleanup(self) -> None:
         if self._cleaned:
@@ -963,16 +964,6 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 type), or it encodes to more than `max_message_bytes`; raised at
                 once, nothing is queued.
         """
-        if self._state is not _RUNNING:
-            raise self._state_error("send to")
-        codec = self._codec
-        if type(msg) is not codec[0]:  # validate each new type once
-            codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
-            self._codec = codec
-        data = codec[1](msg)
-        ring = self._in_ring
-        if len(data) > self._in_max:
-            raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox")
         lock = self._send_lock
         if timeout is None:
             lock.acquire()
@@ -981,6 +972,12 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         try:
             if self._state is not _RUNNING:
                 raise self._state_error("send to")
+            codec = self._codec
+            if type(msg) is not codec[0]:  # validate each new type once
+                codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
+                self._codec = codec
+            data = codec[1](msg)
+            ring = self._in_ring
             try:
                 result = ring.try_write(data)
                 if not result:
@@ -994,6 +991,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 if result and self._space_armed:
                     self._space_armed = False
                     ring.set_writer_waiting(False)
+            except InvalidConfigurationError:  # the ring says it can never hold the record
+                raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox") from None
             except QueueClosedError:  # the child closed its inbox: it is exiting
                 self._await_child()
                 raise self._state_error("send to") from None
@@ -1020,11 +1019,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             done = ring.records_done
         except ValueError:  # closed
             return
-        inflight = self._inflight
-        drop = min(done - self._pruned, len(inflight))
-        for _ in range(drop):
-            inflight.popleft()
+        drop = min(done - self._pruned, len(self._inflight))
         if drop > 0:
+            del self._inflight[:drop]
             self._pruned += drop
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
@@ -1063,9 +1060,18 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
-            assert self._recv_waiter is not None
+            waiter = self._recv_waiter
+            assert waiter is not None
             try:
-                data = read_wait(ring, self._recv_waiter, timeout, self._child_gone)
+                wake = self._out_space_fd  # rung by a read that frees space for the child
+                if timeout is None:  # read_wait inlined: this is every reply's path
+                    data = ring.spin_read(waiter.spin_s, wake)
+                    if data is None:
+                        data = read_parked(ring, waiter, None, self._child_gone, wake)
+                    elif waiter.misses and waiter.spin_s > 0:
+                        waiter.hit()
+                else:
+                    data = read_wait(ring, waiter, timeout, self._child_gone, wake)
             except RingCorruptedError as exc:
                 self._ring_failed(exc)
                 self._rx = None
@@ -1079,8 +1085,6 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                     if self._child_exited:
                         raise self._state_error("receive from")
                 return None
-            if ring.writer_waiting:
-                ring_bell(self._out_space_fd)
         finally:
             lock.release()
         if data[0] != FRAME_TAG:
@@ -1158,7 +1162,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             counts = self._final_counts
             base = self._pruned
             done = counts[1] if counts is not None else base
-            out = list(self._inflight)[done - base :]
+            out = self._inflight[done - base :]
             self._inflight.clear()
             return out
 

@@ -40,6 +40,7 @@ from pydotcompute.ring_kernels.message import (
     registered_message_types,
     release_buffer,
     serialize_message,
+    stamp_reply,
 )
 
 
@@ -725,3 +726,25 @@ def test_release_frame_gives_back_what_a_dropped_array_frame_pinned() -> None:
     assert release_frame(data) == 1
     assert reg.refcount(bid) == 0
     assert release_frame(data) == 0  # released once only
+
+
+def test_stamp_reply_correlates_only_an_uncorrelated_message() -> None:
+    request = Point(x=1.0, y=2.0)
+    reply = Point(x=3.0, y=4.0)
+    stamp_reply(reply, request)
+    assert reply.correlation_id == request.message_id  # resolved from the request
+    decoded = deserialize_message(reply.serialize())
+    assert decoded.correlation_id == request.message_id
+
+    other = Point(x=5.0, y=6.0)
+    stamp_reply(reply, other)  # already correlated: kept
+    assert reply.correlation_id == request.message_id
+    own = uuid.uuid4()
+    explicit = Point(x=0.0, y=0.0, correlation_id=own)
+    stamp_reply(explicit, request)
+    assert explicit.correlation_id == own
+
+    loose = Point(x=0.0, y=0.0)
+    stamp_reply(loose, None)  # nothing being handled
+    assert loose.correlation_id is None
+    stamp_reply({"plain": 1}, request)  # not a message: left alone, no error

@@ -289,6 +289,71 @@ def test_ring_parking_flags_and_wake_code(ring_pair: Any) -> None:
     assert not r.writer_waiting
 
 
+def test_a_read_rings_the_doorbell_of_a_parked_writer(ring_pair: Any) -> None:
+    w, r = ring_pair
+    bell_r, bell_w = os.pipe()
+    os.set_blocking(bell_r, False)
+    try:
+        for rec in (b"a", b"b", b"c", b"d"):
+            w.try_write(rec)
+        assert r.spin_read(0, bell_w) == b"a"  # the writer is not parked: no byte
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        w.set_writer_waiting(True)
+        assert r.spin_read(0, bell_w) == b"b"  # it is parked: one byte on its doorbell
+        assert os.read(bell_r, 16) == b"\x00"
+        assert r.spin_read(1.0, bell_w) == b"c"  # the same after a spin
+        assert os.read(bell_r, 16) == b"\x00"
+        assert r.spin_read(0) == b"d"  # no doorbell given: nothing is written
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        assert r.spin_read(0, bell_w) is None  # nothing read: nothing rung
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        os.close(bell_r)
+        w.try_write(b"e")
+        assert r.spin_read(0, bell_w) == b"e"  # a doorbell nobody reads is no error
+    finally:
+        for fd in (bell_r, bell_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def test_a_long_spin_read_lets_other_threads_run(ring_pair: Any) -> None:
+    """The first microseconds of a spin keep the GIL; the rest of the budget must not."""
+    _, r = ring_pair
+    ticks = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        while ticks == 0:  # the counter runs before the spin starts
+            pass
+        before = ticks
+        assert r.spin_read(0.2) is None
+        during = ticks - before
+    finally:
+        stop.set()
+        thread.join()
+    assert during > 1000
+
+
+def test_the_flags_have_a_cache_line_of_their_own() -> None:
+    """Each side reads the other's flags on every record; beside the positions they would
+    move the busiest lines across cores once per record."""
+    per_record = {_spsc_py.H_TAIL, _spsc_py.H_WCOUNT, _spsc_py.H_HEAD, _spsc_py.H_RCOUNT}
+    flags = {_spsc_py.H_WWAIT, _spsc_py.H_WCLOSED, _spsc_py.H_RWAIT, _spsc_py.H_RCLOSED}
+    assert {i // 8 for i in flags}.isdisjoint({i // 8 for i in per_record})
+
+
 def test_ring_close_writer_and_reader(ring_pair: Any) -> None:
     w, r = ring_pair
     w.try_write(b"last")

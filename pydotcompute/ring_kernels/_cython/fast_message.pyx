@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled fast paths for messages: the priority check, message ids and `serialize`.
+"""Compiled fast paths for messages: the priority check, message ids, `serialize` and
+stamping a reply with its request.
 
 Design notes:
 - Each function here has a Python twin in `pydotcompute.ring_kernels.message` with the same
@@ -142,6 +143,16 @@ def check_priority(self):
     if type(value) is int and 0 <= value <= 255:
         return
     raise _bad_priority(value)
+
+
+def stamp_reply(msg, current):
+    """Correlate the reply ``msg`` to ``current``, the request being handled, unless it has
+    a ``correlation_id`` already (or ``current`` is None, or ``msg`` is not a message)."""
+    if current is None or _base == NULL or not PyObject_TypeCheck(msg, _base):
+        return
+    cdef PyObject *cid = _slot(msg, _cid_off)
+    if cid == NULL or <object>cid is None:
+        _set_slot(msg, _cid_off, current)
 
 
 def serialize(self):

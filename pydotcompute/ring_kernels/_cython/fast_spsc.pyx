@@ -22,6 +22,7 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.unistd cimport write
 
 from pydotcompute.exceptions import InvalidConfigurationError, QueueClosedError
 from pydotcompute.ring_kernels import _spsc_py as _twin
@@ -80,11 +81,25 @@ cdef enum:
     H_RCLOSED = 27
 
 cdef uint64_t C_MAGIC = _twin.MAGIC
+# spin_read polls this long holding the GIL before it lets other threads run
+cdef uint64_t GIL_SPIN_NS = 3000
 
 cdef inline uint64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return <uint64_t>ts.tv_sec * 1000000000ULL + <uint64_t>ts.tv_nsec
+
+
+cdef bint _await_tail(uint64_t *hdr, uint64_t head, uint64_t deadline) noexcept nogil:
+    """Poll until the tail moves past ``head`` or the writer closed (True), or ``deadline``."""
+    cdef unsigned int i = 0
+    while True:
+        if pdc_load_acquire(&hdr[H_TAIL]) != head or pdc_load_relaxed(&hdr[H_WCLOSED]):
+            return True
+        pdc_pause()
+        i += 1
+        if (i & 15) == 0 and _now_ns() >= deadline:
+            return False
 
 
 cdef class SharedByteRing:
@@ -401,29 +416,40 @@ cdef class SharedByteRing:
         self._check_open()
         return pdc_load_acquire(&self._hdr[H_TAIL]) != pdc_load_relaxed(&self._hdr[H_HEAD])
 
-    def spin_read(self, double budget_s):
+    def spin_read(self, double budget_s, int wake_fd=-1):
         """Like :meth:`try_read`, polling for up to ``budget_s`` seconds while empty.
 
         The wait runs without the GIL with a CPU pause between polls; it stops early when
-        the writer has closed the ring.
+        the writer has closed the ring. With a ``wake_fd``, a read that finds the writer
+        parked for space writes one byte to that doorbell (errors ignored: a full pipe
+        already holds a wake-up, a closed one means the writer is gone).
         """
         self._check_open()
         cdef object out = self._read()
         if out is not None or budget_s <= 0:
+            if out is not None and wake_fd >= 0:
+                self._wake_writer(wake_fd)
             return out
         cdef uint64_t *hdr = self._hdr
         cdef uint64_t head = pdc_load_relaxed(&hdr[H_HEAD])
-        cdef uint64_t deadline = _now_ns() + <uint64_t>(budget_s * 1e9)
-        cdef unsigned int i = 0
-        with nogil:
-            while True:
-                if pdc_load_acquire(&hdr[H_TAIL]) != head or pdc_load_relaxed(&hdr[H_WCLOSED]):
-                    break
-                pdc_pause()
-                i += 1
-                if (i & 63) == 0 and _now_ns() >= deadline:
-                    break
-        return self._read()
+        cdef uint64_t now = _now_ns()
+        cdef uint64_t deadline = now + <uint64_t>(budget_s * 1e9)
+        # the first few microseconds keep the GIL: giving it up and taking it back costs
+        # about as much as a reply from a busy peer takes to arrive
+        if not _await_tail(hdr, head, min(now + GIL_SPIN_NS, deadline)):
+            with nogil:
+                _await_tail(hdr, head, deadline)
+        out = self._read()
+        if out is not None and wake_fd >= 0:
+            self._wake_writer(wake_fd)
+        return out
+
+    cdef inline void _wake_writer(self, int fd) noexcept:
+        cdef char byte = 0
+        cdef ssize_t ignored
+        pdc_fence()  # Dekker: our new head is visible before we look at the writer's flag
+        if pdc_load_relaxed(&self._hdr[H_WWAIT]):
+            ignored = write(fd, &byte, 1)  # a failure needs nothing (see spin_read)
 
     def read_all(self):
         """Pop every committed record (used to recover what a dead peer left behind)."""

@@ -30,6 +30,7 @@ from .base import (
     raw_correlation_get,
     raw_correlation_set,
     serialize_message,
+    stamp_reply,
 )
 from .codec import (
     HEADER_NAMES,
@@ -88,6 +89,7 @@ __all__ = (
     "release_buffer",
     "release_frame",
     "serialize_message",
+    "stamp_reply",
 )
 
 # Names code written before the split imported from here; kept as aliases of the public

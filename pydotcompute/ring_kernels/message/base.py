@@ -63,6 +63,7 @@ __all__ = (
     "raw_correlation_get",
     "raw_correlation_set",
     "serialize_message",
+    "stamp_reply",
 )
 
 _T = TypeVar("_T")
@@ -341,6 +342,18 @@ def raw_correlation_get(obj: Any) -> Any:
         return _raw_cid_get(obj)
     except AttributeError:  # an instance made without __init__
         return None
+
+
+def _stamp_reply(msg: Any, current: Any) -> None:
+    if current is None or not isinstance(msg, RingKernelMessage):
+        return
+    if raw_correlation_get(msg) is None:
+        raw_correlation_set(msg, current)
+
+
+#: Correlate the reply `msg` to `current`, the request being handled, unless the reply has a
+#: correlation already (or `current` is None, or `msg` is not a message). Compiled when built.
+stamp_reply: Callable[[Any, Any], None] = _stamp_reply if _fast is None else _fast.stamp_reply
 
 
 def serialize_message(msg: RingKernelMessage) -> bytes:
