@@ -60,9 +60,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
-from .message import RingKernelMessage
-from .message import raw_correlation_get as _raw_cid_get
-from .message import raw_correlation_set as _raw_cid_set
+from .message import RingKernelMessage, stamp_reply
 from .queue import MessageQueue
 from .telemetry import RingKernelTelemetry
 
@@ -314,15 +312,7 @@ class KernelContext:
         t = type(msg)
         if out_t is not None and t is not out_t and not isinstance(msg, out_t):
             validate_message(msg, out_t, k.kernel_id, "must send")
-        cur = self._current
-        if cur is not None:
-            try:
-                if _raw_cid_get(msg) is None:
-                    _raw_cid_set(msg, cur)
-            except AttributeError:  # slot never set
-                _raw_cid_set(msg, cur)
-            except TypeError:  # not a RingKernelMessage: nothing to stamp
-                pass
+        stamp_reply(msg, self._current)
         if self._tel is not None:
             self._tel.messages_sent += 1
         if t is not self._reply_t and _plain_message_class(t):
@@ -338,14 +328,8 @@ class KernelContext:
         """
         k = self._kernel
         if type(msg) is self._reply_t and k.output_type is self._reply_for:
-            # a class already validated, with a plain correlation slot: stamp it inline
-            cur = self._current
-            if cur is not None:
-                try:
-                    if msg._pdc_cid is None:
-                        msg._pdc_cid = cur
-                except AttributeError:  # slot never set (an instance built without __init__)
-                    msg._pdc_cid = cur
+            # a class already validated: only the correlation is left to stamp
+            stamp_reply(msg, self._current)
             tel = self._tel
             if tel is not None:
                 tel.messages_sent += 1

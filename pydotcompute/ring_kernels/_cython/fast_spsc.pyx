@@ -426,20 +426,18 @@ cdef class SharedByteRing:
         """
         self._check_open()
         cdef object out = self._read()
-        if out is not None or budget_s <= 0:
-            if out is not None and wake_fd >= 0:
-                self._wake_writer(wake_fd)
-            return out
         cdef uint64_t *hdr = self._hdr
-        cdef uint64_t head = pdc_load_relaxed(&hdr[H_HEAD])
-        cdef uint64_t now = _now_ns()
-        cdef uint64_t deadline = now + <uint64_t>(budget_s * 1e9)
-        # the first few microseconds keep the GIL: giving it up and taking it back costs
-        # about as much as a reply from a busy peer takes to arrive
-        if not _await_tail(hdr, head, min(now + GIL_SPIN_NS, deadline)):
-            with nogil:
-                _await_tail(hdr, head, deadline)
-        out = self._read()
+        cdef uint64_t head, now, deadline
+        if out is None and budget_s > 0:
+            head = pdc_load_relaxed(&hdr[H_HEAD])
+            now = _now_ns()
+            deadline = now + <uint64_t>(budget_s * 1e9)
+            # the first few microseconds keep the GIL: giving it up and taking it back
+            # costs about as much as a reply from a busy peer takes to arrive
+            if not _await_tail(hdr, head, min(now + GIL_SPIN_NS, deadline)):
+                with nogil:
+                    _await_tail(hdr, head, deadline)
+            out = self._read()
         if out is not None and wake_fd >= 0:
             self._wake_writer(wake_fd)
         return out
