@@ -179,3 +179,144 @@ def test_the_compiled_functions_are_installed() -> None:
     assert FAST is not None
     assert RingKernelMessage.serialize is FAST.serialize
     assert RingKernelMessage.__post_init__ is FAST.check_priority
+
+
+# --- output buffer and error handling ------------------------------------------------------
+
+
+@message
+class FBlob:
+    data: bytes
+
+
+def test_frames_small_and_large_in_any_order_match_the_plain_encoder() -> None:
+    # small frames share one reused buffer and large ones do not: every frame must be the
+    # bytes msgspec itself writes, whatever size came before it
+    plain = msgspec.msgpack.Encoder(uuid_format="bytes")
+    for n in (0, 10, 5000, 3, 70_000, 1024, 1100, 900, 2, 2000, 5):
+        m = FBlob(data=bytes(range(256)) * (n // 256) + b"x" * (n % 256))
+        frame = m.serialize()
+        assert frame == plain.encode(m)
+        assert deserialize_message(frame) == m
+
+
+def test_threads_serializing_at_once_keep_their_frames_apart() -> None:
+    # array fields run the encoder's Python hook, where another thread may take the GIL
+    # and serialize in turn: no frame may carry another message's bytes
+    import sys
+    import threading
+
+    @message
+    class FMixed:
+        tag: int
+        a: np.ndarray
+
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(300):
+                if i % 2:
+                    a = np.full(i % 7 + 1, k, dtype=np.int64)
+                    back = deserialize_message(FMixed(tag=k * 1000 + i, a=a).serialize())
+                    same = back.tag == k * 1000 + i and np.array_equal(back.a, a)
+                else:
+                    m = FBlob(data=bytes([k]) * (i % 40 if i % 10 else 3000))
+                    back = deserialize_message(m.serialize())
+                    same = back == m
+                if not same:
+                    errors.append(f"thread {k}, message {i}: got {back!r}")
+        except Exception as exc:  # reported by the assertion below, not lost in the thread
+            errors.append(f"thread {k}: {exc!r}")
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+
+
+class _FailingEncoder:
+    """Stands in for a class's msgspec encoder: raises ``exc`` from both entry points."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    def encode(self, msg: Any) -> bytes:
+        self.calls += 1
+        raise self.exc
+
+    def encode_into(self, msg: Any, buf: bytearray) -> None:
+        self.calls += 1
+        raise self.exc
+
+
+@compiled
+@pytest.mark.parametrize("small", [True, False])
+def test_an_encoder_exception_takes_the_python_path_and_others_propagate(small: bool) -> None:
+    from pydotcompute.ring_kernels.message.codec import DIRECT_ENCODERS
+
+    assert FAST is not None
+
+    @message
+    class FEnc:
+        value: int
+
+    good = DIRECT_ENCODERS[FEnc]
+    expected = FEnc(value=7)
+    frame = expected.serialize()
+    try:
+        cases: list[tuple[BaseException, Any]] = [
+            (ValueError("refused"), None),
+            (KeyboardInterrupt(), KeyboardInterrupt),
+        ]
+        for exc, raised in cases:
+            fake = _FailingEncoder(exc)
+            if small:
+                DIRECT_ENCODERS[FEnc] = fake.encode
+            else:  # an encoder without encode_into: its frames are never buffered
+                DIRECT_ENCODERS[FEnc] = lambda m, f=fake: f.encode(m)  # type: ignore[misc]
+            FAST.registry_changed()
+            if raised is None:  # the Python path encodes it (and would name a bad field)
+                assert expected.serialize() == frame
+            else:
+                with pytest.raises(raised):
+                    expected.serialize()
+            assert fake.calls == 1
+    finally:
+        DIRECT_ENCODERS[FEnc] = good
+        FAST.registry_changed()
+    assert expected.serialize() == frame
+
+
+@compiled
+def test_a_stream_decoder_falls_back_on_an_exception_and_propagates_others() -> None:
+    assert FAST is not None
+    calls: list[str] = []
+    raise_next: list[BaseException] = []
+
+    def fast(data: Any) -> Any:
+        calls.append("fast")
+        raise raise_next[0]
+
+    def general(data: Any) -> Any:
+        calls.append("general")
+        return deserialize_message(data)
+
+    stream = FAST.StreamDecoder(general, lambda cls: fast)
+    frame = FPing(value=3).serialize()
+    assert stream.decode(frame).value == 3  # the first frame: the general path
+    raise_next.append(ValueError("another class"))
+    assert stream.decode(frame).value == 3
+    assert calls == ["general", "fast", "general"]
+    raise_next[0] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        stream.decode(frame)
+    assert calls[-1] == "fast"

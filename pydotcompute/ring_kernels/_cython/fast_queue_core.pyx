@@ -66,10 +66,7 @@ cdef class QueueCore:
         """Enqueue ``item`` in its band (no capacity check) and wake one getter."""
         cdef Py_ssize_t band = -1, n
         cdef long p
-        try:
-            prio = item.priority
-        except AttributeError:
-            prio = None
+        prio = getattr(item, "priority", None)  # no ``try``: it would save the error state
         if PyLong_CheckExact(prio):
             try:
                 p = prio
