@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import sys
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from pydotcompute.exceptions import (
 )
 from pydotcompute.ring_kernels import KernelState
 
-from .tier_actors import Done, Job, echo_async, echo_sync
+from .tier_actors import Done, Job, echo_async, echo_sync, forward_async, forward_sync
 
 
 def _process_tier_available() -> bool:
@@ -192,6 +193,32 @@ async def test_plain_side_outputs_of_an_untyped_actor_reach_the_outbox(name: str
         notes = [await rt.receive("k", timeout=10) for _ in range(3)]
         assert notes == [{"note": "progress", "seq": i} for i in range(3)]
         assert rt.get_kernel("k").state is KernelState.ACTIVE
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [("asyncio", forward_async), ("thread", forward_sync), ("process", forward_sync)],
+    ids=["asyncio", "thread", "process"],
+)
+async def test_a_message_sent_on_as_its_own_reply_is_freed(name: str, fn: Any) -> None:
+    """An actor that sends on the message it handles answers it with itself: the message
+    is correlated to its own id, holds no reference to itself, and is freed."""
+    if name == "process" and not _process_tier_available():
+        pytest.skip("the process tier (cython_kernel) is missing")
+    async with RingKernelRuntime() as rt:
+        await rt.launch("k", fn, input_type=Job, output_type=Job, tier=name)
+        await rt.activate("k")
+        first = Job(seq=1)
+        echoed = await rt.send_and_receive("k", first, timeout=10)  # matched by its own id
+        assert echoed.correlation_id == echoed.message_id == first.message_id
+        del first, echoed
+        await rt.send("k", Job(seq=2))
+        got = await rt.receive("k", timeout=10)
+        await rt.send("k", Job(seq=3))  # the actor lets go of the second as it takes this
+        assert (await rt.receive("k", timeout=10)).seq == 3
+        # nothing read its correlation yet (reading resolves it): it must not be itself
+        assert sys.getrefcount(got) == 2  # the name and the call's argument
+        assert got.correlation_id == got.message_id
 
 
 async def replies_with_an_int(ctx: Any) -> None:

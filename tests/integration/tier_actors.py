@@ -38,3 +38,16 @@ def echo_sync(ctx: Any) -> None:
         if job.payload == "exit":  # the process dies without a word
             os._exit(3)
         ctx.send(Done(seq=job.seq, tier="worker"))
+
+
+async def forward_async(ctx: Any) -> None:
+    """Sends on the very message it received (its own reply)."""
+    while not ctx.should_terminate:
+        await ctx.send(await ctx.receive())
+
+
+def forward_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = ctx.receive(timeout=0.05)
+        if job is not None:
+            ctx.send(job)

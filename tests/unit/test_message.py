@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import sys
 import textwrap
 import uuid
@@ -36,6 +37,7 @@ from pydotcompute.ring_kernels.message import (
     is_fixed_layout,
     message,
     message_field_names,
+    raw_correlation_get,
     register_buffer,
     registered_message_types,
     release_buffer,
@@ -748,3 +750,54 @@ def test_stamp_reply_correlates_only_an_uncorrelated_message() -> None:
     stamp_reply(loose, None)  # nothing being handled
     assert loose.correlation_id is None
     stamp_reply({"plain": 1}, request)  # not a message: left alone, no error
+
+
+# --- correlation never makes a reference cycle ------------------------------------------------
+# A message's correlation slot may hold the request object itself (its id is made only if
+# read or sent). A message holding itself, or two holding each other, would never be freed:
+# a message of scalar fields is not tracked by the cycle collector.
+
+
+def test_a_message_forwarded_as_its_own_reply_does_not_hold_itself() -> None:
+    msg = Point(x=1.0, y=2.0)
+    stamp_reply(msg, msg)  # an actor sending on the message it is handling
+    assert raw_correlation_get(msg) is not msg
+    assert msg.correlation_id == msg.message_id  # still reads as correlated to itself
+    assert sys.getrefcount(msg) == 2  # the name and the call's argument: nothing else
+
+
+def test_reply_with_itself_does_not_hold_itself() -> None:
+    msg = Point(x=1.0, y=2.0)
+    assert msg.reply(msg) is msg
+    assert raw_correlation_get(msg) is not msg
+    assert msg.correlation_id == msg.message_id
+    assert sys.getrefcount(msg) == 2
+
+
+def test_stamping_never_closes_a_loop_of_requests() -> None:
+    first = Point(x=1.0, y=2.0)
+    second = Point(x=3.0, y=4.0)
+    stamp_reply(second, first)  # second answers first (holds it)
+    stamp_reply(first, second)  # first sent again while second is handled
+    assert raw_correlation_get(second) is first
+    assert raw_correlation_get(first) is not second  # holds second's id, not second
+    assert first.correlation_id == second.message_id
+    assert second.correlation_id == first.message_id
+    del first
+    assert sys.getrefcount(second) == 2
+
+
+def test_a_chain_of_replies_is_kept_as_objects_up_to_the_limit() -> None:
+    from pydotcompute.ring_kernels.message.base import CHAIN_LIMIT
+
+    chain = [Point(x=float(i), y=0.0) for i in range(CHAIN_LIMIT + 2)]
+    for request, reply in itertools.pairwise(chain[: CHAIN_LIMIT + 1]):
+        stamp_reply(reply, request)
+    for request, reply in itertools.pairwise(chain[: CHAIN_LIMIT + 1]):
+        assert raw_correlation_get(reply) is request  # no id made before it is needed
+    # the next request has a chain longer than is followed: its id is stored instead
+    last, beyond = chain[CHAIN_LIMIT], chain[CHAIN_LIMIT + 1]
+    stamp_reply(beyond, last)
+    assert raw_correlation_get(beyond) == last.message_id.bytes
+    for request, reply in itertools.pairwise(chain):
+        assert reply.correlation_id == request.message_id

@@ -161,14 +161,44 @@ def check_priority(self):
     raise _bad_priority(value)
 
 
+cdef int _CHAIN_LIMIT = 64  # `message.base.CHAIN_LIMIT`
+
+
+cdef object _correlation_to(object request, object reply):
+    """`message.base.correlation_to`: ``request``, or its id where holding the request
+    would close a loop of messages holding each other."""
+    cdef PyObject *cur = <PyObject *>request
+    cdef int i
+    for i in range(_CHAIN_LIMIT + 1):
+        if cur == <PyObject *>reply:
+            break
+        if not PyObject_TypeCheck(<object>cur, _base):
+            return request
+        if i == _CHAIN_LIMIT:
+            break  # too long to follow: the id, to be safe
+        cur = _slot(<object>cur, _cid_off)
+        if cur == NULL:
+            return request
+    cdef PyObject *mid = _slot(request, _mid_off)
+    if mid == NULL:
+        return request
+    if <object>mid is None:
+        _set_slot(request, _mid_off, _new_id())
+        mid = _slot(request, _mid_off)
+    return <object>mid
+
+
 def stamp_reply(msg, current):
     """Correlate the reply ``msg`` to ``current``, the request being handled, unless it has
-    a ``correlation_id`` already (or ``current`` is None, or ``msg`` is not a message)."""
+    a ``correlation_id`` already (or ``current`` is None, or ``msg`` is not a message).
+
+    The slot holds ``current`` itself, or its id where that would close a loop (see
+    `message.base.correlation_to`)."""
     if current is None or _base == NULL or not PyObject_TypeCheck(msg, _base):
         return
     cdef PyObject *cid = _slot(msg, _cid_off)
     if cid == NULL or <object>cid is None:
-        _set_slot(msg, _cid_off, current)
+        _set_slot(msg, _cid_off, _correlation_to(current, msg))
 
 
 cdef int _propagate() except -1:

@@ -200,7 +200,8 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
         keeps its own.
         """
         if isinstance(response, RingKernelMessage):
-            response._pdc_cid = self  # resolved to this message's id when read
+            # this message (resolved to its id when read), or its id if that closes a loop
+            response._pdc_cid = correlation_to(self, response)
             return response
         cls = type(self) if response is None else response
         fields.setdefault("correlation_id", self)  # resolved when read, as above
@@ -344,11 +345,41 @@ def raw_correlation_get(obj: Any) -> Any:
         return None
 
 
+#: How many requests back `correlation_to` looks for the reply before it gives up and
+#: stores an id (a tier-1 pipeline's replies hold their requests, one link per stage).
+CHAIN_LIMIT = 64
+
+
+def correlation_to(request: Any, reply: Any) -> Any:
+    """What `reply`'s correlation slot holds to answer `request`: `request` itself (its id
+    is made only when read or sent), or its id when `reply` is reachable from `request`.
+
+    A message holding itself (an actor sending on the message it handles), or two messages
+    holding each other, would never be freed: messages of scalar fields are not tracked by
+    the cycle collector. Replies hold their requests, so a chain is followed back to its
+    end (or `CHAIN_LIMIT` links) and an id is stored where the object would close a loop.
+    """
+    cur = request
+    for _ in range(CHAIN_LIMIT):
+        if cur is reply:
+            break
+        if not isinstance(cur, RingKernelMessage):
+            return request
+        cur = raw_correlation_get(cur)
+    else:
+        if not isinstance(cur, RingKernelMessage):
+            return request
+    mid = request._pdc_mid  # a loop (or a chain too long to follow): the id itself
+    if mid is None:
+        mid = request._pdc_mid = next_id_bytes()
+    return mid
+
+
 def _stamp_reply(msg: Any, current: Any) -> None:
     if current is None or not isinstance(msg, RingKernelMessage):
         return
     if raw_correlation_get(msg) is None:
-        raw_correlation_set(msg, current)
+        raw_correlation_set(msg, correlation_to(current, msg))
 
 
 #: Correlate the reply `msg` to `current`, the request being handled, unless the reply has a
