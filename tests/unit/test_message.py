@@ -7,6 +7,7 @@ import importlib
 import itertools
 import sys
 import textwrap
+import typing
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -801,3 +802,77 @@ def test_a_chain_of_replies_is_kept_as_objects_up_to_the_limit() -> None:
     assert raw_correlation_get(beyond) == last.message_id.bytes
     for request, reply in itertools.pairwise(chain):
         assert reply.correlation_id == request.message_id
+
+
+def test_a_message_with_containers_is_answered_by_its_id() -> None:
+    # an Envelope can hold other messages: a reply that held it could close a loop the
+    # cycle collector cannot see (unwrapping an envelope and sending its inner message on)
+    inner = Point(x=1.0, y=2.0)
+    env = Envelope(point=inner, points=[inner])
+    stamp_reply(inner, env)
+    assert not isinstance(raw_correlation_get(inner), RingKernelMessage)  # an id
+    assert inner.correlation_id == env.message_id
+    reply = Envelope(point=Point(x=0.0, y=0.0), points=[])
+    assert env.reply(reply) is reply
+    assert not isinstance(raw_correlation_get(reply), RingKernelMessage)
+    assert reply.correlation_id == env.message_id
+    refs = sys.getrefcount(env)
+    del reply
+    assert sys.getrefcount(env) == refs  # nothing held it
+
+
+@pytest.mark.parametrize(
+    ("tp", "scalar"),
+    [
+        (int, True),
+        (str | None, True),
+        (Annotated[float, msgspec.Meta(ge=0)], True),
+        (tuple[int, ...], True),
+        (tuple[int, str], True),
+        (frozenset[uuid.UUID], True),
+        (typing.Literal["a", "b"], True),
+        (list[int], False),
+        (dict[str, int], False),
+        (tuple[list[int], ...], False),
+        (Any, False),
+        (np.ndarray, False),
+        (Point, False),
+        (int | list[int], False),
+    ],
+)
+def test_which_field_types_count_as_scalars(tp: Any, scalar: bool) -> None:
+    from pydotcompute.ring_kernels.message.decorate import is_scalar_type
+
+    assert is_scalar_type(tp) is scalar
+
+
+def test_only_classes_of_scalar_fields_skip_the_cycle_collector() -> None:
+    import gc
+
+    @message
+    class Plain:
+        a: int
+        b: str = ""
+
+    @message
+    class WithList(Plain):
+        items: list[int] = msgspec.field(default_factory=list)
+
+    @message
+    class BackToScalars(WithList):
+        c: float = 0.0
+
+    assert Plain.__struct_config__.gc is False
+    assert WithList.__struct_config__.gc is True
+    assert BackToScalars.__struct_config__.gc is True  # inherits the list
+    assert Everything.__struct_config__.gc is True  # lists, dicts, a message
+    assert Point.__struct_config__.gc is False
+    m = WithList(a=1)
+    m.items.append(m)  # a loop through a container: the collector frees it
+    before = len([o for o in gc.get_objects() if type(o) is WithList])
+    del m
+    gc.collect()
+    assert len([o for o in gc.get_objects() if type(o) is WithList]) == before - 1
+    decoded = deserialize_message(Plain(a=1, b="x").serialize())
+    assert decoded == Plain(a=1, b="x", message_id=decoded.message_id)
+    assert not gc.is_tracked(decoded)

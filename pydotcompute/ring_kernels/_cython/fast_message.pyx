@@ -34,6 +34,7 @@ cdef extern from "Python.h":
     PyObject *PyObject_CallOneArg(object callable, object arg)
     PyObject *PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, PyObject *kw)
     int PyErr_ExceptionMatches(object exc)
+    int PyObject_IS_GC(PyObject *obj)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
     void PyErr_Clear()
 
 
@@ -165,19 +166,17 @@ cdef int _CHAIN_LIMIT = 64  # `message.base.CHAIN_LIMIT`
 
 
 cdef object _correlation_to(object request, object reply):
-    """`message.base.correlation_to`: ``request``, or its id where holding the request
-    would close a loop of messages holding each other."""
+    """`message.base.correlation_to`: ``request`` where holding it can close no loop, else
+    its id."""
+    if not PyObject_TypeCheck(request, _base):
+        return request
     cdef PyObject *cur = <PyObject *>request
     cdef int i
-    for i in range(_CHAIN_LIMIT + 1):
-        if cur == <PyObject *>reply:
+    for i in range(_CHAIN_LIMIT):
+        if cur == <PyObject *>reply or PyObject_IS_GC(cur):
             break
-        if not PyObject_TypeCheck(<object>cur, _base):
-            return request
-        if i == _CHAIN_LIMIT:
-            break  # too long to follow: the id, to be safe
         cur = _slot(<object>cur, _cid_off)
-        if cur == NULL:
+        if cur == NULL or not PyObject_TypeCheck(<object>cur, _base):
             return request
     cdef PyObject *mid = _slot(request, _mid_off)
     if mid == NULL:

@@ -4,7 +4,8 @@ Messages are `msgspec.Struct` subclasses of `RingKernelMessage`; msgspec's typed
 and decoder are the codec. The package is split by job:
 
 - `ids`: unique message ids without a system call per message;
-- `base`: `RingKernelMessage`, `@message`, `ArrayMessage`, `@array_message`;
+- `base`: `RingKernelMessage` and `ArrayMessage`: header fields, ids, correlation;
+- `decorate`: `@message` and `@array_message`;
 - `codec`: the wire format, the registry of message classes, stream decoders;
 - `arrays`: NumPy arrays in messages, and arrays passed by reference;
 - `layout`: fixed-layout messages and their NumPy structured `dtype` (GPU rings).
@@ -25,8 +26,6 @@ from .arrays import (
 from .base import (
     ArrayMessage,
     RingKernelMessage,
-    array_message,
-    message,
     raw_correlation_get,
     raw_correlation_set,
     serialize_message,
@@ -48,6 +47,7 @@ from .codec import (
     registered_message_types,
     release_frame,
 )
+from .decorate import array_message, message
 from .ids import new_message_id
 from .layout import (
     HEADER_FIELD_NAMES,

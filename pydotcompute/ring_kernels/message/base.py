@@ -1,18 +1,17 @@
-"""`RingKernelMessage`, `@message`, `ArrayMessage` and `@array_message`.
+"""`RingKernelMessage`, `ArrayMessage`, ids made lazily and correlation.
 
 Design notes:
 - A message is a `msgspec.Struct`: construction, field access, encoding and decoding run
-  in msgspec's C core. `@message` builds a tagged, array-like Struct subclass of
-  `RingKernelMessage` from the class it decorates (a plain annotated class, a `@dataclass`,
-  or a subclass of another message) with `msgspec.defstruct`, and registers it.
+  in msgspec's C core. `decorate` makes message classes from annotated classes.
 - `==`, `repr` and pickling read the fields through their attributes (not msgspec's raw
   slots), so an id stored as wire bytes compares and prints as the UUID it is.
 - Header fields are keyword-only, so msgspec places them after the user's fields.
 - Ids are made lazily. A new message stores None as its `message_id`; reading the field
   makes the id, serializing makes it as the 16 bytes the wire carries (read back as the
   same UUID); a decoded message stores the 16 bytes it received. A runtime may stamp a
-  reply's correlation slot with the *request* being handled (`raw_correlation_set`);
-  reading `correlation_id` or serializing resolves it to the request's id. Both are small
+  reply's correlation slot with the *request* being handled (`stamp_reply`) where that
+  closes no reference loop (`correlation_to`); reading `correlation_id` or serializing
+  resolves it to the request's id. Both are small
   descriptors over msgspec's slots: the raw slots stay reachable as `_pdc_mid` /
   `_pdc_cid` for the codec, which must see what is stored. Building a message therefore
   calls no Python code except the priority check.
@@ -26,30 +25,23 @@ Design notes:
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import sys
-import types
 import typing
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, ClassVar, TypeVar, overload
+from typing import Annotated, Any, TypeVar, overload
 
 import msgspec
 import numpy as np
 
-from ...exceptions import MessageDeserializationError, TypeValidationError
+from ...exceptions import MessageDeserializationError
 from .._cython import message_extension
 from . import layout
 from .codec import (
     DIRECT_ENCODERS,
-    HEADER_NAMES,
     Codec,
     WireId,
     codec_of,
     deserialize_message,
-    message_tag,
-    register_message_type,
     serialize_error,
 )
 from .ids import new_message_id as _new_id
@@ -58,8 +50,8 @@ from .ids import next_id_bytes, uuid_from_bytes
 __all__ = (
     "ArrayMessage",
     "RingKernelMessage",
-    "array_message",
-    "message",
+    "check_priority",
+    "correlation_to",
     "raw_correlation_get",
     "raw_correlation_set",
     "serialize_message",
@@ -326,7 +318,8 @@ if _fast is not None:
         DIRECT_ENCODERS,
     )
     type.__setattr__(RingKernelMessage, "serialize", _fast.serialize)
-_check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
+#: The priority check every message runs on construction (compiled when built).
+check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
 
 _raw_cid_get = _CID_SLOT.__get__
 #: Write a message's correlation slot as stored (a UUID, or the request being answered).
@@ -348,28 +341,30 @@ def raw_correlation_get(obj: Any) -> Any:
 #: How many requests back `correlation_to` looks for the reply before it gives up and
 #: stores an id (a tier-1 pipeline's replies hold their requests, one link per stage).
 CHAIN_LIMIT = 64
+_HAVE_GC = 1 << 14  # Py_TPFLAGS_HAVE_GC: the class's instances may be tracked
 
 
 def correlation_to(request: Any, reply: Any) -> Any:
     """What `reply`'s correlation slot holds to answer `request`: `request` itself (its id
-    is made only when read or sent), or its id when `reply` is reachable from `request`.
+    is made only when read or sent), or its id.
 
-    A message holding itself (an actor sending on the message it handles), or two messages
-    holding each other, would never be freed: messages of scalar fields are not tracked by
-    the cycle collector. Replies hold their requests, so a chain is followed back to its
-    end (or `CHAIN_LIMIT` links) and an id is stored where the object would close a loop.
+    The object is held only when it can close no loop: its class has scalar fields only
+    (made with ``gc=False``: the cycle collector never sees it, see `decorate`), and
+    `reply` is not reachable from it. Replies hold their requests, so the chain is
+    followed back to its end, or `CHAIN_LIMIT` links; a message holding itself (an actor
+    sending on the message it handles), or two holding each other, would never be freed.
+    Anything else stores the request's id, made now if it has none.
     """
-    cur = request
+    if not isinstance(request, RingKernelMessage):
+        return request  # not a message: kept as it is (serializing refuses it)
+    cur: Any = request
     for _ in range(CHAIN_LIMIT):
-        if cur is reply:
+        if cur is reply or type(cur).__flags__ & _HAVE_GC:
             break
-        if not isinstance(cur, RingKernelMessage):
-            return request
         cur = raw_correlation_get(cur)
-    else:
         if not isinstance(cur, RingKernelMessage):
             return request
-    mid = request._pdc_mid  # a loop (or a chain too long to follow): the id itself
+    mid = request._pdc_mid  # the id itself
     if mid is None:
         mid = request._pdc_mid = next_id_bytes()
     return mid
@@ -402,227 +397,3 @@ class ArrayMessage(RingKernelMessage):
     must give its arrays back with `release_frame`; queues do so for the frames they drop
     (`drop_oldest`) or clear. Only classes that opted in this way decode references.
     """
-
-
-# --- the decorators ------------------------------------------------------------------------
-
-# what a class body may hold that the Struct built from it must not copy
-_NOT_COPIED = frozenset(
-    {
-        "__dict__",
-        "__weakref__",
-        "__annotations__",
-        "__slots__",
-        "__module__",
-        "__qualname__",
-        "__match_args__",
-        "__dataclass_fields__",
-        "__dataclass_params__",
-        "__signature__",
-    }
-)
-_DATACLASS_METHODS = frozenset(
-    {
-        "__init__",
-        "__repr__",
-        "__eq__",
-        "__hash__",
-        "__setattr__",
-        "__delattr__",
-        "__getstate__",
-        "__setstate__",
-        "__lt__",
-        "__le__",
-        "__gt__",
-        "__ge__",
-    }
-)
-
-
-def _generated(value: Any) -> bool:
-    """True for a method `@dataclass` wrote (compiled from a string, not from a file)."""
-    code = getattr(value, "__code__", None)
-    return code is not None and code.co_filename == "<string>"
-
-
-def _resolve_hints(cls: type, names: Sequence[str]) -> dict[str, Any]:
-    """The annotations of `names` on `cls`, evaluated; `Any` where one cannot be."""
-    try:
-        hints = typing.get_type_hints(cls, include_extras=True)
-    except Exception:  # a name only a function's locals know: per field, Any if unknown
-        hints = {}
-        module = sys.modules.get(cls.__module__)
-        globalns = dict(vars(module)) if module is not None else {}
-        for klass in reversed(cls.__mro__):
-            for name, ann in getattr(klass, "__annotations__", {}).items():
-                if isinstance(ann, str):
-                    try:
-                        ann = eval(ann, globalns, dict(vars(cls)))
-                    except Exception:
-                        ann = Any
-                hints[name] = ann
-    return {n: hints.get(n, Any) for n in names}
-
-
-def _is_classvar(tp: Any) -> bool:
-    return tp is ClassVar or typing.get_origin(tp) is ClassVar
-
-
-def _spec_fields(cls: type) -> list[tuple[str, Any]]:
-    """`(name, default)` of the fields `cls` itself declares (its header fields left out).
-
-    The default is `msgspec.NODEFAULT`, a value, or a `msgspec.field(...)`.
-    """
-    if dataclasses.is_dataclass(cls):
-        out: list[tuple[str, Any]] = []
-        for f in dataclasses.fields(cls):
-            if f.name in HEADER_NAMES:
-                continue
-            if f.default_factory is not dataclasses.MISSING:
-                out.append((f.name, msgspec.field(default_factory=f.default_factory)))
-            elif f.default is not dataclasses.MISSING:
-                out.append((f.name, f.default))
-            else:
-                out.append((f.name, msgspec.NODEFAULT))
-        return out
-    own = inspect.get_annotations(cls)
-    if hasattr(cls, "__struct_fields__"):
-        info = {i.name: i for i in msgspec.structs.fields(cls)}  # type: ignore[arg-type]
-        out = []
-        for name in own:
-            got = info.get(name)
-            if got is None or name in HEADER_NAMES:
-                continue
-            if got.default_factory is not msgspec.NODEFAULT:
-                out.append((name, msgspec.field(default_factory=got.default_factory)))
-            else:
-                out.append((name, got.default))
-        return out
-    out = []
-    for name in own:
-        if name in HEADER_NAMES:
-            continue
-        value = cls.__dict__.get(name, msgspec.NODEFAULT)
-        if isinstance(value, dataclasses.Field):
-            if value.default_factory is not dataclasses.MISSING:
-                value = msgspec.field(default_factory=value.default_factory)
-            elif value.default is not dataclasses.MISSING:
-                value = value.default
-            else:
-                value = msgspec.NODEFAULT
-        out.append((name, value))
-    return out
-
-
-def _rebind_class_cell(ns: dict[str, Any], old: type, new: type) -> None:
-    """Point zero-argument `super()` in the copied methods at the new class."""
-    for value in ns.values():
-        fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
-        fns = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [fn]
-        for f in fns:
-            if not isinstance(f, types.FunctionType) or f.__closure__ is None:
-                continue
-            for name, cell in zip(f.__code__.co_freevars, f.__closure__, strict=True):
-                if name == "__class__" and cell.cell_contents is old:
-                    cell.cell_contents = new
-
-
-def _make_message_class(cls: type, base: type[RingKernelMessage]) -> type:
-    if not isinstance(cls, type):
-        raise TypeValidationError(f"@message decorates a class, got {type(cls).__name__}")
-    is_struct = issubclass(cls, RingKernelMessage)
-    by_reference = base is ArrayMessage or (is_struct and issubclass(cls, ArrayMessage))
-    if is_struct and getattr(cls, "__struct_config__").tag == message_tag(cls):  # noqa: B009
-        register_message_type(cls, by_reference=by_reference)  # decorated twice
-        return cls
-    spec = _spec_fields(cls)
-    hints = _resolve_hints(cls, [n for n, _ in spec])
-    fields: list[Any] = []
-    for name, default in spec:
-        tp = hints[name]
-        if _is_classvar(tp):
-            continue
-        fields.append((name, tp) if default is msgspec.NODEFAULT else (name, tp, default))
-    names = {n for n, *_ in fields}
-    generated_ok = dataclasses.is_dataclass(cls)
-    ns: dict[str, Any] = {}
-    for key, value in vars(cls).items():
-        if key in _NOT_COPIED or key in names or key in HEADER_NAMES:
-            continue
-        if key.startswith("__struct_") or (key == "__hash__" and value is None):
-            continue
-        if generated_ok and key in _DATACLASS_METHODS and _generated(value):
-            continue
-        ns[key] = value
-    user_post = ns.get("__post_init__")
-    if user_post is not None:
-        ns["__post_init__"] = _with_priority_check(user_post)
-    bases: tuple[type, ...] = cls.__bases__ if is_struct else (base,)
-    if base is ArrayMessage and not any(issubclass(b, ArrayMessage) for b in bases):
-        bases = (ArrayMessage,) if bases == (RingKernelMessage,) else bases
-    try:
-        new_cls = msgspec.defstruct(
-            cls.__name__,
-            fields,
-            bases=bases,
-            module=cls.__module__,
-            namespace=ns,
-            tag=message_tag(cls),
-        )
-    except TypeError as exc:
-        raise TypeValidationError(
-            f"cannot make a message of {cls.__qualname__}: {exc} (fields without a default "
-            "come before fields with one; msgspec Structs define no __init__ of their own: "
-            "use __post_init__)"
-        ) from exc
-    new_cls.__qualname__ = cls.__qualname__
-    new_cls.__doc__ = cls.__doc__
-    _rebind_class_cell(ns, cls, new_cls)
-    register_message_type(new_cls, by_reference=by_reference)
-    all_hints = _resolve_hints(
-        new_cls, [n for n in new_cls.__struct_fields__ if n not in HEADER_NAMES]
-    )
-    dtype = layout.compute_dtype(list(all_hints.items()))
-    layout.set_fixed_layout_dtype(new_cls, dtype)
-    if dtype is not None and "dtype" not in new_cls.__struct_fields__:
-        new_cls.dtype = dtype  # type: ignore[attr-defined]
-    return new_cls
-
-
-def _with_priority_check(post: Callable[[Any], None]) -> Callable[[Any], None]:
-    def __post_init__(self: Any) -> None:
-        _check_priority(self)
-        post(self)
-
-    __post_init__.__doc__ = post.__doc__
-    return __post_init__
-
-
-@overload
-@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
-def message(cls: type[_T], /) -> type[_T]: ...
-@overload
-@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
-def message(cls: None = None, /) -> Callable[[type[_T]], type[_T]]: ...
-
-
-@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
-def message(cls: type[_T] | None = None, /) -> type[_T] | Callable[[type[_T]], type[_T]]:
-    """Turn a class with annotated fields into a message (bare `@message` or `@message()`).
-
-    The result is a `msgspec.Struct` subclass of `RingKernelMessage` (or of the message
-    class it subclasses), registered for `deserialize_message` under its fully qualified
-    name. A `@dataclass` works too: its fields, defaults and `default_factory`s are kept,
-    and header fields written by hand are replaced by the standard header.
-    """
-    if cls is None:
-        return lambda c: _make_message_class(c, RingKernelMessage)  # type: ignore[return-value]
-    return _make_message_class(cls, RingKernelMessage)  # type: ignore[return-value]
-
-
-@typing.dataclass_transform(field_specifiers=(dataclasses.field, msgspec.field))
-def array_message(cls: type[_T] | None = None, /) -> Any:
-    """Like `message`, but the class inherits `ArrayMessage` (arrays travel by reference)."""
-    if cls is None:
-        return lambda c: _make_message_class(c, ArrayMessage)
-    return _make_message_class(cls, ArrayMessage)
