@@ -14,7 +14,7 @@ Design notes:
   entry point checks that it was handed a message before touching a slot.
 - A small frame is encoded into one reused buffer and copied out: msgspec's own output
   starts at 32 bytes and reallocates for any frame past that (about 25 ns a message). A
-  frame over 1 KiB sends its class back to msgspec's own output (one copy less), a busy
+  frame over 1 KiB sends its class back to msgspec's own output (one copy less); a busy
   buffer (an encode hook serializing a message, another thread) is never shared.
 - The hot calls test for an error themselves instead of in a ``try``: a Cython ``try``
   saves and restores the exception state on every pass (about 10 ns).
@@ -37,8 +37,6 @@ cdef extern from "Python.h":
     int PyObject_IS_GC(PyObject *obj)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
     void PyErr_Clear()
 
-
-cdef extern from "Python.h":
     ctypedef struct PyMemberDef:
         int type
         Py_ssize_t offset

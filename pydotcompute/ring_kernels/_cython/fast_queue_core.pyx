@@ -18,7 +18,7 @@ Design notes:
 
 from collections import deque
 
-from cpython.long cimport PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongAndOverflow, PyLong_CheckExact
 from cpython.object cimport PyObject_IsTrue
 
 IMPLEMENTATION = "cython"
@@ -61,18 +61,24 @@ cdef class QueueCore:
     cdef public object _putters
     cdef public bint _serialize
     cdef object _ser_type  # the last class seen to serialize with the compiled function
+    cdef bint _own_append  # ``_append`` is this one (a subclass may replace it)
+
+    def __cinit__(self, *args, **kwargs):
+        self._own_append = getattr(type(self), "_append", None) is QueueCore._append
 
     def _append(self, item):
         """Enqueue ``item`` in its band (no capacity check) and wake one getter."""
+        self._append_c(item)
+
+    cdef int _append_c(self, object item) except -1:
         cdef Py_ssize_t band = -1, n
         cdef long p
-        prio = getattr(item, "priority", None)  # no ``try``: it would save the error state
+        cdef int overflow = 0
+        # no ``try`` here: a Cython ``try`` saves the exception state on every pass
+        prio = getattr(item, "priority", None)
         if PyLong_CheckExact(prio):
-            try:
-                p = prio
-            except OverflowError:
-                p = -1
-            if 0 <= p <= 255:
+            p = PyLong_AsLongAndOverflow(prio, &overflow)
+            if 0 <= p <= 255 and not overflow:
                 band = 0 if p >= 224 else 1 if p >= 160 else 2 if p >= 64 else 3
         if band < 0:
             band = self._band_of(item)
@@ -108,7 +114,10 @@ cdef class QueueCore:
     def _offer(self, item):
         """`_append` when the queue is open with room (True), else nothing (False)."""
         if self._count < self._limit:
-            self._append(item)
+            if self._own_append:
+                self._append_c(item)
+            else:
+                self._append(item)
             return True
         return False
 
