@@ -80,6 +80,7 @@ __all__ = (
     "HEADER_BYTES",
     "IMPLEMENTATION",
     "RECORD_HEADER_BYTES",
+    "FastLock",
     "FastSPSCQueue",
     "SharedByteRing",
     "SharedSegment",
@@ -104,6 +105,10 @@ H_WWAIT, H_WCLOSED, H_RWAIT, H_RCLOSED = 24, 25, 26, 27
 WRITE_FULL, WRITE_OK, WRITE_WAKE = 0, 1, 2
 
 _FENCE = threading.Lock()
+
+#: The process tier's send and receive lock: ``threading.Lock`` itself here (the compiled
+#: module's `FastLock` has the same methods and skips the argument parsing).
+FastLock = threading.Lock
 
 
 def _fence() -> None:

@@ -659,3 +659,93 @@ def test_segment_created_in_a_process_is_removed_by_its_tracker_on_crash(tmp_pat
     while name in _shm_names() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert name not in _shm_names()
+
+
+# --- FastLock: the process tier's send and receive lock ---------------------------------------
+
+
+def test_lock_acquire_release_and_refusals(impl: Any) -> None:
+    lock = impl.FastLock()
+    assert not lock.locked()
+    assert lock.acquire() is True
+    assert lock.locked()
+    assert lock.acquire(False) is False  # held: a non-blocking try fails at once
+    assert lock.acquire(True, 0.02) is False  # and a timed one when the time is up
+    lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+    with pytest.raises(ValueError):
+        lock.acquire(False, 1.0)
+    with pytest.raises(ValueError):
+        lock.acquire(True, -5)
+    with pytest.raises(OverflowError):
+        lock.acquire(True, 1e300)
+    assert not lock.locked()
+    assert lock.acquire(False, -1.0) is True  # -1 means "no timeout" in any form
+    lock.release()
+
+
+def test_lock_hands_over_to_a_waiting_thread(impl: Any) -> None:
+    lock = impl.FastLock()
+    lock.acquire()
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(True, 10)))
+    waiter.start()
+    waiter.join(0.1)
+    assert waiter.is_alive()  # waiting
+    lock.release()
+    waiter.join(10)
+    assert got == [True]
+    assert lock.locked()  # held by the waiter now
+    lock.release()
+
+
+def test_lock_keeps_a_counter_exact_under_contention(impl: Any) -> None:
+    lock = impl.FastLock()
+    counter = [0]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def work() -> None:
+        for _ in range(3000):
+            with lock:
+                value = counter[0]
+                if value % 7 == 0:
+                    threading.Event().wait(0)  # give the GIL away inside the lock
+                counter[0] = value + 1
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+    assert counter[0] == 12000
+    assert not lock.locked()
+
+
+def test_a_signal_interrupts_a_waiting_acquire(impl: Any) -> None:
+    import signal
+
+    if not hasattr(signal, "pthread_kill"):
+        pytest.skip("no pthread_kill on this platform")
+    lock = impl.FastLock()
+    lock.acquire()
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+    timer = threading.Timer(0.1, signal.pthread_kill, args=(main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire(True, 10)  # the default SIGINT handler raises here
+    finally:
+        timer.join()
+    lock.release()
+    assert lock.acquire(False)  # still usable
+    lock.release()

@@ -3,7 +3,7 @@ twin), the messages' fast paths (``fast_message``, else Python code in the messa
 the actors' latency recorder (``fast_telemetry``, else `telemetry.PyLatencyRecorder`) and the
 tier-1 queues' hot core (``fast_queue_core``, else ``_queue_core_py.QueueCore``).
 
-Both implementations expose the same names (`FastSPSCQueue`,
+Both implementations expose the same names (`FastLock`, `FastSPSCQueue`,
 `SharedByteRing`, `SharedSegment`) with the same semantics and the same
 shared-memory layout, so a process using the extension can talk to one using the twin.
 ``PYDOTCOMPUTE_PUREPYTHON=1`` (set before import) forces the twin; tests and CI run the
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 __all__ = (
     "CYTHON_AVAILABLE",
     "IMPLEMENTATION",
+    "FastLock",
     "FastSPSCQueue",
     "SharedByteRing",
     "SharedSegment",
@@ -34,16 +35,16 @@ _import_error: str | None = None
 CYTHON_AVAILABLE: bool
 
 if TYPE_CHECKING:  # both implementations have the twin's signatures
-    from .._spsc_py import FastSPSCQueue, SharedByteRing, SharedSegment
+    from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 elif _FORCED_PURE:
-    from .._spsc_py import FastSPSCQueue, SharedByteRing, SharedSegment
+    from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 
     _import_error = "disabled by PYDOTCOMPUTE_PUREPYTHON"
 else:
     try:
-        from .fast_spsc import FastSPSCQueue, SharedByteRing, SharedSegment
+        from .fast_spsc import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
     except ImportError as exc:  # not built (no compiler at install time)
-        from .._spsc_py import FastSPSCQueue, SharedByteRing, SharedSegment
+        from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 
         _import_error = f"{exc} (build it with: python setup_cython.py build_ext --inplace)"
 

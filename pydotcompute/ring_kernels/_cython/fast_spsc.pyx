@@ -16,6 +16,17 @@ this module does mechanism only.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport (
+    PY_LOCK_ACQUIRED,
+    PY_LOCK_INTR,
+    PyLockStatus,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint64_t
@@ -24,8 +35,16 @@ from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from posix.unistd cimport write
 
+from threading import TIMEOUT_MAX as _TIMEOUT_MAX
+from time import monotonic as _monotonic
+
 from pydotcompute.exceptions import InvalidConfigurationError, QueueClosedError
 from pydotcompute.ring_kernels import _spsc_py as _twin
+
+cdef extern from "pythread.h":
+    PyLockStatus PyThread_acquire_lock_timed(
+        PyThread_type_lock lock, long long microseconds, int intr_flag
+    ) nogil
 
 cdef extern from *:
     """
@@ -693,3 +712,90 @@ cdef class FastSPSCQueue:
         return (
             f"<FastSPSCQueue {self._tail - self._head}/{self._capacity} ({IMPLEMENTATION})>"
         )
+
+
+# --- a lock whose uncontended acquire and release cost no argument parsing -------------------
+
+cdef class FastLock:
+    """``threading.Lock`` for the process tier's send and receive paths (same methods).
+
+    Every caller holds the GIL, so the held flag is a C field that an uncontended acquire
+    tests and sets with no system call and no argument parsing (``threading.Lock`` costs
+    about 90 ns for an acquire and a release on Python 3.11, this about 30). Contended
+    acquires count themselves as waiters and block, without the GIL, on a gate that a
+    release opens once for each release that finds a waiter; a woken waiter tests the flag
+    again (another thread may have taken the lock first, as with ``threading.Lock``, which
+    is not fair either). While it waits, signal handlers run, so a ``KeyboardInterrupt``
+    raises as it would from ``threading.Lock``.
+    """
+
+    cdef PyThread_type_lock _gate  # closed: waiters block on it; a release opens it once
+    cdef bint _held
+    cdef Py_ssize_t _waiters
+
+    def __cinit__(self):
+        self._gate = PyThread_allocate_lock()
+        if self._gate == NULL:
+            raise MemoryError("cannot allocate a lock")
+        PyThread_acquire_lock(self._gate, 1)  # closed from the start
+
+    def __dealloc__(self):
+        if self._gate != NULL:
+            PyThread_release_lock(self._gate)
+            PyThread_free_lock(self._gate)
+
+    def acquire(self, blocking=True, timeout=-1):
+        """Take the lock; False when ``blocking`` is false or ``timeout`` (seconds) expired."""
+        cdef double wait = -1
+        if timeout is not -1:  # checked as threading.Lock checks it, even when free
+            wait = timeout
+            if not blocking and wait != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            if wait < 0 and wait != -1:
+                raise ValueError("timeout value must be a non-negative number")
+            if wait > _TIMEOUT_MAX:
+                raise OverflowError("timeout value is too large")
+        if not self._held:
+            self._held = True
+            return True
+        if not blocking:
+            return False
+        cdef double deadline = _monotonic() + wait if wait >= 0 else -1
+        cdef long long us
+        cdef PyLockStatus got
+        self._waiters += 1
+        try:
+            while True:
+                if deadline < 0:
+                    us = -1
+                else:
+                    us = <long long>(max(deadline - _monotonic(), 0.0) * 1e6)
+                with nogil:
+                    got = PyThread_acquire_lock_timed(self._gate, us, 1)
+                if not self._held:  # free now (woken, or released as the wait ended)
+                    self._held = True
+                    return True
+                if got == PY_LOCK_INTR:
+                    PyErr_CheckSignals()  # a signal interrupted the wait: it may raise
+                elif got != PY_LOCK_ACQUIRED:
+                    return False  # timed out
+        finally:
+            self._waiters -= 1
+
+    def release(self):
+        """Give the lock back (``RuntimeError`` when it is not held)."""
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self._held = False
+        if self._waiters:
+            PyThread_release_lock(self._gate)  # open the gate for one waiter
+
+    def locked(self):
+        """True while some thread holds the lock."""
+        return self._held
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
