@@ -125,6 +125,8 @@ class KernelBase(Generic[_ConfigT, _StateT]):
     """
 
     _CREATED: ClassVar[Any]
+    #: Makes the send and receive locks (a subclass may use a cheaper lock, same methods).
+    _IO_LOCK: ClassVar[type[Any]] = threading.Lock
     _RUNNING: ClassVar[Any]
 
     def __init__(
@@ -141,8 +143,8 @@ class KernelBase(Generic[_ConfigT, _StateT]):
         self._state: _StateT = self._CREATED
         self._error: BaseException | None = None
         self._state_lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
+        self._send_lock = self._IO_LOCK()
+        self._recv_lock = self._IO_LOCK()
         self._unprocessed: list[Any] = []
         self._started_at = 0.0
         self._stopped_at = 0.0

@@ -153,16 +153,6 @@ class RingKernelConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _plain_message_class(cls: type) -> bool:
-    """True for a message class whose correlation slot a plain attribute store reaches
-    (``msg._pdc_cid = x``: no custom ``__setattr__`` in the way)."""
-    return issubclass(cls, RingKernelMessage) and cls.__setattr__ in _PLAIN_SETATTR
-
-
-# messages are msgspec Structs: their own ``__setattr__`` is the plain one
-_PLAIN_SETATTR = (object.__setattr__, RingKernelMessage.__setattr__)
-
-
 class KernelContext:
     """What the actor function receives: its inbox, outbox and lifecycle flags.
 
@@ -302,10 +292,11 @@ class KernelContext:
     def _prepare_reply(self, msg: Any) -> Any:
         """Validate a reply against ``output_type`` and stamp its correlation.
 
-        A reply without ``correlation_id`` is stamped with the current request itself
-        (resolved to the request's ``message_id`` on first read, so no id is made unless
-        someone looks). Once a reply class has passed, later replies of that class take
-        the short path in `send`.
+        A reply without ``correlation_id`` is stamped by `stamp_reply`: with the current
+        request itself (resolved to its ``message_id`` on first read, so no id is made
+        unless someone looks), or with its id where holding it could close a loop. Once a
+        message class has passed, later replies of that class take the short path in
+        `send`.
         """
         k = self._kernel
         out_t = k.output_type
@@ -315,7 +306,7 @@ class KernelContext:
         stamp_reply(msg, self._current)
         if self._tel is not None:
             self._tel.messages_sent += 1
-        if t is not self._reply_t and _plain_message_class(t):
+        if t is not self._reply_t and issubclass(t, RingKernelMessage):
             self._reply_t = t
             self._reply_for = out_t
         return msg

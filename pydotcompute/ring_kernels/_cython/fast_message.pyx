@@ -176,13 +176,18 @@ cdef object _correlation_to(object request, object reply):
         cur = _slot(<object>cur, _cid_off)
         if cur == NULL or not PyObject_TypeCheck(<object>cur, _base):
             return request
-    cdef PyObject *mid = _slot(request, _mid_off)
-    if mid == NULL:
-        return request
-    if <object>mid is None:
-        _set_slot(request, _mid_off, _new_id())
-        mid = _slot(request, _mid_off)
-    return <object>mid
+    cdef PyObject *mid = _id_of(request)
+    return request if mid == NULL else <object>mid
+
+
+cdef PyObject *_id_of(object msg):
+    """The id slot of the message ``msg``, its id made now if it had none (NULL: the slot
+    was never set, an instance made without ``__init__``)."""
+    cdef PyObject *mid = _slot(msg, _mid_off)
+    if mid != NULL and <object>mid is None:
+        _set_slot(msg, _mid_off, _new_id())
+        mid = _slot(msg, _mid_off)
+    return mid
 
 
 def stamp_reply(msg, current):
@@ -302,12 +307,9 @@ def serialize(self):
         if not PyObject_TypeCheck(c, _base):
             return _slow_serialize(self)  # a value the Python code refuses, with its error
         # the request this reply answers (stamped by a runtime): its id, made if need be
-        rid = _slot(c, _mid_off)
+        rid = _id_of(c)
         if rid == NULL:
             return _slow_serialize(self)
-        if <object>rid is None:
-            _set_slot(c, _mid_off, _new_id())
-            rid = _slot(c, _mid_off)
         _set_slot(self, _cid_off, <object>rid)
     if <object>mid is None:
         _set_slot(self, _mid_off, _new_id())

@@ -364,10 +364,7 @@ def correlation_to(request: Any, reply: Any) -> Any:
         cur = raw_correlation_get(cur)
         if not isinstance(cur, RingKernelMessage):
             return request
-    mid = request._pdc_mid  # the id itself
-    if mid is None:
-        mid = request._pdc_mid = next_id_bytes()
-    return mid
+    return _wire_correlation(request)  # the id itself, made now if need be
 
 
 def _stamp_reply(msg: Any, current: Any) -> None:
