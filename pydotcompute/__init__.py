@@ -13,6 +13,7 @@ from typing import Any
 
 from . import exceptions as exceptions
 from ._info import show_config as show_config
+from ._version import __version__ as __version__
 from .decorators.ring_kernel import ring_kernel as ring_kernel
 from .ring_kernels._loop import install_uvloop as _install_uvloop
 from .ring_kernels._loop import run as run
@@ -21,8 +22,6 @@ from .ring_kernels.lifecycle import KernelState as KernelState
 from .ring_kernels.message import RingKernelMessage as RingKernelMessage
 from .ring_kernels.message import message as message
 from .ring_kernels.runtime import RingKernelRuntime as RingKernelRuntime
-
-__version__ = "0.3.0"
 
 _install_uvloop()
 

@@ -58,7 +58,7 @@ def collect_config() -> dict[str, Any]:
         cython_ext: bool | None = is_cython_available()
     except ImportError:
         cython_ext = None
-    from . import __version__
+    from ._version import __version__
 
     return {
         "pydotcompute": __version__,
