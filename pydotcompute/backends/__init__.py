@@ -1,13 +1,15 @@
 """Compute backends: CPU (NumPy/Numba), CUDA (CuPy/Numba CUDA) and Metal (MLX).
 
 Importing this package imports none of CuPy, Numba or MLX; each backend loads its library the
-first time it is probed or used.
+first time it is probed or used. The shared instances live in `_registry`, a leaf that device
+discovery and the compiler use too; this module registers the three classes there on import.
 """
 
 from __future__ import annotations
 
-import threading
-
+from ._registry import backend_instance as _backend_instance
+from ._registry import register_backend as _register_backend
+from ._registry import reset_backends as reset_backends
 from .base import Backend as Backend
 from .base import BackendType as BackendType
 from .base import KernelExecutionResult as KernelExecutionResult
@@ -26,13 +28,8 @@ __all__ = (
     "get_backend",
 )
 
-_CLASSES: dict[BackendType, type[Backend]] = {
-    BackendType.CPU: CPUBackend,
-    BackendType.CUDA: CUDABackend,
-    BackendType.METAL: MetalBackend,
-}
-_instances: dict[tuple[BackendType, int], Backend] = {}
-_lock = threading.Lock()
+for _cls in (CPUBackend, CUDABackend, MetalBackend):
+    _register_backend(_cls)
 
 
 def get_backend(backend: BackendType | str | None = None, device_id: int = 0) -> Backend:
@@ -47,22 +44,11 @@ def get_backend(backend: BackendType | str | None = None, device_id: int = 0) ->
     if backend is None:
         from ..core.accelerator import get_accelerator
 
-        kind = BackendType(get_accelerator().backend_type.value)
-        device_id = get_accelerator().current_device_id if kind is not BackendType.CPU else 0
-    else:
-        try:
-            kind = BackendType.parse(backend)
-        except ValueError as exc:
-            from ..exceptions import InvalidConfigurationError
-
-            raise InvalidConfigurationError(str(exc)) from None
-    key = (kind, device_id)
-    with _lock:
-        inst = _instances.get(key)
-        if inst is None:
-            inst = _CLASSES[kind](device_id)
-            _instances[key] = inst
-        return inst
+        accelerator = get_accelerator()
+        kind = BackendType(accelerator.backend_type.value)
+        device_id = accelerator.current_device_id if kind is not BackendType.CPU else 0
+        return _backend_instance(kind, device_id)
+    return _backend_instance(backend, device_id)
 
 
 def available_backends() -> list[str]:
@@ -75,12 +61,6 @@ def available_backends() -> list[str]:
         except Exception:
             continue
     return names
-
-
-def reset_backends() -> None:
-    """Forget the shared instances (tests use this after changing the environment)."""
-    with _lock:
-        _instances.clear()
 
 
 _reset_backends = reset_backends  # the earlier private name

@@ -4,6 +4,8 @@ This module imports ``numba.cuda`` at the top, so it is imported only on first u
 ``_cuda_kernels``), never by ``import pydotcompute``. The kernels refer to ``cuda`` as a
 module global on purpose: the Numba CUDA simulator swaps module globals that are the
 ``numba.cuda`` module for its per-thread emulation, which it cannot do for a closure.
+`MATMUL_TILE` is defined here, beside the kernel that compiles it in as a constant; the
+backend reads it when it launches that kernel, which has imported this module by then.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ ensure_numpy_compat()  # before numba-cuda loads its NumPy support (NumPy 2.5: n
 from numba import cuda as _numba_cuda  # noqa: E402
 from numba import float32 as _float32  # noqa: E402
 
-from ._cuda_kernels import MATMUL_TILE  # noqa: E402
-
 # Typed Any: Numba ships no type hints. Still module globals, as the simulator requires.
 cuda: Any = _numba_cuda
 float32: Any = _float32
+
+#: Tile edge of the shared-memory matrix multiply (threads per block = MATMUL_TILE ** 2).
+MATMUL_TILE = 16
 
 
 def vector_add(a: Any, b: Any, out: Any) -> None:

@@ -13,18 +13,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .cuda import numba_cuda
+from ._cuda_probe import numba_cuda
 
 __all__ = (
-    "MATMUL_TILE",
     "VECTOR_ADD_CU",
     "VECTOR_ADD_CU_NAME",
     "numba_kernels",
     "shipped_kernels",
 )
-
-#: Tile edge of the shared-memory matrix multiply (threads per block = MATMUL_TILE ** 2).
-MATMUL_TILE = 16
 
 #: Name of the ``extern "C"`` entry point in :data:`VECTOR_ADD_CU`.
 VECTOR_ADD_CU_NAME = "pdc_vector_add_f32"

@@ -327,6 +327,19 @@ class Backend(ABC):
     ) -> Any:
         """Compile ``func`` for this backend (through the shared ``KernelCompiler``)."""
 
+    def load_ptx(self, ptx: str, name: str) -> Any:
+        """Load PTX text on the current device and return its kernel ``name``.
+
+        Only the CUDA backend can; the others raise.
+
+        Raises:
+            BackendNotAvailableError: this backend cannot load PTX.
+        """
+        raise BackendNotAvailableError(
+            f"the {self.backend_type.value} backend cannot load PTX (kernel {name!r}); "
+            "PTX runs on the cuda backend"
+        )
+
     @abstractmethod
     def get_vector_add_kernel(self) -> Callable[..., Any]:
         """A vector add: ``(a, b, out)`` on the CPU and CUDA; ``(a, b) -> a + b`` on Metal,

@@ -17,7 +17,6 @@ Rejected: making CuPy mandatory (the simulator would then be unusable) and hidin
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import BackendNotAvailableError, CUDAError, KernelCompilationError
+from ._cuda_probe import cuda_simulator_enabled as cuda_simulator_enabled
+from ._cuda_probe import numba_cuda as numba_cuda
 from .base import (
     Backend,
     BackendType,
@@ -40,32 +41,6 @@ from .base import (
 from .device_sync import refuse_device_sync
 
 __all__ = ("CUDABackend", "cuda_simulator_enabled", "numba_cuda")
-
-
-def numba_cuda() -> Any:
-    """``numba.cuda`` (imported on call; typed ``Any`` because Numba ships no type hints).
-
-    Raises:
-        ImportError: Numba CUDA is not installed.
-    """
-    from .numba_compat import import_numba_cuda
-
-    return import_numba_cuda()
-
-
-def cuda_simulator_enabled() -> bool:
-    """Whether the Numba CUDA simulator is (or will be) active in this process.
-
-    Reads ``numba.config`` when Numba is already imported, else the environment variable, so
-    calling it never imports Numba.
-    """
-    numba = sys.modules.get("numba")
-    if numba is not None and hasattr(numba, "config"):
-        return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
-    try:
-        return int(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") or "0") != 0
-    except ValueError:
-        return False
 
 
 def _launch_1d(n: int, block: int = 256) -> tuple[int, int]:
@@ -506,6 +481,23 @@ class CUDABackend(Backend):
 
         return get_compiler().compile(func, signature=signature, device="cuda", **options)
 
+    def load_ptx(self, ptx: str, name: str) -> Any:
+        """Load PTX (as the ``KernelCompiler`` made it) and return kernel ``name``.
+
+        The module is loaded on CuPy's current device, where the kernel will be launched.
+
+        Raises:
+            BackendNotAvailableError: CuPy or a GPU is missing (the simulator cannot run PTX).
+            KernelCompilationError: CuPy rejected the PTX (its message is included).
+        """
+        cupy = self._cupy()
+        try:
+            return cupy.RawModule(code=ptx).get_function(name)
+        except Exception as exc:
+            raise KernelCompilationError(
+                f"CuPy could not load PTX of CUDA C kernel {name!r}: {error_text(exc)}"
+            ) from exc
+
     def get_vector_add_kernel(self) -> Callable[..., Any]:
         """A Numba CUDA kernel ``(a, b, out)`` over 1-D arrays; launch one thread per element."""
         self.require()
@@ -543,20 +535,19 @@ class CUDABackend(Backend):
 
     def matmul(self, a: Any, b: Any, out: Any | None = None, *, stream: Any = None) -> Any:
         """``out = a @ b`` for float32 matrices with the shipped tiled kernel."""
-        from ._cuda_kernels import MATMUL_TILE as tile
-
         if a.shape[1] != b.shape[0]:
             from ..exceptions import BufferMismatchError
 
             raise BufferMismatchError(
                 f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)}: inner dimensions differ"
             )
+        kernel = self.get_matrix_multiply_kernel()
+        from ._cuda_kernel_defs import MATMUL_TILE as tile
+
         if out is None:
             out = self.empty((a.shape[0], b.shape[1]), np.float32)
         grid = ((a.shape[0] + tile - 1) // tile, (b.shape[1] + tile - 1) // tile)
-        self.execute_kernel(
-            self.get_matrix_multiply_kernel(), grid, (tile, tile), a, b, out, stream=stream
-        )
+        self.execute_kernel(kernel, grid, (tile, tile), a, b, out, stream=stream)
         return out
 
     def _wrap(self, exc: BaseException, what: str) -> Exception:

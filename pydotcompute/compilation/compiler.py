@@ -18,6 +18,8 @@ What each device gets:
 * ``"metal"`` — ``mx.compile``.
 
 Compiler failures raise ``KernelCompilationError`` carrying the compiler's own message.
+A CUDA kernel is built on the shared CUDA backend, looked up in ``backends._registry`` (a
+leaf), because the backend modules import this one for their ``compile_kernel``.
 
 The source hash covers the function's source text (or bytecode when there is no source), its
 constants and the reprs of its closure cells, so two closures over different values do not
@@ -44,8 +46,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import error_text
-from ..backends.cuda import numba_cuda
+from ..backends._cuda_probe import cuda_simulator_enabled, numba_cuda
+from ..backends._registry import backend_instance
+from ..backends.base import BackendType, error_text
 from ..exceptions import BackendNotAvailableError, InvalidConfigurationError, KernelCompilationError
 
 if TYPE_CHECKING:
@@ -494,8 +497,6 @@ class KernelCompiler:
             return n
 
     def __repr__(self) -> str:
-        from ..backends.cuda import cuda_simulator_enabled
-
         cuda = "simulator" if cuda_simulator_enabled() else self.cuda_available
         device = self.options.device if self._device_from_options else "auto"
         return (
@@ -679,19 +680,7 @@ class KernelCompiler:
         final_ptx = ptx
 
         def build() -> Any:
-            from ..backends.cuda import CUDABackend
-
-            backend = CUDABackend()
-            backend._cupy()  # raises BackendNotAvailableError without CuPy + GPU
-            import cupy
-
-            try:
-                module = cupy.RawModule(code=final_ptx)
-                return module.get_function(name)
-            except Exception as exc:
-                raise KernelCompilationError(
-                    f"CuPy could not load PTX of CUDA C kernel {name!r}: {error_text(exc)}"
-                ) from exc
+            return backend_instance(BackendType.CUDA).load_ptx(final_ptx, name)
 
         return CompiledKernel(
             name=name,
@@ -714,8 +703,6 @@ class KernelCompiler:
         name: str,
         key: str,
     ) -> CompiledKernel:
-        from ..backends.cuda import cuda_simulator_enabled
-
         start = time.perf_counter()
         ptx: str | None = None
         from_disk = False
@@ -734,9 +721,7 @@ class KernelCompiler:
         elapsed = 0.0 if from_disk else (time.perf_counter() - start) * 1e3
 
         def build() -> Any:
-            from ..backends.cuda import CUDABackend
-
-            CUDABackend().require()
+            backend_instance(BackendType.CUDA).require()
             cuda = numba_cuda()
 
             jit_kwargs: dict[str, Any] = {"fastmath": opts.fastmath}
@@ -785,8 +770,6 @@ def numba_compile_ptx(
             produce PTX; run PTX checks in a process without ``NUMBA_ENABLE_CUDASIM``).
         KernelCompilationError: Numba rejected the kernel; the message holds its error.
     """
-    from ..backends.cuda import cuda_simulator_enabled
-
     if cuda_simulator_enabled():
         raise BackendNotAvailableError(
             "PTX cannot be produced while the Numba CUDA simulator is on; run PTX checks in a "

@@ -7,6 +7,9 @@ because a library or driver is missing: a failed probe is recorded in
 asking for a backend that is not usable falls back to the CPU with a ``RuntimeWarning`` that
 says why. With ``NUMBA_ENABLE_CUDASIM=1`` the Numba CUDA simulator counts as one CUDA device
 (``is_simulated``), so the CUDA paths can be exercised without hardware.
+
+Backend instances come from ``backends._registry`` and the CUDA probes from
+``backends._cuda_probe``, both leaves: the backends use the compiler, which asks this module.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..backends.cuda import numba_cuda
+from ..backends._cuda_probe import cuda_simulator_enabled, numba_cuda
+from ..backends._registry import backend_instance, reset_backends
 from ..exceptions import InvalidConfigurationError
 
 __all__ = (
@@ -98,8 +102,6 @@ def _text(value: Any) -> str:
 
 def _probe_cuda() -> tuple[list[DeviceProperties], str | None]:
     """CUDA devices, or an empty list and the reason. Never raises."""
-    from ..backends.cuda import cuda_simulator_enabled
-
     if cuda_simulator_enabled():
         try:
             cuda = numba_cuda()
@@ -402,9 +404,7 @@ class Accelerator:
 
     def get_backend(self) -> Any:
         """The ``Backend`` instance for the current device."""
-        from ..backends import get_backend
-
-        return get_backend(self.backend_type.value, self.current_device_id)
+        return backend_instance(self.backend_type.value, self.current_device_id)
 
     def synchronize(self) -> None:
         """Wait for all queued work on the current device (a no-op on the CPU)."""
@@ -431,8 +431,6 @@ class Accelerator:
         """Probe again (after installing a library or changing ``PYDOTCOMPUTE_BACKEND``)."""
         with self._lock:
             self._probed = False
-        from ..backends import reset_backends
-
         reset_backends()
         self._probe()
 
@@ -466,8 +464,6 @@ class Accelerator:
         """Drop the singleton so the next ``Accelerator()`` probes from scratch."""
         with cls._instance_lock:
             cls._instance = None
-        from ..backends import reset_backends
-
         reset_backends()
 
     def __repr__(self) -> str:

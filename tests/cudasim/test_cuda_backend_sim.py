@@ -221,3 +221,20 @@ def test_module_level_kernel_helpers_launch(backend: CUDABackend) -> None:
         c,
     )
     np.testing.assert_allclose(backend.copy_to_host(c), a @ a)
+
+
+def test_compiled_cuda_c_loads_through_the_cuda_backend(backend: CUDABackend) -> None:
+    from pydotcompute.backends._cuda_kernels import VECTOR_ADD_CU, VECTOR_ADD_CU_NAME
+    from pydotcompute.compilation import KernelCompiler
+
+    try:
+        compiled = KernelCompiler(cache=False).compile(
+            VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda"
+        )
+    except BackendNotAvailableError as exc:
+        pytest.skip(f"NVRTC is not usable here: {exc}")
+    assert compiled.ptx  # NVRTC needs no GPU; loading the PTX does
+    with pytest.raises(
+        BackendNotAvailableError, match=r"needs CuPy with a CUDA GPU.*'simulator' mode"
+    ):
+        _ = compiled.kernel

@@ -87,6 +87,21 @@ def test_get_backend_is_shared_and_typed() -> None:
         get_backend("opencl")
 
 
+def test_accelerator_and_get_backend_share_one_instance() -> None:
+    from pydotcompute.core import get_accelerator
+
+    acc = get_accelerator()
+    assert acc.get_backend() is get_backend(acc.backend_type.value, acc.current_device_id)
+    assert acc.get_backend() is get_backend(None)
+
+
+def test_only_the_cuda_backend_loads_ptx() -> None:
+    with pytest.raises(
+        BackendNotAvailableError, match=r"the cpu backend cannot load PTX \(kernel 'k'\)"
+    ):
+        get_backend("cpu").load_ptx("// not ptx", "k")
+
+
 def test_available_backends_never_raises_and_lists_cpu() -> None:
     names = available_backends()
     assert names[0] == "cpu"

@@ -351,7 +351,13 @@ def test_ptx_check_reports_failures() -> None:
 def test_ptx_check_inside_simulator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydotcompute.compilation import compiler as compiler_mod
 
-    monkeypatch.setattr("pydotcompute.backends.cuda.cuda_simulator_enabled", lambda: True)
+    # turn the simulator on where the probe reads it: numba.config once Numba is imported,
+    # the environment before
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    numba = sys.modules.get("numba")
+    if numba is not None and hasattr(numba, "config"):
+        monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 1)
+    assert cuda_simulator_enabled()
     with pytest.raises(
         BackendNotAvailableError, match="PTX cannot be produced while the Numba CUDA simulator"
     ):
