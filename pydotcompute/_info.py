@@ -5,16 +5,23 @@ missing extra (with the pip command), no NVIDIA driver, no CUDA device. The GPU 
 the CUDA driver library with `ctypes` and asks it for the device count, so it needs neither
 CuPy nor Numba to be imported (importing them takes seconds and, without a driver, says
 only "insufficient driver").
+
+Packages are looked up with the working directory left out of ``sys.path``: ``python -m``
+puts it first, and a folder there named ``ray/`` or ``mlx/`` is not an installed package.
+``sys.path`` is changed only while the report is made, so ``show_config`` is not for use
+while other threads import modules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.metadata
 import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 _OPTIONAL = (
@@ -40,8 +47,32 @@ def _version(dists: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _installed_only() -> Iterator[None]:
+    """Leave the working directory (``''`` or its path) out of ``sys.path`` for a while."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:  # the working directory was removed: nothing can be found there
+        yield
+        return
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if p and os.path.realpath(p) != cwd]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def collect_config() -> dict[str, Any]:
-    """Versions, loop, tiers and backends, probed without importing GPU libraries."""
+    """Versions, loop, tiers and backends, probed without importing GPU libraries.
+
+    What the working directory holds is not counted as installed (see the module notes).
+    """
+    with _installed_only():
+        return _collect_config()
+
+
+def _collect_config() -> dict[str, Any]:
     from .ring_kernels._loop import get_loop_info
 
     libs: dict[str, Any] = {}
@@ -165,6 +196,11 @@ def tier_status(libs: dict[str, Any], cython_ext: bool | None) -> dict[str, dict
 
 def show_config(file: TextIO | None = None) -> None:
     """Print versions, event loop, optional libraries, tiers and backends."""
+    with _installed_only():
+        _show_config(file)
+
+
+def _show_config(file: TextIO | None) -> None:
     out = file or sys.stdout
     cfg = collect_config()
     w = out.write

@@ -529,3 +529,107 @@ async def scenario_pipeline_exactly_once(case: TierCase) -> None:
         left = [m for kid in "abc" for m in rt.get_kernel(kid).undelivered]
         dropped = sum(rt.get_telemetry(kid).messages_dropped for kid in "abc")
         assert_exactly_once(accepted, read + _read_all(rt, "c"), _seqs(left), dropped)
+
+
+# --- message tags and encoding ---------------------------------------------------------------
+
+
+def _order_message(kind: str) -> type:
+    """A factory: every class it makes has one qualified name, `_order_message.<locals>.Order`."""
+    if kind == "order":
+
+        @message
+        class Order:
+            account: str
+            amount: int
+
+        return Order
+
+    @message
+    class Order:  # type: ignore[no-redef]
+        user: str
+        level: int
+
+    return Order
+
+
+FactoryOrder = _order_message("order")
+FACTORY_REFUSAL: str | None = None
+try:  # the same qualified name, another layout: refused here and in every child process
+    _order_message("user")
+except TypeValidationError as _exc:
+    FACTORY_REFUSAL = str(_exc)
+
+
+@message
+class AnyBox:
+    seq: int
+    payload: Any = None
+
+
+async def mirror_async(ctx: Any) -> None:
+    """Sends every message back as it arrived."""
+    while not ctx.should_terminate:
+        await ctx.send(await ctx.receive())
+
+
+def mirror_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        try:
+            msg = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if msg is not None:
+            ctx.send(msg)
+
+
+def _mirror(case: TierCase) -> Callable[..., Any]:
+    return mirror_async if asyncio.iscoroutinefunction(case.echo) else mirror_sync
+
+
+async def _launch_mirror(rt: Any, case: TierCase, *, serialize: bool) -> None:
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    await rt.launch("k", _mirror(case), tier=case.name, **case.opts(**opts))
+    await rt.activate("k")
+
+
+async def scenario_factory_message_keeps_its_class(case: TierCase, *, serialize: bool) -> None:
+    """A message whose qualified name a second class of the same factory asked for crosses
+    every hop as itself: the second class was refused its tag."""
+    assert FACTORY_REFUSAL is not None, "a second class took a tag another class holds"
+    assert "is taken" in FACTORY_REFUSAL
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch_mirror(rt, case, serialize=serialize)
+        reply = await rt.send_and_receive(
+            "k", FactoryOrder(account="acct-7", amount=42), timeout=10
+        )
+        assert type(reply) is FactoryOrder
+        assert (reply.account, reply.amount) == ("acct-7", 42)
+
+
+def _nested_list(depth: int) -> list[Any]:
+    top: list[Any] = []
+    cur = top
+    for _ in range(depth):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return top
+
+
+async def scenario_value_too_deep_refused_at_send(case: TierCase, *, serialize: bool) -> None:
+    """A field nested too deeply, or holding itself, is refused by `send` naming the field,
+    wherever the hop encodes; nothing is queued and the kernel keeps serving."""
+    loop: list[Any] = [1]
+    loop.append(loop)
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch_mirror(rt, case, serialize=serialize)
+        if serialize or case.name not in ("asyncio", "thread"):  # the hop encodes
+            refused = r"cannot serialize AnyBox: field 'payload' is nested too deeply or contains"
+            with pytest.raises(MessageSerializationError, match=refused):
+                await rt.send("k", AnyBox(seq=1, payload=loop))
+            with pytest.raises(MessageSerializationError, match=refused):
+                rt.send_nowait("k", AnyBox(seq=2, payload=_nested_list(2000)))
+        reply = await rt.send_and_receive("k", AnyBox(seq=3, payload=[[1]]), timeout=10)
+        assert (reply.seq, reply.payload) == (3, [[1]])
+        assert rt.get_telemetry("k").messages_dropped == 0

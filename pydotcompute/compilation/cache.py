@@ -10,18 +10,33 @@ the index, which is what makes concurrent processes safe without a lock file.
 
 Default location: ``$PYDOTCOMPUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/pydotcompute/kernels``,
 else ``~/.cache/pydotcompute/kernels``.
+
+Trust: a cached artifact is code the process will run, so the directory must be one only
+this user can write. It is created private (0700); an existing one owned by another user,
+or writable by its group or by others, is not used at all: a ``RuntimeWarning`` says why and
+the cache moves to a new private directory for the life of the process (removed at exit).
+Each entry's record holds the SHA-256 of its artifact and its key; ``load`` returns nothing
+for an artifact that does not match its record (a torn, copied or replaced file) or whose
+record lacks what the caller expects (``expect=``: the compiler passes the hash of the source
+and options it compiles). A record does not stop someone who can write the directory, which
+is why the directory itself is checked.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
+import stat
 import tempfile
 import threading
 import time
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -42,6 +57,35 @@ def default_cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pydotcompute" / "kernels"
+
+
+def _unsafe_dir(path: Path) -> str | None:
+    """Why another user could put files in the existing directory ``path`` (None: only we
+    can; also None where owners and modes do not apply)."""
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:
+        return None
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {geteuid()})"
+    if st.st_mode & 0o022:
+        return f"can be written by its group or by others (mode {oct(stat.S_IMODE(st.st_mode))})"
+    return None
+
+
+def _private_dir() -> Path:
+    """A new directory only this user can use, removed when this process exits."""
+    path = tempfile.mkdtemp(prefix="pydotcompute-kernels-")
+    pid = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == pid:  # not in a forked child, which did not make it
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+    return Path(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +154,44 @@ class KernelCache:
         self.max_size_bytes = int(max_size_mb * 2**20)
         self._lock = threading.Lock()
         self._hits = self._misses = self._stores = self._evictions = 0
+        self._checked = False  # the directory was found safe (or replaced by a private one)
+        self._dir_lock = threading.Lock()
 
     @property
     def cache_dir(self) -> Path:
-        """The directory entries live in."""
-        return self._dir
+        """The directory entries live in (a private one if the given one is not safe)."""
+        return self._usable_dir()
+
+    def _usable_dir(self, *, create: bool = False) -> Path:
+        """The directory, checked once it exists (see the module notes); ``create`` makes
+        it, private, when it does not exist yet."""
+        if self._checked:
+            return self._dir
+        with self._dir_lock:
+            if self._checked:
+                return self._dir
+            path = self._dir
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    path.mkdir(mode=0o700)
+            try:
+                problem = _unsafe_dir(path)
+            except FileNotFoundError:
+                return path  # nothing there to read; checked when it is made
+            if problem is not None:
+                self._dir = _private_dir()
+                warnings.warn(
+                    f"kernel cache directory {path} is not used: it {problem}, so another "
+                    "user could have put compiled code in it. Kernels are cached in "
+                    f"{self._dir} for this process instead. Remove that directory or make "
+                    f"it yours and private (chmod 700 {path}), or set PYDOTCOMPUTE_CACHE_DIR "
+                    "to a directory of your own",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            self._checked = True
+            return self._dir
 
     @staticmethod
     def _check_key(key: str) -> None:
@@ -123,9 +200,10 @@ class KernelCache:
                 f"cache keys are 1-128 characters of A-Z a-z 0-9 _ . -, got {key!r}"
             )
 
-    def _paths(self, key: str) -> tuple[Path, Path]:
+    def _paths(self, key: str, *, create: bool = False) -> tuple[Path, Path]:
         self._check_key(key)
-        return self._dir / f"{key}{_DATA}", self._dir / f"{key}{_META}"
+        where = self._usable_dir(create=create)
+        return where / f"{key}{_DATA}", where / f"{key}{_META}"
 
     # --- operations ------------------------------------------------------------------------
 
@@ -230,17 +308,17 @@ class KernelCache:
         metadata: dict[str, Any] | None,
         extra: dict[str, Any] | None = None,
     ) -> Path:
-        data_path, meta_path = self._paths(key)
+        data_path, meta_path = self._paths(key, create=True)
         payload = data.encode() if isinstance(data, str) else bytes(data)
         meta = {
             "key": key,
             "kind": kind,
             "size": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
             "created": time.time(),
             "metadata": metadata or {},
             **(extra or {}),
         }
-        self._dir.mkdir(parents=True, exist_ok=True)
         self._atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
         self._atomic_write(data_path, payload)
         with self._lock:
@@ -249,7 +327,7 @@ class KernelCache:
         return data_path
 
     def _atomic_write(self, path: Path, payload: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".tmp-", suffix=path.suffix)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(payload)
@@ -271,13 +349,33 @@ class KernelCache:
         source_hash: str | None = None,
         *,
         kernel_name: str | None = None,
+        expect: Mapping[str, Any] | None = None,
     ) -> bytes | None:
         """The artifact under `key` (or stored as `(kernel_name, source_hash)`), or `None`;
-        a hit refreshes its recency."""
-        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
+        a hit refreshes its recency.
+
+        The artifact is returned only when it matches its record (its SHA-256 and key, and
+        the `source_hash` of the second form) and the record's metadata holds every item of
+        `expect`; anything else is a miss (see the module notes).
+        """
+        name = self._resolve(key, source_hash, kernel_name)
+        data_path, _ = self._paths(name)
         try:
             payload = data_path.read_bytes()
         except OSError:
+            payload = None
+        if payload is not None:
+            meta = self.metadata(name) or {}
+            user_meta = meta.get("metadata")
+            if (
+                meta.get("key") != name
+                or meta.get("sha256") != hashlib.sha256(payload).hexdigest()
+                or (source_hash is not None and meta.get("source_hash") != str(source_hash))
+                or not isinstance(user_meta, dict)
+                or any(user_meta.get(k) != v for k, v in (expect or {}).items())
+            ):
+                payload = None
+        if payload is None:
             with self._lock:
                 self._misses += 1
             return None
@@ -287,10 +385,15 @@ class KernelCache:
             self._hits += 1
         return payload
 
-    def load_text(self, key: str) -> str | None:
-        """``load`` decoded as UTF-8 (PTX is text)."""
-        payload = self.load(key)
-        return None if payload is None else payload.decode()
+    def load_text(self, key: str, *, expect: Mapping[str, Any] | None = None) -> str | None:
+        """``load`` decoded as UTF-8 (PTX is text); None for bytes that are not UTF-8."""
+        payload = self.load(key, expect=expect)
+        if payload is None:
+            return None
+        try:
+            return payload.decode()
+        except UnicodeDecodeError:
+            return None
 
     def contains(
         self,
@@ -339,10 +442,11 @@ class KernelCache:
 
     def entries(self) -> list[CacheEntry]:
         """Every entry, least recently used first."""
-        if not self._dir.is_dir():
+        where = self._usable_dir()
+        if not where.is_dir():
             return []
         found = []
-        for data_path in self._dir.glob(f"*{_DATA}"):
+        for data_path in where.glob(f"*{_DATA}"):
             key = data_path.name[: -len(_DATA)]
             if not _KEY_RE.match(key):
                 continue
@@ -384,9 +488,10 @@ class KernelCache:
     def get_stats(self) -> CacheStats:
         """Counters of this object and the directory's current contents."""
         entries = self.entries()
+        where = self._usable_dir()
         with self._lock:
             return CacheStats(
-                cache_dir=str(self._dir),
+                cache_dir=str(where),
                 entries=len(entries),
                 size_bytes=sum(e.size_bytes for e in entries),
                 hits=self._hits,

@@ -639,11 +639,15 @@ class KernelCompiler:
     def _disk_key(self, key: str, cc: tuple[int, int], tool: str) -> str:
         return hashlib.sha256(f"{key}|{cc}|{tool}".encode()).hexdigest()[:48]
 
-    def _cache_load(self, disk_key: str, opts: CompilationOptions) -> str | None:
+    def _cache_load(
+        self, disk_key: str, opts: CompilationOptions, record: dict[str, Any]
+    ) -> str | None:
+        """PTX from disk, used only when its record says it was built from this source,
+        these options and this target (``record``, as `_cache_store` writes it)."""
         cache = self.cache if opts.cache else None
         if cache is None:
             return None
-        ptx = cache.load_text(disk_key)
+        ptx = cache.load_text(disk_key, expect=record)
         if ptx is not None:
             self._disk_hits += 1
         return ptx
@@ -669,13 +673,14 @@ class KernelCompiler:
         cc = self._target_cc(opts)
         disk_key = self._disk_key(key, cc, f"nvrtc:{_nvrtc_version()}")
         start = time.perf_counter()
-        ptx = self._cache_load(disk_key, opts)
+        record = {"name": name, "cc": list(cc), "tool": "nvrtc", "source_key": key}
+        ptx = self._cache_load(disk_key, opts, record)
         from_disk = ptx is not None
         if ptx is None:
             ptx = nvrtc_compile_ptx(source, name, cc, opts.nvrtc_options)
             self._nvrtc += 1
             self._compilations += 1
-            self._cache_store(disk_key, ptx, opts, {"name": name, "cc": list(cc), "tool": "nvrtc"})
+            self._cache_store(disk_key, ptx, opts, record)
         elapsed = 0.0 if from_disk else (time.perf_counter() - start) * 1e3
         final_ptx = ptx
 
@@ -709,15 +714,14 @@ class KernelCompiler:
         if signature is not None and not cuda_simulator_enabled():
             cc = self._target_cc(opts)
             disk_key = self._disk_key(key, cc, f"numba:{_numba_version()}")
-            ptx = self._cache_load(disk_key, opts)
+            record = {"name": name, "cc": list(cc), "tool": "numba", "source_key": key}
+            ptx = self._cache_load(disk_key, opts, record)
             from_disk = ptx is not None
             if ptx is None:
                 ptx = numba_compile_ptx(func, signature, cc, opts)
                 self._ptx += 1
                 self._compilations += 1
-                self._cache_store(
-                    disk_key, ptx, opts, {"name": name, "cc": list(cc), "tool": "numba"}
-                )
+                self._cache_store(disk_key, ptx, opts, record)
         elapsed = 0.0 if from_disk else (time.perf_counter() - start) * 1e3
 
         def build() -> Any:

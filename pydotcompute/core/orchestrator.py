@@ -9,6 +9,10 @@ inputs on the caller's thread (``MetalBackend.schedule_inputs``) before the hand
 Every launch — successful or not — is recorded as a ``KernelExecution`` in a bounded
 history, so failures are visible after the fact as well as raised to the caller.
 
+An ``async def`` kernel (any kernel whose call returns an awaitable) is awaited on the
+caller's event loop after the call: it is not blocking code, and what it awaits may belong
+to that loop. Its recorded time covers the await.
+
 ``initialize()`` and ``shutdown()`` do their work when called and return an awaitable, so
 both ``orch.initialize()`` and ``await orch.initialize()`` work (the 0.2 API was used both
 ways); ``async with ComputeOrchestrator() as orch`` is the recommended form.
@@ -18,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import inspect
 import itertools
 import threading
 import time
@@ -127,6 +133,17 @@ class KernelExecution:
     def device_time_ms(self) -> float | None:
         """Time measured by the backend (CUDA events on a GPU), when available."""
         return self.result.execution_time_ms if self.result is not None else None
+
+
+async def _awaited(result: KernelExecutionResult) -> KernelExecutionResult:
+    """``result`` of an ``async def`` kernel, its coroutine awaited on the caller's loop;
+    its time is the call's plus the await's."""
+    start = time.perf_counter()
+    output = await result.output
+    elapsed = (time.perf_counter() - start) * 1e3
+    return dataclasses.replace(
+        result, output=output, execution_time_ms=result.execution_time_ms + elapsed
+    )
 
 
 class _Done:
@@ -309,7 +326,8 @@ class ComputeOrchestrator:
         """Launch a kernel (or a registered name) and wait for it without blocking the loop.
 
         Args:
-            kernel_or_name: a kernel callable or a registered name.
+            kernel_or_name: a kernel callable (an ``async def`` one is awaited on this loop)
+                or a registered name.
             config: a ``KernelLaunchConfig``, a ``(grid, block)`` tuple, or ``None`` (1, 256).
             *args: the kernel's arguments.
 
@@ -357,6 +375,8 @@ class ComputeOrchestrator:
                 result = await asyncio.to_thread(call)
             else:
                 result = call()
+            if inspect.isawaitable(result.output):  # an `async def` kernel: run it here
+                result = await _awaited(result)
         except BaseException as exc:
             self._record(name, cfg, start_wall, start, None, f"{type(exc).__name__}: {exc}")
             raise

@@ -288,6 +288,12 @@ def encode_value(kernel_id: str, value: Any) -> bytes:
     """
     try:
         return VALUE_FRAME + _value_encode(value)
+    except RecursionError as exc:
+        raise MessageSerializationError(
+            f"kernel {kernel_id!r} runs in a child process, so what it carries must encode "
+            f"as MessagePack; a {type(value).__name__} nested too deeply or containing itself "
+            f"does not ({exc}); break the loop or flatten the value"
+        ) from exc
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         raise MessageSerializationError(
             f"kernel {kernel_id!r} runs in a child process, so what it carries must encode "

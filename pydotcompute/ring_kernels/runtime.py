@@ -243,11 +243,12 @@ class RingKernelRuntime:
         cls = _tier_class(tier_name)
         if "replicas" in opts or "replicas" in registered:
             cls, opts, registered = _pool_launch(kernel_id, tier_name, cls, opts, registered)
+        extra = cls.EXTRA_OPTIONS
         if registered:  # the decorator's options first: an alias given here (queue_size) wins
-            config = _build_config(kernel_id, config, registered, cls.EXTRA_OPTIONS)
-            config = _apply_options(kernel_id, config, opts, cls.EXTRA_OPTIONS)  # our copy
+            config = _build_config(kernel_id, config, registered, extra, tier=tier_name)
+            config = _apply_options(kernel_id, config, opts, extra, tier=tier_name)  # our copy
         else:
-            config = _build_config(kernel_id, config, opts, cls.EXTRA_OPTIONS)
+            config = _build_config(kernel_id, config, opts, extra, tier=tier_name)
         check_actor_kind(kernel_id, tier_name, kernel_func, getattr(cls, "ACTOR_KIND", None))
         if config.restart != "never" and not getattr(cls, "SUPPORTS_RESTART", True):
             raise InvalidConfigurationError(
@@ -517,14 +518,16 @@ def _build_config(
     config: RingKernelConfig | None,
     options: dict[str, Any],
     extra_allowed: frozenset[str] = frozenset(),
+    *,
+    tier: str | None = None,
 ) -> RingKernelConfig:
     """A config of our own for ``kernel_id``: ``config`` copied (or the defaults), with
-    ``options`` applied."""
+    ``options`` applied (``tier``: see `_apply_options`)."""
     if config is None:
         config = RingKernelConfig(kernel_id=kernel_id)
     else:
         config = dataclasses.replace(config, kernel_id=kernel_id, extra=dict(config.extra))
-    return _apply_options(kernel_id, config, options, extra_allowed)
+    return _apply_options(kernel_id, config, options, extra_allowed, tier=tier)
 
 
 def _apply_options(
@@ -532,11 +535,15 @@ def _apply_options(
     config: RingKernelConfig,
     options: dict[str, Any],
     extra_allowed: frozenset[str] = frozenset(),
+    *,
+    tier: str | None = None,
 ) -> RingKernelConfig:
     """Apply launch ``options`` to ``config`` in place (a config this module made).
 
     Ray placement options (`PLACEMENT_OPTIONS`) are skipped: they only mean something
-    to a Ray runtime. Any other unknown option raises, listing the known ones.
+    to a Ray runtime. Any other unknown option raises, listing the known ones and naming
+    ``tier``, the tier the launch asked for (default: the ``tier`` option, else the
+    config's; the config's own field is set only when that option's turn comes).
     """
     if not options:
         return config
@@ -555,8 +562,9 @@ def _apply_options(
         elif key in PLACEMENT_OPTIONS:
             logger.debug("kernel %r runs in-process: Ray option %r ignored", kernel_id, key)
         else:
+            asked = tier or canonical_tier(options.get("tier") or config.tier)
             raise InvalidConfigurationError(
-                f"unknown option {key!r} for kernel {kernel_id!r} on tier {config.tier!r}; "
+                f"unknown option {key!r} for kernel {kernel_id!r} on tier {asked!r}; "
                 f"known: {sorted(fields | set(OPTION_ALIASES) | extra_allowed)}; Ray "
                 f"placement options ({', '.join(sorted(PLACEMENT_OPTIONS))}) are accepted "
                 "and ignored in-process"

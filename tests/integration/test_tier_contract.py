@@ -94,3 +94,13 @@ async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
 
 async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
     await sc.scenario_pipeline_exactly_once(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_factory_message_keeps_its_class(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_factory_message_keeps_its_class(case, serialize=serialize)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_value_too_deep_refused_at_send(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_value_too_deep_refused_at_send(case, serialize=serialize)

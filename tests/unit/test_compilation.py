@@ -135,6 +135,86 @@ def test_default_cache_dir_honours_environment(
     assert get_kernel_cache() is get_kernel_cache()
 
 
+# --- a cache directory only this user can write; entries checked against their record ------
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+posix_only = pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+
+
+def _planted(tmp_path: Path, mode: int, owner: int | None = None) -> Path:
+    """A directory holding a complete, well-formed entry `k` with planted contents, then
+    given `mode` (and `owner`): what another user could have left there."""
+    where = tmp_path / "shared"
+    KernelCache(where).store("k", "planted ptx", kind="ptx", metadata={"name": "k"})
+    os.chmod(where, mode)
+    if owner is not None:
+        os.chown(where, owner, owner)
+    return where
+
+
+@posix_only
+@pytest.mark.parametrize(
+    ("mode", "owner", "why"),
+    [
+        (0o777, None, r"can be written by its group or by others \(mode 0o777\)"),
+        (0o775, None, r"can be written by its group or by others \(mode 0o775\)"),
+        (0o757, None, r"can be written by its group or by others \(mode 0o757\)"),
+        pytest.param(
+            0o700,
+            65534,
+            r"is owned by uid 65534, not by this user",
+            marks=pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs root"),
+        ),
+    ],
+    ids=["world", "group", "others", "other-owner"],
+)
+def test_a_cache_directory_others_can_write_is_not_trusted(
+    tmp_path: Path, mode: int, owner: int | None, why: str
+) -> None:
+    shared = _planted(tmp_path, mode, owner)
+    cache = KernelCache(shared)
+    with pytest.warns(RuntimeWarning, match=rf"kernel cache directory .*shared.*{why}") as record:
+        planted = cache.load("k")
+    assert planted is None  # the planted entry is never read
+    assert len(record) == 1
+    assert "PYDOTCOMPUTE_CACHE_DIR" in str(record[0].message)  # how to fix it
+    private = cache.cache_dir
+    assert private != shared
+    st = private.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
+    assert not cache.contains("k")
+    assert cache.entries() == []
+    cache.store("k", "our ptx")  # stores go to the private directory
+    assert cache.load_text("k") == "our ptx"
+    assert (shared / "k.bin").read_text() == "planted ptx"  # the shared one is left alone
+
+
+@posix_only
+def test_the_cache_directory_is_made_private(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path / "made" / "kernels")
+    cache.store("k", "ptx")
+    st = (tmp_path / "made" / "kernels").stat()
+    assert (st.st_uid, st.st_mode & 0o077) == (os.geteuid(), 0)
+    assert cache.cache_dir == tmp_path / "made" / "kernels"
+
+
+def test_an_entry_that_does_not_match_its_record_is_not_used(cache: KernelCache) -> None:
+    cache.store("k", "real ptx", metadata={"source_key": "abc"})
+    assert cache.load_text("k") == "real ptx"
+    assert cache.load("k", expect={"source_key": "abc"}) == b"real ptx"
+    assert cache.load("k", expect={"source_key": "other"}) is None  # built from another source
+    (cache.cache_dir / "k.bin").write_text("planted ptx")  # contents its record does not hash to
+    assert cache.load("k") is None
+    cache.store("j", "real ptx")
+    (cache.cache_dir / "j.json").unlink()  # no record at all
+    assert cache.load("j") is None
+    cache.store("i", "real ptx")
+    os.replace(cache.cache_dir / "i.json", cache.cache_dir / "h.json")  # another key's record
+    os.replace(cache.cache_dir / "i.bin", cache.cache_dir / "h.bin")
+    assert cache.load("h") is None
+    assert cache.get_stats().hits == 2
+
+
 # --- source hashing ----------------------------------------------------------------------------
 
 
@@ -244,6 +324,47 @@ def test_cuda_c_compiles_to_ptx_and_persists(compiler: KernelCompiler, cache: Ke
     # another target is another entry
     other.compile(VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(9, 0))
     assert cache.get_stats().entries == 2
+
+
+@needs_nvrtc
+def test_cuda_c_ptx_from_disk_is_checked_before_use(tmp_path: Path) -> None:
+    def compile_in(where: Path) -> CompiledKernel:
+        return KernelCompiler(cache=KernelCache(where)).compile(
+            VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(8, 0)
+        )
+
+    own = tmp_path / "own"
+    real = compile_in(own)
+    [entry] = KernelCache(own).entries()
+    planted = f"// planted\n.entry {VECTOR_ADD_CU_NAME}\n"
+    (own / f"{entry.key}.bin").write_text(planted)  # contents its record does not match
+    again = compile_in(own)
+    assert not again.from_disk_cache
+    assert again.ptx == real.ptx
+    assert compile_in(own).from_disk_cache  # rewritten: a good entry is used again
+    # a whole entry filed under the key of another target: its record says what it was built for
+    sm90 = KernelCompiler(cache=KernelCache(own)).compile(
+        VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(9, 0)
+    )
+    other = next(e.key for e in KernelCache(own).entries() if e.key != entry.key)
+    record = json.loads((own / f"{entry.key}.json").read_text())
+    record["key"] = other
+    (own / f"{other}.json").write_text(json.dumps(record))
+    (own / f"{other}.bin").write_bytes((own / f"{entry.key}.bin").read_bytes())
+    moved = KernelCompiler(cache=KernelCache(own)).compile(
+        VECTOR_ADD_CU, name=VECTOR_ADD_CU_NAME, device="cuda", cc=(9, 0)
+    )
+    assert not moved.from_disk_cache
+    assert moved.ptx == sm90.ptx
+    assert moved.ptx is not None
+    assert ".target sm_90" in moved.ptx
+    # a directory another user could write: a complete entry in it is not used either
+    KernelCache(own).store(entry.key, planted, kind="ptx", metadata=entry.metadata)
+    os.chmod(own, 0o777)
+    with pytest.warns(RuntimeWarning, match="kernel cache directory"):
+        hostile = compile_in(own)
+    assert not hostile.from_disk_cache
+    assert hostile.ptx == real.ptx
 
 
 @needs_nvrtc

@@ -219,6 +219,20 @@ def test_use_before_start_and_after_stop() -> None:
         kernel.start()
 
 
+def test_a_value_that_contains_itself_is_refused_at_send() -> None:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    kernel = CythonRingKernel("deep", echo, config=CythonKernelConfig("deep"))
+    with kernel:
+        with pytest.raises(
+            MessageSerializationError,
+            match=r"kernel 'deep' .* a list nested too deeply or containing itself does not",
+        ):
+            kernel.send(loop, timeout=1)
+        kernel.send(Job(seq=2))  # still usable; nothing of the refused one was queued
+        assert kernel.receive(timeout=30).seq == 2
+
+
 def test_an_oversized_message_is_refused_at_send_naming_both_fixes() -> None:
     cfg = CythonKernelConfig("big", ring_bytes=4096)
     kernel = CythonRingKernel("big", echo, config=cfg)

@@ -95,6 +95,12 @@ class Blob:
     payload: Any
 
 
+@message
+class Nest:
+    inner: Blob
+    label: str = ""
+
+
 @array_message
 class Frame:
     pixels: np.ndarray
@@ -404,6 +410,106 @@ def test_same_short_name_in_two_modules_does_not_collide(
         sys.modules.pop("pdc_msgs_beta", None)
 
 
+def _order_class(kind: str) -> type:
+    """A factory: every class it makes has the qualified name `_order_class.<locals>.Order`."""
+    if kind == "order":
+
+        @message
+        class Order:
+            account: str
+            amount: int
+
+        return Order
+    if kind == "str-amount":
+
+        @message
+        class Order:  # type: ignore[no-redef]
+            account: str
+            amount: str
+
+        return Order
+    if kind == "array":
+
+        @array_message
+        class Order:  # type: ignore[no-redef]
+            account: str
+            amount: int
+
+        return Order
+
+    @message
+    class Order:  # type: ignore[no-redef]
+        user: str
+        level: int
+
+    return Order
+
+
+def test_a_tag_taken_by_another_class_is_refused() -> None:
+    order = _order_class("order")
+    tag = f"{__name__}._order_class.<locals>.Order"
+    with pytest.raises(TypeValidationError) as info:
+        _order_class("user")
+    text = str(info.value)
+    assert f"message type tag {tag!r} is taken" in text
+    assert "Order(account: str, amount: int)" in text  # both classes, by their fields
+    assert "Order(user: str, level: int)" in text
+    assert "__qualname__" in text  # how to fix it
+    for kind in ("str-amount", "array"):  # another field type, or arrays by reference
+        with pytest.raises(TypeValidationError, match="is taken"):
+            _order_class(kind)
+    assert registered_message_types()[tag] is order
+    back = deserialize_message(order(account="a-1", amount=5).serialize())
+    assert type(back) is order
+    assert (back.account, back.amount) == ("a-1", 5)
+
+
+def test_distinct_qualified_names_let_a_factory_make_several_classes() -> None:
+    def make(name: str, field: str) -> type:
+        cls = type(name, (), {"__annotations__": {field: int}})
+        cls.__qualname__ = f"make.{name}"  # what the refusal suggests
+        return message(cls)
+
+    first, second = make("OrderA", "amount"), make("OrderB", "level")
+    assert type(deserialize_message(first(amount=1).serialize())) is first
+    assert type(deserialize_message(second(level=2).serialize())) is second
+
+
+def test_a_class_redefined_with_the_same_fields_replaces_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_module(
+        tmp_path,
+        "pdc_msgs_reloaded",
+        """
+        from pydotcompute import message
+
+        @message
+        class Ping:
+            value: int
+
+            def double(self) -> int:
+                return 2 * self.value
+        """,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mod = importlib.import_module("pdc_msgs_reloaded")
+        old = mod.Ping
+        assert message(old) is old  # decorated again: the same class, still registered
+        mod = importlib.reload(mod)  # a module reloaded (a notebook cell run again)
+        assert mod.Ping is not old
+        assert get_message_type("pdc_msgs_reloaded.Ping") is mod.Ping
+        back = deserialize_message(old(value=3).serialize())
+        assert type(back) is mod.Ping  # frames decode into the class defined last
+        assert back.double() == 6
+        # a factory making the same fields twice: the same rule
+        first, second = _order_class("order"), _order_class("order")
+        assert type(deserialize_message(first(account="x", amount=1).serialize())) is second
+    finally:
+        sys.modules.pop("pdc_msgs_reloaded", None)
+
+
 def test_deserialize_into_the_wrong_class_is_refused() -> None:
     with pytest.raises(
         MessageDeserializationError, match="bytes hold a Point message, expected Tagged"
@@ -487,6 +593,42 @@ def test_non_bytes_input_is_refused(data: object) -> None:
 def test_unsupported_field_value_raises_serialization_error() -> None:
     with pytest.raises(MessageSerializationError, match=r"cannot serialize Blob: .*object"):
         Blob(payload=object()).serialize()
+
+
+def _nested(depth: int) -> list[Any]:
+    top: list[Any] = []
+    cur = top
+    for _ in range(depth):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return top
+
+
+def _looped() -> list[Any]:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    return loop
+
+
+def _looped_dict() -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    d["self"] = d
+    return d
+
+
+@pytest.mark.parametrize(
+    "value", [_nested(2000), _looped(), _looped_dict()], ids=["deep", "loop", "dict-loop"]
+)
+def test_a_value_too_deep_to_encode_names_its_field(value: Any) -> None:
+    with pytest.raises(
+        MessageSerializationError,
+        match=r"cannot serialize Blob: field 'payload' is nested too deeply or contains itself",
+    ):
+        Blob(payload=value).serialize()
+    with pytest.raises(MessageSerializationError, match=r"field 'inner\.payload' is nested"):
+        Nest(inner=Blob(payload=value)).serialize()
+    assert deserialize_message(Blob(payload=_nested(50)).serialize()).payload == _nested(50)
 
 
 def test_int_too_large_for_msgpack_raises_serialization_error() -> None:

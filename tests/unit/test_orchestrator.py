@@ -216,3 +216,43 @@ async def test_launching_an_unknown_name_raises_a_value_error() -> None:
         assert isinstance(info.value, KernelNotFoundError)  # and still a KeyError
         with pytest.raises(KeyError):
             orch.get_kernel("nope")
+
+
+# --- async def kernels ------------------------------------------------------------------------
+
+
+async def scale_async(x: np.ndarray, out: np.ndarray, factor: float) -> str:
+    await asyncio.sleep(0.01)
+    np.multiply(x, factor, out=out)
+    return "scaled"
+
+
+async def failing_async(x: Any) -> None:
+    await asyncio.sleep(0)
+    raise ArithmeticError("bad async math")
+
+
+@pytest.mark.parametrize("run_in_thread", [True, False], ids=["thread", "inline"])
+async def test_an_async_kernel_is_run_to_completion(run_in_thread: bool) -> None:
+    async with ComputeOrchestrator("cpu", run_in_thread=run_in_thread) as orch:
+        orch.register_kernel("scale", scale_async)
+        x = np.arange(4.0)
+        out = np.zeros(4)
+        execution = await orch.launch_kernel("scale", None, x, out, 3.0)
+        np.testing.assert_array_equal(out, 3 * x)  # its body ran, not just its creation
+        assert execution.success
+        assert execution.result is not None
+        assert execution.result.output == "scaled"
+        assert execution.device_time_ms is not None
+        assert execution.device_time_ms >= 10 * 0.5  # the await is part of the kernel's time
+        assert execution.duration_ms >= execution.device_time_ms * 0.5
+
+
+@pytest.mark.parametrize("run_in_thread", [True, False], ids=["thread", "inline"])
+async def test_an_async_kernel_that_raises_is_recorded_as_failed(run_in_thread: bool) -> None:
+    async with ComputeOrchestrator("cpu", run_in_thread=run_in_thread) as orch:
+        with pytest.raises(ArithmeticError, match="bad async math"):
+            await orch.launch_kernel(failing_async, None, 1)
+        [record] = orch.get_execution_history()
+        assert not record.success
+        assert record.error == "ArithmeticError: bad async math"

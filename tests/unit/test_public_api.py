@@ -11,11 +11,15 @@ import dataclasses
 import enum
 import inspect
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from foundation_helpers import run_python
+from foundation_helpers import ROOT, run_python
 
 import pydotcompute
 import pydotcompute.ring_kernels as rk
@@ -401,6 +405,48 @@ def test_python_m_pydotcompute_info(argv: list[str]) -> None:
     gpu = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  gpu "))
     assert gpu.startswith(("  gpu          yes  ", "  gpu          no   "))
     assert gpu.split(maxsplit=2)[2]  # and says why
+
+
+def test_info_ignores_packages_in_the_working_directory(tmp_path: Path) -> None:
+    """A folder named like an optional package (with its metadata) in the directory the
+    command runs from is not an installed package: the report is the same as from an
+    empty directory."""
+    from pydotcompute import _info
+
+    clean, planted = tmp_path / "clean", tmp_path / "planted"
+    clean.mkdir()
+    planted.mkdir()
+    for module, dists, _extra in _info._OPTIONAL:
+        if module in ("msgspec", "numpy", "uvloop"):
+            continue  # `python -m` itself would import these from the folder, as any program
+        (planted / module).mkdir()
+        (planted / module / "__init__.py").write_text("raise SystemExit('imported')\n")
+        for dist in dists.split("|"):
+            meta = planted / f"{dist.replace('-', '_')}-99.0.dist-info"
+            meta.mkdir()
+            (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 99.0\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)  # the package under test; the cwd comes from `-m` alone
+
+    def libraries(cwd: Path) -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pydotcompute", "info"],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        start = lines.index("libraries     :") + 1
+        end = next(i for i, ln in enumerate(lines) if ln.startswith("tiers"))
+        return lines[start:end]
+
+    seen = libraries(planted)
+    assert "99.0" not in "\n".join(seen)
+    assert seen == libraries(clean)
 
 
 # --- the shapes code written for 0.2 calls (API.md, last section) ------------------------

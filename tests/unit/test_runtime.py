@@ -242,6 +242,54 @@ async def test_bad_launch_options(
     assert "k" not in rt
 
 
+def _tier_or_skip(tier: str) -> None:
+    from pydotcompute.ring_kernels.tiers import tier_class
+
+    try:
+        tier_class(tier)
+    except InvalidConfigurationError as exc:
+        pytest.skip(f"tier {tier!r} cannot be imported here: {exc}")
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["single", "pool"])
+@pytest.mark.parametrize(
+    ("tier", "named"),
+    [
+        ("asyncio", "asyncio"),
+        ("thread", "thread"),
+        ("process", "process"),
+        ("cython", "process"),
+        ("gpu", "gpu"),
+    ],
+)
+async def test_unknown_option_names_the_tier_asked_for(
+    rt: RingKernelRuntime, tier: str, named: str, replicas: int
+) -> None:
+    _tier_or_skip(tier)
+    if tier == "gpu" and replicas > 1:
+        pytest.skip("the gpu tier runs no pools")
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=rf"unknown option 'some_unknown_option' for kernel 'k' on tier '{named}'",
+    ):
+        await rt.launch("k", doubler, tier=tier, replicas=replicas, some_unknown_option=1)
+    assert "k" not in rt
+
+
+async def test_unknown_option_names_the_tier_of_the_config_or_registry(
+    rt: RingKernelRuntime, clean_kernel_registry: None
+) -> None:
+    with pytest.raises(InvalidConfigurationError, match=r"on tier 'thread'; known:"):
+        await rt.launch("k", doubler, config=RingKernelConfig("k", tier="thread"), colour="red")
+    register_ring_kernel("reg", doubler, tier="thread", colour="red")
+    with pytest.raises(InvalidConfigurationError, match=r"kernel 'reg' on tier 'thread'; known:"):
+        await rt.launch("reg")
+    with pytest.raises(InvalidConfigurationError, match=r"kernel 'reg' on tier 'process'; known:"):
+        await rt.launch("reg", tier="process")
+    assert "k" not in rt
+    assert "reg" not in rt
+
+
 @pytest.mark.parametrize("bad", ["", "   ", None, 3])
 async def test_bad_kernel_id(rt: RingKernelRuntime, bad: Any) -> None:
     with pytest.raises(InvalidConfigurationError, match="kernel_id must be a non-empty string"):

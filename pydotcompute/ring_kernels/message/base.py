@@ -61,7 +61,8 @@ __all__ = (
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound="RingKernelMessage")
 _UUID = uuid.UUID
-_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
+# RecursionError: a value nested too deeply, or one that contains itself
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError)
 _fast = message_extension()
 
 
@@ -143,10 +144,10 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
                 raise AttributeError
         except AttributeError:
             codec = codec_of(type(self))
-        if codec.nested:
-            for name in codec.nested:
-                _make_ids(getattr(self, name))
         try:
+            if codec.nested:
+                for name in codec.nested:
+                    _make_ids(getattr(self, name))
             return codec.encode(self)
         except _ENCODE_ERRORS as exc:
             raise serialize_error(self, exc) from exc

@@ -9,6 +9,11 @@ Design notes:
   (and the priority range) while decoding.
 - The registry maps tags to classes for `deserialize_message`; it also holds each class's
   `Codec` (decoder, encoder, whether arrays travel by reference).
+- A tag names one wire layout. Registering a class under a tag another class holds is
+  refused unless both have the same layout (field names and types, in order, and whether
+  arrays travel by reference): that is a class defined again (a module reloaded, a class
+  shipped by value), and the newer class takes the tag. Otherwise a frame of one would
+  decode as the other, as two classes of one factory function would (same qualified name).
 - A stream of frames (a queue's, a process ring's) is decoded by `message_decoder()`: it
   tries the previous frame's class first (msgspec checks the tag itself) and falls back to
   the dispatching path, so results and errors are the same.
@@ -175,8 +180,11 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
             f"message class {cls.__name__} has a field type msgspec cannot decode: {exc}"
         ) from exc
     global _version
-    type.__setattr__(cls, "_pdc_codec", codec)  # what `serialize` reads first
     with _LOCK:
+        held = _TYPES.get(tag)
+        if held is not None and held is not cls:
+            _check_same_layout(tag, _CODECS[held], codec)
+        type.__setattr__(cls, "_pdc_codec", codec)  # what `serialize` reads first
         _CODECS[cls] = codec
         _TYPES[tag] = cls
         if codec.nested:
@@ -187,6 +195,44 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         if _ext is not None:
             _ext.registry_changed()
     return codec
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return (
+            tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+        )
+    return repr(tp)
+
+
+def _layout(codec: Codec) -> tuple[Any, ...]:
+    """What decides how a frame of the class reads: its fields, their types, by reference."""
+    fields = msgspec.structs.fields(codec.cls)  # type: ignore[arg-type]
+    return (codec.by_reference, tuple((f.name, _type_name(f.type)) for f in fields))
+
+
+def _describe(codec: Codec) -> str:
+    """`Order(account: str, amount: int)`: the class by its fields (header left out)."""
+    fields = msgspec.structs.fields(codec.cls)  # type: ignore[arg-type]
+    body = ", ".join(
+        f"{f.name}: {_type_name(f.type)}" for f in fields if f.name not in HEADER_NAMES
+    )
+    kind = "@array_message " if codec.by_reference else ""
+    return f"{kind}{codec.cls.__name__}({body})"
+
+
+def _check_same_layout(tag: str, held: Codec, new: Codec) -> None:
+    """Refuse `new` a tag that `held` (another class) has, unless their layouts agree."""
+    if _layout(held) == _layout(new):
+        return  # the same class defined again: the newer one takes the tag
+    raise TypeValidationError(
+        f"message type tag {tag!r} is taken: {_describe(held)} is registered under it, and "
+        f"another class of the same qualified name, {_describe(new)}, cannot be (a frame of "
+        "one would decode as the other). Give each message class its own name: define it "
+        "at module level under a distinct name or, in a function that makes several "
+        "(a factory), set a distinct __qualname__ on the class before decorating it. A class "
+        "redefined with the same fields (a module reloaded) takes the tag over instead"
+    )
 
 
 def _rebuilt_codec(cls: type, by_reference: bool) -> Codec:
@@ -516,8 +562,34 @@ def decode_error(codec: Codec, exc: BaseException) -> MessageDeserializationErro
     return MessageDeserializationError(f"cannot decode {name}: {type(exc).__name__}: {exc}")
 
 
+def _too_deep_field(msg: Any) -> str | None:
+    """The field path (`inner.payload`) of `msg` whose value cannot be encoded for depth."""
+    for name in message_field_names(type(msg)):
+        value = getattr(msg, name, None)
+        if isinstance(value, msgspec.Struct) and "message_id" in value.__struct_fields__:
+            inner = _too_deep_field(value)
+            if inner is not None:
+                return f"{name}.{inner}"
+            continue
+        try:
+            _ENCODER.encode(value)  # a copy of any array: no reference registered
+        except RecursionError:
+            return name
+        except Exception:  # another fault: not the one looked for
+            continue
+    return None
+
+
 def serialize_error(msg: Any, exc: BaseException) -> MessageSerializationError:
     """A `MessageSerializationError` for a failed encode."""
+    if isinstance(exc, RecursionError):
+        field = _too_deep_field(msg)
+        where = f"field {field!r}" if field is not None else "a field"
+        return MessageSerializationError(
+            f"cannot serialize {type(msg).__name__}: {where} is nested too deeply or contains "
+            f"itself ({exc}); MessagePack carries trees of limited depth: break the loop or "
+            "flatten the value"
+        )
     return MessageSerializationError(
         f"cannot serialize {type(msg).__name__}: {exc}; fields must be MessagePack "
         "types, NumPy arrays or nested @message classes"
