@@ -174,6 +174,7 @@ def image_version(name: str, site: Path) -> str | None:
 
 
 def _requirements(path: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel (raises ``zipfile.BadZipFile`` for a non-wheel)."""
     with zipfile.ZipFile(path) as wheel:
         meta = next((n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")), None)
         text = wheel.read(meta).decode() if meta else ""
@@ -315,7 +316,12 @@ def check_wheels(folder: Path) -> list[str]:
         if name in IMAGE_HAS:
             problems.append(f"{wheel.name}: the image has {name} already (it would shadow it)")
     for wheel in wheels:
-        for text in _requirements(wheel):
+        try:
+            requirements = _requirements(wheel)
+        except zipfile.BadZipFile:
+            problems.append(f"{wheel.name}: not a wheel (not a zip archive)")
+            continue
+        for text in requirements:
             if not _applies_on_image(text):
                 continue
             req = re.split(r"[\s;<>=!~\[(]", text, maxsplit=1)[0]
@@ -567,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
                 None,
             )
             continue
+        if env is None and STEPS[name][2]:  # before the first process that may touch CUDA
+            env, summary.data["environment"] = gpu_environment(site, log)
         entry = summary.step(name)
         entry.update(
             status="running", limit_s=round(limit, 1), started_at_s=round(summary.elapsed(), 1)
@@ -584,9 +592,7 @@ def main(argv: list[str] | None = None) -> int:
             status, figures, reason, seconds = run_build(limit, site, log)
             record(name, status, seconds, reason, figures, limit)
         else:
-            if env is None:
-                env, info = gpu_environment(site, log)
-                summary.data["environment"] = info
+            assert env is not None
             status, figures, reason, seconds = run_child(name, limit, env, log, opts)
             record(name, status, seconds, reason, figures, limit)
         failed += status in ("failed", "timeout")
