@@ -373,6 +373,7 @@ class DeviceActor:
         self._carves: list[Carve] = []
         self._host_views: dict[str, np.ndarray[Any, Any]] = {}
         self._started = False
+        self._compiling = False
         self._released = False
         self._abandoned = False
         self._slabs = memory_slabs(self.simulator)
@@ -496,6 +497,10 @@ class DeviceActor:
             self.state_dev,
             self.stage,
         )
+
+    def mark_compiling(self, compiling: bool) -> None:
+        """Say that a compile thread outlived its caller (``release`` waits for it)."""
+        self._compiling = compiling
 
     def compile(self) -> None:
         """Compile the kernel (slow; the caller runs it in a worker thread). No-op simulated."""
@@ -664,11 +669,14 @@ class DeviceActor:
     def release(self) -> None:
         """Give the memory back: now if no GPU actor runs, else when the last one ends.
 
+        While a compile thread that outlived its launch still runs (``mark_compiling``),
+        nothing is released; the thread's end releases it.
+
         A kernel that may still be running (it did not acknowledge TERMINATE) keeps its
         memory for the life of the process instead: freeing it would let a hung kernel
         write into reused memory. A later ``release`` frees it once the kernel ended.
         """
-        if self._released:
+        if self._released or self._compiling:  # a compile thread still uses it
             return
         if self._started and not self.finished():
             if not self._abandoned:
