@@ -911,7 +911,7 @@ class GPURingKernel(RingKernel):
         wd = self.options.watchdog_timeout
         pending = r.in_flight()
         if wd is not None and pending and r.word(L.ACTIVE) and live.stalled_for(now) > wd:
-            text = live.describe(self.kernel_id, wd, pending, r.word(L.PROCESSED))
+            text = live.describe(self.kernel_id, wd, pending, r.word(L.PROCESSED), now)
             self._fail(TimeoutError(text))
 
     # -- sending ------------------------------------------------------------------------

@@ -113,7 +113,8 @@ def test_a_heartbeat_alone_is_not_progress_while_published_messages_go_unseen() 
         assert not live.observe(t, published=3, taken=0, seen=0, beat=beat)
     assert live.stalled_for(3.5) == 3.5
     assert live.blind_beats == 3
-    text = live.describe("k", 3.0, pending=3, processed=0)
+    assert live.deaf(3.5)
+    text = live.describe("k", 3.0, pending=3, processed=0, now=3.5)
     assert "is alive (its heartbeat advanced 3 time(s))" in text
     assert "read inbox tail 0, the host published 3" in text
     assert "doorbell" in text
@@ -131,10 +132,13 @@ def test_seeing_or_taking_messages_is_progress_and_an_idle_heartbeat_too() -> No
 
 def test_a_stuck_handler_is_told_apart_from_a_deaf_kernel() -> None:
     live = Liveness(0.0)
-    live.observe(0.0, published=1, taken=0, seen=0, beat=5)
-    live.observe(9.0, published=1, taken=0, seen=0, beat=5)  # no heartbeat: inside a handler
-    assert live.blind_beats == 0
-    text = live.describe("k", 5.0, pending=1, processed=0)
+    live.observe(0.0, published=0, taken=0, seen=0, beat=5)
+    # one idle heartbeat lands after the publish, before the kernel takes the message; then
+    # it sits in the handler and beats no more
+    live.observe(0.1, published=1, taken=0, seen=0, beat=6)
+    live.observe(9.0, published=1, taken=0, seen=0, beat=6)
+    assert not live.deaf(9.0)
+    text = live.describe("k", 5.0, pending=1, processed=0, now=9.0)
     assert "made no progress for 5.0s with 1 message(s) pending" in text
     assert "handler may be stuck" in text
 

@@ -215,7 +215,7 @@ class Liveness:
         now: The current ``time.monotonic()``.
     """
 
-    __slots__ = ("_beat", "_seen", "_taken", "blind_beats", "since")
+    __slots__ = ("_beat", "_seen", "_taken", "blind_beats", "last_blind_beat", "since")
 
     def __init__(self, now: float) -> None:
         self._taken = -1  # IN_HEAD at the last reading (-1: none yet)
@@ -223,6 +223,7 @@ class Liveness:
         self._beat = -1  # HEARTBEAT at the last reading
         self.since = now  # when the kernel last progressed
         self.blind_beats = 0  # heartbeats since then while published messages went unseen
+        self.last_blind_beat = now  # when the last of those was read
 
     def observe(self, now: float, *, published: int, taken: int, seen: int, beat: int) -> bool:
         """Record one reading of the control block; True when the kernel progressed."""
@@ -237,16 +238,25 @@ class Liveness:
             return not first
         if beat_moved:
             self.blind_beats += 1
+            self.last_blind_beat = now
         return False
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the kernel last progressed."""
         return now - self.since
 
-    def describe(self, kernel_id: str, seconds: float, pending: int, processed: int) -> str:
+    def deaf(self, now: float) -> bool:
+        """Whether the kernel still beats while published messages stay unseen: it lives
+        but does not see the doorbell (a handler stuck on a message stops beating)."""
+        recent = now - self.last_blind_beat <= max(0.5 * (now - self.since), 1e-3)
+        return self.blind_beats >= 2 and recent
+
+    def describe(
+        self, kernel_id: str, seconds: float, pending: int, processed: int, now: float
+    ) -> str:
         """Why the kernel is declared hung, in words (``pending`` messages not taken)."""
         taken, seen = self._taken, self._seen
-        if self.blind_beats:
+        if self.deaf(now):
             return (
                 f"GPU kernel {kernel_id!r} is alive (its heartbeat advanced {self.blind_beats} "
                 f"time(s)) but saw no new message for {seconds}s: it read inbox tail {seen}, "

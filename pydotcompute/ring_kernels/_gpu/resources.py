@@ -23,7 +23,8 @@ when no GPU actor is running, and Numba's own deferred frees are held back
 Module loading can synchronize too (lazy loading, the default since CUDA 12.2, loads a
 kernel at its first launch, beside the kernels already running): `CUDA_MODULE_LOADING`
 defaults to `EAGER` for the process when the GPU tier is the first to touch CUDA, and
-`compile` loads the module and resolves the kernel (`bind`) before `start` launches it.
+`compile` loads the module and resolves the kernel (`bind`, then `cuKernelGetFunction`
+where numba-cuda uses the context-independent library API) before `start` launches it.
 
 Liveness fails closed: "has the kernel finished?" is answered True only by the event or by
 a sticky context error (an illegal address, a launch failure: the context is gone, and the
@@ -536,6 +537,7 @@ class DeviceActor:
         if callable(bind):
             try:
                 bind()
+                _load_into_context(kernel)
             except Exception as exc:
                 raise CUDAError(f"{self.name}: loading the compiled kernel failed: {exc}") from exc
         self._kernel = disp
@@ -748,6 +750,32 @@ def nonblocking_stream(keep: list[Any], device_id: int) -> Any:
             "version (cupy-cuda12x / cupy-cuda13x) or a numba-cuda whose driver exposes "
             "cuStreamCreate"
         ) from exc
+
+
+def _load_into_context(kernel: Any) -> None:
+    """Load a bound Numba kernel into the current context now, not at its first launch.
+
+    numba-cuda 0.30+ resolves kernels through the context-independent library API
+    (``cuLibraryGetKernel``), which the driver may load into a context only when the kernel
+    first launches, beside running persistent kernels. Asking for the context's function
+    handle (``cuKernelGetFunction``) loads it. Older numba-cuda (a ``CUfunction`` already)
+    needs nothing.
+    """
+    library = getattr(kernel, "_codelibrary", None)
+    get_cufunc = getattr(library, "get_cufunc", None)
+    if not callable(get_cufunc):
+        return
+    handle = getattr(get_cufunc(), "handle", None)
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        return
+    cu_kernel = getattr(drv, "CUkernel", None)
+    if cu_kernel is None or not isinstance(handle, cu_kernel):
+        return
+    err, _ = drv.cuKernelGetFunction(handle)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise CUDAError(f"cuKernelGetFunction failed ({err}): the kernel could not be loaded")
 
 
 def _require_gpu(device_id: int) -> None:
