@@ -246,3 +246,29 @@ def test_the_benchmark_spin_gives_up_after_its_timeout() -> None:
     with pytest.raises(TimeoutError, match=r"no reply within 0\.2s"):
         bench.ring_raw_rtt(Kernel(), 5, 0, spin_timeout=0.2)
     assert time.monotonic() - t0 < 30
+
+
+def test_the_suite_step_runs_pytest_with_a_line_per_test(tmp_path: Path) -> None:
+    """The suite step's pytest run (options, plugin) on a small host-only test file."""
+    code = (
+        "import argparse, importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('gc', {str(SCRIPT)!r})\n"
+        "gc = importlib.util.module_from_spec(spec); spec.loader.exec_module(gc)\n"
+        f"opts = argparse.Namespace(out={str(tmp_path)!r}, test_timeout=30)\n"
+        "figures = {}\n"
+        "rc = gc._pytest(figures, opts, ['-q', 'tests/unit/test_cuda_toolkit.py'])\n"
+        "print('FIGURES ' + json.dumps(figures))\n"
+    )
+    (tmp_path / "tests.log").write_text("")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("FIGURES ")), None)
+    assert line is not None, out.stdout + out.stderr
+    figures = json.loads(line[len("FIGURES ") :])
+    assert figures["pytest_rc"] == 0
+    assert figures["counts"]["passed"] >= 4
+    lines = (tmp_path / "tests.log").read_text().splitlines()
+    assert len(lines) == sum(figures["counts"].values())
+    assert all("tests/unit/test_cuda_toolkit.py::" in x for x in lines)
+    assert lines[0].split()[0] in ("passed", "skipped")
