@@ -728,7 +728,9 @@ def gpu_reason() -> str | None:
         return f"numba-cuda does not import ({type(exc).__name__}: {exc})"
     try:
         if not cuda.is_available():
-            why = getattr(cuda.cudadrv.driver.driver, "initialization_error", None)
+            why = " ".join(
+                str(getattr(cuda.cudadrv.driver.driver, "initialization_error", "")).split()
+            )
             return f"no CUDA GPU: Numba sees none ({why or 'is a driver loaded? nvidia-smi?'})"
         cc = tuple(cuda.get_current_device().compute_capability)
     except Exception as exc:
