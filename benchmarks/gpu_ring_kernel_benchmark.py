@@ -158,17 +158,33 @@ def _work(i: int) -> Work:
     return Work(values=np.full(VEC, 1.0 + (i % 7), np.float32), scale=np.float32(0.5))
 
 
-def ring_raw_rtt(kernel: Any, n: int, warm: int) -> list[int]:
-    """Publish one record, spin on the outbox tail, take the reply; no event loop involved."""
+#: Seconds one raw round trip may spin before the benchmark gives up (``--spin-timeout``).
+SPIN_TIMEOUT_S = 10.0
+
+
+def ring_raw_rtt(kernel: Any, n: int, warm: int, spin_timeout: float | None = None) -> list[int]:
+    """Publish one record, spin on the outbox tail, take the reply; no event loop involved.
+
+    Raises:
+        TimeoutError: a reply did not arrive within ``spin_timeout`` seconds (the kernel
+            hung, or never saw the message): the spin would otherwise never end.
+    """
     r = kernel._rings
     rec = Work.to_records([_work(1)])
     clock = time.perf_counter_ns
+    limit_ns = int(1e9 * (SPIN_TIMEOUT_S if spin_timeout is None else spin_timeout))
     lat: list[int] = []
     for i in range(warm + n):
         t0 = clock()
         r.publish(rec)
+        spins = 0
         while r.ready() == 0:
-            pass
+            spins += 1
+            if spins & 1023 == 0 and clock() - t0 > limit_ns:
+                raise TimeoutError(
+                    f"raw round trip {i}: no reply within {limit_ns / 1e9:g}s (processed "
+                    f"{kernel.statistics().processed}); the kernel is stuck or missed the message"
+                )
         r.take(1)
         if i >= warm:
             lat.append(clock() - t0)
@@ -350,7 +366,9 @@ def unavailable_reason(simulator: bool) -> str | None:
     return None
 
 
-async def measure(quick: bool, simulator: bool) -> dict[str, Any]:
+async def measure(
+    quick: bool, simulator: bool, spin_timeout: float = SPIN_TIMEOUT_S
+) -> dict[str, Any]:
     n = 200 if simulator else (2_000 if quick else 20_000)
     warm = 20 if simulator else 200
     many = 2_000 if simulator else (200_000 if quick else 2_000_000)
@@ -372,7 +390,7 @@ async def measure(quick: bool, simulator: bool) -> dict[str, Any]:
             ring_size=4096,
         )
         await rt.activate("ring")
-        lat = ring_raw_rtt(k, n, warm)
+        lat = ring_raw_rtt(k, n, warm, spin_timeout)
         rows.append({"variant": "ring, raw", **percentiles(lat)})
         lat = await ring_runtime_rtt(rt, "ring", n // 2, warm)
         rows.append({"variant": "ring, runtime", **percentiles(lat)})
@@ -396,7 +414,8 @@ async def measure(quick: bool, simulator: bool) -> dict[str, Any]:
                     cuda_source=WORK_C_HANDLER,
                 )
                 await rt.activate("ring_c")
-                rows.append({"variant": "ring, CUDA C", **percentiles(ring_raw_rtt(kc, n, warm))})
+                lat_c = ring_raw_rtt(kc, n, warm, spin_timeout)
+                rows.append({"variant": "ring, CUDA C", **percentiles(lat_c)})
                 await rt.terminate("ring_c")
             except Exception as exc:
                 r["ring_c_error"] = f"{type(exc).__name__}: {exc}"
@@ -471,6 +490,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument(
         "--simulator", action="store_true", help="smoke-run on the CUDA simulator (no figures)"
     )
+    ap.add_argument(
+        "--spin-timeout",
+        type=float,
+        default=SPIN_TIMEOUT_S,
+        help="seconds one raw round trip may wait for its reply before the run fails",
+    )
     args = ap.parse_args(argv)
     if args.simulator:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before Numba is imported
@@ -488,7 +513,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             args.json,
         )
         return None
-    r = asyncio.run(measure(args.quick, args.simulator))
+    r = asyncio.run(measure(args.quick, args.simulator, args.spin_timeout))
     where = "the CUDA SIMULATOR (smoke run, figures meaningless)" if args.simulator else "GPU"
     info = {} if args.simulator else gpu_info()
     print(f"\nGPU ring kernel on {where}: {info.get('gpu', '')} driver {info.get('driver', '')}")

@@ -81,6 +81,7 @@ import numpy as np
 from ..exceptions import (
     CUDAError,
     InvalidConfigurationError,
+    KernelCompilationError,
     KernelError,
     KernelFailedError,
     KernelStateError,
@@ -89,7 +90,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from ._gpu import layout as L
-from ._gpu.host import HostRings, Replies
+from ._gpu.host import HostRings, Liveness, Replies
 from ._gpu.spec import OPTION_NAMES as _OPTION_NAMES
 from ._gpu.spec import (
     GPUKernelOptions,
@@ -321,7 +322,7 @@ class GPURingKernel(RingKernel):
         "_fwd_backlog",
         "_lat_seen",
         "_last_health",
-        "_last_progress",
+        "_live",
         "_pump_stop",
         "_pump_task",
         "_recv_waiters",
@@ -329,7 +330,6 @@ class GPURingKernel(RingKernel):
         "_replies_closed",
         "_replies_received",
         "_rings",
-        "_seen",
         "_space_waiters",
         "_wake",
         "final_state",
@@ -385,8 +385,7 @@ class GPURingKernel(RingKernel):
         self._dev: DeviceActor | None = None
         self._rings: HostRings | None = None
         self._lat_seen = 0
-        self._seen = (0, 0)
-        self._last_progress = 0.0
+        self._live = Liveness(0.0)
         self._last_health = 0.0
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_stop = False
@@ -516,11 +515,16 @@ class GPURingKernel(RingKernel):
         try:
             if dev.flavour == "simulator":
                 dev.compile()
-            else:
-                await asyncio.to_thread(dev.compile)
+            elif not await compile_within(dev, opts.compile_timeout):
+                raise KernelCompilationError(
+                    f"GPU kernel {self.kernel_id!r}: compiling and loading its handler took "
+                    f"longer than compile_timeout={opts.compile_timeout}s; a first compile "
+                    "takes seconds: check that NVVM/NVRTC are found (CUDA_HOME) and that "
+                    "nothing holds the GPU, or raise compile_timeout"
+                )
             dev.start()
         except BaseException:
-            dev.release()
+            dev.release()  # deferred while a compile thread still uses it
             raise
         self._dev = dev
         self._rings = HostRings(dev.host)
@@ -535,7 +539,7 @@ class GPURingKernel(RingKernel):
         self._inbox = FastMessageQueue(
             cfg.input_queue_size, kernel_id=self.kernel_id, backpressure=cfg.backpressure_strategy
         )
-        self._last_progress = time.monotonic()
+        self._live = Liveness(time.monotonic())
         self._state = KernelState.LAUNCHED
         self._pump_task = asyncio.get_running_loop().create_task(
             self._pump(), name=f"pydotcompute:{self.kernel_id}"
@@ -889,10 +893,15 @@ class GPURingKernel(RingKernel):
         dev, r = self._dev, self._rings
         if dev is None or r is None or self._state in (KernelState.FAILED, KernelState.TERMINATED):
             return
-        seen = (r.word(L.IN_HEAD), r.word(L.HEARTBEAT))
-        if seen != self._seen:
-            self._seen = seen
-            self._last_progress = now
+        live = self._live
+        progressed = live.observe(
+            now,
+            published=r.in_tail,
+            taken=r.word(L.IN_HEAD),
+            seen=r.word(L.TAIL_SEEN),
+            beat=r.word(L.HEARTBEAT),
+        )
+        if progressed:
             self._wake_all(self._space_waiters)
         if now - self._last_health >= 0.01:  # a driver call on a GPU: not on every pass
             self._last_health = now
@@ -901,15 +910,9 @@ class GPURingKernel(RingKernel):
                 return
         wd = self.options.watchdog_timeout
         pending = r.in_flight()
-        if wd is not None and pending and r.word(L.ACTIVE) and now - self._last_progress > wd:
-            self._fail(
-                TimeoutError(
-                    f"GPU kernel {self.kernel_id!r} made no progress for {wd}s with {pending} "
-                    f"message(s) pending (processed {r.word(L.PROCESSED)}, heartbeat "
-                    f"{seen[1]}); its handler may be stuck (raise watchdog_timeout for slow "
-                    "handlers)"
-                )
-            )
+        if wd is not None and pending and r.word(L.ACTIVE) and live.stalled_for(now) > wd:
+            text = live.describe(self.kernel_id, wd, pending, r.word(L.PROCESSED), now)
+            self._fail(TimeoutError(text))
 
     # -- sending ------------------------------------------------------------------------
 
@@ -1082,6 +1085,30 @@ class GPURingKernel(RingKernel):
         if not self._replies.count:
             await self._wait_reply(timeout)
         return self._take(max_count)
+
+
+async def compile_within(dev: Any, limit: float | None) -> bool:
+    """Run ``dev.compile()`` in a worker thread; False when it outlasts ``limit`` seconds.
+
+    A thread cannot be stopped: past the limit the compile runs on, marked
+    (``mark_compiling``) so that ``release`` waits, and ``dev.release()`` runs once it ends.
+    """
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(None, dev.compile)
+    done, _ = await asyncio.wait({fut}, timeout=limit)
+    if done:
+        fut.result()  # the compile's own error, if any
+        return True
+    dev.mark_compiling(True)
+
+    def finished(f: asyncio.Future[Any]) -> None:
+        dev.mark_compiling(False)
+        if not f.cancelled():
+            f.exception()  # retrieved: the launch already failed with the timeout
+        dev.release()
+
+    fut.add_done_callback(finished)
+    return False
 
 
 def _state_host(state: Any) -> np.ndarray[Any, Any]:

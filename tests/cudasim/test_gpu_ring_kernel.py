@@ -179,6 +179,28 @@ async def test_watchdog_reports_a_hung_kernel_as_failed(rt: RingKernelRuntime) -
     assert k.state is KernelState.TERMINATED
 
 
+async def test_watchdog_flags_a_live_kernel_that_never_sees_the_doorbell(
+    rt: RingKernelRuntime,
+) -> None:
+    k = await launch_gpu(rt, "deaf", suite.add_handler, Add, Sum, watchdog_timeout=0.5)
+    r = k._rings
+    assert r is not None
+    beat = r.word(layout.HEARTBEAT)
+    # a message published with its tail, but the doorbell word (what the kernel polls) left
+    # alone, as if that store never reached the device: the kernel idles on, alive
+    r.inbox[r.in_tail % r.capacity_in] = Add.to_records([Add(a=1.0, b=2.0)])[0]
+    r.in_tail += 1
+    r.ctl[layout.IN_TAIL] = r.in_tail
+    await suite.wait_for(lambda: k.state is KernelState.FAILED)
+    assert isinstance(k.error, TimeoutError)
+    assert "is alive" in str(k.error)
+    assert "the host published 1" in str(k.error)
+    assert r.word(layout.HEARTBEAT) > beat  # alive all along: a heartbeat alone is no progress
+    assert r.word(layout.TAIL_SEEN) == 0
+    await rt.terminate("deaf")
+    assert k.state is KernelState.TERMINATED
+
+
 async def test_terminate_times_out_on_a_kernel_that_does_not_acknowledge(
     rt: RingKernelRuntime,
 ) -> None:

@@ -1,6 +1,7 @@
 """The CUDA backend on a real GPU (CuPy + Numba CUDA). Skipped with a reason without one.
 
-Run on a GPU machine with ``python -m pytest tests/gpu -m cuda``.
+Run on a GPU machine with ``python -m pytest tests/gpu -m cuda``. Nothing here touches CUDA
+at import or collection (see ``conftest.py``): the GPU is looked for when a test starts.
 """
 
 from __future__ import annotations
@@ -13,18 +14,9 @@ import numpy as np
 import pytest
 
 from pydotcompute.backends import CUDABackend
-from pydotcompute.backends.cuda import cuda_simulator_enabled
 
-_backend = CUDABackend()
-HAS_GPU = _backend.is_available and _backend.mode == "cupy"
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not HAS_GPU or cuda_simulator_enabled(),
-        reason=f"needs a CUDA GPU with CuPy ({_backend.unavailable_reason or 'simulator on'})",
-    ),
-]
+pytestmark = [pytest.mark.cuda, pytest.mark.gpu]
+NEEDS = "cupy"  # conftest.py skips every test here, with the reason, without a CuPy GPU
 
 
 @pytest.fixture

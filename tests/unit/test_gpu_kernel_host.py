@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from pydotcompute.ring_kernels._gpu import layout as L
-from pydotcompute.ring_kernels._gpu.host import HostRings
+from pydotcompute.ring_kernels._gpu.host import HostRings, Liveness
+from pydotcompute.ring_kernels.gpu_kernel import compile_within
 
 IN = np.dtype([("_mid_hi", np.uint64), ("_mid_lo", np.uint64), ("x", np.int64)])
 
@@ -79,3 +83,98 @@ def test_publish_and_take_wrap_around_the_rings() -> None:
         assert not r.outbox.view(np.uint8).any()  # taken slots are zeroed
     assert seen == list(range(sent))
     assert r.word(L.DOORBELL) >> L.DOORBELL_SHIFT == sent
+
+
+# --- liveness: progress, not mere life -------------------------------------------------------
+
+
+def test_the_seen_tail_sits_with_the_heartbeat_on_a_device_written_line() -> None:
+    assert L.TAIL_SEEN // 8 == L.HEARTBEAT // 8
+    host_words = (L.IN_TAIL, L.DOORBELL, L.OUT_HEAD, L.ACTIVE, L.TERMINATE)
+    assert all(w // 8 != L.TAIL_SEEN // 8 for w in host_words)
+    assert L.TAIL_SEEN not in {v for k, v in L.constants().items() if k != "TAIL_SEEN"} - {
+        L.CMD_IDLE,
+        L.CMD_PROCESS,
+        L.CMD_PROCESS_DROP,
+        L.CMD_STALL,
+        L.CMD_EXIT,
+        L.DOORBELL_SHIFT,
+        L.DOORBELL_ACTIVE,
+        L.DOORBELL_TERMINATE,
+    }
+
+
+def test_a_heartbeat_alone_is_not_progress_while_published_messages_go_unseen() -> None:
+    live = Liveness(0.0)
+    assert not live.observe(0.0, published=0, taken=0, seen=0, beat=0)
+    # the host publishes 3 messages; the kernel idles on (its heartbeat advances) but its
+    # doorbell reads still say tail 0
+    for t, beat in ((1.0, 1), (2.0, 2), (3.0, 3)):
+        assert not live.observe(t, published=3, taken=0, seen=0, beat=beat)
+    assert live.stalled_for(3.5) == 3.5
+    assert live.blind_beats == 3
+    assert live.deaf(3.5)
+    text = live.describe("k", 3.0, pending=3, processed=0, now=3.5)
+    assert "is alive (its heartbeat advanced 3 time(s))" in text
+    assert "read inbox tail 0, the host published 3" in text
+    assert "doorbell" in text
+
+
+def test_seeing_or_taking_messages_is_progress_and_an_idle_heartbeat_too() -> None:
+    live = Liveness(0.0)
+    live.observe(0.0, published=0, taken=0, seen=0, beat=0)
+    assert live.observe(1.0, published=0, taken=0, seen=0, beat=1)  # idle: nothing unseen
+    assert live.observe(2.0, published=2, taken=0, seen=2, beat=1)  # saw the new tail
+    assert live.observe(3.0, published=2, taken=2, seen=2, beat=1)  # took them
+    assert live.observe(4.0, published=2, taken=2, seen=2, beat=2)  # stalls on a full outbox
+    assert live.stalled_for(4.5) == 0.5
+
+
+def test_a_stuck_handler_is_told_apart_from_a_deaf_kernel() -> None:
+    live = Liveness(0.0)
+    live.observe(0.0, published=0, taken=0, seen=0, beat=5)
+    # one idle heartbeat lands after the publish, before the kernel takes the message; then
+    # it sits in the handler and beats no more
+    live.observe(0.1, published=1, taken=0, seen=0, beat=6)
+    live.observe(9.0, published=1, taken=0, seen=0, beat=6)
+    assert not live.deaf(9.0)
+    text = live.describe("k", 5.0, pending=1, processed=0, now=9.0)
+    assert "made no progress for 5.0s with 1 message(s) pending" in text
+    assert "handler may be stuck" in text
+
+
+class _SlowCompile:
+    """What ``compile_within`` needs of a device actor: a compile that takes a while."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.compiling = False
+        self.released = threading.Event()
+
+    def compile(self) -> None:
+        time.sleep(self.seconds)
+
+    def mark_compiling(self, compiling: bool) -> None:
+        self.compiling = compiling
+
+    def release(self) -> None:
+        assert not self.compiling
+        self.released.set()
+
+
+async def test_a_compile_past_its_limit_is_reported_and_released_when_it_ends() -> None:
+    slow = _SlowCompile(0.5)
+    t0 = time.monotonic()
+    assert not await compile_within(slow, 0.05)
+    assert time.monotonic() - t0 < 0.5  # the caller did not wait for the compile
+    assert slow.compiling  # release waits for the thread
+    assert not slow.released.is_set()
+    await asyncio.wait_for(asyncio.to_thread(slow.released.wait, 10), 20)
+    assert not slow.compiling
+
+
+async def test_a_compile_within_its_limit_passes() -> None:
+    fast = _SlowCompile(0.0)
+    assert await compile_within(fast, 10.0)
+    assert await compile_within(fast, None)
+    assert not fast.released.is_set()  # the caller owns it

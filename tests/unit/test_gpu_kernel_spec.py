@@ -120,6 +120,8 @@ def test_unknown_option_lists_the_known_ones() -> None:
         ("outbox_full", "spill", "outbox_full must be 'block' or 'drop', got 'spill'"),
         ("watchdog_timeout", 0, "watchdog_timeout must be seconds > 0 or None, got 0"),
         ("terminate_timeout", -1.0, "terminate_timeout must be seconds > 0, got -1.0"),
+        ("compile_timeout", 0, "compile_timeout must be seconds > 0 or None, got 0"),
+        ("compile_timeout", "1", "compile_timeout must be seconds > 0 or None, got '1'"),
         ("ring_size", 0, "ring_size must be an int in 1..16777216, got 0"),
         ("max_backoff_ns", 10**7, "max_backoff_ns must be an int in 0..1000000"),
         ("cooperative", "yes", "cooperative must be True or False, got 'yes'"),

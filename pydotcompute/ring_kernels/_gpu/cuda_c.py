@@ -290,8 +290,10 @@ extern "C" __global__ void {kernel}(
             backoff = 0;
         }} else {{
             idle += 1;
-            if (tid == 0 && (cmd == PDC_CMD_STALL || idle % 16 == 0))
+            if (tid == 0 && (cmd == PDC_CMD_STALL || idle % 16 == 0)) {{
+                pdc_store_relaxed(ctl + PDC_TAIL_SEEN, tail_seen);
                 pdc_store_relaxed(ctl + PDC_HEARTBEAT, ++beat);
+            }}
             if (idle > PDC_SPIN_ITERATIONS) {{
                 backoff = backoff > 0 ? backoff * 2 : 32;
                 if (backoff > max_backoff) backoff = max_backoff;

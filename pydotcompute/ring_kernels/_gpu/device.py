@@ -51,6 +51,7 @@ DOORBELL_ACTIVE, DOORBELL_TERMINATE = L.DOORBELL_ACTIVE, L.DOORBELL_TERMINATE
 OUTBOX_POLICY, MAX_BACKOFF_NS = L.OUTBOX_POLICY, L.MAX_BACKOFF_NS
 IN_HEAD, OUT_TAIL, STARTED, TERMINATED = L.IN_HEAD, L.OUT_TAIL, L.STARTED, L.TERMINATED
 ACTIVE_ACK, HEARTBEAT, PROCESSED, DROPPED = L.ACTIVE_ACK, L.HEARTBEAT, L.PROCESSED, L.DROPPED
+TAIL_SEEN = L.TAIL_SEEN
 ERRORS, LAST_LATENCY, TOTAL_LATENCY = L.ERRORS, L.LAST_LATENCY, L.TOTAL_LATENCY
 MAX_LATENCY, MIN_LATENCY, LAST_STATUS = L.MAX_LATENCY, L.MIN_LATENCY, L.LAST_STATUS
 OUTBOX_FULL, SPIN_ITERATIONS, BATCH = L.OUTBOX_FULL, L.SPIN_ITERATIONS, L.BATCH
@@ -332,6 +333,7 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                 idle += 1
                 if tid == 0 and (cmd == CMD_STALL or idle % 16 == 0):
                     beat += 1
+                    store_relaxed(ctl, TAIL_SEEN, tail_seen)
                     store_relaxed(ctl, HEARTBEAT, beat)
                 if idle > SPIN_ITERATIONS:
                     backoff = backoff * 2 if backoff > 0 else 32

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import layout as L
 
-__all__ = ("HostRings", "Replies", "fence")
+__all__ = ("HostRings", "Liveness", "Replies", "fence")
 
 _FENCE = threading.Lock()
 _IN_TAIL, _OUT_HEAD, _DOORBELL, _SHIFT = L.IN_TAIL, L.OUT_HEAD, L.DOORBELL, L.DOORBELL_SHIFT
@@ -200,3 +200,72 @@ class Replies:
         if len(parts) == 1:
             return parts[0]  # type: ignore[no-any-return]
         return np.concatenate(parts)
+
+
+class Liveness:
+    """Tells a kernel's progress from mere life, for the pump's watchdog.
+
+    Progress is the kernel taking messages (``IN_HEAD``) or learning of new ones
+    (``TAIL_SEEN``). A heartbeat counts as progress only while the kernel has seen every
+    message the host published (it idles, or waits for room in the outbox). A heartbeat
+    that advances while published messages stay unseen is a live kernel that does not see
+    the doorbell: not progress, and `describe` says which of the two failures it is.
+
+    Args:
+        now: The current ``time.monotonic()``.
+    """
+
+    __slots__ = ("_beat", "_seen", "_taken", "blind_beats", "last_blind_beat", "since")
+
+    def __init__(self, now: float) -> None:
+        self._taken = -1  # IN_HEAD at the last reading (-1: none yet)
+        self._seen = -1  # TAIL_SEEN at the last reading
+        self._beat = -1  # HEARTBEAT at the last reading
+        self.since = now  # when the kernel last progressed
+        self.blind_beats = 0  # heartbeats since then while published messages went unseen
+        self.last_blind_beat = now  # when the last of those was read
+
+    def observe(self, now: float, *, published: int, taken: int, seen: int, beat: int) -> bool:
+        """Record one reading of the control block; True when the kernel progressed."""
+        first = self._taken < 0
+        moved = taken != self._taken or seen != self._seen
+        beat_moved = beat != self._beat
+        unseen = seen < published
+        self._taken, self._seen, self._beat = taken, seen, beat
+        if first or moved or (beat_moved and not unseen):
+            self.since = now
+            self.blind_beats = 0
+            return not first
+        if beat_moved:
+            self.blind_beats += 1
+            self.last_blind_beat = now
+        return False
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the kernel last progressed."""
+        return now - self.since
+
+    def deaf(self, now: float) -> bool:
+        """Whether the kernel still beats while published messages stay unseen: it lives
+        but does not see the doorbell (a handler stuck on a message stops beating)."""
+        recent = now - self.last_blind_beat <= max(0.5 * (now - self.since), 1e-3)
+        return self.blind_beats >= 2 and recent
+
+    def describe(
+        self, kernel_id: str, seconds: float, pending: int, processed: int, now: float
+    ) -> str:
+        """Why the kernel is declared hung, in words (``pending`` messages not taken)."""
+        taken, seen = self._taken, self._seen
+        if self.deaf(now):
+            return (
+                f"GPU kernel {kernel_id!r} is alive (its heartbeat advanced {self.blind_beats} "
+                f"time(s)) but saw no new message for {seconds}s: it read inbox tail {seen}, "
+                f"the host published {taken + pending} ({pending} pending, processed "
+                f"{processed}); the doorbell does not reach the device (is the mapped control "
+                "block visible to the GPU?)"
+            )
+        return (
+            f"GPU kernel {kernel_id!r} made no progress for {seconds}s with {pending} "
+            f"message(s) pending (processed {processed}); its handler may be stuck (raise "
+            "watchdog_timeout for slow handlers)"
+        )

@@ -40,6 +40,7 @@ __all__ = (
     "PROCESSED",
     "SPIN_ITERATIONS",
     "STARTED",
+    "TAIL_SEEN",
     "TERMINATE",
     "TERMINATED",
     "TOTAL_LATENCY",
@@ -68,6 +69,9 @@ STARTED = 40  # 1 once the kernel runs
 TERMINATED = 41  # 1 when the kernel left its loop (the acknowledgement of TERMINATE)
 ACTIVE_ACK = 42  # the last ACTIVE value the kernel acted on
 HEARTBEAT = 43  # advances while the kernel idles or stalls (the watchdog reads it)
+# The inbox tail the kernel last read from the doorbell, stored just before each heartbeat:
+# a heartbeat proves the kernel alive, this that it sees what the host published.
+TAIL_SEEN = 44
 PROCESSED = 48  # messages handled (replied, rejected or reply dropped)
 DROPPED = 49  # replies discarded because the outbox was full (policy 1)
 ERRORS = 50  # messages the handler rejected (non-zero status)

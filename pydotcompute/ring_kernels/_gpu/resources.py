@@ -23,7 +23,8 @@ when no GPU actor is running, and Numba's own deferred frees are held back
 Module loading can synchronize too (lazy loading, the default since CUDA 12.2, loads a
 kernel at its first launch, beside the kernels already running): `CUDA_MODULE_LOADING`
 defaults to `EAGER` for the process when the GPU tier is the first to touch CUDA, and
-`compile` loads the module and resolves the kernel (`bind`) before `start` launches it.
+`compile` loads the module and resolves the kernel (`bind`, then `cuKernelGetFunction`
+where numba-cuda uses the context-independent library API) before `start` launches it.
 
 Liveness fails closed: "has the kernel finished?" is answered True only by the event or by
 a sticky context error (an illegal address, a launch failure: the context is gone, and the
@@ -373,6 +374,7 @@ class DeviceActor:
         self._carves: list[Carve] = []
         self._host_views: dict[str, np.ndarray[Any, Any]] = {}
         self._started = False
+        self._compiling = False
         self._released = False
         self._abandoned = False
         self._slabs = memory_slabs(self.simulator)
@@ -497,6 +499,10 @@ class DeviceActor:
             self.stage,
         )
 
+    def mark_compiling(self, compiling: bool) -> None:
+        """Say that a compile thread outlived its caller (``release`` waits for it)."""
+        self._compiling = compiling
+
     def compile(self) -> None:
         """Compile the kernel (slow; the caller runs it in a worker thread). No-op simulated."""
         if self.flavour == "simulator":
@@ -531,6 +537,7 @@ class DeviceActor:
         if callable(bind):
             try:
                 bind()
+                _load_into_context(kernel)
             except Exception as exc:
                 raise CUDAError(f"{self.name}: loading the compiled kernel failed: {exc}") from exc
         self._kernel = disp
@@ -664,11 +671,14 @@ class DeviceActor:
     def release(self) -> None:
         """Give the memory back: now if no GPU actor runs, else when the last one ends.
 
+        While a compile thread that outlived its launch still runs (``mark_compiling``),
+        nothing is released; the thread's end releases it.
+
         A kernel that may still be running (it did not acknowledge TERMINATE) keeps its
         memory for the life of the process instead: freeing it would let a hung kernel
         write into reused memory. A later ``release`` frees it once the kernel ended.
         """
-        if self._released:
+        if self._released or self._compiling:  # a compile thread still uses it
             return
         if self._started and not self.finished():
             if not self._abandoned:
@@ -740,6 +750,32 @@ def nonblocking_stream(keep: list[Any], device_id: int) -> Any:
             "version (cupy-cuda12x / cupy-cuda13x) or a numba-cuda whose driver exposes "
             "cuStreamCreate"
         ) from exc
+
+
+def _load_into_context(kernel: Any) -> None:
+    """Load a bound Numba kernel into the current context now, not at its first launch.
+
+    numba-cuda 0.30+ resolves kernels through the context-independent library API
+    (``cuLibraryGetKernel``), which the driver may load into a context only when the kernel
+    first launches, beside running persistent kernels. Asking for the context's function
+    handle (``cuKernelGetFunction``) loads it. Older numba-cuda (a ``CUfunction`` already)
+    needs nothing.
+    """
+    library = getattr(kernel, "_codelibrary", None)
+    get_cufunc = getattr(library, "get_cufunc", None)
+    if not callable(get_cufunc):
+        return
+    handle = getattr(get_cufunc(), "handle", None)
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        return
+    cu_kernel = getattr(drv, "CUkernel", None)
+    if cu_kernel is None or not isinstance(handle, cu_kernel):
+        return
+    err, _ = drv.cuKernelGetFunction(handle)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise CUDAError(f"cuKernelGetFunction failed ({err}): the kernel could not be loaded")
 
 
 def _require_gpu(device_id: int) -> None:

@@ -51,6 +51,9 @@ class GPUKernelOptions:
             the slowest handler call.
         terminate_timeout: Seconds ``terminate`` (and ``activate``/``deactivate``) wait
             for the kernel's acknowledgement.
+        compile_timeout: Seconds ``launch`` waits for the handler to compile and load
+            (None: no limit); past it the launch fails with `KernelCompilationError`
+            instead of hanging (a first compile takes seconds).
         max_backoff_ns: Ceiling of the idle polling back-off (``__nanosleep``); 0 spins.
         device_id: The CUDA device.
     """
@@ -63,6 +66,7 @@ class GPUKernelOptions:
     outbox_full: str = "block"
     watchdog_timeout: float | None = 5.0
     terminate_timeout: float = 5.0
+    compile_timeout: float | None = 120.0
     max_backoff_ns: int = 4096
     device_id: int = 0
 
@@ -138,6 +142,9 @@ def resolve_options(kernel_id: str, extra: dict[str, Any]) -> GPUKernelOptions:
     wd = opts.watchdog_timeout
     if wd is not None and (isinstance(wd, bool) or not isinstance(wd, (int, float)) or wd <= 0):
         raise _fail(kernel_id, f"watchdog_timeout must be seconds > 0 or None, got {wd!r}")
+    ct = opts.compile_timeout
+    if ct is not None and (isinstance(ct, bool) or not isinstance(ct, int | float) or ct <= 0):
+        raise _fail(kernel_id, f"compile_timeout must be seconds > 0 or None, got {ct!r}")
     tt = opts.terminate_timeout
     if isinstance(tt, bool) or not isinstance(tt, (int, float)) or tt <= 0:
         raise _fail(kernel_id, f"terminate_timeout must be seconds > 0, got {tt!r}")
