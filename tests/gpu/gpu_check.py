@@ -61,7 +61,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_ENV = "PYDOTCOMPUTE_GPU_CHECK_HANG_STEP"
-SITE_DEFAULT = "/tmp/pydotcompute-check-site"
+#: Per interpreter: wheels installed for one Python (cp312 on the GPU image) must never shadow
+#: another's packages when the check later runs under a different interpreter.
+SITE_DEFAULT = f"/tmp/pydotcompute-check-site-cp{sys.version_info[0]}{sys.version_info[1]}"
 
 #: name -> (longest limit s, shortest useful limit s, needs a GPU, optional, what it does).
 #: A healthy run on an H100 takes far less than the longest limits (docs/guides/gpu-actors.md).
