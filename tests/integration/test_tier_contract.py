@@ -94,3 +94,19 @@ async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
 
 async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
     await sc.scenario_pipeline_exactly_once(case)
+
+
+async def test_same_request_object_twice(case: sc.TierCase) -> None:
+    await sc.scenario_same_request_object_twice(case)
+
+
+async def test_abandoned_requests_bounded(case: sc.TierCase) -> None:
+    await sc.scenario_abandoned_requests_bounded(case)
+
+
+async def test_control_message_overtakes_blocked_senders(case: sc.TierCase) -> None:
+    await sc.scenario_control_message_overtakes_blocked_senders(case)
+
+
+async def test_producer_actor_yields(case: sc.TierCase) -> None:
+    await sc.scenario_producer_actor_yields(case)
