@@ -489,12 +489,12 @@ class RingKernel:
     SUPPORTS_RESTART: bool = True
 
     __slots__ = (
+        "_abandoned",
         "_ctx",
         "_direct",
         "_forward",
         "_func",
         "_gate",
-        "_abandoned",
         "_inbox",
         "_outbox",
         "_runtime",
