@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -633,3 +634,158 @@ async def scenario_value_too_deep_refused_at_send(case: TierCase, *, serialize: 
         reply = await rt.send_and_receive("k", AnyBox(seq=3, payload=[[1]]), timeout=10)
         assert (reply.seq, reply.payload) == (3, [[1]])
         assert rt.get_telemetry("k").messages_dropped == 0
+
+
+# --- request correlation, abandoned requests, blocked senders' order, yielding ---------------
+
+
+def silent_sync(ctx: Any) -> None:
+    """Takes every message and never replies."""
+    while not ctx.should_terminate:
+        try:
+            ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+
+
+async def silent_async(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        await ctx.receive()
+
+
+def burst_sync(ctx: Any) -> None:
+    """Answers ``Job(seq=n)`` with ``n`` replies, as fast as the outbox takes them."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            for i in range(job.seq):
+                ctx.send(Done(seq=i))
+
+
+async def burst_async(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        for i in range(job.seq):
+            await ctx.send(Done(seq=i))
+
+
+def _kind_of(case: TierCase, async_actor: Any, sync_actor: Any) -> Any:
+    """The actor of the kind ``case``'s tier runs."""
+    return async_actor if case.echo is echo_async else sync_actor
+
+
+async def scenario_same_request_object_twice(case: TierCase) -> None:
+    """A request object sent again (a retry after a timeout, or two concurrent callers)
+    gets one reply per call; the abandoned attempt's reply is dropped and counted."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case)
+        # two concurrent callers with one message object: each gets its own reply
+        job = Job(seq=1)
+        a, b = await asyncio.gather(
+            rt.send_and_receive("k", job, timeout=10), rt.send_and_receive("k", job)
+        )
+        assert (a.seq, b.seq) == (1, 1)
+        assert a is not b
+        # a retry of the same object after a timeout
+        slow = Job(seq=2, payload="sleep:0.3")
+        with pytest.raises(QueueTimeoutError):
+            await rt.send_and_receive("k", slow, timeout=0.01)
+        again = await rt.send_and_receive("k", slow, timeout=10)
+        assert again.seq == 2
+        # one more round trip: any stray reply would have reached the outbox before it
+        assert (await rt.send_and_receive("k", Job(seq=3), timeout=10)).seq == 3
+        assert rt.receive_nowait("k") is None, "a reply was left in the outbox"
+        assert await _dropped(rt, "k") == 1  # the timed-out attempt's reply
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def scenario_abandoned_requests_bounded(case: TierCase) -> None:
+    """Requests whose reply never comes leave a bounded number of registrations behind."""
+    import tracemalloc
+
+    from pydotcompute.ring_kernels.lifecycle import ABANDONED_REQUESTS_KEPT as kept
+
+    async def give_up(n: int) -> None:
+        for i in range(n):
+            with contextlib.suppress(QueueTimeoutError):
+                await rt.send_and_receive("k", Job(seq=i), timeout=0)
+
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        await rt.launch(
+            "k",
+            _kind_of(case, silent_async, silent_sync),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(),
+        )
+        await rt.activate("k")
+        kernel = rt.get_kernel("k")
+        tracemalloc.start()
+        try:
+            await give_up(kept + 200)  # past the bound: the oldest registrations go
+            assert kernel.pending_requests <= kept
+            before = tracemalloc.get_traced_memory()[0]
+            await give_up(2 * kept)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert kernel.pending_requests <= kept
+        # unbounded, each registration held about 280 bytes
+        assert grown < kept * 64, f"{grown} bytes held after {2 * kept} more timeouts"
+
+
+async def scenario_control_message_overtakes_blocked_senders(case: TierCase) -> None:
+    """Senders blocked on a full ``block`` inbox are admitted by priority band, FIFO
+    within a band: a HIGH message parked after NORMAL ones is admitted before them."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        bridge = {} if case.name == "asyncio" else {"bridge_queue_size": 1}
+        await _launch(rt, case, queue_size=4, **bridge)
+        await rt.deactivate("k")
+        for i in range(4):
+            await rt.send("k", Job(seq=i))
+        blocked = [asyncio.create_task(rt.send("k", Job(seq=100 + i))) for i in range(10)]
+        await asyncio.sleep(0.05)
+        urgent = asyncio.create_task(rt.send("k", Job(seq=999, priority=200)))
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in [*blocked, urgent])
+        await rt.reactivate("k")
+        got = [(await rt.receive("k", timeout=10)).seq for _ in range(15)]
+        await asyncio.gather(urgent, *blocked)
+        late = [got.index(100 + i) for i in range(10)]
+        assert got.index(999) < min(late), got
+        assert late == sorted(late), f"blocked NORMAL senders out of order: {got}"
+
+
+async def scenario_producer_actor_yields(case: TierCase) -> None:
+    """An actor sending many replies into a roomy outbox lets other tasks run at least
+    every `SEND_YIELD_EVERY` messages (counted by a task that samples the outbox)."""
+    from pydotcompute.ring_kernels.lifecycle import SEND_YIELD_EVERY as every
+
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        n = 3000
+        await rt.launch(
+            "k",
+            _kind_of(case, burst_async, burst_sync),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(queue_size=n + 10),
+        )
+        await rt.activate("k")
+        outbox = rt.get_kernel("k").outbox
+        seen = [0]
+
+        async def sample() -> None:
+            while seen[-1] < n:
+                seen.append(len(outbox))
+                await asyncio.sleep(0)
+
+        sampler = asyncio.create_task(sample())
+        await rt.send("k", Job(seq=n))
+        await sampler
+        steps = [b - a for a, b in itertools.pairwise(seen)]
+        assert max(steps) <= every, f"{max(steps)} replies arrived between two turns"

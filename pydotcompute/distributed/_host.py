@@ -257,10 +257,11 @@ class _ReplyWaiter:
     the reply needs no further turn of the loop.
     """
 
-    __slots__ = ("_cf",)
+    __slots__ = ("_cf", "key")
 
     def __init__(self, cf: concurrent.futures.Future[Any]) -> None:
         self._cf = cf
+        self.key: Any = None  # the correlation key the kernel gave it (`expect_reply`)
 
     def done(self) -> bool:
         return self._cf.done()
@@ -473,21 +474,21 @@ class _KernelCore:
         self,
         kernel: RingKernel,
         msg: Any,
-        cf: concurrent.futures.Future[Any],
+        waiter: _ReplyWaiter,
         timeout: float | None,
     ) -> None:
         """Loop thread: register the waiter and enqueue; slow path when the inbox is full."""
+        cf = waiter._cf
         inbox = kernel.inbox
         if inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize:
             task = asyncio.get_running_loop().create_task(kernel.send_and_receive(msg, timeout))
             task.add_done_callback(lambda t: _settle_future(t, cf))
             return
-        key = msg.message_id
-        kernel._waiters[key] = _ReplyWaiter(cf)  # type: ignore[assignment]
         try:
+            msg, waiter.key = kernel.expect_reply(msg, waiter)
             kernel.accept_nowait(msg)
         except BaseException as exc:
-            kernel._waiters.pop(key, None)
+            kernel.forget_request(waiter.key, waiter)
             if not cf.done():
                 cf.set_exception(exc)
 
@@ -643,14 +644,17 @@ class KernelHost:
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, cf, timeout)
+        waiter = _ReplyWaiter(cf)
+        self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, waiter, timeout)
         try:
             try:
                 reply = cf.result(timeout)
             except concurrent.futures.TimeoutError:
-                # the waiter stays registered, cancelled: the late reply is dropped and
-                # counted by the kernel instead of filling its outbox
+                # the key stays registered as abandoned (a bounded number of them): the
+                # late reply is dropped and counted by the kernel instead of filling its
+                # outbox
                 if cf.cancel():
+                    self._loop.call_soon_threadsafe(_abandon, kernel, waiter)
                     return None, pack_error(
                         QueueTimeoutError(
                             f"no reply from kernel {self._kernel_id!r} within {timeout}s "
@@ -676,6 +680,12 @@ class KernelHost:
 
     def telemetry(self) -> Answer:
         return self._run(self._core.telemetry())
+
+
+def _abandon(kernel: RingKernel, waiter: _ReplyWaiter) -> None:
+    """Loop thread: the Ray caller of ``waiter`` gave up on its request."""
+    if waiter.key is not None:
+        kernel.abandon_request(waiter.key, waiter)
 
 
 def _settle_future(task: asyncio.Task[Any], cf: concurrent.futures.Future[Any]) -> None:

@@ -8,6 +8,13 @@ Design notes:
 - Waiting follows ``asyncio.Queue``: a blocked getter parks on a future and is woken by the
   next put, then re-checks. Handing the item straight to the waiter was rejected because a
   getter cancelled after the hand-off would lose the message.
+- Blocked putters are admitted by priority band, FIFO within a band: each parks at the end
+  of its band's stretch of the ``_putters`` deque, which stays sorted, so ``_pop`` still
+  wakes the deque's head (the core is unchanged, and a put that finds room does no extra
+  work). The place is found from both ends at once (at most the shorter stretch is
+  walked; O(1) for one band). One deque per band in the core was rejected: every pop
+  would scan the bands. A putter that was woken but lost the slot to a put that found
+  room goes back to the head of its band.
 - ``close()`` makes the queue refuse puts while getters drain what is left; once empty,
   getters raise the close reason (``QueueClosedError`` or the actor's failure). This is how
   shutdown wakes actors parked in ``receive()`` without a timeout.
@@ -188,6 +195,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         "_close_exc",
         "_dropped",
         "_maxsize",
+        "_putter_bands",
         "_removed",
         "_strategy",
         "kernel_id",
@@ -232,6 +240,8 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._dropped = 0
         self._getters: deque[asyncio.Future[None]] | None = None
         self._putters: deque[asyncio.Future[None]] | None = None
+        # the band of each parked putter (only while senders are blocked)
+        self._putter_bands: dict[asyncio.Future[None], int] = {}
         self._closed = False
         self._close_exc: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # bound by the first wait
@@ -361,7 +371,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
 
         With ``block`` this waits for space (up to ``timeout`` seconds, then
         ``QueueTimeoutError``); ``reject`` raises ``QueueFullError``; ``drop_oldest`` drops
-        and counts the oldest lowest-band message.
+        and counts the oldest lowest-band message. Blocked puts are admitted by the
+        priority band of their item (a SYSTEM or HIGH message overtakes blocked NORMAL
+        ones), FIFO within a band; a put that finds room goes in at once.
         """
         if self._offer(item):  # open, with room: appended
             return True
@@ -369,31 +381,42 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             raise self._closed_error()
         if self._strategy is not BackpressureStrategy.BLOCK:
             return self.put_nowait(item)
-        await self._wait_for_space(timeout)
+        try:
+            band = _BAND_OF[item.priority]  # type: ignore[attr-defined]
+        except (AttributeError, KeyError, TypeError):
+            band = self._band_of(item)
+        await self._wait_for_space(timeout, band)
         self._append(item)
         return True
 
-    async def _wait_for_space(self, timeout: float | None) -> None:
+    async def _wait_for_space(self, timeout: float | None, band: int = 2) -> None:
         loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        bands = self._putter_bands
+        woken = False
         while self._maxsize and self._count >= self._maxsize:
             if self._closed:
                 raise self._closed_error()
             if self._putters is None:
                 self._putters = deque()
+            putters = self._putters
             fut = loop.create_future()
-            self._putters.append(fut)
+            putters.insert(_putter_place(putters, bands, band, woken), fut)
+            bands[fut] = band
             try:
                 await _wait(fut, deadline, loop)
             except TimeoutError:
-                _forget(self._putters, fut, False)
+                _forget(putters, fut, False)
                 raise QueueTimeoutError(
                     f"timed out after {timeout}s waiting for space in {self._describe()} "
                     f"({self._count}/{self._maxsize} messages)"
                 ) from None
             except BaseException:
-                _forget(self._putters, fut, self._count < self._maxsize)
+                _forget(putters, fut, self._count < self._maxsize)
                 raise
+            finally:
+                del bands[fut]
+            woken = True
         if self._closed:
             raise self._closed_error()
 
@@ -562,6 +585,42 @@ def _forget(waiters: deque[asyncio.Future[None]], fut: asyncio.Future[None], pas
         pass
     if woken and pass_on:
         _wake_one(waiters)
+
+
+def _putter_place(
+    putters: deque[asyncio.Future[None]],
+    bands: dict[asyncio.Future[None], int],
+    band: int,
+    first: bool,
+) -> int:
+    """Where a putter of ``band`` parks in ``putters`` (sorted by band, lowest first): after
+    every putter of a higher priority band, and after (``first``: before) those of its own.
+
+    Walks from both ends at once, so it looks at no more putters than the shorter of the
+    two stretches it separates: O(1) while every blocked sender is in one band.
+    """
+    n = len(putters)
+    if not n:
+        return 0
+    # "goes before x": x's band is lower in priority (or, for ``first``, the same)
+    if first:
+
+        def before(x: asyncio.Future[None]) -> bool:
+            return bands.get(x, 3) >= band
+    else:
+
+        def before(x: asyncio.Future[None]) -> bool:
+            return bands.get(x, 3) > band
+
+    i, j = 0, n
+    for head, tail in zip(putters, reversed(putters), strict=True):
+        if before(head):
+            return i
+        if not before(tail):
+            return j
+        i += 1
+        j -= 1
+    return i
 
 
 async def _wait(

@@ -26,7 +26,16 @@ Design notes:
   get a clear error.
 - Replies to ``send_and_receive`` bypass the outbox: ``ctx.send`` hands a message whose
   ``correlation_id`` matches a pending request straight to that caller's future, so
-  concurrent callers never see each other's replies.
+  concurrent callers never see each other's replies. Each call owns its key: a request
+  whose id is already awaited (a retry after a timeout, two callers sharing one object)
+  is sent as a copy with a fresh id. Reusing the key was rejected: two replies would
+  race for one caller and the other would land in the outbox.
+- A caller that gives up leaves its key registered as abandoned, so its late reply is
+  counted as dropped rather than left in the outbox; at most `ABANDONED_REQUESTS_KEPT`
+  such keys are kept (oldest forgotten first), as a reply that never comes would
+  otherwise hold one for good.
+- An actor's ``ctx.send`` yields to the loop every `SEND_YIELD_EVERY` messages: a send
+  that finds room never suspends, and a producer would otherwise starve every other task.
 - Per-message cost: once a reply class has passed validation (for the current
   ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
   ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
@@ -38,8 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import enum
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,7 +71,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .fast_queue import BackpressureStrategy, FastMessageQueue
-from .message import RingKernelMessage, stamp_reply
+from .message import RingKernelMessage, new_message_id, stamp_reply
 from .queue import MessageQueue
 from .telemetry import RingKernelTelemetry
 
@@ -68,6 +79,8 @@ if TYPE_CHECKING:
     from .runtime import RingKernelRuntime
 
 __all__ = (
+    "ABANDONED_REQUESTS_KEPT",
+    "SEND_YIELD_EVERY",
     "KernelContext",
     "KernelFunc",
     "KernelState",
@@ -79,6 +92,34 @@ __all__ = (
 logger = logging.getLogger("pydotcompute")
 
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
+
+#: An actor's ``ctx.send`` / ``ctx.send_to`` lets the event loop run other tasks at least
+#: once every this many messages, even when every send finds room at once.
+SEND_YIELD_EVERY = 64
+#: How many requests whose ``send_and_receive`` caller gave up (timed out or was
+#: cancelled) a kernel keeps registered, so that a late reply is counted as dropped
+#: instead of reaching the outbox. Beyond this the oldest are forgotten: a reply to one
+#: of those, should it still come, goes where a reply to a plain ``send`` goes.
+ABANDONED_REQUESTS_KEPT = 4096
+
+
+class _Abandoned:
+    """What stays registered for a request whose caller gave up: a waiter that is done,
+    so its reply is dropped and counted (the caller's future itself is let go)."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return True
+
+    def cancel(self) -> bool:
+        return False
+
+
+ABANDONED: Any = _Abandoned()
 
 
 class KernelState(enum.Enum):
@@ -168,6 +209,7 @@ class KernelContext:
         "_rec",
         "_reply_for",
         "_reply_t",
+        "_sends_left",
         "_tel",
         "kernel_id",
     )
@@ -188,6 +230,8 @@ class KernelContext:
         # and whose correlation slot can be written directly (see ``_prepare_reply``)
         self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
         self._reply_for: Any = None
+        # sends until the next forced turn of the loop (``SEND_YIELD_EVERY``)
+        self._sends_left = SEND_YIELD_EVERY
 
     @property
     def should_terminate(self) -> bool:
@@ -316,7 +360,13 @@ class KernelContext:
         the outbox (waiting for space under ``block`` backpressure).
 
         A reply without ``correlation_id`` is stamped with the current request's id.
+        Every `SEND_YIELD_EVERY` calls this lets the loop run other tasks first, so an
+        actor that sends many messages into queues with room never starves them.
         """
+        self._sends_left -= 1
+        if not self._sends_left:
+            self._sends_left = SEND_YIELD_EVERY
+            await asyncio.sleep(0)
         k = self._kernel
         if type(msg) is self._reply_t and k.output_type is self._reply_for:
             # a class already validated: only the correlation is left to stamp
@@ -378,8 +428,11 @@ class KernelContext:
         k = self._kernel
         if k._waiters:
             fut = k._waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self._count_lost_reply()
                 return True
         if k._forward is not None:
             k._forward._accept_nowait(msg)
@@ -387,7 +440,12 @@ class KernelContext:
         return self._outbox.put_nowait(msg)
 
     async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
-        """Send ``msg`` straight into another kernel's inbox (same runtime)."""
+        """Send ``msg`` straight into another kernel's inbox (same runtime); yields to the
+        loop as `send` does."""
+        self._sends_left -= 1
+        if not self._sends_left:
+            self._sends_left = SEND_YIELD_EVERY
+            await asyncio.sleep(0)
         runtime = self._kernel._runtime
         if runtime is None:
             raise KernelStateError(
@@ -431,6 +489,7 @@ class RingKernel:
     SUPPORTS_RESTART: bool = True
 
     __slots__ = (
+        "_abandoned",
         "_ctx",
         "_direct",
         "_forward",
@@ -493,6 +552,8 @@ class RingKernel:
         self._gate: asyncio.Future[None] | None = None
         self._stopping = False
         self._waiters: dict[Any, asyncio.Future[Any]] = {}
+        # keys of abandoned requests, oldest first (made on first use)
+        self._abandoned: deque[Any] | None = None
         self._forward: RingKernel | None = None
         self.telemetry = RingKernelTelemetry(kernel_id)
         self.error: BaseException | None = None
@@ -838,6 +899,7 @@ class RingKernel:
 
     def _fail_waiters(self, err: BaseException) -> None:
         waiters, self._waiters = self._waiters, {}
+        self._abandoned = None
         for fut in waiters.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -968,23 +1030,90 @@ class RingKernel:
             raise self._refuse("receive from")
         return out.get_nowait()
 
-    async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
-        """Send ``msg`` and wait for the reply whose ``correlation_id`` is its id.
+    # -- correlated requests ------------------------------------------------------------
 
-        Safe with concurrent callers: each waits on its own future.
+    @property
+    def pending_requests(self) -> int:
+        """How many ``send_and_receive`` registrations this kernel holds: requests awaiting
+        their reply, plus at most `ABANDONED_REQUESTS_KEPT` whose caller gave up."""
+        return len(self._waiters)
+
+    def _no_message_id(self, msg: Any) -> TypeValidationError:
+        return TypeValidationError(
+            f"kernel {self.kernel_id!r}: send_and_receive needs a message (an @message "
+            f"instance with a message_id), got {type(msg).__name__}"
+        )
+
+    def expect_reply(self, msg: Any, waiter: Any) -> tuple[Any, Any]:
+        """Register ``waiter`` (a future, or an object with its ``done``/``set_result``/
+        ``set_exception``) for the reply to ``msg``. Runs on the kernel's loop.
+
+        Returns:
+            ``(request, key)``: what to send, and the ``correlation_id`` its reply will
+            carry. ``request`` is ``msg`` itself, or a copy of it with a fresh
+            ``message_id`` when a reply to ``msg``'s id is already awaited (another caller
+            sent the same object, or an earlier attempt timed out): each call gets its own
+            reply.
+
+        Raises:
+            TypeValidationError: ``msg`` has no ``message_id``, or it needs a fresh id and
+                cannot be copied.
         """
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
             key = msg.message_id
         except AttributeError:
-            raise TypeValidationError(
-                f"kernel {self.kernel_id!r}: send_and_receive needs a message (an @message "
-                f"instance with a message_id), got {type(msg).__name__}"
-            ) from None
+            raise self._no_message_id(msg) from None
+        waiters = self._waiters
+        if key in waiters:
+            try:
+                msg = copy.copy(msg)
+                msg.message_id = key = new_message_id()
+            except (AttributeError, TypeError) as exc:
+                raise TypeValidationError(
+                    f"kernel {self.kernel_id!r}: a reply to this {type(msg).__name__} "
+                    f"(message_id {key}) is already awaited, and the request cannot be copied "
+                    f"with a new id ({exc}); send a new message instead"
+                ) from None
+        waiters[key] = waiter
+        return msg, key
+
+    def forget_request(self, key: Any, waiter: Any) -> None:
+        """Unregister ``waiter``: its call ended (its reply came, or its request was never
+        accepted, so no reply can come)."""
+        waiters = self._waiters
+        if waiters.get(key) is waiter:
+            del waiters[key]
+
+    def abandon_request(self, key: Any, waiter: Any) -> None:
+        """The caller of ``waiter`` gave up on an accepted request: the key stays registered
+        (without the caller's waiter) so the late reply is counted as dropped, not left in
+        the outbox; beyond `ABANDONED_REQUESTS_KEPT` such keys the oldest is forgotten."""
+        waiters = self._waiters
+        if waiters.get(key) is not waiter:
+            return  # answered (or failed) meanwhile
+        waiters[key] = ABANDONED
+        kept = self._abandoned
+        if kept is None:
+            kept = self._abandoned = deque()
+        kept.append(key)
+        if len(kept) > ABANDONED_REQUESTS_KEPT:
+            oldest = kept.popleft()
+            if waiters.get(oldest) is ABANDONED:
+                del waiters[oldest]
+
+    async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send ``msg`` and wait for the reply whose ``correlation_id`` is its id.
+
+        Safe with concurrent callers: each waits on its own future. A message object sent
+        again while a reply to it is still awaited (or after an attempt timed out) goes as
+        a copy with a fresh ``message_id`` (see `expect_reply`).
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not hasattr(msg, "message_id"):
+            raise self._no_message_id(msg)
         if self._state is KernelState.LAUNCHED:
             raise self._not_active("send_and_receive to")
-        waiters = self._waiters
-        waiters[key] = fut
+        msg, key = self.expect_reply(msg, fut)
         accepted = False
         try:
             # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
@@ -995,16 +1124,18 @@ class RingKernel:
                 accepted = True
                 return await fut
         except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return fut.result()  # the reply came as the time ran out
             raise QueueTimeoutError(
                 f"no reply from kernel {self.kernel_id!r} within {timeout}s "
                 f"(request {type(msg).__name__} {key}; kernel {self._state.name})"
             ) from None
         finally:
-            if not accepted or (fut.done() and not fut.cancelled()):
-                if waiters.get(key) is fut:
-                    del waiters[key]
-            elif not fut.done():
-                fut.cancel()  # stays registered: its late reply is dropped and counted
+            if accepted and (not fut.done() or fut.cancelled()):
+                fut.cancel()
+                self.abandon_request(key, fut)  # its late reply is dropped and counted
+            else:
+                self.forget_request(key, fut)
 
 
 @contextlib.asynccontextmanager

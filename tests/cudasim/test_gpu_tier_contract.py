@@ -89,3 +89,21 @@ async def test_terminate_accounts_for_every_message() -> None:
             read.append(reply.seq)
         dropped = rt.get_telemetry("seq").messages_dropped
         assert_exactly_once(accepted, read, [m.seq for m in left], dropped)
+
+
+async def test_same_request_object_twice_gets_a_reply_per_call() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await launch_gpu(rt, "add", add_handler, Add, Sum, state=_state(), queue_size=4)
+        req = Add(a=1.0, b=2.0)
+        a, b = await asyncio.gather(
+            rt.send_and_receive("add", req, timeout=20), rt.send_and_receive("add", req)
+        )
+        assert (a.total, b.total) == (3.0, 3.0)
+        await rt.deactivate("add")  # no reply can come while it waits
+        retry = Add(a=2.0, b=2.0)
+        with contextlib.suppress(QueueTimeoutError):
+            await rt.send_and_receive("add", retry, timeout=0.01)
+        await rt.reactivate("add")
+        assert (await rt.send_and_receive("add", retry, timeout=20)).total == 4.0
+        assert (await rt.send_and_receive("add", Add(a=0.0, b=1.0), timeout=20)).total == 1.0
+        assert rt.receive_nowait("add") is None  # no stray reply in the outbox

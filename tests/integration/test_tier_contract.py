@@ -104,3 +104,19 @@ async def test_factory_message_keeps_its_class(case: sc.TierCase, serialize: boo
 @pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
 async def test_value_too_deep_refused_at_send(case: sc.TierCase, serialize: bool) -> None:
     await sc.scenario_value_too_deep_refused_at_send(case, serialize=serialize)
+
+
+async def test_same_request_object_twice(case: sc.TierCase) -> None:
+    await sc.scenario_same_request_object_twice(case)
+
+
+async def test_abandoned_requests_bounded(case: sc.TierCase) -> None:
+    await sc.scenario_abandoned_requests_bounded(case)
+
+
+async def test_control_message_overtakes_blocked_senders(case: sc.TierCase) -> None:
+    await sc.scenario_control_message_overtakes_blocked_senders(case)
+
+
+async def test_producer_actor_yields(case: sc.TierCase) -> None:
+    await sc.scenario_producer_actor_yields(case)

@@ -101,3 +101,7 @@ async def test_mixed_pipeline_refused_at_connect() -> None:
         await rt.launch("b", sc.echo_async, input_type=sc.Done, output_type=sc.Done)
         with pytest.raises(InvalidConfigurationError, match=r"forwards only into another ray"):
             rt.connect("a", "b")
+
+
+async def test_same_request_object_twice() -> None:
+    await sc.scenario_same_request_object_twice(RAY)

@@ -22,6 +22,9 @@ Design notes:
 - A reply forwarded into a `reject`-policy kernel that is full is counted as dropped on
   the source; the source keeps running (its actor, elsewhere, cannot be handed the
   error as a tier-1 actor is).
+- The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
+  ``ctx.send`` does: a worker that replies faster than they are delivered would
+  otherwise keep it running without a break.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from ...exceptions import (
     QueueClosedError,
     QueueFullError,
 )
-from ..lifecycle import KernelState, RingKernel
+from ..lifecycle import SEND_YIELD_EVERY, KernelState, RingKernel
 from .contract import TierWorker
 
 __all__ = ("HostedKernel",)
@@ -243,7 +246,12 @@ class HostedKernel(RingKernel):
         readable = self._readable
         assert worker is not None
         assert readable is not None
+        turn = SEND_YIELD_EVERY
         while True:
+            turn -= 1
+            if not turn:
+                turn = SEND_YIELD_EVERY
+                await asyncio.sleep(0)
             try:
                 reply = worker.poll_reply()
             except MessageRejectedError as exc:
