@@ -94,3 +94,7 @@ async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
 
 async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
     await sc.scenario_pipeline_exactly_once(case)
+
+
+async def test_every_message_is_timed(case: sc.TierCase) -> None:
+    await sc.scenario_every_message_is_timed(case)

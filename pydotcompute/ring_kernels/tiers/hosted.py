@@ -103,6 +103,15 @@ class HostedKernel(RingKernel):
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
 
+    def refresh_telemetry(self) -> None:
+        """Fold the latencies the worker timed since the last call into `telemetry`
+        (``runtime.get_telemetry`` calls it before reading)."""
+        worker = self._worker
+        if worker is not None:
+            part = worker.drain_latencies()
+            if part is not None:
+                self.telemetry.merge_summary(part)
+
     def _check_size(self, msg: Any) -> None:
         """Refuse at once a message the tier can never carry (the runtime's edge policy)."""
         worker = self._worker
