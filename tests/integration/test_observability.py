@@ -243,3 +243,79 @@ def test_without_the_extra_the_error_names_it() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert 'pip install "pydotcompute[observability]"' in proc.stdout
+
+
+# --- python -m pydotcompute top ---
+
+
+async def test_top_once_lists_every_kernel() -> None:
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await launch_pipeline(rt)
+        await rt.launch("idle_one", forward_async, input_type=Job)  # launched, never active
+        host, port = rt.serve_metrics(port=0)
+        await run_through(rt, 100)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pydotcompute",
+            "top",
+            "--once",
+            "--url",
+            f"http://{host}:{port}/metrics",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        lines = out.decode().splitlines()
+        for kid, tier in (*PIPELINE, ("idle_one", "asyncio")):
+            row = [ln for ln in lines if f" {kid} " in ln]
+            assert row, out.decode()
+            assert tier in row[0]
+        assert "launched" in next(ln for ln in lines if " idle_one " in ln)
+        assert " 100 " in next(ln for ln in lines if " b " in ln)  # processed
+
+
+def test_top_reports_an_unreachable_url() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pydotcompute", "top", "--once", "--url", "http://127.0.0.1:1/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert "cannot read http://127.0.0.1:1/x" in proc.stdout
+
+
+def test_top_parses_rates_and_percentiles() -> None:
+    from pydotcompute.observability.top import parse_metrics, with_rates
+
+    def text(processed: int) -> str:
+        lab = 'kernel="k",replica="",tier="thread"'
+        rep = 'kernel="k",replica="0",tier="thread"'
+        return (
+            "# TYPE pydotcompute_messages_processed counter\n"
+            f"pydotcompute_messages_processed_total{{{lab}}} {processed}\n"
+            f"pydotcompute_messages_processed_total{{{rep}}} 1\n"
+            "# TYPE pydotcompute_message_latency_seconds histogram\n"
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="1e-06"}} 0\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="1e-05"}} 50\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="0.0001"}} 100\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="+Inf"}} 100\n'
+            f"pydotcompute_message_latency_seconds_count{{{lab}}} 100\n"
+            f"pydotcompute_message_latency_seconds_sum{{{lab}}} 0.001\n"
+            "# TYPE pydotcompute_kernel_state gauge\n"
+            f'pydotcompute_kernel_state{{{lab},state="active"}} 1\n'
+            f'pydotcompute_kernel_state{{{lab},state="failed"}} 0\n'
+        )
+
+    before = parse_metrics(text(100))
+    now = with_rates(parse_metrics(text(300)), before, 2.0)
+    k = now["k"]
+    assert (k.tier, k.state, k.processed, k.rate) == ("thread", "active", 300, 100.0)
+    assert k.quantile(0.5) == pytest.approx(1e-5)  # the top of the bucket holding the 50th
+    assert 1e-5 < k.quantile(0.99) <= 1e-4  # type: ignore[operator]
