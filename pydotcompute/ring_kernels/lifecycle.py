@@ -590,7 +590,13 @@ class RingKernel:
             )
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
-        self._ctx = (_DecodingContext if self.config.serialize else KernelContext)(self)
+        ctx_class: type[KernelContext] = (
+            _DecodingContext if self.config.serialize else KernelContext
+        )
+        tracer = getattr(self._runtime, "tracer", None)
+        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
+            ctx_class = tracer.context_class(ctx_class)
+        self._ctx = ctx_class(self)
         self._state = KernelState.LAUNCHED
 
     async def activate(self) -> None:

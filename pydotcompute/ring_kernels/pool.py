@@ -603,10 +603,11 @@ class HostedPoolKernel(HostedKernel):
         On these tiers the pool's own telemetry is counted at the bridge, so its
         `messages_processed` and `messages_sent` equal the replicas' sums.
         """
-        worker = self._worker
-        if not isinstance(worker, PoolWorker):
-            return []
-        return worker.member_telemetry(self.kernel_id)
+        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
+        members: Callable[[str], list[RingKernelTelemetry]] | None = getattr(
+            self._worker, "member_telemetry", None
+        )
+        return [] if members is None else members(self.kernel_id)
 
 
 _HOSTED_POOLS: dict[type, type] = {}

@@ -71,6 +71,9 @@ class RingKernelRuntime:
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
+        tracing: Record OpenTelemetry spans of every message (``send <kernel>``,
+            ``process <kernel>``) with the global tracer provider; needs the
+            ``observability`` extra. Off, nothing on the message path changes.
     """
 
     #: How errors name this runtime ("unknown kernel id 'x' in the runtime").
@@ -82,6 +85,7 @@ class RingKernelRuntime:
         enable_telemetry: bool = True,
         use_uvloop: bool = True,
         use_eager_tasks: bool = True,
+        tracing: bool = False,
     ) -> None:
         self._kernels: dict[str, RingKernel] = {}
         self._telemetry = TelemetryCollector()
@@ -96,6 +100,13 @@ class RingKernelRuntime:
         self._terminating: dict[str, asyncio.Future[None]] = {}
         self._metrics: Any = None  # the MetricsServer of serve_metrics (False: shut down)
         self._metrics_lock = threading.Lock()
+        #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
+        self.tracer: Any = None
+        if tracing:
+            from ..observability.tracing import MessageTracer
+
+            self.tracer = MessageTracer()
+            self.tracer.wrap_runtime(self)
 
     # -- lifecycle of the runtime -------------------------------------------------------
 
@@ -271,6 +282,8 @@ class RingKernelRuntime:
             enable_telemetry=self.enable_telemetry,
         )
         await kernel.launch()
+        if self.tracer is not None:
+            self.tracer.instrument(kernel)
         self._kernels[kernel_id] = kernel
         return kernel
 

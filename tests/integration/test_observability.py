@@ -7,6 +7,7 @@ The metrics endpoint is scraped over real HTTP on 127.0.0.1 and parsed with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from pydotcompute.exceptions import (
 )
 from pydotcompute.observability import collector
 
-from .tier_actors import Job, forward_async, forward_sync
+from .tier_actors import Done, Job, echo_sync, forward_async, forward_sync
 
 BOUND_S = 30.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,3 +320,121 @@ def test_top_parses_rates_and_percentiles() -> None:
     assert (k.tier, k.state, k.processed, k.rate) == ("thread", "active", 300, 100.0)
     assert k.quantile(0.5) == pytest.approx(1e-5)  # the top of the bucket holding the 50th
     assert 1e-5 < k.quantile(0.99) <= 1e-4  # type: ignore[operator]
+
+
+# --- OpenTelemetry tracing ---
+
+
+@pytest.fixture(scope="module")
+def span_exporter() -> Any:
+    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def test_one_trace_per_message_through_every_tier(span_exporter: Any) -> None:
+    n = 10
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await launch_pipeline(rt)
+        await run_through(rt, n)
+
+        def traces() -> dict[int, list[Any]]:
+            out: dict[int, list[Any]] = {}
+            for span in span_exporter.get_finished_spans():
+                out.setdefault(span.context.trace_id, []).append(span)
+            return out
+
+        def complete(spans: list[Any]) -> bool:
+            names = {s.name for s in spans}
+            return {"process a", "process b", "process c"} <= names
+
+        deadline = time.monotonic() + BOUND_S
+        while sum(complete(t) for t in traces().values()) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert rt.tracer is not None
+        assert rt.tracer.in_flight() == 0  # every carried context was taken
+    got = traces()
+    full = [t for t in got.values() if complete(t)]
+    assert len(full) == n, {tid: sorted(s.name for s in t) for tid, t in got.items()}
+    assert len(got) == n  # no span strayed into a trace of its own
+    for spans in full:
+        by_name = {s.name: s for s in spans}
+        assert set(by_name) == {"send a", "process a", "send b", "process b", "send c",
+                                "process c"}  # fmt: skip
+        # a chain: send a -> process a -> send b -> process b -> send c -> process c
+        chain = ["send a", "process a", "send b", "process b", "send c", "process c"]
+        for parent, child in itertools.pairwise(chain):
+            assert by_name[child].parent.span_id == by_name[parent].context.span_id
+        ids = {s.attributes["messaging.message.id"] for s in spans}
+        assert len(ids) == 1  # the actors send on the message they received
+        for s in spans:
+            assert s.attributes["messaging.system"] == "pydotcompute"
+            kid = s.name.split()[1]
+            assert s.attributes["messaging.destination.name"] == kid
+            kind = "PRODUCER" if s.name.startswith("send") else "CONSUMER"
+            assert s.kind.name == kind
+
+
+async def test_tracing_off_makes_no_spans(span_exporter: Any) -> None:
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        assert rt.tracer is None
+        await launch_pipeline(rt)
+        await run_through(rt, 5)
+    assert span_exporter.get_finished_spans() == ()
+
+
+async def test_a_new_reply_continues_the_trace_across_the_process_tier(span_exporter: Any) -> None:
+    """b (process) answers each Job with a new Done: matched by its correlation id."""
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        await rt.launch("b", echo_sync, input_type=Job, output_type=Done, tier="process")
+        await rt.launch("c", forward_sync, input_type=Done, output_type=Done, tier="thread")
+        for kid in "abc":
+            await rt.activate(kid)
+        rt.connect("a", "b")
+        rt.connect("b", "c")
+        for i in range(3):
+            await rt.send("a", Job(seq=i))
+        for _ in range(3):
+            await rt.receive("c", timeout=BOUND_S)
+        deadline = time.monotonic() + BOUND_S
+        while len(span_exporter.get_finished_spans()) < 18 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    traces: dict[int, set[str]] = {}
+    for span in span_exporter.get_finished_spans():
+        traces.setdefault(span.context.trace_id, set()).add(span.name)
+    want = {"send a", "process a", "send b", "process b", "send c", "process c"}
+    assert list(traces.values()) == [want] * 3
+
+
+def test_tracing_without_the_extra_names_it() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from pydotcompute import RingKernelRuntime\n"
+        "from pydotcompute.exceptions import BackendNotAvailableError\n"
+        "try:\n"
+        "    RingKernelRuntime(tracing=True)\n"
+        "except BackendNotAvailableError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "tracing=True needs the 'opentelemetry' package" in proc.stdout
+    assert 'pip install "pydotcompute[observability]"' in proc.stdout
