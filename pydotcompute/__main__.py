@@ -1,4 +1,4 @@
-"""``python -m pydotcompute {info, demo, bench}``."""
+"""``python -m pydotcompute {info, demo, bench, top}``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "bench", help="run the benchmark suite (see benchmarks/run_all.py --help)", add_help=False
     )
+    sub.add_parser(
+        "top",
+        help="live view of the kernels behind a metrics URL (see top --help)",
+        add_help=False,
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "info" or args.command is None:
         from . import show_config
@@ -40,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         return _demo()
     if args.command == "bench":
         return _bench(rest)
+    if args.command == "top":
+        from .observability.top import main as top_main
+
+        return top_main(rest)
     parser.print_help()
     return 2
 

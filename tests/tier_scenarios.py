@@ -789,3 +789,26 @@ async def scenario_producer_actor_yields(case: TierCase) -> None:
         await sampler
         steps = [b - a for a, b in itertools.pairwise(seen)]
         assert max(steps) <= every, f"{max(steps)} replies arrived between two turns"
+
+
+# --- observability ---
+
+
+async def scenario_every_message_is_timed(case: TierCase) -> None:
+    """Every tier times each message its actor finishes: the latency histogram counts them
+    (read through ``get_telemetry``; a hosted actor hands its timings over when it waits)."""
+    n = 50
+    async with asyncio.timeout(BOUND_S):
+        async with case.make_runtime() as rt:
+            await _launch(rt, case, "k")
+            for i in range(n):
+                await rt.send("k", Job(seq=i))
+            got = [(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(n)]
+            assert sorted(got) == list(range(n))
+            while rt.get_telemetry("k").histogram.count < n:
+                await asyncio.sleep(0.01)
+            tel = rt.get_telemetry("k")
+            assert tel.histogram.count == n
+            assert tel.messages_received == n
+            assert 0 < tel.min_latency_ns <= tel.max_latency_ns
+            assert tel.total_latency_ns >= tel.max_latency_ns

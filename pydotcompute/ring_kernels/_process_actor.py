@@ -45,7 +45,9 @@ from ..exceptions import (
 from . import _cython
 from ._cython import SharedByteRing
 from ._kernel_common import check_type, stamp_reply
+from ._spsc_py import SharedSegment
 from .message import RingKernelMessage, frame_header, message_decoder
+from .telemetry import LatencyRecorder, SharedLatencyBlock
 
 __all__ = (
     "ChildSpec",
@@ -89,6 +91,7 @@ def _poll_ms(remaining: float | None) -> int:
 
 PROBE_EVERY = 8  # an adaptive waiter that keeps parking still tries a full spin this often
 _MIN_SPIN_S = 1e-6
+FLUSH_EVERY = 256  # a timing child hands its latencies over at least this often (messages)
 
 
 class Waiter:
@@ -449,6 +452,7 @@ class ChildSpec:
     out_space: Any  # read end: the parent rings it when it freed outbox space
     status: Any  # write end: ready/error reports (MessagePack bytes)
     stderr: Any = None  # the parent's stderr: ours is a file the parent reads while we start
+    lat_name: str | None = None  # a SharedLatencyBlock segment: time each message into it
 
 
 class CythonKernelContext:
@@ -467,12 +471,15 @@ class CythonKernelContext:
         "_gone",
         "_in",
         "_in_space_fd",
+        "_lat",
         "_out",
         "_out_data_fd",
         "_out_max",
         "_output_type",
         "_read_waiter",
+        "_rec",
         "_spin_s",
+        "_timed",
         "_write_waiter",
         "kernel_id",
     )
@@ -493,6 +500,34 @@ class CythonKernelContext:
         self._out_max: int = out_ring.max_record_size
         self._current: Any = None  # the last message received: replies are correlated to it
         self._decode = message_decoder()  # the inbox's stream: its type's fast path
+        # message timing (when the parent asked for it): a recorder, flushed into the
+        # shared block every FLUSH_EVERY messages and whenever the actor is about to park
+        self._lat: SharedLatencyBlock | None = None
+        self._rec: Any = None
+        self._timed = 0
+
+    def time_into(self, block: SharedLatencyBlock) -> None:
+        """Time every message from now on into ``block`` (the parent reads it)."""
+        self._lat = block
+        self._rec = LatencyRecorder()
+
+    def flush_timing(self) -> None:
+        """Hand what was timed to the parent (the shared block)."""
+        self._timed = 0
+        part = self._rec.drain()
+        if part is not None and self._lat is not None:
+            self._lat.add(part)
+
+    def end_timing(self, finished: bool) -> None:
+        """The actor ended: its running message is finished (``finished``) or not timed."""
+        rec = self._rec
+        if rec is None:
+            return
+        if finished:
+            rec.idle()
+        else:
+            rec.cancel()
+        self.flush_timing()
 
     def _parent_gone(self, value: bool = False) -> bool:
         if value:
@@ -538,15 +573,25 @@ class CythonKernelContext:
         ring = self._in
         waiter = self._read_waiter
         wake = self._in_space_fd  # the reads ring it when they free space for a parked parent
+        rec = self._rec
+        if rec is not None:  # asking for the next message finishes the previous one
+            rec.idle()
+            self._timed += 1
+            if self._timed >= FLUSH_EVERY:
+                self.flush_timing()
         while True:
             ring.mark_done()
             if timeout is None:  # read_wait inlined: this is every message's path
                 data = ring.spin_read(waiter.spin_s, wake)
                 if data is None:
+                    if rec is not None:
+                        self.flush_timing()
                     data = read_parked(ring, waiter, None, self._parent_gone, wake)
                 elif waiter.misses and waiter.spin_s > 0:
                     waiter.hit()
             else:
+                if rec is not None and not ring.readable():
+                    self.flush_timing()
                 data = read_wait(ring, waiter, timeout, self._parent_gone, wake)
             if data is None:
                 if self._gone or ring.writer_closed:
@@ -555,26 +600,37 @@ class CythonKernelContext:
             if data[0] != FRAME_TAG:
                 try:
                     msg = self._current = self._decode(data)
-                    return msg
                 except MessageDeserializationError as exc:
                     self._reject(data, exc)
                     continue
+                if rec is not None:
+                    rec.took()
+                return msg
             msg = self._take(data)
             if msg is not _REJECTED:
+                if rec is not None:
+                    rec.took()
                 return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting (marks the previous one finished)."""
         ring = self._in
+        rec = self._rec
+        if rec is not None:
+            rec.idle()
         while True:
             ring.mark_done()
             data = ring.spin_read(0, self._in_space_fd)  # rings a parked parent
             if data is None:
+                if rec is not None:
+                    self.flush_timing()
                 if ring.writer_closed and not ring.readable():
                     raise self._closed()
                 return None
             msg = self._take(data)
             if msg is not _REJECTED:
+                if rec is not None:
+                    rec.took()
                 return msg
 
     def _take(self, data: bytes) -> Any:
@@ -681,6 +737,10 @@ def child_main(spec: ChildSpec) -> None:
         os.set_blocking(conn.fileno(), False)
     status = spec.status
     in_ring = out_ring = None
+    ctx: CythonKernelContext | None = None
+    lat_seg: SharedSegment | None = None
+    lat: SharedLatencyBlock | None = None
+    finished = False
     exit_code = 0
     phase = "load"
     try:
@@ -689,6 +749,10 @@ def child_main(spec: ChildSpec) -> None:
         in_ring = SharedByteRing.attach(spec.in_name)
         out_ring = SharedByteRing.attach(spec.out_name)
         ctx = CythonKernelContext(spec, in_ring, out_ring)
+        if spec.lat_name is not None:
+            lat_seg = SharedSegment(spec.lat_name, create=False)
+            lat = SharedLatencyBlock(lat_seg.buf)
+            ctx.time_into(lat)
         status.send_bytes(pack_report("ready", os.getpid()))
         phase = "run"
         try:
@@ -697,6 +761,7 @@ def child_main(spec: ChildSpec) -> None:
             if not (ctx._gone or in_ring.writer_closed):
                 raise
         in_ring.mark_done()  # the actor ended cleanly: what it took is finished
+        finished = True
     except BaseException as exc:  # reported to the parent, which raises it to callers
         try:
             status.send_bytes(pack_report("error", phase, *exception_data(exc)))
@@ -704,6 +769,12 @@ def child_main(spec: ChildSpec) -> None:
             pass  # the parent is gone
         exit_code = 1
     finally:
+        if ctx is not None:
+            ctx.end_timing(finished)
+        if lat is not None:
+            lat.release()
+        if lat_seg is not None:
+            lat_seg.close()
         if out_ring is not None:
             out_ring.close_writer()
             ring_bell(spec.out_data.fileno())

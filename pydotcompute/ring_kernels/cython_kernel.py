@@ -113,8 +113,10 @@ from ._process_actor import (
     unpack_report,
     write_wait,
 )
+from ._spsc_py import SharedSegment
 from .message import message_decoder
 from .sync_queue import WakerSet
+from .telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
 
 __all__ = (
     "CythonKernelConfig",
@@ -177,6 +179,9 @@ class CythonKernelConfig:
         adaptive_spin: Let each waiting side shrink its spin (down to none) while spinning
             does not pay off, probing with the full ``spin_us`` now and then; False spins
             the full budget on every wait.
+        record_latency: The child times each message its actor handles (from taking it to
+            asking for the next) into a small shared-memory block;
+            `CythonRingKernel.drain_latencies` hands the statistics over.
     """
 
     kernel_id: str
@@ -190,6 +195,7 @@ class CythonKernelConfig:
     daemon: bool = True
     ring_bytes: int | None = None
     adaptive_spin: bool = True
+    record_latency: bool = False
 
     def __post_init__(self) -> None:
         if self.ring_bytes is not None:  # shorthand for both rings
@@ -512,6 +518,12 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._decode = message_decoder()  # the outbox's stream: its type's fast path
         self._exit_code: int | None = None
         self._pid: int | None = None
+        # the child's message timings (config.record_latency): the segment, its view, and
+        # what was read from it when it was closed (handed over by the next drain)
+        self._lat_seg: SharedSegment | None = None
+        self._lat: SharedLatencyBlock | None = None
+        self._lat_left: list[Any] = []
+        self._lat_lock = threading.Lock()
 
     # -- properties -------------------------------------------------------------------
 
@@ -588,6 +600,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         out_data_r, out_data_w = ctx.Pipe(duplex=False)
         out_space_r, out_space_w = ctx.Pipe(duplex=False)
         status_r, status_w = ctx.Pipe(duplex=False)
+        if cfg.record_latency:
+            self._lat_seg = SharedSegment(size=LATENCY_BLOCK_BYTES)
+            self._lat = SharedLatencyBlock(self._lat_seg.buf)
         child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
         self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
         self._status = status_r
@@ -604,6 +619,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             out_data=out_data_w,
             out_space=out_space_r,
             status=status_w,
+            lat_name=None if self._lat_seg is None else self._lat_seg.name,
         )
         process = ctx.Process(
             target=child_main,
@@ -660,6 +676,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         # both processes have mapped the rings: drop the names so nothing can leak
         self._in_ring.unlink()
         self._out_ring.unlink()
+        if self._lat_seg is not None:
+            self._lat_seg.unlink()
         self._in_max = self._in_ring.max_record_size
         self._prune_at = 2 * (cfg.input_queue_size + 1)
         self._rx = self._out_ring
@@ -930,10 +948,37 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             for conn in self._conns:
                 conn.close()
             self._conns = []
+            self._close_latency_block()
         with self._state_lock:
             self._state = CythonKernelState.STOPPED
             if not self._stopped_at:
                 self._stopped_at = _monotonic()
+
+    def _close_latency_block(self) -> None:
+        """Keep what the block holds for the next drain, then unmap it."""
+        with self._lat_lock:
+            lat, seg = self._lat, self._lat_seg
+            self._lat = self._lat_seg = None
+            if lat is not None:
+                part = lat.take()
+                if part is not None:
+                    self._lat_left.append(part)
+                lat.release()
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        """The latencies the child timed since the last call, as `LatencyRecorder.drain`
+        gives them; None when there are none (or ``config.record_latency`` is off).
+
+        Read from shared memory: the child hands its timings over every few hundred
+        messages and whenever its actor waits for the next one.
+        """
+        with self._lat_lock:
+            if self._lat is not None:
+                return self._lat.take()
+            return self._lat_left.pop() if self._lat_left else None
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the child to exit without asking it to; True if it has."""

@@ -318,7 +318,7 @@ class KernelContext:
         its error recorded, and the actor goes on with the next message."""
         k = self._kernel
         k.telemetry.record_error(exc)
-        k.telemetry.record_drop()
+        k.telemetry.record_drop(reason="undecodable")
         self._inbox.count_dropped(1)
         logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
 
@@ -420,7 +420,7 @@ class KernelContext:
         """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
         downstream refused it, or its send was cancelled): counted as dropped."""
         self._outbox.count_dropped(1)
-        self._kernel.telemetry.record_drop()
+        self._kernel.telemetry.record_drop(reason="reply_lost")
 
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
@@ -633,7 +633,7 @@ class RingKernel:
         else:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
         if inbox:  # drop_oldest drops reach telemetry as they happen
-            queue.on_drop = self.telemetry.record_drop
+            queue.on_drop = self.telemetry.record_backpressure_drop
         result: FastMessageQueue[Any] = queue
         return result
 
@@ -651,7 +651,13 @@ class RingKernel:
             )
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
-        self._ctx = (_DecodingContext if self.config.serialize else KernelContext)(self)
+        ctx_class: type[KernelContext] = (
+            _DecodingContext if self.config.serialize else KernelContext
+        )
+        tracer = getattr(self._runtime, "tracer", None)
+        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
+            ctx_class = tracer.context_class(ctx_class)
+        self._ctx = ctx_class(self)
         self._state = KernelState.LAUNCHED
 
     async def activate(self) -> None:
@@ -753,7 +759,7 @@ class RingKernel:
             self._inbox.close(stop_error)
         if left:
             self.undelivered.extend(left)
-            self.telemetry.record_drop(len(left))
+            self.telemetry.record_drop(len(left), "undelivered")
             logger.warning(
                 "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
                 self.kernel_id,
@@ -809,7 +815,7 @@ class RingKernel:
                     )
                     self._fail_request(ctx._current, exc, restarts)
                     if self._cut_off():  # the message it raised on: dropped, and counted
-                        self.telemetry.record_drop()
+                        self.telemetry.record_drop(reason="actor_failed")
                         if self._inbox is not None:
                             self._inbox.count_dropped(1)
                     ctx._current = None
@@ -820,7 +826,7 @@ class RingKernel:
                 cut = self._cut_off()  # the message it raised on comes back first
                 if cut:
                     self.undelivered.extend(cut)
-                    self.telemetry.record_drop(len(cut))
+                    self.telemetry.record_drop(len(cut), "undelivered")
                     if self._inbox is not None:
                         self._inbox.count_dropped(len(cut))
                 self._fail(exc)
@@ -844,7 +850,7 @@ class RingKernel:
             if left:
                 self._inbox.count_dropped(len(left))
                 self.undelivered.extend(left)
-                self.telemetry.record_drop(len(left))
+                self.telemetry.record_drop(len(left), "undelivered")
         self._fail_waiters(err)
         if self._outbox is not None:
             self._outbox.close(err)
@@ -863,7 +869,7 @@ class RingKernel:
             if left:
                 self._inbox.count_dropped(len(left))
                 self.undelivered.extend(left)
-                self.telemetry.record_drop(len(left))
+                self.telemetry.record_drop(len(left), "undelivered")
                 logger.warning(
                     "kernel %r returned with %d queued message(s) (counted as dropped)",
                     self.kernel_id,

@@ -323,6 +323,8 @@ class PoolWorker(TierWorker):
         self.returned = [0] * n  # handed back by `take_undelivered`
         self.failed_at: int | None = None  # the first member that failed
         self._stop_lock = threading.Lock()
+        # each member's latencies so far (`drain_latencies` folds them in)
+        self._timings = [RingKernelTelemetry(_replica_name(kernel_id, i)) for i in range(n)]
 
     # -- limits -------------------------------------------------------------------------
 
@@ -541,12 +543,29 @@ class PoolWorker(TierWorker):
         i = self._failed_index()
         return None if i is None else self.members[i].failure
 
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        """The members' new latencies taken together (each member's are also kept for
+        `member_telemetry`)."""
+        total: RingKernelTelemetry | None = None
+        for m, timing in zip(self.members, self._timings, strict=True):
+            part = m.drain_latencies()
+            if part is None:
+                continue
+            timing.merge_summary(part)
+            if total is None:
+                total = RingKernelTelemetry(self.kernel_id)
+            total.merge_summary(part)
+        return None if total is None else total.latency_summary()
+
     def member_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
         """Per-member counts as telemetry records: processed (handed over, less those
-        handed back or rejected), sent (replies collected), errors (a failed member)."""
+        handed back or rejected), received (handed over), sent (replies collected), errors
+        (a failed member), latencies (when the members time their actors)."""
         out = []
         for i, m in enumerate(self.members):
             tel = RingKernelTelemetry(_replica_name(kernel_id, i))
+            tel.merge_latencies([self._timings[i]])
+            tel.messages_received = self.offered[i]
             tel.messages_processed = self.offered[i] - self.returned[i] - self.rejected[i]
             tel.messages_sent = self.replied[i]
             tel.messages_dropped = self.rejected[i]
@@ -584,10 +603,11 @@ class HostedPoolKernel(HostedKernel):
         On these tiers the pool's own telemetry is counted at the bridge, so its
         `messages_processed` and `messages_sent` equal the replicas' sums.
         """
-        worker = self._worker
-        if not isinstance(worker, PoolWorker):
-            return []
-        return worker.member_telemetry(self.kernel_id)
+        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
+        members: Callable[[str], list[RingKernelTelemetry]] | None = getattr(
+            self._worker, "member_telemetry", None
+        )
+        return [] if members is None else members(self.kernel_id)
 
 
 _HOSTED_POOLS: dict[type, type] = {}

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -70,6 +71,9 @@ class RingKernelRuntime:
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
+        tracing: Record OpenTelemetry spans of every message (``send <kernel>``,
+            ``process <kernel>``) with the global tracer provider; needs the
+            ``observability`` extra. Off, nothing on the message path changes.
     """
 
     #: How errors name this runtime ("unknown kernel id 'x' in the runtime").
@@ -81,6 +85,7 @@ class RingKernelRuntime:
         enable_telemetry: bool = True,
         use_uvloop: bool = True,
         use_eager_tasks: bool = True,
+        tracing: bool = False,
     ) -> None:
         self._kernels: dict[str, RingKernel] = {}
         self._telemetry = TelemetryCollector()
@@ -93,6 +98,15 @@ class RingKernelRuntime:
         self._start_time = time.monotonic()
         self._failures: list[tuple[str, BaseException | None]] = []
         self._terminating: dict[str, asyncio.Future[None]] = {}
+        self._metrics: Any = None  # the MetricsServer of serve_metrics (False: shut down)
+        self._metrics_lock = threading.Lock()
+        #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
+        self.tracer: Any = None
+        if tracing:
+            from ..observability.tracing import MessageTracer
+
+            self.tracer = MessageTracer()
+            self.tracer.wrap_runtime(self)
 
     # -- lifecycle of the runtime -------------------------------------------------------
 
@@ -138,7 +152,10 @@ class RingKernelRuntime:
         """
         if self._closed:
             return {}
-        report = await self.terminate_all(timeout=timeout)
+        try:
+            report = await self.terminate_all(timeout=timeout)
+        finally:
+            await self._stop_metrics()
         self._active = False
         self._closed = True
         return report
@@ -266,6 +283,8 @@ class RingKernelRuntime:
             enable_telemetry=self.enable_telemetry,
         )
         await kernel.launch()
+        if self.tracer is not None:
+            self.tracer.instrument(kernel)
         self._kernels[kernel_id] = kernel
         return kernel
 
@@ -408,6 +427,8 @@ class RingKernelRuntime:
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
+        if inbox is not None:  # arrivals: the inbox's own counters, nothing per message
+            tel.messages_received = inbox.statistics().total_enqueued
         return tel
 
     def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
@@ -444,6 +465,48 @@ class RingKernelRuntime:
             "gpu_utilization": util,
             "failures": [(kid, repr(err)) for kid, err in self._failures],
         }
+
+    def serve_metrics(self, port: int = 9464, host: str = "127.0.0.1") -> tuple[str, int]:
+        """Serve Prometheus metrics at ``http://host:port/metrics`` until shutdown.
+
+        Values are read from the telemetry at scrape time (`pydotcompute.observability`).
+        ``port=0`` picks a free port. Serving again returns the address already served
+        when ``host`` is the same and ``port`` is the same or 0; another address raises.
+        Safe to call from any thread.
+
+        Returns:
+            The bound ``(host, port)``.
+
+        Raises:
+            BackendNotAvailableError: ``prometheus-client`` is not installed
+                (``pip install "pydotcompute[observability]"``).
+            InvalidConfigurationError: the address cannot be bound, or metrics are already
+                served at another one.
+            KernelStateError: the runtime was shut down.
+        """
+        from ..observability.metrics import serve_metrics
+
+        with self._metrics_lock:
+            server = self._metrics
+            if self._closed or server is False:
+                raise KernelStateError(
+                    "<runtime>", "SHUT DOWN", "serve metrics for", "create a new runtime"
+                )
+            if server is None:
+                server = self._metrics = serve_metrics(self, port, host, loop=self._loop)
+            elif server.requested[0] != host or port not in (0, server.address[1]):
+                raise InvalidConfigurationError(
+                    f"metrics are already served at {server.url}; asked for {host}:{port}. "
+                    "One server per runtime: call serve_metrics with that address (or port=0)"
+                )
+            address: tuple[str, int] = server.address
+            return address
+
+    async def _stop_metrics(self) -> None:
+        with self._metrics_lock:
+            server, self._metrics = self._metrics, False
+        if server:  # in a thread: a scrape in flight needs this loop to finish
+            await asyncio.to_thread(server.stop)
 
     def get_loop_info(self) -> dict[str, Any]:
         return _get_loop_info()

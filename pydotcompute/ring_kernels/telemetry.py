@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = (
     "LatencyRecorder",
     "PyLatencyRecorder",
     "RingKernelTelemetry",
+    "SharedLatencyBlock",
     "TelemetryCollector",
     "get_gpu_monitor",
 )
@@ -101,6 +103,42 @@ class LatencyHistogram:
             if seen >= target:
                 return self._upper(idx)
         return self._upper(_BUCKETS - 1)
+
+    def bucket_counts(self) -> list[tuple[int, int]]:
+        """``(bucket, count)`` of every bucket that holds a latency, in bucket order."""
+        b = self._buckets
+        return [] if b is None else [(i, c) for i, c in enumerate(b) if c]
+
+    def cumulative_counts(self, bounds_ns: Sequence[int]) -> list[int]:
+        """How many latencies fell at or below each of ``bounds_ns`` (ascending ns bounds).
+
+        A latency counts towards the first bound at or above the upper edge of its bucket,
+        so a bound inside a bucket counts that bucket with the next bound (an undercount of
+        at most one bucket, 12.5% of the value). Made for exporters that need fixed bucket
+        bounds (Prometheus ``le`` buckets); the total is `count`.
+        """
+        out = [0] * len(bounds_ns)
+        b = self._buckets
+        if b is None or not bounds_ns:
+            return out
+        upper = self._upper
+        k = 0
+        seen = 0
+        last = len(bounds_ns)
+        for idx, n in enumerate(b):
+            if not n:
+                continue
+            edge = upper(idx)
+            while k < last and bounds_ns[k] < edge:
+                out[k] = seen
+                k += 1
+            if k == last:
+                return out
+            seen += n
+        while k < last:
+            out[k] = seen
+            k += 1
+        return out
 
     def reset(self) -> None:
         self._buckets = None
@@ -249,6 +287,62 @@ class PyLatencyRecorder:
             self._sum = None
 
 
+#: bytes a `SharedLatencyBlock` needs: count, total, min, max and every bucket (int64 each)
+LATENCY_BLOCK_BYTES = (4 + _BUCKETS) * 8
+
+
+class SharedLatencyBlock:
+    """Latency statistics in a buffer one process writes and another reads (shared memory).
+
+    Layout: int64 words ``[count, total_ns, min_ns, max_ns, bucket...]``. The writer (a
+    process-tier child) `add`s what its `LatencyRecorder` drained; the reader (the parent)
+    `take`s what is new since its last take, in the same summary form, for
+    `RingKernelTelemetry.merge_summary`. A take that overlaps an add sees part of it: counts
+    come from the buckets read, and the rest (and the total) arrives with the next take.
+    `release` must be called before the buffer's memory is unmapped.
+    """
+
+    __slots__ = ("_seen", "_seen_total", "_slice", "_words")
+
+    def __init__(self, buf: memoryview) -> None:
+        self._slice = buf[:LATENCY_BLOCK_BYTES]
+        self._words = self._slice.cast("q")
+        self._seen: list[int] = [0] * _BUCKETS
+        self._seen_total = 0
+
+    def add(self, part: _Summary) -> None:
+        """Add a drained summary (writer side)."""
+        w = self._words
+        n, total, lo, hi, pairs = part
+        for i, c in pairs:
+            w[4 + i] += c
+        if not w[0] or lo < w[2]:
+            w[2] = lo
+        if hi > w[3]:
+            w[3] = hi
+        w[1] += total
+        w[0] += n
+
+    def take(self) -> _Summary | None:
+        """What was added since the last take (reader side), or None."""
+        w = self._words
+        now = w[4:].tolist()
+        seen = self._seen
+        pairs = [(i, c - seen[i]) for i, c in enumerate(now) if c != seen[i]]
+        if not pairs:
+            return None
+        self._seen = now
+        total = w[1]
+        part = (sum(c for _, c in pairs), total - self._seen_total, w[2], w[3], pairs)
+        self._seen_total = total
+        return part
+
+    def release(self) -> None:
+        """Release the views of the buffer (idempotent)."""
+        self._words.release()
+        self._slice.release()
+
+
 _ext = telemetry_extension()
 #: the recorder actors use: compiled when the extension is built, else `PyLatencyRecorder`
 LatencyRecorder: type[PyLatencyRecorder] = (
@@ -284,6 +378,14 @@ class RingKernelTelemetry:
     last_error: str | None = None
     messages_sent: int = 0
     restarts: int = 0
+    #: messages that arrived in the inbox (read from the inbox's own counters when the
+    #: runtime reads telemetry: nothing is counted per message for it)
+    messages_received: int = field(default=0, init=False)
+    #: `messages_dropped` by reason, for drops whose reason is known: ``"backpressure"``
+    #: (a full ``drop_oldest`` inbox), ``"undelivered"`` (left at terminate or failure),
+    #: ``"actor_failed"`` (the message an actor raised on), ``"undecodable"``,
+    #: ``"reply_lost"`` (a reply nobody waited for any more); made on the first one
+    drops_by_reason: dict[str, int] | None = field(default=None, init=False)
     # not constructor arguments (`uptime_seconds` sets the clock), so that
     # `dataclasses.replace` calls `__init__` with the arguments it takes
     start_time: float = field(default_factory=time.monotonic, init=False)
@@ -324,6 +426,8 @@ class RingKernelTelemetry:
         self.last_error = last_error
         self.messages_sent = messages_sent
         self.restarts = restarts
+        self.messages_received = 0
+        self.drops_by_reason = None
         self.start_time = time.monotonic() - float(uptime_seconds)
 
     def record_message(self, latency_ns: int) -> None:
@@ -361,8 +465,42 @@ class RingKernelTelemetry:
             b[i] += c
         h.count += n
 
-    def record_drop(self, n: int = 1) -> None:
+    def latency_summary(self) -> tuple[int, int, int, int, list[tuple[int, int]]]:
+        """This record's latency statistics in the form `merge_summary` takes."""
+        h = self.histogram  # folds first
+        pairs = h.bucket_counts()
+        return (h.count, self.total_latency_ns, self.min_latency_ns, self.max_latency_ns, pairs)
+
+    def record_drop(self, n: int = 1, reason: str | None = None) -> None:
+        """Count ``n`` dropped messages, under ``reason`` in `drops_by_reason` when given."""
         self.messages_dropped += n
+        if reason is not None:
+            per = self.drops_by_reason
+            if per is None:
+                per = self.drops_by_reason = {}
+            per[reason] = per.get(reason, 0) + n
+
+    def record_backpressure_drop(self, n: int = 1) -> None:
+        """Count ``n`` messages a full ``drop_oldest`` inbox dropped (its ``on_drop``)."""
+        self.record_drop(n, "backpressure")
+
+    def drop_reasons(self) -> dict[str, int]:
+        """`messages_dropped` split by reason; drops recorded without one are ``"other"``
+        (only present when non-zero)."""
+        per = dict(self.drops_by_reason or {})
+        other = self.messages_dropped - sum(per.values())
+        if other > 0:
+            per["other"] = other
+        return per
+
+    def merge_summary(self, part: tuple[int, int, int, int, list[tuple[int, int]]]) -> None:
+        """Fold in latencies timed elsewhere: ``(count, total_ns, min_ns, max_ns,
+        [(bucket, count), ...])`` as `LatencyRecorder.drain` returns them (a worker thread
+        or a child process times its actor's messages and hands the summary over)."""
+        if part[0]:
+            self._fold()
+            with _FOLD_LOCK:
+                self._merge(part)
 
     def record_error(self, error: BaseException | str) -> None:
         self.error_count += 1

@@ -64,6 +64,7 @@ from ._kernel_common import (
     stamp_reply,
 )
 from .sync_queue import SPSCQueue, SyncQueue
+from .telemetry import LatencyRecorder, PyLatencyRecorder
 
 __all__ = (
     "ThreadedKernelConfig",
@@ -100,6 +101,8 @@ class ThreadedKernelConfig:
         thread_name: Name of the actor thread; default ``"pydotcompute-<kernel_id>"``.
         daemon: Run the actor in a daemon thread (an actor stuck in user code cannot keep
             the interpreter alive at exit).
+        record_latency: Time each message the actor handles (from taking it to asking for
+            the next); `ThreadedRingKernel.drain_latencies` hands the statistics over.
     """
 
     kernel_id: str
@@ -108,6 +111,7 @@ class ThreadedKernelConfig:
     use_spsc: bool = True
     thread_name: str | None = None
     daemon: bool = True
+    record_latency: bool = False
 
     def __post_init__(self) -> None:
         check_kernel_config(self)
@@ -131,6 +135,7 @@ class ThreadedKernelContext:
         "_kernel",
         "_outbox",
         "_output_type",
+        "_rec",
         "handling",
         "kernel_id",
     )
@@ -142,6 +147,7 @@ class ThreadedKernelContext:
         self._outbox = kernel._outbox
         self._output_type = kernel._output_type
         self._current: Any = None  # the last message received: replies are correlated to it
+        self._rec = kernel.latency_recorder  # times each message (None: not timed)
         #: True from the moment the actor takes a message until it asks for the next one
         #: (read by hosts to tell an idle actor from a busy one).
         self.handling = False
@@ -167,19 +173,29 @@ class ThreadedKernelContext:
                 escape ends the actor cleanly).
         """
         self.handling = False
+        rec = self._rec
+        if rec is not None:
+            rec.idle()  # asking for the next message finishes the previous one
         msg = self._inbox.get(timeout)
         if msg is not None:
             self._current = msg
             self.handling = True
+            if rec is not None:
+                rec.took()
         return msg
 
     def receive_nowait(self) -> Any:
         """The next message or None, without waiting."""
         self.handling = False
+        rec = self._rec
+        if rec is not None:
+            rec.idle()
         msg = self._inbox.get(0)
         if msg is not None:
             self._current = msg
             self.handling = True
+            if rec is not None:
+                rec.took()
         return msg
 
     def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -251,6 +267,10 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
         self._thread: threading.Thread | None = None
         self._context: ThreadedKernelContext | None = None
         self._taken_n = 0  # how many of ``_unprocessed`` take_undelivered handed out
+        #: times the actor's messages when ``config.record_latency`` (else None)
+        self.latency_recorder: PyLatencyRecorder | None = (
+            LatencyRecorder() if config.record_latency else None
+        )
 
     # -- properties -------------------------------------------------------------------
 
@@ -308,11 +328,22 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
                 error = exc  # a closed queue that is not our stop: the actor failed
         except BaseException as exc:  # the actor's failure is data, reported to callers
             error = exc
+        rec = self.latency_recorder
         if error is not None and ctx.handling:
             # the message it raised on was not finished: handed back first
             ctx.handling = False
             self._unprocessed.append(ctx._current)
+            if rec is not None:
+                rec.cancel()
+        elif rec is not None:
+            rec.idle()  # returning finishes the message it held
         self._finish(error)
+
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        """The latencies timed since the last call, as `LatencyRecorder.drain` gives them
+        (None when nothing was timed, or ``config.record_latency`` is off)."""
+        rec = self.latency_recorder
+        return None if rec is None else rec.drain()
 
     def _finish(self, error: BaseException | None) -> None:
         with self._state_lock:

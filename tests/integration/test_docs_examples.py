@@ -11,6 +11,8 @@ block that cannot run everywhere (the convention is also described in
     <!-- requires: mlx -->        MLX importable (the CPU build is enough)
     <!-- requires: numba -->      Numba CUDA importable (compiles PTX without a GPU)
     <!-- requires: ray -->        Ray importable (the block starts a local instance)
+    <!-- requires: observability -->  the observability extra (Prometheus client, OpenTelemetry
+                                  API and SDK)
     <!-- requires: cuda, ray -->  several requirements, comma-separated
     <!-- skip: fragment -->       not a program (a signature, a shape); keep these rare
 
@@ -112,6 +114,11 @@ def missing(requirement: str) -> str | None:
     if requirement == "ray":
         if importlib.util.find_spec("ray") is None:
             return "needs Ray: pip install 'pydotcompute[ray]'"
+        return None
+    if requirement == "observability":
+        for module in ("prometheus_client", "opentelemetry", "opentelemetry.sdk"):
+            if importlib.util.find_spec(module) is None:
+                return "needs pip install 'pydotcompute[observability]' and opentelemetry-sdk"
         return None
     if requirement == "numba":
         if importlib.util.find_spec("numba") is None:

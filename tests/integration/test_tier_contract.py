@@ -120,3 +120,7 @@ async def test_control_message_overtakes_blocked_senders(case: sc.TierCase) -> N
 
 async def test_producer_actor_yields(case: sc.TierCase) -> None:
     await sc.scenario_producer_actor_yields(case)
+
+
+async def test_every_message_is_timed(case: sc.TierCase) -> None:
+    await sc.scenario_every_message_is_timed(case)

@@ -1,4 +1,5 @@
-"""``import pydotcompute`` (and tier-1 use) imports no CuPy, Numba, MLX, NVML or Ray.
+"""``import pydotcompute`` (and tier-1 use) imports no CuPy, Numba, MLX, NVML or Ray, and
+none of the observability packages (Prometheus client, OpenTelemetry, rich).
 
 Each check runs in a fresh interpreter and compares ``sys.modules`` before and after, so
 modules a site hook loads at start-up do not count against the package.
@@ -12,7 +13,17 @@ import textwrap
 import pytest
 from foundation_helpers import run_python
 
-HEAVY = ("cupy", "numba", "numba_cuda", "mlx", "pynvml", "ray")
+HEAVY = (
+    "cupy",
+    "numba",
+    "numba_cuda",
+    "mlx",
+    "pynvml",
+    "ray",
+    "prometheus_client",
+    "opentelemetry",
+    "rich",
+)
 
 PROLOGUE = """
     import json, sys
@@ -27,6 +38,7 @@ EPILOGUE = """
 SCENARIOS = {
     "import": "import pydotcompute",
     "ring_kernels": "import pydotcompute.ring_kernels, pydotcompute.decorators",
+    "observability package": "import pydotcompute.observability",
     "tier-1 round trip": """
         import asyncio
         import numpy as np

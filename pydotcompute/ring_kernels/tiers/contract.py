@@ -149,6 +149,13 @@ class TierWorker(abc.ABC):
         """True when the actor holds no message and waits for the next; False when unsure."""
         return False
 
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        """How long the actor spent on each message it finished since the last call, as
+        ``(count, total_ns, min_ns, max_ns, [(bucket, count), ...])`` (the form of
+        `telemetry.LatencyRecorder.drain`), or None: nothing new, or the tier does not time
+        its actor. The runtime folds it into the kernel's telemetry when that is read."""
+        return None
+
     def on_late_reply(self, callback: Callable[[], None]) -> None:  # noqa: B027
         """Call `callback` when the actor replies after `stop` returned (a thread that could
         not be interrupted finishing its message). Tiers whose actor cannot outlive `stop`

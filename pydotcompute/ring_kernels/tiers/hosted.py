@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ...exceptions import (
@@ -105,6 +106,22 @@ class HostedKernel(RingKernel):
         self._worker = self._make_worker(self._bridge)
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
+
+    def wrap_worker(self, wrap: Callable[[TierWorker], TierWorker]) -> None:
+        """Put ``wrap(worker)`` in the worker's place (after launch, before activate: a
+        tracing runtime instruments the bridge this way)."""
+        self._check("activate")
+        assert self._worker is not None
+        self._worker = wrap(self._worker)
+
+    def refresh_telemetry(self) -> None:
+        """Fold the latencies the worker timed since the last call into `telemetry`
+        (``runtime.get_telemetry`` calls it before reading)."""
+        worker = self._worker
+        if worker is not None:
+            part = worker.drain_latencies()
+            if part is not None:
+                self.telemetry.merge_summary(part)
 
     def _check_size(self, msg: Any) -> None:
         """Refuse at once a message the tier can never carry (the runtime's edge policy)."""

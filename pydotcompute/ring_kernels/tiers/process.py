@@ -109,6 +109,9 @@ class ProcessWorker(TierWorker):
     def take_undelivered(self) -> list[Any]:
         return self.kernel.take_undelivered()
 
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        return self.kernel.drain_latencies()
+
     @property
     def failure(self) -> BaseException | None:
         return self.kernel.error
@@ -135,6 +138,7 @@ class ProcessHostedKernel(HostedKernel):
         kwargs: dict[str, Any] = {
             "spin_us": self.config.extra.get("spin_us", self.HOSTED_SPIN_US),
             "input_queue_size": bridge,
+            "record_latency": self._timed,
         }
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:

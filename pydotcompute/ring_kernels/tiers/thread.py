@@ -68,6 +68,9 @@ class ThreadWorker(TierWorker):
     def take_undelivered(self) -> list[Any]:
         return self.kernel.take_undelivered()
 
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        return self.kernel.drain_latencies()
+
     @property
     def failure(self) -> BaseException | None:
         return self.kernel.error
@@ -89,6 +92,7 @@ class ThreadHostedKernel(HostedKernel):
             input_queue_size=bridge,
             output_queue_size=max(bridge, 1024),
             thread_name=self.config.extra.get("thread_name"),
+            record_latency=self._timed,
         )
         return ThreadWorker(
             ThreadedRingKernel(

@@ -1,0 +1,440 @@
+"""Prometheus metrics over HTTP, ``python -m pydotcompute top`` and tracing, end to end.
+
+The metrics endpoint is scraped over real HTTP on 127.0.0.1 and parsed with
+``prometheus_client.parser``; the pipeline runs real asyncio, process and thread tiers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    KernelStateError,
+)
+from pydotcompute.observability import collector
+
+from .tier_actors import Done, Job, echo_sync, forward_async, forward_sync
+
+BOUND_S = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = (("a", "asyncio"), ("b", "process"), ("c", "thread"))
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+async def scrape(host: str, port: int) -> Samples:
+    """Every sample of the endpoint: (name, sorted labels) -> value."""
+    text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    labels.setdefault("replica", "")
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+async def launch_pipeline(rt: RingKernelRuntime, **c_options: Any) -> None:
+    """a (asyncio) -> b (process) -> c (thread), all forwarding what they receive."""
+    await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+    await rt.launch("b", forward_sync, input_type=Job, output_type=Job, tier="process")
+    await rt.launch("c", forward_sync, input_type=Job, output_type=Job, tier="thread", **c_options)
+    for kid, _ in PIPELINE:
+        await rt.activate(kid)
+    rt.connect("a", "b")
+    rt.connect("b", "c")
+
+
+async def run_through(rt: RingKernelRuntime, n: int) -> None:
+    for i in range(n):
+        await rt.send("a", Job(seq=i))
+    got = sorted([(await rt.receive("c", timeout=BOUND_S)).seq for _ in range(n)])
+    assert got == list(range(n))
+
+
+async def scrape_until(host: str, port: int, done: Any) -> Samples:
+    """Scrape until ``done(samples)`` (the actors hand their last timing over when they
+    ask for their next message, a moment after the reply went out)."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        samples = await scrape(host, port)
+        if done(samples) or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(0.05)
+
+
+async def test_pipeline_metrics_over_http() -> None:
+    n = 1000
+    async with asyncio.timeout(BOUND_S * 3), RingKernelRuntime() as rt:
+        await launch_pipeline(rt)
+        host, port = rt.serve_metrics(port=0)
+        assert host == "127.0.0.1"
+        assert port > 0
+        await run_through(rt, n)
+
+        def all_timed(s: Samples) -> bool:
+            return all(
+                value(s, "pydotcompute_message_latency_seconds_count", kernel=k, tier=t) == n
+                for k, t in PIPELINE
+            )
+
+        samples = await scrape_until(host, port, all_timed)
+        for kid, tier in PIPELINE:
+            labels = {"kernel": kid, "tier": tier}
+            assert value(samples, "pydotcompute_messages_processed_total", **labels) == n
+            assert value(samples, "pydotcompute_messages_received_total", **labels) == n
+            assert value(samples, "pydotcompute_messages_sent_total", **labels) == n
+            assert value(samples, "pydotcompute_message_latency_seconds_count", **labels) == n
+            inf = value(samples, "pydotcompute_message_latency_seconds_bucket", le="+Inf", **labels)
+            assert inf == n
+            # buckets are cumulative, from 1 us to 1 s
+            les = ["1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1", "1.0"]
+            counts = [
+                value(samples, "pydotcompute_message_latency_seconds_bucket", le=le, **labels)
+                for le in les
+            ]
+            assert None not in counts
+            assert counts == sorted(counts)  # type: ignore[type-var]
+            total_s = value(samples, "pydotcompute_message_latency_seconds_sum", **labels)
+            assert total_s is not None
+            assert total_s > 0
+            assert value(samples, "pydotcompute_inbox_depth", **labels) == 0
+            assert value(samples, "pydotcompute_kernel_state", state="active", **labels) == 1
+            assert value(samples, "pydotcompute_kernel_state", state="failed", **labels) == 0
+            assert value(samples, "pydotcompute_kernel_restarts_total", **labels) == 0
+            assert value(samples, "pydotcompute_kernel_errors_total", **labels) == 0
+
+
+async def test_inbox_depth_and_drop_reasons_are_scraped() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        # not activated: what is sent waits in the inbox, and drop_oldest drops the rest
+        await rt.launch(
+            "slow", forward_async, input_type=Job, queue_size=4, backpressure="drop_oldest"
+        )
+        host, port = rt.serve_metrics(port=0)
+        for i in range(10):
+            await rt.send("slow", Job(seq=i))
+        samples = await scrape(host, port)
+        labels = {"kernel": "slow", "tier": "asyncio"}
+        assert value(samples, "pydotcompute_inbox_depth", **labels) == 4
+        assert value(samples, "pydotcompute_messages_received_total", **labels) == 10
+        dropped = value(
+            samples, "pydotcompute_messages_dropped_total", reason="backpressure", **labels
+        )
+        assert dropped == 6
+        assert value(samples, "pydotcompute_kernel_state", state="launched", **labels) == 1
+
+
+async def test_pool_reports_each_replica_and_the_sum() -> None:
+    n = 200
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await launch_pipeline(rt, replicas=2)
+        host, port = rt.serve_metrics(port=0)
+        await run_through(rt, n)
+
+        def timed(s: Samples) -> bool:
+            name = "pydotcompute_message_latency_seconds_count"
+            return value(s, name, kernel="c", tier="thread") == n
+
+        samples = await scrape_until(host, port, timed)
+        name = "pydotcompute_messages_processed_total"
+        whole = value(samples, name, kernel="c", tier="thread")
+        parts = [value(samples, name, kernel="c", tier="thread", replica=r) for r in "01"]
+        assert whole == n
+        assert None not in parts
+        assert sum(parts) == n
+        lat = "pydotcompute_message_latency_seconds_count"
+        per = [value(samples, lat, kernel="c", tier="thread", replica=r) for r in "01"]
+        assert sum(per) == n  # type: ignore[arg-type]
+
+
+async def test_serving_twice_shutdown_and_errors() -> None:
+    rt = RingKernelRuntime()
+    async with rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        host, port = rt.serve_metrics(port=0)
+        # the same address again (or port 0) returns it; another one is refused
+        assert rt.serve_metrics(port=0) == (host, port)
+        assert rt.serve_metrics(port=port) == (host, port)
+        with pytest.raises(InvalidConfigurationError, match="already served"):
+            rt.serve_metrics(port=port + 1 if port < 65535 else port - 1)
+        samples = await scrape(host, port)
+        assert value(samples, "pydotcompute_kernel_state", kernel="a", tier="asyncio",
+                     state="launched") == 1  # fmt: skip
+    # shutdown stopped the server and joined its thread
+    assert not [t for t in __import__("threading").enumerate() if t.name == "pydotcompute-metrics"]
+    with pytest.raises(urllib.error.URLError):
+        _scrape(f"http://{host}:{port}/metrics")
+    with pytest.raises(KernelStateError, match="SHUT DOWN"):
+        rt.serve_metrics(port=0)
+
+
+async def test_bad_port_and_address_in_use() -> None:
+    async with RingKernelRuntime() as rt, RingKernelRuntime() as other:
+        with pytest.raises(InvalidConfigurationError, match="0 to 65535"):
+            rt.serve_metrics(port=70000)
+        _, port = rt.serve_metrics(port=0)
+        with pytest.raises(InvalidConfigurationError, match="cannot serve metrics"):
+            other.serve_metrics(port=port)
+
+
+async def test_collector_in_a_registry_of_your_own() -> None:
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        await rt.activate("a")
+        for i in range(5):
+            await rt.send("a", Job(seq=i))
+            await rt.receive("a", timeout=BOUND_S)
+        registry = CollectorRegistry()
+        registry.register(collector(rt))
+        # on the loop's own thread the snapshot is taken directly
+        text = generate_latest(registry).decode()
+        assert 'pydotcompute_messages_processed_total{kernel="a",replica="",tier="asyncio"}' in (
+            text
+        )
+        # from another thread it is taken on the loop
+        text = await asyncio.to_thread(lambda: generate_latest(registry).decode())
+        assert "pydotcompute_message_latency_seconds_bucket" in text
+
+
+def test_without_the_extra_the_error_names_it() -> None:
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None\n"
+        "import asyncio\n"
+        "from pydotcompute import RingKernelRuntime\n"
+        "from pydotcompute.exceptions import BackendNotAvailableError\n"
+        "async def main():\n"
+        "    async with RingKernelRuntime() as rt:\n"
+        "        try:\n"
+        "            rt.serve_metrics(port=0)\n"
+        "        except BackendNotAvailableError as exc:\n"
+        "            print(exc)\n"
+        "asyncio.run(main())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert 'pip install "pydotcompute[observability]"' in proc.stdout
+
+
+# --- python -m pydotcompute top ---
+
+
+async def test_top_once_lists_every_kernel() -> None:
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await launch_pipeline(rt)
+        await rt.launch("idle_one", forward_async, input_type=Job)  # launched, never active
+        host, port = rt.serve_metrics(port=0)
+        await run_through(rt, 100)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pydotcompute",
+            "top",
+            "--once",
+            "--url",
+            f"http://{host}:{port}/metrics",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        lines = out.decode().splitlines()
+        for kid, tier in (*PIPELINE, ("idle_one", "asyncio")):
+            row = [ln for ln in lines if f" {kid} " in ln]
+            assert row, out.decode()
+            assert tier in row[0]
+        assert "launched" in next(ln for ln in lines if " idle_one " in ln)
+        assert " 100 " in next(ln for ln in lines if " b " in ln)  # processed
+
+
+def test_top_reports_an_unreachable_url() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pydotcompute", "top", "--once", "--url", "http://127.0.0.1:1/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert "cannot read http://127.0.0.1:1/x" in proc.stdout
+
+
+def test_top_parses_rates_and_percentiles() -> None:
+    from pydotcompute.observability.top import parse_metrics, with_rates
+
+    def text(processed: int) -> str:
+        lab = 'kernel="k",replica="",tier="thread"'
+        rep = 'kernel="k",replica="0",tier="thread"'
+        return (
+            "# TYPE pydotcompute_messages_processed counter\n"
+            f"pydotcompute_messages_processed_total{{{lab}}} {processed}\n"
+            f"pydotcompute_messages_processed_total{{{rep}}} 1\n"
+            "# TYPE pydotcompute_message_latency_seconds histogram\n"
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="1e-06"}} 0\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="1e-05"}} 50\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="0.0001"}} 100\n'
+            f'pydotcompute_message_latency_seconds_bucket{{{lab},le="+Inf"}} 100\n'
+            f"pydotcompute_message_latency_seconds_count{{{lab}}} 100\n"
+            f"pydotcompute_message_latency_seconds_sum{{{lab}}} 0.001\n"
+            "# TYPE pydotcompute_kernel_state gauge\n"
+            f'pydotcompute_kernel_state{{{lab},state="active"}} 1\n'
+            f'pydotcompute_kernel_state{{{lab},state="failed"}} 0\n'
+        )
+
+    before = parse_metrics(text(100))
+    now = with_rates(parse_metrics(text(300)), before, 2.0)
+    k = now["k"]
+    assert (k.tier, k.state, k.processed, k.rate) == ("thread", "active", 300, 100.0)
+    assert k.quantile(0.5) == pytest.approx(1e-5)  # the top of the bucket holding the 50th
+    assert 1e-5 < k.quantile(0.99) <= 1e-4  # type: ignore[operator]
+
+
+# --- OpenTelemetry tracing ---
+
+
+@pytest.fixture(scope="module")
+def span_exporter() -> Any:
+    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def test_one_trace_per_message_through_every_tier(span_exporter: Any) -> None:
+    n = 10
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await launch_pipeline(rt)
+        await run_through(rt, n)
+
+        def traces() -> dict[int, list[Any]]:
+            out: dict[int, list[Any]] = {}
+            for span in span_exporter.get_finished_spans():
+                out.setdefault(span.context.trace_id, []).append(span)
+            return out
+
+        def complete(spans: list[Any]) -> bool:
+            names = {s.name for s in spans}
+            return {"process a", "process b", "process c"} <= names
+
+        deadline = time.monotonic() + BOUND_S
+        while sum(complete(t) for t in traces().values()) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert rt.tracer is not None
+        assert rt.tracer.in_flight() == 0  # every carried context was taken
+    got = traces()
+    full = [t for t in got.values() if complete(t)]
+    assert len(full) == n, {tid: sorted(s.name for s in t) for tid, t in got.items()}
+    assert len(got) == n  # no span strayed into a trace of its own
+    for spans in full:
+        by_name = {s.name: s for s in spans}
+        assert set(by_name) == {"send a", "process a", "send b", "process b", "send c",
+                                "process c"}  # fmt: skip
+        # a chain: send a -> process a -> send b -> process b -> send c -> process c
+        chain = ["send a", "process a", "send b", "process b", "send c", "process c"]
+        for parent, child in itertools.pairwise(chain):
+            assert by_name[child].parent.span_id == by_name[parent].context.span_id
+        ids = {s.attributes["messaging.message.id"] for s in spans}
+        assert len(ids) == 1  # the actors send on the message they received
+        for s in spans:
+            assert s.attributes["messaging.system"] == "pydotcompute"
+            kid = s.name.split()[1]
+            assert s.attributes["messaging.destination.name"] == kid
+            kind = "PRODUCER" if s.name.startswith("send") else "CONSUMER"
+            assert s.kind.name == kind
+
+
+async def test_tracing_off_makes_no_spans(span_exporter: Any) -> None:
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        assert rt.tracer is None
+        await launch_pipeline(rt)
+        await run_through(rt, 5)
+    assert span_exporter.get_finished_spans() == ()
+
+
+async def test_a_new_reply_continues_the_trace_across_the_process_tier(span_exporter: Any) -> None:
+    """b (process) answers each Job with a new Done: matched by its correlation id."""
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        await rt.launch("b", echo_sync, input_type=Job, output_type=Done, tier="process")
+        await rt.launch("c", forward_sync, input_type=Done, output_type=Done, tier="thread")
+        for kid in "abc":
+            await rt.activate(kid)
+        rt.connect("a", "b")
+        rt.connect("b", "c")
+        for i in range(3):
+            await rt.send("a", Job(seq=i))
+        for _ in range(3):
+            await rt.receive("c", timeout=BOUND_S)
+        deadline = time.monotonic() + BOUND_S
+        while len(span_exporter.get_finished_spans()) < 18 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    traces: dict[int, set[str]] = {}
+    for span in span_exporter.get_finished_spans():
+        traces.setdefault(span.context.trace_id, set()).add(span.name)
+    want = {"send a", "process a", "send b", "process b", "send c", "process c"}
+    assert list(traces.values()) == [want] * 3
+
+
+def test_tracing_without_the_extra_names_it() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from pydotcompute import RingKernelRuntime\n"
+        "from pydotcompute.exceptions import BackendNotAvailableError\n"
+        "try:\n"
+        "    RingKernelRuntime(tracing=True)\n"
+        "except BackendNotAvailableError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "tracing=True needs the 'opentelemetry' package" in proc.stdout
+    assert 'pip install "pydotcompute[observability]"' in proc.stdout
