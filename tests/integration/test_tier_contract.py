@@ -94,3 +94,11 @@ async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
 
 async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
     await sc.scenario_pipeline_exactly_once(case)
+
+
+async def test_actor_returns_by_itself(case: sc.TierCase) -> None:
+    await sc.scenario_actor_returns_by_itself(case)
+
+
+async def test_cut_off_in_send_to_full_kernel(case: sc.TierCase) -> None:
+    await sc.scenario_cut_off_in_send_to_full_kernel(case)
