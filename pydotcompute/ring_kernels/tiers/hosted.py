@@ -254,6 +254,8 @@ class HostedKernel(RingKernel):
                     await self._worker_failed(exc.error if exc.error is not None else exc)
                 return
             except KernelStateError:
+                if not self._stopping:  # the actor function returned by itself
+                    await self._worker_returned()
                 return  # stopped and drained
             if reply is None:
                 readable.clear()
@@ -453,6 +455,33 @@ class HostedKernel(RingKernel):
         if lost:
             self.undelivered[mark:mark] = lost
             self._count_dropped(len(lost))
+
+    async def _worker_returned(self) -> None:
+        """The actor function returned by itself: the kernel ends as a tier-1 kernel whose
+        actor returned (TERMINATED, refusing sends, waiting callers told at once). Replies
+        it sent first are delivered; what it was given and never took is handed back once,
+        oldest first, before what is still queued in the inbox."""
+        pump = self._pump
+        if pump is not None and not pump.done():
+            pump.cancel()  # it holds at most one message: taken back below
+        self._stop_watching()
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.stop, 1.0)
+            for reply in worker.drain_replies():  # sent before it returned
+                await self._deliver_final(reply)
+        lost = self._take_undelivered() + self._take_held()
+        if lost:
+            self.undelivered.extend(lost)
+            self._count_dropped(len(lost))
+            logger.warning(
+                "kernel %r: its actor function returned with %d message(s) it never took "
+                "(counted as dropped)",
+                self.kernel_id,
+                len(lost),
+            )
+        if not self._stopping:  # (a terminate that began meanwhile closes the kernel)
+            self._finished()
 
     def _fail(self, exc: BaseException) -> None:
         super()._fail(exc)
