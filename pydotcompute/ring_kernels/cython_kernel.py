@@ -87,6 +87,7 @@ from ..exceptions import (
     MessageRejectedError,
     QueueClosedError,
     RemoteActorError,
+    ReplyDecodeError,
     RingCorruptedError,
     TypeValidationError,
 )
@@ -108,6 +109,7 @@ from ._process_actor import (
     encoder_for,
     read_parked,
     read_wait,
+    reply_correlation,
     ring_bell,
     too_large,
     unpack_report,
@@ -1045,6 +1047,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             MessageRejectedError: the child could not decode one message (a field of the
                 wrong type, for example); its ``correlation_id`` is that message's id. The
                 kernel keeps running: receive again for the next reply.
+            ReplyDecodeError: one reply does not decode here (its class was never imported
+                in this process, say); it is consumed, its ``correlation_id`` says which
+                request it answers, and the next receive goes on with the next reply.
             KernelFailedError: the actor raised (or the child died, or a ring was found
                 corrupted) and every earlier reply has been received.
             KernelStateError: the kernel never started, or stopped and is drained.
@@ -1058,7 +1063,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if self._pending_out:
                 record = self._pending_out.popleft()
                 if record[0] != FRAME_TAG:
-                    return self._decode(record)
+                    return self._decode_reply(record)
                 return self._decode_frame(record)
             ring = self._rx
             if ring is None:
@@ -1091,8 +1096,24 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         finally:
             lock.release()
         if data[0] != FRAME_TAG:
-            return self._decode(data)
+            try:
+                return self._decode(data)
+            except MessageDeserializationError as exc:
+                raise self._undecodable(data, exc) from exc
         return self._decode_frame(data)
+
+    def _decode_reply(self, data: bytes) -> Any:
+        """A ``@message`` reply record, decoded (`ReplyDecodeError` when it does not)."""
+        try:
+            return self._decode(data)
+        except MessageDeserializationError as exc:
+            raise self._undecodable(data, exc) from exc
+
+    def _undecodable(self, data: bytes, exc: MessageDeserializationError) -> ReplyDecodeError:
+        """The error for a reply record that does not decode here (it is consumed)."""
+        err = ReplyDecodeError(self._kernel_id, reply_correlation(data), str(exc))
+        err.__cause__ = exc
+        return err
 
     def _decode_frame(self, data: bytes) -> Any:
         """A reply record that is not a ``@message``: a plain value, or a rejection."""
@@ -1107,7 +1128,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         and nobody received yet: ``stop`` never discards one. A message the child rejected
         appears in the list as its `MessageRejectedError`
         instance (check with ``isinstance``); a reply that does not decode appears as its
-        ``MessageDeserializationError``. Safe from any thread, but it waits for a
+        `ReplyDecodeError`. Safe from any thread, but it waits for a
         concurrent ``receive`` to return (do not call it while another thread waits in
         ``receive(timeout=None)`` on a running kernel).
         """
@@ -1120,9 +1141,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 data = pending.popleft()
                 try:
                     out.append(
-                        self._decode(data) if data[0] != FRAME_TAG else self._decode_frame(data)
+                        self._decode_reply(data)
+                        if data[0] != FRAME_TAG
+                        else self._decode_frame(data)
                     )
-                except MessageDeserializationError as exc:
+                except MessageDeserializationError as exc:  # rejected, or does not decode
                     out.append(exc)
             ring = self._out_ring
             if ring is not None and not ring.closed and ring.writer_waiting:

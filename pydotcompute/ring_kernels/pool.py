@@ -46,6 +46,7 @@ from ..exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     MessageRejectedError,
     QueueClosedError,
 )
@@ -511,6 +512,10 @@ class PoolWorker(TierWorker):
                 reply = members[i].poll_reply()
             except MessageRejectedError:
                 self.rejected[i] += 1
+                self._next = (i + 1) % n
+                raise
+            except MessageDeserializationError:  # a reply that does not decode here
+                self.replied[i] += 1
                 self._next = (i + 1) % n
                 raise
             except KernelFailedError as exc:

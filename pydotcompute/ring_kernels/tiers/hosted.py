@@ -65,6 +65,7 @@ class HostedKernel(RingKernel):
         "_pump",
         "_readable",
         "_reply_in_hand",
+        "_undecodable_seen",
         "_unwatch",
         "_worker",
         "_writable",
@@ -83,6 +84,7 @@ class HostedKernel(RingKernel):
         self._readable: asyncio.Event | None = None
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
+        self._undecodable_seen = False  # a reply that does not decode was logged
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -249,6 +251,9 @@ class HostedKernel(RingKernel):
             except MessageRejectedError as exc:
                 self._rejected(exc)
                 continue
+            except MessageDeserializationError as exc:  # one reply does not decode here
+                self._undecodable_reply(exc)
+                continue
             except KernelFailedError as exc:
                 if not self._stopping:
                     await self._worker_failed(exc.error if exc.error is not None else exc)
@@ -257,6 +262,10 @@ class HostedKernel(RingKernel):
                 if not self._stopping:  # the actor function returned by itself
                     await self._worker_returned()
                 return  # stopped and drained
+            except Exception as exc:  # a fault of the tier itself: fail clearly, never wedge
+                if not self._stopping:
+                    await self._worker_failed(exc)
+                return
             if reply is None:
                 readable.clear()
                 with contextlib.suppress(TimeoutError):
@@ -291,6 +300,24 @@ class HostedKernel(RingKernel):
         if fut is not None and not fut.done():
             fut.set_exception(exc)
         logger.warning("kernel %r: a message was rejected: %s", self.kernel_id, exc)
+
+    def _undecodable_reply(self, exc: MessageDeserializationError) -> None:
+        """A reply that does not decode in this process: counted as dropped, its error
+        recorded, its caller (when the reply says which request it answers) told; logged
+        the first time only, the later ones are counted (`telemetry().error_count`)."""
+        self.telemetry.record_error(exc)
+        self._count_dropped(1)
+        fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        if not self._undecodable_seen:
+            self._undecodable_seen = True
+            logger.error(
+                "kernel %r: a reply was dropped: %s (later ones are counted in telemetry, "
+                "not logged)",
+                self.kernel_id,
+                exc,
+            )
 
     def _count_dropped(self, n: int) -> None:
         if self._outbox is not None:
@@ -408,6 +435,9 @@ class HostedKernel(RingKernel):
         can go nowhere is counted as dropped and its error recorded."""
         if isinstance(reply, MessageRejectedError):
             self._rejected(reply)
+            return
+        if isinstance(reply, MessageDeserializationError):
+            self._undecodable_reply(reply)
             return
         try:
             await self._deliver(reply, final=True)
