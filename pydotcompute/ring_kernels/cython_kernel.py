@@ -320,30 +320,36 @@ class _StderrTap:
         self._spec = spec
 
     def start(self, process: Any) -> None:
-        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails)."""
+        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails).
+
+        Everything that reads or moves fd 2 happens under `_STDERR_LOCK`: a duplicate of
+        fd 2 taken outside it, while another thread's tap had fd 2 on its file, would
+        "restore" fd 2 to that (deleted) file for good.
+        """
         try:
-            original = os.dup(2)
-        except OSError:  # no stderr to tap
-            process.start()
-            return
-        try:
-            self._file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
+            file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
         except OSError:
-            os.close(original)
             process.start()
             return
-        self._spec.stderr = mp_connection.Connection(original)  # the child restores it
         with _STDERR_LOCK:
+            try:
+                original = os.dup(2)
+            except OSError:  # no stderr to tap
+                file.close()
+                process.start()
+                return
+            self._file = file
+            self._spec.stderr = mp_connection.Connection(original)  # the child restores it
             try:
                 sys.stderr.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-            os.dup2(self._file.fileno(), 2)
             try:
+                os.dup2(file.fileno(), 2)
                 process.start()
             finally:
                 os.dup2(original, 2)
-                self._spec.stderr.close()
+                self._spec.stderr.close()  # closes ``original``
                 self._spec.stderr = None
 
     def finish(self, *, failed: bool) -> str:
