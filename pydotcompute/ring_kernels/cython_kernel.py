@@ -55,6 +55,13 @@ Design notes:
 - Length: this file is past the house limit on purpose: it is one state machine (launch,
   watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
   side and the waiting helpers live in ``_process_actor``.
+- Only the process that started a child acts on it at exit. A ``fork()`` of the parent
+  (by user code, not by us) inherits multiprocessing's list of started children, and
+  multiprocessing's exit handler SIGTERMs the daemonic ones in whatever process runs it,
+  so a fork child that exits normally would kill the parent's actors. After a fork the
+  child drops our children from that list (multiprocessing resets the same private set
+  in the children it starts itself; no public call does it), and a kernel's finalizer
+  does nothing in a process other than the one that created it.
 - Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
   `CythonRingKernel.wait_handles` gives the file descriptors to watch (with
   ``loop.add_reader``) after arming the flag with `CythonRingKernel.arm_receive`.
@@ -72,11 +79,13 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
+from multiprocessing import process as mp_process
 from typing import Any
 
 from ..exceptions import (
@@ -376,6 +385,24 @@ class _StderrTap:
         return "; the child's stderr ended with:\n" + "\n".join(lines)
 
 
+# the children this process started, to be disowned by a fork() of it (see the notes)
+_STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _disown_children() -> None:
+    """In a fork child: forget the parent's kernel children, so that multiprocessing's exit
+    handler (which SIGTERMs daemonic children) never acts on them from here."""
+    registry = getattr(mp_process, "_children", None)
+    for process in list(_STARTED):
+        if registry is not None:
+            registry.discard(process)
+    _STARTED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_children)
+
+
 def _exited(process: Any, timeout: float | None) -> bool:
     """Wait on the process sentinel (never ``waitpid``, which only one thread may win)."""
     return bool(mp_connection.wait([process.sentinel], timeout))
@@ -520,6 +547,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._decode = message_decoder()  # the outbox's stream: its type's fast path
         self._exit_code: int | None = None
         self._pid: int | None = None
+        self._owner_pid = os.getpid()  # only this process may end the child at exit
 
     # -- properties -------------------------------------------------------------------
 
@@ -629,6 +657,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             for conn in child_ends:
                 conn.close()
         self._process = process
+        _STARTED.add(process)
         self._pid = process.pid
         self._started_at = _monotonic()
         for conn in self._conns[:4]:
@@ -1241,6 +1270,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         }
 
     def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            return  # a fork of the parent: the child and its channels are not ours
         process = getattr(self, "_process", None)
         if process is not None and getattr(self, "_conns", None):
             try:

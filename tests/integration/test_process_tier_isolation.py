@@ -124,7 +124,9 @@ _FORK_SCRIPT = textwrap.dedent(
         assert loop.run_until_complete(start(rt)) == 1
         pid = os.fork()
         if pid == 0:
-            sys.exit(0)  # a normal exit: the exit handlers and finalizers run here
+            # what the interpreter may do to the inherited kernel objects on the way out
+            rt.get_kernel("k").worker.kernel.__del__()
+            sys.exit(0)  # a normal exit: the exit handlers run here
         _, status = os.waitpid(pid, 0)
         print("fork child status", status, flush=True)
         print("kernel", rt.get_kernel_state("k").name, flush=True)
