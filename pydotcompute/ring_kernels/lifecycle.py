@@ -346,7 +346,7 @@ class KernelContext:
                 self._count_lost_reply()
                 raise
             except asyncio.CancelledError:
-                if k._stopping or k._state is KernelState.FAILED:
+                if self.state in (KernelState.TERMINATING, KernelState.FAILED):
                     # cut off while the kernel downstream was full: the reply never got
                     # anywhere, so the message in hand is not finished; terminate (or the
                     # failure) hands it back first

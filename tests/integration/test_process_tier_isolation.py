@@ -84,9 +84,7 @@ async def test_concurrent_starts_leave_fd2_where_it_was(capfd: pytest.CaptureFix
         async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
             await asyncio.gather(
                 *(
-                    rt.launch(
-                        f"k{i}", sc.echo_sync, input_type=sc.Job, tier="process", replicas=2
-                    )
+                    rt.launch(f"k{i}", sc.echo_sync, input_type=sc.Job, tier="process", replicas=2)
                     for i in range(2)
                 )
             )
