@@ -22,6 +22,10 @@ Design notes:
 - A reply forwarded into a `reject`-policy kernel that is full is counted as dropped on
   the source; the source keeps running (its actor, elsewhere, cannot be handed the
   error as a tier-1 actor is).
+- A worker that stops before anyone asked (its actor function returned) ends the kernel
+  as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
+  back. A reply that does not decode here is one dropped reply (logged once, its caller
+  told), not a failed kernel: failing would lose every other reply for one bad class.
 """
 
 from __future__ import annotations
