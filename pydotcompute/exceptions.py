@@ -33,6 +33,7 @@ __all__ = (
     "QueueFullError",
     "QueueTimeoutError",
     "RemoteActorError",
+    "ReplyDecodeError",
     "RingCorruptedError",
     "TypeValidationError",
 )
@@ -184,6 +185,37 @@ class MessageRejectedError(MessageDeserializationError):
             type(self),
             (self.kernel_id, self.correlation_id, self.text, self.remote_traceback),
         )
+
+
+class ReplyDecodeError(MessageDeserializationError):
+    """Raised when a reply from a child process does not decode in the parent.
+
+    Most often the reply's class was never imported in the parent: the child imported the
+    module that defines it, the process that launched the kernel did not. The reply is
+    counted as dropped (telemetry records this error); the kernel keeps running, and a
+    caller waiting for that reply with `send_and_receive` gets this error.
+
+    Attributes:
+        kernel_id: The kernel whose child sent the reply.
+        correlation_id: The id of the request the reply answers, or None when its bytes
+            did not say.
+        text: What did not decode.
+    """
+
+    def __init__(self, kernel_id: str, correlation_id: object, text: str) -> None:
+        self.kernel_id = kernel_id
+        self.correlation_id = correlation_id
+        self.text = text
+        super().__init__(
+            f"kernel {kernel_id!r}: a reply (to message {correlation_id}) does not decode in "
+            f"this process: {text}. If its class is defined in a module only the child "
+            "imports, import the module that defines it in the parent too (or reply with a "
+            "class both processes import); the reply was counted as dropped and the kernel "
+            "keeps running"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.kernel_id, self.correlation_id, self.text))
 
 
 class TypeValidationError(PyDotComputeError, TypeError):

@@ -812,3 +812,129 @@ async def scenario_every_message_is_timed(case: TierCase) -> None:
             assert tel.messages_received == n
             assert 0 < tel.min_latency_ns <= tel.max_latency_ns
             assert tel.total_latency_ns >= tel.max_latency_ns
+
+
+# --- an actor that returns by itself; an actor cut off inside ctx.send ---------------------
+
+#: Tiers whose actor itself blocks in ``ctx.send`` on a full connected kernel (and can be
+#: cut off there). On the thread and process tiers the actor hands its reply to the
+#: bridge and asks for its next message; the bridge is what waits.
+ACTOR_BLOCKS_IN_SEND = frozenset({"asyncio"})
+
+
+def _return_after(job: Any) -> float | None:
+    """``payload="return:<s>"``: the actor returns ``s`` seconds after taking the job."""
+    payload = _payload(job)
+    return float(payload[7:]) if payload.startswith("return:") else None
+
+
+async def returns_async(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        pause = _return_after(job)
+        if pause is not None:
+            await asyncio.sleep(pause)
+            return  # by itself, without a reply
+        await ctx.send(Done(seq=job.seq))
+
+
+def returns_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is None:
+            continue
+        pause = _return_after(job)
+        if pause is not None:
+            time.sleep(pause)
+            return  # by itself, without a reply
+        ctx.send(Done(seq=job.seq))
+
+
+def _returning_actor(case: TierCase) -> Callable[..., Any]:
+    return returns_async if asyncio.iscoroutinefunction(case.echo) else returns_sync
+
+
+async def scenario_actor_returns_by_itself(case: TierCase) -> None:
+    """The kernel ends (TERMINATED, refusing), what it held is handed back once, and a
+    caller waiting for a reply hears at once."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch(
+            "k",
+            _returning_actor(case),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(queue_size=64),
+        )
+        await rt.activate("k")
+        assert (await rt.send_and_receive("k", Job(seq=0), timeout=BOUND_S)).seq == 0
+        await rt.send("k", Job(seq=1, payload="return:0.3"))  # taken, then the actor returns
+        waiting = asyncio.create_task(rt.send_and_receive("k", Job(seq=2), timeout=None))
+        await asyncio.sleep(0)  # message 2 is queued before the others
+        for i in range(3, 10):
+            await rt.send("k", Job(seq=i))
+        started = time.monotonic()
+        with pytest.raises(KernelStateError, match="its actor function returned"):
+            await waiting
+        assert time.monotonic() - started < BOUND_S / 2, "the caller was not told at once"
+        assert rt.get_kernel_state("k") is KernelState.TERMINATED
+        with pytest.raises(KernelStateError):
+            await rt.send("k", Job(seq=98))
+        with pytest.raises(KernelStateError):
+            await rt.send_and_receive("k", Job(seq=99), timeout=BOUND_S)
+        left = _seqs(rt.get_kernel("k").undelivered)
+        assert left == list(range(2, 10)), left  # oldest first, each once
+        # message 1 was finished by returning (no reply); every other one ends once
+        read = [0, *_read_all(rt, "k")]
+        assert_exactly_once([0, *range(2, 10)], read, left, await _dropped(rt, "k"))
+
+
+async def scenario_pool_routes_around_a_returned_replica(case: TierCase) -> None:
+    """A pool whose replica returns by itself keeps serving on the others; messages that
+    replica had been given but never took go to the others."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch(
+            "k",
+            _returning_actor(case),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(queue_size=64),
+        )
+        await rt.activate("k")
+        await rt.send("k", Job(seq=0, payload="return:0.3"))
+        await asyncio.sleep(0)  # it reaches a replica first
+        calls = [rt.send_and_receive("k", Job(seq=i), timeout=BOUND_S) for i in range(1, 21)]
+        replies = await asyncio.gather(*calls)
+        assert sorted(r.seq for r in replies) == list(range(1, 21))
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+        assert (await rt.send_and_receive("k", Job(seq=50), timeout=BOUND_S)).seq == 50
+        assert await _dropped(rt, "k") == 0
+        left = await rt.terminate("k")
+        assert left == []
+
+
+async def scenario_cut_off_in_send_to_full_kernel(case: TierCase) -> None:
+    """Terminate's grace period ends while the reply to message 1 cannot enter the full
+    kernel it is forwarded to: every message ends once; where the actor itself was
+    blocked in ``ctx.send``, message 1 comes back first, not counted as processed."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, "a", queue_size=8)
+        await rt.launch("b", echo_async, input_type=Done, output_type=Done, queue_size=1)
+        rt.connect("a", "b")  # b is never activated: the reply to message 0 fills it
+        for i in range(3):
+            await rt.send("a", Job(seq=i))
+        await asyncio.sleep(0.5)
+        processed = rt.get_telemetry("a").messages_processed
+        left = _seqs(await rt.terminate("a", timeout=0.2))
+        if case.name in ACTOR_BLOCKS_IN_SEND:
+            assert left == [1, 2], left  # the message in its hands first
+            assert rt.get_telemetry("a").messages_processed == processed - 1
+        await rt.shutdown(timeout=1)
+        b_left = _seqs(rt.get_kernel("b").undelivered)
+        assert b_left == [0], b_left
+        dropped = await _dropped(rt, "a") + await _dropped(rt, "b")
+        assert_exactly_once([0, 1, 2], _read_all(rt, "b"), left + b_left, dropped)

@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ __all__ = (
     "drain_bell",
     "read_parked",
     "read_wait",
+    "reply_correlation",
     "ring_bell",
     "write_wait",
 )
@@ -430,6 +432,22 @@ def frame_id(data: bytes) -> bytes | None:
     except MessageDeserializationError:  # not even a readable header: no id to report
         return None
     return None if mid is None else mid.bytes
+
+
+_RAW_ITEMS: msgspec.msgpack.Decoder[list[msgspec.Raw]] = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_WIRE_ID: msgspec.msgpack.Decoder[bytes | None] = msgspec.msgpack.Decoder(bytes | None)
+
+
+def reply_correlation(data: bytes) -> uuid.UUID | None:
+    """The ``correlation_id`` of a message frame whose class this process does not know
+    (None if the bytes do not say). A frame is a flat array that ends with its header,
+    ``message_id, priority, correlation_id``; only that last item is decoded."""
+    try:
+        items = _RAW_ITEMS.decode(data)
+        cid = _WIRE_ID.decode(items[-1]) if len(items) >= 4 else None
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    return uuid.UUID(bytes=cid) if cid is not None and len(cid) == 16 else None
 
 
 # --- the child side ------------------------------------------------------------------------

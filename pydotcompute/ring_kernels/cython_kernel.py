@@ -55,6 +55,13 @@ Design notes:
 - Length: this file is past the house limit on purpose: it is one state machine (launch,
   watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
   side and the waiting helpers live in ``_process_actor``.
+- Only the process that started a child acts on it at exit. A ``fork()`` of the parent
+  (by user code, not by us) inherits multiprocessing's list of started children, and
+  multiprocessing's exit handler SIGTERMs the daemonic ones in whatever process runs it,
+  so a fork child that exits normally would kill the parent's actors. After a fork the
+  child drops our children from that list (multiprocessing resets the same private set
+  in the children it starts itself; no public call does it), and a kernel's finalizer
+  does nothing in a process other than the one that created it.
 - Hosting from an event loop: ``send_nowait``/``receive_nowait`` never block, and
   `CythonRingKernel.wait_handles` gives the file descriptors to watch (with
   ``loop.add_reader``) after arming the flag with `CythonRingKernel.arm_receive`.
@@ -72,11 +79,13 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from multiprocessing import get_context
+from multiprocessing import process as mp_process
 from typing import Any
 
 from ..exceptions import (
@@ -87,6 +96,7 @@ from ..exceptions import (
     MessageRejectedError,
     QueueClosedError,
     RemoteActorError,
+    ReplyDecodeError,
     RingCorruptedError,
     TypeValidationError,
 )
@@ -108,6 +118,7 @@ from ._process_actor import (
     encoder_for,
     read_parked,
     read_wait,
+    reply_correlation,
     ring_bell,
     too_large,
     unpack_report,
@@ -324,30 +335,36 @@ class _StderrTap:
         self._spec = spec
 
     def start(self, process: Any) -> None:
-        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails)."""
+        """``process.start()`` with fd 2 on the tap's file (a plain start if that fails).
+
+        Everything that reads or moves fd 2 happens under `_STDERR_LOCK`: a duplicate of
+        fd 2 taken outside it, while another thread's tap had fd 2 on its file, would
+        "restore" fd 2 to that (deleted) file for good.
+        """
         try:
-            original = os.dup(2)
-        except OSError:  # no stderr to tap
-            process.start()
-            return
-        try:
-            self._file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
+            file = tempfile.TemporaryFile(prefix="pdc-stderr-")  # noqa: SIM115 - kept open
         except OSError:
-            os.close(original)
             process.start()
             return
-        self._spec.stderr = mp_connection.Connection(original)  # the child restores it
         with _STDERR_LOCK:
+            try:
+                original = os.dup(2)
+            except OSError:  # no stderr to tap
+                file.close()
+                process.start()
+                return
+            self._file = file
+            self._spec.stderr = mp_connection.Connection(original)  # the child restores it
             try:
                 sys.stderr.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-            os.dup2(self._file.fileno(), 2)
             try:
+                os.dup2(file.fileno(), 2)
                 process.start()
             finally:
                 os.dup2(original, 2)
-                self._spec.stderr.close()
+                self._spec.stderr.close()  # closes ``original``
                 self._spec.stderr = None
 
     def finish(self, *, failed: bool) -> str:
@@ -372,6 +389,24 @@ class _StderrTap:
             return ""
         lines = tail.decode("utf-8", "replace").strip().splitlines()[-15:]
         return "; the child's stderr ended with:\n" + "\n".join(lines)
+
+
+# the children this process started, to be disowned by a fork() of it (see the notes)
+_STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _disown_children() -> None:
+    """In a fork child: forget the parent's kernel children, so that multiprocessing's exit
+    handler (which SIGTERMs daemonic children) never acts on them from here."""
+    registry = getattr(mp_process, "_children", None)
+    for process in list(_STARTED):
+        if registry is not None:
+            registry.discard(process)
+    _STARTED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_children)
 
 
 def _exited(process: Any, timeout: float | None) -> bool:
@@ -525,6 +560,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         self._lat_left: list[Any] = []
         self._lat_lock = threading.Lock()
 
+        self._owner_pid = os.getpid()  # only this process may end the child at exit
+
     # -- properties -------------------------------------------------------------------
 
     @property
@@ -637,6 +674,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             for conn in child_ends:
                 conn.close()
         self._process = process
+        _STARTED.add(process)
         self._pid = process.pid
         self._started_at = _monotonic()
         for conn in self._conns[:4]:
@@ -1090,6 +1128,9 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             MessageRejectedError: the child could not decode one message (a field of the
                 wrong type, for example); its ``correlation_id`` is that message's id. The
                 kernel keeps running: receive again for the next reply.
+            ReplyDecodeError: one reply does not decode here (its class was never imported
+                in this process, say); it is consumed, its ``correlation_id`` says which
+                request it answers, and the next receive goes on with the next reply.
             KernelFailedError: the actor raised (or the child died, or a ring was found
                 corrupted) and every earlier reply has been received.
             KernelStateError: the kernel never started, or stopped and is drained.
@@ -1103,7 +1144,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
             if self._pending_out:
                 record = self._pending_out.popleft()
                 if record[0] != FRAME_TAG:
-                    return self._decode(record)
+                    return self._decode_reply(record)
                 return self._decode_frame(record)
             ring = self._rx
             if ring is None:
@@ -1136,8 +1177,24 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         finally:
             lock.release()
         if data[0] != FRAME_TAG:
-            return self._decode(data)
+            try:
+                return self._decode(data)
+            except MessageDeserializationError as exc:
+                raise self._undecodable(data, exc) from exc
         return self._decode_frame(data)
+
+    def _decode_reply(self, data: bytes) -> Any:
+        """A ``@message`` reply record, decoded (`ReplyDecodeError` when it does not)."""
+        try:
+            return self._decode(data)
+        except MessageDeserializationError as exc:
+            raise self._undecodable(data, exc) from exc
+
+    def _undecodable(self, data: bytes, exc: MessageDeserializationError) -> ReplyDecodeError:
+        """The error for a reply record that does not decode here (it is consumed)."""
+        err = ReplyDecodeError(self._kernel_id, reply_correlation(data), str(exc))
+        err.__cause__ = exc
+        return err
 
     def _decode_frame(self, data: bytes) -> Any:
         """A reply record that is not a ``@message``: a plain value, or a rejection."""
@@ -1152,7 +1209,7 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         and nobody received yet: ``stop`` never discards one. A message the child rejected
         appears in the list as its `MessageRejectedError`
         instance (check with ``isinstance``); a reply that does not decode appears as its
-        ``MessageDeserializationError``. Safe from any thread, but it waits for a
+        `ReplyDecodeError`. Safe from any thread, but it waits for a
         concurrent ``receive`` to return (do not call it while another thread waits in
         ``receive(timeout=None)`` on a running kernel).
         """
@@ -1165,9 +1222,11 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
                 data = pending.popleft()
                 try:
                     out.append(
-                        self._decode(data) if data[0] != FRAME_TAG else self._decode_frame(data)
+                        self._decode_reply(data)
+                        if data[0] != FRAME_TAG
+                        else self._decode_frame(data)
                     )
-                except MessageDeserializationError as exc:
+                except MessageDeserializationError as exc:  # rejected, or does not decode
                     out.append(exc)
             ring = self._out_ring
             if ring is not None and not ring.closed and ring.writer_waiting:
@@ -1257,6 +1316,8 @@ class CythonRingKernel(KernelBase[CythonKernelConfig, CythonKernelState]):
         }
 
     def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            return  # a fork of the parent: the child and its channels are not ours
         process = getattr(self, "_process", None)
         if process is not None and getattr(self, "_conns", None):
             try:

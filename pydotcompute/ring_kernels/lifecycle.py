@@ -396,6 +396,13 @@ class KernelContext:
                 self._count_lost_reply()
                 raise
             except asyncio.CancelledError:
+                if self.state in (KernelState.TERMINATING, KernelState.FAILED):
+                    # cut off while the kernel downstream was full: the reply never got
+                    # anywhere, so the message in hand is not finished; terminate (or the
+                    # failure) hands it back first
+                    if self._tel is not None:
+                        self._tel.messages_sent -= 1
+                    raise
                 self._handling = False  # the message ended: its reply is counted
                 self._count_lost_reply()
                 raise

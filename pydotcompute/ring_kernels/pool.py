@@ -38,6 +38,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -45,6 +46,7 @@ from ..exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     MessageRejectedError,
     QueueClosedError,
 )
@@ -326,6 +328,12 @@ class PoolWorker(TierWorker):
         # each member's latencies so far (`drain_latencies` folds them in)
         self._timings = [RingKernelTelemetry(_replica_name(kernel_id, i)) for i in range(n)]
 
+        self._stopping = False  # `stop` was called: members end because we asked
+        # members whose actor function returned by themselves, and the messages they had
+        # been given but never took, waiting to go to the members still running
+        self._ended: set[int] = set()
+        self._backlog: deque[Any] = deque()
+
     # -- limits -------------------------------------------------------------------------
 
     @property
@@ -336,7 +344,9 @@ class PoolWorker(TierWorker):
 
     @property
     def pending_input(self) -> int:
-        return sum(m.pending_input for m in self.members)
+        return len(self._backlog) + sum(
+            m.pending_input for i, m in enumerate(self.members) if i not in self._ended
+        )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -378,6 +388,7 @@ class PoolWorker(TierWorker):
         # one stop at a time: after a failure the runtime stops the pool while a terminate
         # may already be stopping it, and a member that is still running must not be
         # stopped from two threads at once (the second waits, then finds it stopped)
+        self._stopping = True
         with self._stop_lock:
             return all(self._each(lambda m: m.stop(timeout)))
 
@@ -385,6 +396,10 @@ class PoolWorker(TierWorker):
 
     def offer(self, msg: Any) -> bool:
         members = self.members
+        if self._backlog and not self._flush_backlog():
+            return False  # what an ended member never took goes first
+        if self._ended:
+            return self._offer_live(msg)
         if len(members) == 1:
             ok = members[0].offer(msg)
             if ok:
@@ -409,10 +424,66 @@ class PoolWorker(TierWorker):
             return False  # the collector wakes the runtime (`_refill`)
         self._blocked = False
         for i in order:
-            if members[i].offer(msg):
+            try:
+                ok = members[i].offer(msg)
+            except KernelFailedError:
+                raise
+            except KernelStateError:  # its actor returned: `poll_reply` will notice
+                continue
+            if ok:
                 self.offered[i] += 1
                 return True
         return False
+
+    def _offer_live(self, msg: Any) -> bool:
+        """`offer` once a member has ended: to the least busy member still running.
+
+        Raises:
+            KernelStateError: every member has ended (the pool's actor has returned).
+        """
+        live = [i for i in range(len(self.members)) if i not in self._ended]
+        live.sort(key=lambda i: (self.members[i].pending_input, self._outstanding(i)))
+        refused = 0
+        for i in live:
+            try:
+                ok = self.members[i].offer(msg)
+            except KernelFailedError:
+                raise
+            except KernelStateError:
+                refused += 1
+                continue
+            if ok:
+                self.offered[i] += 1
+                return True
+        if refused == len(live):
+            raise KernelStateError(self.kernel_id, "STOPPED", "send to", "every replica ended")
+        return False
+
+    def _member_ended(self, i: int) -> None:
+        """Member `i`'s actor function returned by itself (not asked to by `stop`): the
+        messages it was given and never took go to the other members."""
+        self._ended.add(i)
+        try:
+            got = self.members[i].take_undelivered()
+        except KernelStateError:  # not quite ended yet: handed back at stop instead
+            return
+        self.returned[i] += len(got)
+        self._backlog.extend(got)
+        self._flush_backlog()
+        for callback in self._writable:  # the runtime may offer again
+            callback()
+
+    def _flush_backlog(self) -> bool:
+        """Offer what ended members never took to the running ones; True when all went."""
+        backlog = self._backlog
+        while backlog:
+            try:
+                if not self._offer_live(backlog[0]):
+                    return False
+            except KernelStateError:  # nobody left: handed back by `take_undelivered`
+                return False
+            backlog.popleft()
+        return True
 
     def _refill(self, i: int) -> None:
         """A reply came from member `i`: if `offer` is waiting for room and the member is
@@ -446,6 +517,10 @@ class PoolWorker(TierWorker):
                 self.rejected[i] += 1
                 self._next = (i + 1) % n
                 raise
+            except MessageDeserializationError:  # a reply that does not decode here
+                self.replied[i] += 1
+                self._next = (i + 1) % n
+                raise
             except KernelFailedError as exc:
                 if failure is None:
                     failure = exc
@@ -454,6 +529,8 @@ class PoolWorker(TierWorker):
                 continue
             except KernelStateError:
                 stopped += 1
+                if i not in self._ended and not self._stopping:
+                    self._member_ended(i)
                 continue
             if reply is not None:
                 self.replied[i] += 1
@@ -465,6 +542,8 @@ class PoolWorker(TierWorker):
             raise failure
         if stopped == n:
             raise KernelStateError(self.kernel_id, "STOPPED", "receive from", "")
+        if self._backlog:
+            self._flush_backlog()
         return None
 
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
@@ -506,7 +585,7 @@ class PoolWorker(TierWorker):
 
     @property
     def is_idle(self) -> bool:
-        return all(m.is_idle for m in self.members)
+        return not self._backlog and all(m.is_idle for m in self.members)
 
     def on_late_reply(self, callback: Callable[[], None]) -> None:
         for m in self.members:
@@ -515,19 +594,25 @@ class PoolWorker(TierWorker):
     # -- what is left -------------------------------------------------------------------
 
     def take_undelivered(self) -> list[Any]:
-        """The failed member's leftovers first (the message it raised on leads), then the
-        other members' in member order; each member's own order is kept."""
+        """The failed member's leftovers first (the message it raised on leads), then what
+        members that ended by themselves never took, then the other members' in member
+        order; each member's own order is kept."""
         order = list(range(len(self.members)))
         failed = self._failed_index()
+        out: list[Any] = []
         if failed is not None:
             order.remove(failed)
-            order.insert(0, failed)
-        out: list[Any] = []
+            out += self._take_member(failed)
+        out += self._backlog  # older than what the running members still hold
+        self._backlog.clear()
         for i in order:
-            got = self.members[i].take_undelivered()
-            self.returned[i] += len(got)
-            out += got
+            out += self._take_member(i)
         return out
+
+    def _take_member(self, i: int) -> list[Any]:
+        got = self.members[i].take_undelivered()
+        self.returned[i] += len(got)
+        return got
 
     def _failed_index(self) -> int | None:
         if self.failed_at is not None:

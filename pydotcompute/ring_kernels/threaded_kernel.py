@@ -409,6 +409,8 @@ class ThreadedRingKernel(KernelBase[ThreadedKernelConfig, ThreadedKernelState]):
         its reply (if any) arrives late, on the outbox.
         """
         with self._state_lock:
+            if self._finished.is_set():  # a send that raced the actor's end stays queued
+                self._unprocessed.extend(self._inbox.drain())
             out = self._unprocessed[self._taken_n :]
             self._taken_n = len(self._unprocessed)
         return out

@@ -451,3 +451,7 @@ async def test_wait_until_idle_waits_for_every_replica(pool_case: sc.TierCase) -
         await wait_until_idle(rt, timeout=20)
         got = sorted(r.seq for r in iter(lambda: rt.receive_nowait("p"), None))
         assert got == list(range(10))
+
+
+async def test_pool_routes_around_a_returned_replica(case: sc.TierCase) -> None:
+    await sc.scenario_pool_routes_around_a_returned_replica(case)

@@ -124,3 +124,11 @@ async def test_producer_actor_yields(case: sc.TierCase) -> None:
 
 async def test_every_message_is_timed(case: sc.TierCase) -> None:
     await sc.scenario_every_message_is_timed(case)
+
+
+async def test_actor_returns_by_itself(case: sc.TierCase) -> None:
+    await sc.scenario_actor_returns_by_itself(case)
+
+
+async def test_cut_off_in_send_to_full_kernel(case: sc.TierCase) -> None:
+    await sc.scenario_cut_off_in_send_to_full_kernel(case)

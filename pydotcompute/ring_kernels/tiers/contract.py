@@ -104,7 +104,7 @@ class TierWorker(abc.ABC):
 
         Raises:
             KernelFailedError: the actor failed (the runtime reports it).
-            KernelStateError: the actor stopped.
+            KernelStateError: the actor stopped (or its function returned by itself).
         """
 
     @abc.abstractmethod
@@ -123,8 +123,14 @@ class TierWorker(abc.ABC):
         Raises:
             MessageRejectedError: the tier could not decode one message it was given; the
                 actor keeps running (the runtime counts it as dropped and tells its caller).
+            MessageDeserializationError: one reply does not decode on the runtime's side
+                (`ReplyDecodeError`, carrying the id of the request it answers); it is
+                consumed and the actor keeps running (the runtime counts it as dropped
+                and tells its caller).
             KernelFailedError: the actor failed and every earlier reply was polled.
-            KernelStateError: the actor stopped and every reply was polled.
+            KernelStateError: the actor stopped and every reply was polled; before any
+                `stop`, this means its function returned by itself, and the runtime ends
+                the kernel.
         """
 
     @abc.abstractmethod

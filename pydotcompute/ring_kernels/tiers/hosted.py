@@ -25,6 +25,11 @@ Design notes:
 - The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
   ``ctx.send`` does: a worker that replies faster than they are delivered would
   otherwise keep it running without a break.
+
+- A worker that stops before anyone asked (its actor function returned) ends the kernel
+  as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
+  back. A reply that does not decode here is one dropped reply (logged once, its caller
+  told), not a failed kernel: failing would lose every other reply for one bad class.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class HostedKernel(RingKernel):
         "_pump",
         "_readable",
         "_reply_in_hand",
+        "_undecodable_seen",
         "_unwatch",
         "_worker",
         "_writable",
@@ -87,6 +93,7 @@ class HostedKernel(RingKernel):
         self._readable: asyncio.Event | None = None
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
+        self._undecodable_seen = False  # a reply that does not decode was logged
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -274,12 +281,21 @@ class HostedKernel(RingKernel):
             except MessageRejectedError as exc:
                 self._rejected(exc)
                 continue
+            except MessageDeserializationError as exc:  # one reply does not decode here
+                self._undecodable_reply(exc)
+                continue
             except KernelFailedError as exc:
                 if not self._stopping:
                     await self._worker_failed(exc.error if exc.error is not None else exc)
                 return
             except KernelStateError:
+                if not self._stopping:  # the actor function returned by itself
+                    await self._worker_returned()
                 return  # stopped and drained
+            except Exception as exc:  # a fault of the tier itself: fail clearly, never wedge
+                if not self._stopping:
+                    await self._worker_failed(exc)
+                return
             if reply is None:
                 readable.clear()
                 with contextlib.suppress(TimeoutError):
@@ -314,6 +330,24 @@ class HostedKernel(RingKernel):
         if fut is not None and not fut.done():
             fut.set_exception(exc)
         logger.warning("kernel %r: a message was rejected: %s", self.kernel_id, exc)
+
+    def _undecodable_reply(self, exc: MessageDeserializationError) -> None:
+        """A reply that does not decode in this process: counted as dropped, its error
+        recorded, its caller (when the reply says which request it answers) told; logged
+        the first time only, the later ones are counted (`telemetry().error_count`)."""
+        self.telemetry.record_error(exc)
+        self._count_dropped(1)
+        fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        if not self._undecodable_seen:
+            self._undecodable_seen = True
+            logger.error(
+                "kernel %r: a reply was dropped: %s (later ones are counted in telemetry, "
+                "not logged)",
+                self.kernel_id,
+                exc,
+            )
 
     def _count_dropped(self, n: int) -> None:
         if self._outbox is not None:
@@ -432,6 +466,9 @@ class HostedKernel(RingKernel):
         if isinstance(reply, MessageRejectedError):
             self._rejected(reply)
             return
+        if isinstance(reply, MessageDeserializationError):
+            self._undecodable_reply(reply)
+            return
         try:
             await self._deliver(reply, final=True)
         except Exception as exc:
@@ -478,6 +515,33 @@ class HostedKernel(RingKernel):
         if lost:
             self.undelivered[mark:mark] = lost
             self._count_dropped(len(lost))
+
+    async def _worker_returned(self) -> None:
+        """The actor function returned by itself: the kernel ends as a tier-1 kernel whose
+        actor returned (TERMINATED, refusing sends, waiting callers told at once). Replies
+        it sent first are delivered; what it was given and never took is handed back once,
+        oldest first, before what is still queued in the inbox."""
+        pump = self._pump
+        if pump is not None and not pump.done():
+            pump.cancel()  # it holds at most one message: taken back below
+        self._stop_watching()
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.stop, 1.0)
+            for reply in worker.drain_replies():  # sent before it returned
+                await self._deliver_final(reply)
+        lost = self._take_undelivered() + self._take_held()
+        if lost:
+            self.undelivered.extend(lost)
+            self._count_dropped(len(lost))
+            logger.warning(
+                "kernel %r: its actor function returned with %d message(s) it never took "
+                "(counted as dropped)",
+                self.kernel_id,
+                len(lost),
+            )
+        if not self._stopping:  # (a terminate that began meanwhile closes the kernel)
+            self._finished()
 
     def _fail(self, exc: BaseException) -> None:
         super()._fail(exc)
