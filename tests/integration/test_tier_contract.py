@@ -94,3 +94,27 @@ async def test_oversized_message_refused_at_send(case: sc.TierCase) -> None:
 
 async def test_pipeline_exactly_once(case: sc.TierCase) -> None:
     await sc.scenario_pipeline_exactly_once(case)
+
+
+async def test_shutdown_drains_pipeline_head_to_tail(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_drains_pipeline_head_to_tail(case)
+
+
+async def test_shutdown_from_inside_an_actor_is_refused(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_from_inside_an_actor_is_refused(case)
+
+
+async def test_non_finite_float_options_refused(case: sc.TierCase) -> None:
+    await sc.scenario_non_finite_float_options_refused(case)
+
+
+async def test_restart_intensity(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTARTS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restart_intensity(case)
+
+
+async def test_restarted_request_error_does_not_say_active(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTARTS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restarted_request_error_does_not_say_active(case)
