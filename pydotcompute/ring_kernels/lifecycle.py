@@ -82,14 +82,9 @@ logger = logging.getLogger("pydotcompute")
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 
 
-def restart_log(kernel_id: str) -> BurstLog:
-    """The rate-limited log of one kernel's restarts: a line, then summaries."""
-    return BurstLog(logger, logging.WARNING, f"%d more restart(s) of {_pct(kernel_id)} since the last line")
-
-
-def _pct(text: str) -> str:
-    """``text`` safe inside a %-format."""
-    return repr(text).replace("%", "%%")
+def restart_log() -> BurstLog:
+    """The rate-limited log of one actor's restarts: a line, then summaries."""
+    return BurstLog(logger, logging.WARNING, "%d more restart(s) since the last line")
 
 
 class KernelState(enum.Enum):
@@ -740,12 +735,11 @@ class RingKernel:
 
     async def _supervise(self) -> None:
         intensity = self.restart_intensity()
-        log = restart_log(self.kernel_id)
+        log = restart_log()
         try:
             await self._supervise_loop(intensity, log)
         finally:
-            log.flush(f"kernel {_pct(self.kernel_id)}: %d more restart(s) not logged; %d in all",
-                      self.telemetry.restarts)
+            self._log_restarts_left(log, self.kernel_id, self.telemetry.restarts)
 
     async def _supervise_loop(self, intensity: RestartIntensity, log: BurstLog) -> None:
         taken_at_restart: int | None = None
@@ -844,6 +838,18 @@ class RingKernel:
 
     def _log_restart(self, log: BurstLog, who: str, exc: BaseException, note: str) -> None:
         log.event("kernel %r raised %r; restarted (%s)", who, exc, note)
+
+    @staticmethod
+    def _log_restarts_left(log: BurstLog, who: str, total: int) -> None:
+        """The closing summary of a rate-limited restart log (when the actor stops)."""
+        left = log.take_pending()
+        if left:
+            logger.warning(
+                "kernel %r: %d more restart(s) not logged one by one; %d in all",
+                who,
+                left,
+                total,
+            )
 
     def _fail(self, exc: BaseException) -> None:
         """The actor raised with no restart left: FAILED, and everyone waiting learns why."""

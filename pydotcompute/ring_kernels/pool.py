@@ -225,15 +225,12 @@ class AsyncioPoolKernel(RingKernel):
         """`RingKernel._supervise` for one replica: restarts count per replica; a replica
         that fails with no restart left fails the pool, and the others stop."""
         intensity = self.restart_intensity()
-        log = restart_log(_replica_name(self.kernel_id, index))
+        log = restart_log()
         try:
             await self._supervise_replica_loop(index, ctx, intensity, log)
         finally:
-            name = repr(_replica_name(self.kernel_id, index)).replace("%", "%%")
-            log.flush(
-                f"kernel {name}: %d more restart(s) not logged; %d in all",
-                self._replica_tels[index].restarts,
-            )
+            name = _replica_name(self.kernel_id, index)
+            self._log_restarts_left(log, name, self._replica_tels[index].restarts)
 
     async def _supervise_replica_loop(
         self, index: int, ctx: KernelContext, intensity: RestartIntensity, log: BurstLog

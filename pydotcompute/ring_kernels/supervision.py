@@ -12,7 +12,7 @@ Three small pieces, each pure policy (no tier mechanism):
   message between failures restarts after the base pause again, so a service failing on
   one message in a hundred keeps its throughput, while a crash loop slows down.
 - `BurstLog`: one log line for the first event of a burst, then one summary line per
-  ``interval`` seconds (and one at `flush`), never a line per event: a restart storm or
+  ``interval`` seconds (and one at the end, see `BurstLog.take_pending`), never a line per event: a restart storm or
   thousands of dropped replies must not bury everything else in the log.
 - `stop_waves`: the order a runtime stops its kernels in: along ``connect`` edges, head to
   tail (a kernel is stopped once every kernel that forwards into it has stopped, so what
@@ -97,8 +97,8 @@ class BurstLog:
     """Rate-limited logging of one kind of event: the first line, then summaries.
 
     ``event(text)`` logs ``text`` when no line was written in the last ``interval``
-    seconds, and otherwise only counts it; the next line written (or `flush`) says how many
-    were counted in between. Not thread-safe: one loop or thread logs through it.
+    seconds, and otherwise only counts it; the next line written says how many were
+    counted in between, and `take_pending` hands the rest to a closing summary. Not thread-safe: one loop or thread logs through it.
     """
 
     __slots__ = ("_clock", "_last", "_logger", "_pending", "_summary", "interval", "level")
@@ -133,15 +133,11 @@ class BurstLog:
             self._pending = 0
         self._logger.log(self.level, text, *args)
 
-    def flush(self, text: str | None = None, *args: Any) -> None:
-        """Write one line for the events counted since the last line, if any: ``text``
-        (a format whose first ``%d`` is that count, then ``args``), or the summary."""
+    def take_pending(self) -> int:
+        """How many events were counted since the last line (and forget them): the
+        caller writes the closing summary in its own words."""
         pending, self._pending = self._pending, 0
-        if pending:
-            if text is None:
-                self._logger.log(self.level, self._summary, pending)
-            else:
-                self._logger.log(self.level, text, pending, *args)
+        return pending
 
 
 def stop_waves(kernels: Sequence[K], forwards_to: Callable[[K], K | None]) -> list[list[K]]:

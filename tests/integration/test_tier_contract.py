@@ -118,3 +118,7 @@ async def test_restarted_request_error_does_not_say_active(case: sc.TierCase) ->
     if case.name not in sc.RESTARTS:
         pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
     await sc.scenario_restarted_request_error_does_not_say_active(case)
+
+
+async def test_unordered_shutdown_counts_drops_in_one_line(case: sc.TierCase) -> None:
+    await sc.scenario_unordered_shutdown_counts_drops_in_one_line(case)

@@ -41,6 +41,7 @@ from ...exceptions import (
     QueueFullError,
 )
 from ..lifecycle import KernelState, RingKernel
+from ..supervision import BurstLog
 from .contract import TierWorker
 
 __all__ = ("HostedKernel",)
@@ -60,6 +61,7 @@ class HostedKernel(RingKernel):
     __slots__ = (
         "_bridge",
         "_collector",
+        "_drop_log",
         "_held",
         "_held_counted",
         "_pump",
@@ -83,6 +85,13 @@ class HostedKernel(RingKernel):
         self._readable: asyncio.Event | None = None
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
+        # replies a connected kernel refused: one line, then a count (a stopped target
+        # can refuse thousands)
+        self._drop_log = BurstLog(
+            logger,
+            logging.WARNING,
+            "%d more repl(ies) refused downstream since the last line (counted as dropped)",
+        )
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -322,7 +331,7 @@ class HostedKernel(RingKernel):
             except (QueueFullError, KernelStateError) as exc:
                 # a full reject-policy kernel (or one that is stopping) downstream
                 self._count_dropped(1)
-                logger.warning(
+                self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
                     target.kernel_id,
@@ -385,6 +394,14 @@ class HostedKernel(RingKernel):
                     await collector
         self._stop_watching()
         left = await self._final_delivery()
+        refused = self._drop_log.take_pending()
+        if refused:
+            logger.warning(
+                "kernel %r: %d more repl(ies) refused by the kernel it forwards into "
+                "(counted as dropped)",
+                self.kernel_id,
+                refused,
+            )
         return self._finish_termination(left)
 
     async def _final_delivery(self) -> list[Any]:
