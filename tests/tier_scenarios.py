@@ -745,3 +745,32 @@ async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -
         assert_exactly_once(accepted, seen, _seqs(left), dropped)
         assert dropped > 0  # the point of the scenario: some were refused
         assert len(lines) <= 6, f"{len(lines)} log lines: {lines[:8]}"
+
+
+#: Tiers whose actor functions are restarted under ``restart="on_failure"``.
+RESTART_TIERS = RESTARTS | {"ray"}
+
+
+async def scenario_restarts_account_for_every_message(case: TierCase) -> None:
+    """An actor restarted on every other message: each message ends as a reply, a message
+    handed back, or a counted drop, and telemetry read after terminate shows every
+    restart and error."""
+    if case.name not in RESTART_TIERS:
+        return
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        await _launch(rt, case, restart="on_failure", max_restarts=None, restart_backoff=0.001)
+        for i in range(20):
+            await rt.send("k", Job(seq=i, payload="boom" if i % 2 else ""))
+        read: list[int] = []
+        with contextlib.suppress(QueueTimeoutError):
+            while len(read) < 10:
+                read.append((await rt.receive("k", timeout=10)).seq)
+        left = await rt.terminate("k")
+        read += _read_all(rt, "k")
+        assert sorted(read) == list(range(0, 20, 2)), read
+        tel = await _telemetry(rt, "k")
+        undelivered = _seqs(rt.get_kernel("k").undelivered)
+        assert_exactly_once(list(range(20)), read, undelivered, tel.messages_dropped)
+        assert _seqs(left) == []
+        assert tel.messages_dropped == 10, tel.messages_dropped
+        assert (tel.restarts, tel.error_count) == (10, 10)

@@ -122,3 +122,9 @@ async def test_restarted_request_error_does_not_say_active(case: sc.TierCase) ->
 
 async def test_unordered_shutdown_counts_drops_in_one_line(case: sc.TierCase) -> None:
     await sc.scenario_unordered_shutdown_counts_drops_in_one_line(case)
+
+
+async def test_restarts_account_for_every_message(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTART_TIERS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restarts_account_for_every_message(case)

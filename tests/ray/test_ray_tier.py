@@ -101,3 +101,7 @@ async def test_mixed_pipeline_refused_at_connect() -> None:
         await rt.launch("b", sc.echo_async, input_type=sc.Done, output_type=sc.Done)
         with pytest.raises(InvalidConfigurationError, match=r"forwards only into another ray"):
             rt.connect("a", "b")
+
+
+async def test_restarts_account_for_every_message() -> None:
+    await sc.scenario_restarts_account_for_every_message(RAY)
