@@ -499,9 +499,6 @@ class RayDriver:
             await k._flush_quietly(grace)
             if not k._dead:
                 left = await self._terminate_remote(k, timeout)
-                # the actor's last counts (its restarts, errors, drops) before it goes:
-                # telemetry read after terminate must not be the last periodic snapshot
-                await self._final_telemetry(k)
             # a push the actor could not take (its inbox full, its outbox unread) ends
             # with the actor's terminate: wait for its answer, so that what it refused is
             # accounted for before terminate returns
@@ -514,6 +511,10 @@ class RayDriver:
                     kernel_id,
                     len(left),
                 )
+            if not k._dead:
+                # the actor's last counts (its restarts, errors, drops) before it goes:
+                # telemetry read after terminate must not be the last periodic snapshot
+                await self._final_telemetry(k)
             if k._end_error is None or not isinstance(k._end_error, KernelStateError):
                 k._end_error = KernelStateError(
                     kernel_id,
