@@ -578,8 +578,9 @@ async def scenario_shutdown_drains_pipeline_head_to_tail(case: TierCase) -> None
             async with rt:
                 # the sink is launched first: a shutdown in launch order would stop it first
                 await rt.launch("sink", _counting_sink(seen), input_type=Done, queue_size=64)
-                await rt.launch("relay", relay_async, input_type=Done, output_type=Done,
-                                queue_size=64)
+                await rt.launch(
+                    "relay", relay_async, input_type=Done, output_type=Done, queue_size=64
+                )
                 await _launch(rt, case, "head", activate=False, queue_size=64)
                 rt.connect("head", "relay")
                 rt.connect("relay", "sink")
@@ -663,19 +664,35 @@ async def scenario_restart_intensity(case: TierCase) -> None:
         return  # refused at launch: scenario_restart_on_failure
     async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         # spread out: three failures, each after the window of the one before
-        await _launch(rt, case, "spread", restart="on_failure", max_restarts=1,
-                      restart_window=0.3, restart_backoff=0.001)
+        await _launch(
+            rt,
+            case,
+            "spread",
+            restart="on_failure",
+            max_restarts=1,
+            restart_window=0.3,
+            restart_backoff=0.001,
+        )
         for i in range(3):
             await rt.send("spread", Job(seq=i, payload="boom"))
-            assert (await rt.send_and_receive("spread", Job(seq=100 + i), timeout=10)).seq == 100 + i
+            assert (
+                await rt.send_and_receive("spread", Job(seq=100 + i), timeout=10)
+            ).seq == 100 + i
             await asyncio.sleep(0.4)
         tel = await _telemetry(rt, "spread")
         assert (tel.restarts, tel.error_count) == (3, 3)
         assert rt.get_kernel_state("spread") is KernelState.ACTIVE
 
         # a burst: the second failure within the window fails the kernel
-        await _launch(rt, case, "burst", restart="on_failure", max_restarts=1,
-                      restart_window=30.0, restart_backoff=0.001)
+        await _launch(
+            rt,
+            case,
+            "burst",
+            restart="on_failure",
+            max_restarts=1,
+            restart_window=30.0,
+            restart_backoff=0.001,
+        )
         for i in range(2):
             await rt.send("burst", Job(seq=i, payload="boom"))
         deadline = time.monotonic() + 10
@@ -686,8 +703,15 @@ async def scenario_restart_intensity(case: TierCase) -> None:
 
         # unlimited: 60 failures in a row, the kernel still answers; few log lines
         with _log_lines() as lines:
-            await _launch(rt, case, "sturdy", restart="on_failure", max_restarts=None,
-                          restart_backoff=0.0005, restart_backoff_max=0.002)
+            await _launch(
+                rt,
+                case,
+                "sturdy",
+                restart="on_failure",
+                max_restarts=None,
+                restart_backoff=0.0005,
+                restart_backoff_max=0.002,
+            )
             for i in range(60):
                 await rt.send("sturdy", Job(seq=i, payload="boom"))
             assert (await rt.send_and_receive("sturdy", Job(seq=999), timeout=10)).seq == 999
@@ -709,8 +733,10 @@ async def scenario_restarted_request_error_does_not_say_active(case: TierCase) -
         with pytest.raises(KernelFailedError) as info:
             await rt.send_and_receive("k", Job(seq=0, payload="boom"), timeout=10)
         text = str(info.value)
-        assert "it is ACTIVE" not in text and "cannot use" not in text, text
-        assert "restarted" in text and "boom at 0" in text, text
+        assert "it is ACTIVE" not in text, text
+        assert "cannot use" not in text, text
+        assert "restarted" in text, text
+        assert "boom at 0" in text, text
         assert (await rt.send_and_receive("k", Job(seq=1), timeout=10)).seq == 1
 
 
@@ -731,8 +757,9 @@ async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -
         with _log_lines() as lines:
             async with rt:
                 await rt.launch("sink", _counting_sink(seen), input_type=Done, queue_size=8)
-                await _launch(rt, case, "head", activate=False, queue_size=512,
-                              output_queue_size=512)
+                await _launch(
+                    rt, case, "head", activate=False, queue_size=512, output_queue_size=512
+                )
                 rt.connect("head", "sink")
                 for i in range(500):
                     await rt.send("head", Job(seq=i))
@@ -741,7 +768,9 @@ async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -
                 await asyncio.sleep(0.05)
                 await rt.shutdown(timeout=0.2, ordered=False)
         left = rt.get_kernel("head").undelivered + rt.get_kernel("sink").undelivered
-        dropped = rt.get_telemetry("head").messages_dropped + rt.get_telemetry("sink").messages_dropped
+        dropped = (
+            rt.get_telemetry("head").messages_dropped + rt.get_telemetry("sink").messages_dropped
+        )
         assert_exactly_once(accepted, seen, _seqs(left), dropped)
         assert dropped > 0  # the point of the scenario: some were refused
         assert len(lines) <= 6, f"{len(lines)} log lines: {lines[:8]}"

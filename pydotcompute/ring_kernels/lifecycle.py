@@ -810,7 +810,9 @@ class RingKernel:
         inbox = self._inbox
         return int(inbox.statistics().total_dequeued) if inbox is not None else 0
 
-    def _restart_pause(self, intensity: RestartIntensity, taken_at_restart: int | None) -> float | None:
+    def _restart_pause(
+        self, intensity: RestartIntensity, taken_at_restart: int | None
+    ) -> float | None:
         """The pause before restarting an actor that raised, or None: no restart (the
         policy is ``never`` or the budget is spent). ``taken_at_restart``: the `_taken`
         count at the last restart (None: none yet)."""

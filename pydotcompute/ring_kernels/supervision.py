@@ -12,8 +12,9 @@ Three small pieces, each pure policy (no tier mechanism):
   message between failures restarts after the base pause again, so a service failing on
   one message in a hundred keeps its throughput, while a crash loop slows down.
 - `BurstLog`: one log line for the first event of a burst, then one summary line per
-  ``interval`` seconds (and one at the end, see `BurstLog.take_pending`), never a line per event: a restart storm or
-  thousands of dropped replies must not bury everything else in the log.
+  ``interval`` seconds (and one at the end, see `BurstLog.take_pending`), never a line
+  per event: a restart storm or thousands of dropped replies must not bury everything
+  else in the log.
 - `stop_waves`: the order a runtime stops its kernels in: along ``connect`` edges, head to
   tail (a kernel is stopped once every kernel that forwards into it has stopped, so what
   they drain reaches it while it still runs). A cycle has no head: the kernel of the cycle
@@ -43,7 +44,15 @@ class RestartIntensity:
     Not thread-safe: used from the loop (or thread) that supervises the actor.
     """
 
-    __slots__ = ("_clock", "_in_a_row", "_times", "backoff", "backoff_max", "max_restarts", "window")
+    __slots__ = (
+        "_clock",
+        "_in_a_row",
+        "_times",
+        "backoff",
+        "backoff_max",
+        "max_restarts",
+        "window",
+    )
 
     def __init__(
         self,
@@ -98,7 +107,8 @@ class BurstLog:
 
     ``event(text)`` logs ``text`` when no line was written in the last ``interval``
     seconds, and otherwise only counts it; the next line written says how many were
-    counted in between, and `take_pending` hands the rest to a closing summary. Not thread-safe: one loop or thread logs through it.
+    counted in between, and `take_pending` hands the rest to a closing summary.
+    Not thread-safe: one loop or thread logs through it.
     """
 
     __slots__ = ("_clock", "_last", "_logger", "_pending", "_summary", "interval", "level")

@@ -8,8 +8,8 @@ with messages everywhere in flight. The figures it returns say whether anything 
 
 Run by hand (``python -m tests.integration.pipeline_trial 200000``) it prints
 ``streaming`` once a third of the results are counted: press Ctrl-C (or send SIGINT to its
-process group) and the figures are printed as one JSON line. Actors are module-level so the process tier's children can
-import them.
+process group) and the figures are printed as one JSON line. Actors are module-level so
+the process tier's children can import them.
 """
 
 from __future__ import annotations
@@ -105,10 +105,18 @@ async def run_app(count: int, figures: dict[str, Any], *, streaming: asyncio.Eve
     try:
         async with rt:
             await rt.launch("sink", sink, input_type=Result, queue_size=1024)
-            await rt.launch("detect", detect, input_type=Reading, output_type=Result,
-                            tier="process", replicas=2, queue_size=1024)
-            await rt.launch("source", source, input_type=Reading, output_type=Reading,
-                            queue_size=1024)
+            await rt.launch(
+                "detect",
+                detect,
+                input_type=Reading,
+                output_type=Result,
+                tier="process",
+                replicas=2,
+                queue_size=1024,
+            )
+            await rt.launch(
+                "source", source, input_type=Reading, output_type=Reading, queue_size=1024
+            )
             rt.connect("source", "detect")
             rt.connect("detect", "sink")
             for kid in ("sink", "detect", "source"):
@@ -120,12 +128,8 @@ async def run_app(count: int, figures: dict[str, Any], *, streaming: asyncio.Eve
     finally:
         figures["seconds"] = round(time.perf_counter() - started, 3)
         kernels = ("source", "detect", "sink")
-        figures["undelivered"] = sum(
-            len(rt.get_kernel(k).undelivered) for k in kernels if k in rt
-        )
-        figures["dropped"] = sum(
-            rt.get_telemetry(k).messages_dropped for k in kernels if k in rt
-        )
+        figures["undelivered"] = sum(len(rt.get_kernel(k).undelivered) for k in kernels if k in rt)
+        figures["dropped"] = sum(rt.get_telemetry(k).messages_dropped for k in kernels if k in rt)
         figures["states"] = sorted({rt.get_kernel(k).state.name for k in kernels if k in rt})
         children = set(figures.get("children", ())) | set(_ours())
         figures["children_left"] = sorted(pid for pid in children if _alive(pid))

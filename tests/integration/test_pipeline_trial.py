@@ -36,10 +36,12 @@ def check_nothing_lost(figures: dict[str, Any], count: int) -> None:
     assert figures["produced"] >= figures["sent"], figures
     assert figures["counted"] == figures["produced"], figures
     assert figures["duplicates"] == 0, figures
-    assert figures["undelivered"] == 0 and figures["dropped"] == 0, figures
+    assert figures["undelivered"] == 0, figures
+    assert figures["dropped"] == 0, figures
     assert figures["states"] == ["TERMINATED"], figures
     assert len(figures["children"]) == 2, figures  # the detector's two replicas
-    assert figures["children_left"] == [] and figures["segments_left"] == [], figures
+    assert figures["children_left"] == [], figures
+    assert figures["segments_left"] == [], figures
 
 
 async def test_cancelled_mid_stream_loses_nothing() -> None:
