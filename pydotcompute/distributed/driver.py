@@ -497,7 +497,8 @@ class RayDriver:
                 await asyncio.wait({k._restoring})
             grace = k.config.drain_timeout if timeout is None else timeout
             await k._flush_quietly(grace)
-            if not k._dead:
+            alive = not k._dead
+            if alive:
                 left = await self._terminate_remote(k, timeout)
             # a push the actor could not take (its inbox full, its outbox unread) ends
             # with the actor's terminate: wait for its answer, so that what it refused is
@@ -511,7 +512,7 @@ class RayDriver:
                     kernel_id,
                     len(left),
                 )
-            if not k._dead:
+            if alive:
                 # the actor's last counts (its restarts, errors, drops) before it goes:
                 # telemetry read after terminate must not be the last periodic snapshot
                 await self._final_telemetry(k)
