@@ -184,3 +184,26 @@ async def test_shutdown_from_an_actor_task_of_its_own_works() -> None:
             await asyncio.sleep(0.01)
         assert await tasks[0] == {}
         assert rt.get_kernel_state("s") is KernelState.TERMINATED
+
+
+async def test_restart_options_from_the_decorator_and_launch() -> None:
+    from pydotcompute import ring_kernel
+
+    @ring_kernel(
+        kernel_id="supervised_relay",
+        input_type=Token,
+        output_type=Token,
+        restart="on_failure",
+        max_restarts=None,
+        restart_window=2.0,
+    )
+    async def supervised_relay(ctx: Any) -> None:
+        await relay(ctx)
+
+    async with RingKernelRuntime() as rt:
+        cfg = (await rt.launch("supervised_relay")).config  # from the registry
+        assert (cfg.max_restarts, cfg.restart_window) == (None, 2.0)
+        cfg = (await rt.launch("l", relay, restart="on_failure", max_restarts=None)).config
+        assert cfg.max_restarts is None  # no limit, not the default 3
+        cfg = (await rt.launch("w", relay, restart_window=None)).config
+        assert (cfg.max_restarts, cfg.restart_window) == (3, None)
