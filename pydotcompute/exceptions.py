@@ -85,8 +85,9 @@ class KernelFailedError(KernelStateError):
     """Raised to callers waiting on a kernel whose actor raised; ``__cause__`` is the error.
 
     ``state`` is FAILED when no restart was left. Under ``restart="on_failure"`` the caller
-    of ``send_and_receive`` whose request made the actor raise gets this error too, with
-    the state the restarted kernel is in (ACTIVE).
+    of ``send_and_receive`` whose request made the actor raise gets this error too
+    (``restarted`` True, ``state`` the state the restarted kernel is in, ACTIVE): the text
+    then says the actor was restarted and goes on, not that the kernel cannot be used.
     """
 
     def __init__(
@@ -96,14 +97,23 @@ class KernelFailedError(KernelStateError):
         *,
         state: object = None,
         note: str = "",
+        restarted: bool = False,
     ) -> None:
         from .ring_kernels.lifecycle import KernelState
 
         self.error = error
+        self.restarted = restarted
         hint = f"the actor raised {type(error).__name__}: {error}" if error else "it failed"
-        if note:
-            hint += f" {note}"
         super().__init__(kernel_id, KernelState.FAILED if state is None else state, "use", hint)
+        if restarted:
+            text = (
+                f"kernel {kernel_id!r}: {hint} while handling this request and was "
+                f"restarted{f' ({note})' if note else ''}; it goes on with the next "
+                "message, so this request got no reply: send it again to retry it"
+            )
+            self.args = (text,)
+        elif note:
+            self.args = (f"{self.args[0]} {note}",)
 
 
 class RemoteActorError(KernelError, RuntimeError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -938,3 +939,276 @@ async def scenario_cut_off_in_send_to_full_kernel(case: TierCase) -> None:
         assert b_left == [0], b_left
         dropped = await _dropped(rt, "a") + await _dropped(rt, "b")
         assert_exactly_once([0, 1, 2], _read_all(rt, "b"), left + b_left, dropped)
+
+
+# --- ordered shutdown, restart intensity, launch options ---------------------------------------
+
+
+class _Lines(logging.Handler):
+    """Collects the pydotcompute log lines emitted while it is installed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _log_lines() -> Any:
+    handler = _Lines()
+    log = logging.getLogger("pydotcompute")
+    log.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        log.removeHandler(handler)
+
+
+def _counting_sink(seen: list[int]) -> Callable[..., Any]:
+    async def sink(ctx: Any) -> None:
+        while not ctx.should_terminate:
+            done = await ctx.receive()
+            await asyncio.sleep(0)  # slower than the stages before it
+            seen.append(done.seq)
+
+    return sink
+
+
+async def scenario_shutdown_drains_pipeline_head_to_tail(case: TierCase) -> None:
+    """Leaving the runtime's scope with a full pipeline: every accepted message reaches the
+    sink (sources stop first, each stage drains into the next), nothing is dropped, and at
+    most one log line is written about it."""
+    async with asyncio.timeout(BOUND_S):
+        rt = case.make_runtime()
+        seen: list[int] = []
+        with _log_lines() as lines:
+            async with rt:
+                # the sink is launched first: a shutdown in launch order would stop it first
+                await rt.launch("sink", _counting_sink(seen), input_type=Done, queue_size=64)
+                await rt.launch(
+                    "relay", relay_async, input_type=Done, output_type=Done, queue_size=64
+                )
+                await _launch(rt, case, "head", activate=False, queue_size=64)
+                rt.connect("head", "relay")
+                rt.connect("relay", "sink")
+                for kid in ("sink", "relay", "head"):
+                    await rt.activate(kid)
+                for i in range(400):
+                    await rt.send("head", Job(seq=i))
+        dropped = sum(rt.get_telemetry(k).messages_dropped for k in ("head", "relay", "sink"))
+        left = [m for k in ("head", "relay", "sink") for m in rt.get_kernel(k).undelivered]
+        assert sorted(seen) == list(range(400)), (len(seen), dropped, len(left))
+        assert dropped == 0
+        assert left == []
+        assert len([line for line in lines if "dropped" in line]) <= 1, lines
+
+
+async def scenario_shutdown_from_inside_an_actor_is_refused(case: TierCase) -> None:
+    """An actor that calls ``runtime.shutdown()`` (or ``terminate_all()``) while handling a
+    message is refused at once, naming its kernel; the runtime keeps running."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        errors: list[BaseException] = []
+
+        async def controller(ctx: Any) -> None:
+            while not ctx.should_terminate:
+                done = await ctx.receive()
+                for stop in (rt.shutdown, rt.terminate_all):
+                    try:
+                        await stop()
+                    except KernelStateError as exc:
+                        errors.append(exc)
+                await ctx.send(done)
+
+        await _launch(rt, case, "k")
+        await rt.launch("ctl", controller, input_type=Done, output_type=Done)
+        await rt.activate("ctl")
+        rt.connect("k", "ctl")
+        await rt.send("k", Job(seq=1))
+        assert (await rt.receive("ctl", timeout=10)).seq == 1
+        assert len(errors) == 2, errors
+        for exc in errors:
+            assert "'ctl'" in str(exc)
+            assert "outside" in str(exc)
+        assert rt.is_active
+        for kid in ("k", "ctl"):
+            assert rt.get_kernel_state(kid) is KernelState.ACTIVE
+        await rt.send("k", Job(seq=2))
+        assert (await rt.receive("ctl", timeout=10)).seq == 2
+    for kid in ("k", "ctl"):
+        assert rt.get_kernel_state(kid) is KernelState.TERMINATED
+
+
+BAD_FLOATS = (float("nan"), float("inf"), float("-inf"), -1.0, "5", True)
+
+
+async def scenario_non_finite_float_options_refused(case: TierCase) -> None:
+    """``drain_timeout`` (and the other float options) must be finite numbers >= 0: anything
+    else is refused at launch, naming the option and the value; nothing is left launched."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        options = ["drain_timeout"]
+        if case.name in RESTARTS:
+            options += ["restart_window", "restart_backoff", "restart_backoff_max"]
+        for option in options:
+            for bad in BAD_FLOATS:
+                extra = {"restart": "on_failure"} if option.startswith("restart") else {}
+                with pytest.raises(InvalidConfigurationError, match=option) as info:
+                    await _launch(rt, case, activate=False, **{option: bad}, **extra)
+                assert repr(bad) in str(info.value), str(info.value)
+                assert "k" not in rt.kernel_ids
+        await _launch(rt, case, drain_timeout=0.5)
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=10)).seq == 1
+        assert await rt.terminate("k") == []
+        for bad in (float("nan"), -1.0):
+            with pytest.raises(InvalidConfigurationError, match="timeout"):
+                await rt.shutdown(timeout=bad)
+
+
+async def scenario_restart_intensity(case: TierCase) -> None:
+    """At most ``max_restarts`` restarts within ``restart_window`` seconds: failures spread
+    out are survived, a burst fails the kernel; ``max_restarts=None`` never gives up.
+    Restarts are counted in telemetry and logged rate-limited."""
+    if case.name not in RESTARTS:
+        return  # refused at launch: scenario_restart_on_failure
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        # spread out: three failures, each after the window of the one before
+        await _launch(
+            rt,
+            case,
+            "spread",
+            restart="on_failure",
+            max_restarts=1,
+            restart_window=0.3,
+            restart_backoff=0.001,
+        )
+        for i in range(3):
+            await rt.send("spread", Job(seq=i, payload="boom"))
+            assert (
+                await rt.send_and_receive("spread", Job(seq=100 + i), timeout=10)
+            ).seq == 100 + i
+            await asyncio.sleep(0.4)
+        tel = await _telemetry(rt, "spread")
+        assert (tel.restarts, tel.error_count) == (3, 3)
+        assert rt.get_kernel_state("spread") is KernelState.ACTIVE
+
+        # a burst: the second failure within the window fails the kernel
+        await _launch(
+            rt,
+            case,
+            "burst",
+            restart="on_failure",
+            max_restarts=1,
+            restart_window=30.0,
+            restart_backoff=0.001,
+        )
+        for i in range(2):
+            await rt.send("burst", Job(seq=i, payload="boom"))
+        deadline = time.monotonic() + 10
+        while rt.get_kernel_state("burst") is not KernelState.FAILED:
+            assert time.monotonic() < deadline, "a burst of failures did not fail the kernel"
+            await asyncio.sleep(0.02)
+        assert (await _telemetry(rt, "burst")).restarts == 1
+
+        # unlimited: 60 failures in a row, the kernel still answers; few log lines
+        with _log_lines() as lines:
+            await _launch(
+                rt,
+                case,
+                "sturdy",
+                restart="on_failure",
+                max_restarts=None,
+                restart_backoff=0.0005,
+                restart_backoff_max=0.002,
+            )
+            for i in range(60):
+                await rt.send("sturdy", Job(seq=i, payload="boom"))
+            assert (await rt.send_and_receive("sturdy", Job(seq=999), timeout=10)).seq == 999
+            tel = await _telemetry(rt, "sturdy")
+            assert (tel.restarts, tel.error_count) == (60, 60)
+            await rt.terminate("sturdy")
+        restart_lines = [line for line in lines if "'sturdy'" in line]
+        assert 1 <= len(restart_lines) <= 5, restart_lines
+        assert any("60" in line for line in restart_lines), restart_lines
+
+
+async def scenario_restarted_request_error_does_not_say_active(case: TierCase) -> None:
+    """The caller whose request made the actor raise learns it was restarted, without being
+    told the kernel "is ACTIVE" as if it could not be used."""
+    if case.name not in RESTARTS:
+        return
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, restart="on_failure", max_restarts=2)
+        with pytest.raises(KernelFailedError) as info:
+            await rt.send_and_receive("k", Job(seq=0, payload="boom"), timeout=10)
+        text = str(info.value)
+        assert "it is ACTIVE" not in text, text
+        assert "cannot use" not in text, text
+        assert "restarted" in text, text
+        assert "boom at 0" in text, text
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=10)).seq == 1
+
+
+async def _telemetry(rt: Any, kid: str) -> Any:
+    refresh = getattr(rt, "refresh_telemetry", None)
+    if refresh is not None:
+        return await refresh(kid)
+    return rt.get_telemetry(kid)
+
+
+async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -> None:
+    """``shutdown(ordered=False)`` stops every stage at once: what the tail refuses is
+    counted (exactly once overall) and logged in a few lines, not one line a message."""
+    async with asyncio.timeout(BOUND_S):
+        rt = case.make_runtime()
+        seen: list[int] = []
+        accepted: list[int] = []
+        with _log_lines() as lines:
+            async with rt:
+                await rt.launch("sink", _counting_sink(seen), input_type=Done, queue_size=8)
+                await _launch(
+                    rt, case, "head", activate=False, queue_size=512, output_queue_size=512
+                )
+                rt.connect("head", "sink")
+                for i in range(500):
+                    await rt.send("head", Job(seq=i))
+                    accepted.append(i)
+                await rt.activate("head")
+                await asyncio.sleep(0.05)
+                await rt.shutdown(timeout=0.2, ordered=False)
+        left = rt.get_kernel("head").undelivered + rt.get_kernel("sink").undelivered
+        dropped = (
+            rt.get_telemetry("head").messages_dropped + rt.get_telemetry("sink").messages_dropped
+        )
+        assert_exactly_once(accepted, seen, _seqs(left), dropped)
+        assert dropped > 0  # the point of the scenario: some were refused
+        assert len(lines) <= 6, f"{len(lines)} log lines: {lines[:8]}"
+
+
+#: Tiers whose actor functions are restarted under ``restart="on_failure"``.
+RESTART_TIERS = RESTARTS | {"ray"}
+
+
+async def scenario_restarts_account_for_every_message(case: TierCase) -> None:
+    """An actor restarted on every other message: each message ends as a reply, a message
+    handed back, or a counted drop, and telemetry read after terminate shows every
+    restart and error."""
+    if case.name not in RESTART_TIERS:
+        return
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        await _launch(rt, case, restart="on_failure", max_restarts=None, restart_backoff=0.001)
+        for i in range(20):
+            await rt.send("k", Job(seq=i, payload="boom" if i % 2 else ""))
+        read: list[int] = []
+        with contextlib.suppress(QueueTimeoutError):
+            while len(read) < 10:
+                read.append((await rt.receive("k", timeout=10)).seq)
+        left = await rt.terminate("k")
+        read += _read_all(rt, "k")
+        assert sorted(read) == list(range(0, 20, 2)), read
+        tel = await _telemetry(rt, "k")
+        undelivered = _seqs(rt.get_kernel("k").undelivered)
+        assert_exactly_once(list(range(20)), read, undelivered, tel.messages_dropped)
+        assert _seqs(left) == []
+        assert tel.messages_dropped == 10, tel.messages_dropped
+        assert (tel.restarts, tel.error_count) == (10, 10)

@@ -47,7 +47,7 @@ class RingKernelMeta:
     backend: str
     serialize: bool
     restart: str
-    max_restarts: int
+    max_restarts: int | None
     tier: str
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -87,7 +87,7 @@ def ring_kernel(
     backend: str = "cpu",
     serialize: bool = False,
     restart: str = "never",
-    max_restarts: int = 3,
+    max_restarts: int | None = 3,
     tier: str | None = None,
     **extra: Any,
 ) -> Callable[[F], F]: ...
@@ -109,7 +109,7 @@ def ring_kernel(
     backend: str = "cpu",
     serialize: bool = False,
     restart: str = "never",
-    max_restarts: int = 3,
+    max_restarts: int | None = 3,
     tier: str | None = None,
     **extra: Any,
 ) -> Any:
@@ -127,7 +127,8 @@ def ring_kernel(
         backend: ``cpu`` (default), ``cuda`` (a GPU-resident kernel: ``tier`` becomes
             ``gpu``), or ``metal``.
         serialize: Queues carry MessagePack bytes, as a cross-process hop would.
-        restart: ``never`` or ``on_failure`` (up to ``max_restarts`` times).
+        restart: ``never`` or ``on_failure`` (up to ``max_restarts`` times within
+            ``restart_window`` seconds, given as an extra option; None: no limit).
         tier: ``asyncio`` (default), ``thread``, ``process`` or ``gpu``.
         extra: Tier-specific options (the GPU tier's ``handler``, ``state``, ...).
     """
@@ -248,7 +249,7 @@ class RingKernelBuilder:
     def tier(self, name: str) -> RingKernelBuilder:
         return self._set(tier=name)
 
-    def restart(self, policy: str, max_restarts: int = 3) -> RingKernelBuilder:
+    def restart(self, policy: str, max_restarts: int | None = 3) -> RingKernelBuilder:
         return self._set(restart=policy, max_restarts=max_restarts)
 
     def serialize(self, enabled: bool = True) -> RingKernelBuilder:

@@ -6,6 +6,7 @@ names the offending value and the accepted range, so mistakes surface where they
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..exceptions import InvalidConfigurationError, TypeValidationError
@@ -22,6 +23,7 @@ __all__ = (
     "validate_message_type",
     "validate_priority",
     "validate_queue_size",
+    "validate_seconds",
 )
 
 MAX_QUEUE_SIZE = 1 << 24
@@ -81,15 +83,45 @@ def validate_backpressure_strategy(strategy: object) -> BackpressureStrategy:
     return BackpressureStrategy.parse(strategy)
 
 
-def validate_restart(policy: object, max_restarts: object) -> tuple[str, int]:
-    """Restart policies are 'never' or 'on_failure' with ``max_restarts >= 0``."""
+def validate_restart(policy: object, max_restarts: object) -> tuple[str, int | None]:
+    """Restart policies are 'never' or 'on_failure' with ``max_restarts >= 0`` (or None:
+    no limit)."""
     if policy not in RESTART_POLICIES:
         raise InvalidConfigurationError(
             f"restart must be one of {RESTART_POLICIES}, got {policy!r}"
         )
-    if not _is_int(max_restarts) or max_restarts < 0:  # type: ignore[operator]
-        raise InvalidConfigurationError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if max_restarts is not None and (not _is_int(max_restarts) or max_restarts < 0):  # type: ignore[operator]
+        raise InvalidConfigurationError(
+            f"max_restarts must be an int >= 0, got {max_restarts!r} (None: no limit)"
+        )
     return policy, max_restarts  # type: ignore[return-value]
+
+
+def _is_seconds(value: object) -> bool:
+    return (type(value) is float or type(value) is int) and 0 <= value < math.inf  # type: ignore[operator]
+
+
+def validate_seconds(value: object, name: str, *, allow_none: bool = False) -> float | None:
+    """A duration option (``drain_timeout``, ``restart_window``, a ``timeout``): a finite
+    number of seconds >= 0 (or None where ``allow_none``). NaN, infinities, negative
+    numbers, bools and strings are refused, naming the option and the value."""
+    if value is None and allow_none:
+        return None
+    if not _is_seconds(value):
+        raise InvalidConfigurationError(
+            f"{name} must be a finite number of seconds >= 0"
+            f"{' or None' if allow_none else ''}, got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+#: The config's duration fields, and whether None is allowed.
+SECONDS_FIELDS = (
+    ("drain_timeout", False),
+    ("restart_window", True),
+    ("restart_backoff", False),
+    ("restart_backoff_max", False),
+)
 
 
 def _type_name(tp: object) -> str:
@@ -154,8 +186,11 @@ def validate_config(config: Any) -> Any:
             or (type(strategy) is str and strategy in _STRATEGY_NAMES)
         )
         and config.restart in RESTART_POLICIES
-        and type(restarts) is int
-        and restarts >= 0
+        and (restarts is None or (type(restarts) is int and restarts >= 0))
+        and _is_seconds(config.drain_timeout)
+        and (config.restart_window is None or _is_seconds(config.restart_window))
+        and _is_seconds(config.restart_backoff)
+        and _is_seconds(config.restart_backoff_max)
     ):
         return config
     validate_kernel_id(config.kernel_id)
@@ -165,6 +200,8 @@ def validate_config(config: Any) -> Any:
     validate_queue_size(config.output_queue_size, "output_queue_size")
     validate_backpressure_strategy(config.backpressure_strategy)
     validate_restart(config.restart, config.max_restarts)
+    for name, allow_none in SECONDS_FIELDS:
+        validate_seconds(getattr(config, name), name, allow_none=allow_none)
     return config
 
 

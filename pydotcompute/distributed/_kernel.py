@@ -458,7 +458,9 @@ class RayKernel:
             err.__cause__ = exc
             return err
         cfg = self.config
-        restartable = cfg.restart == "on_failure" and self.restarts < cfg.max_restarts
+        restartable = cfg.restart == "on_failure" and (
+            cfg.max_restarts is None or self.restarts < cfg.max_restarts
+        )
         if restartable and isinstance(exc, errors().unavailable) and self._stopping is None:
             if self._restoring is None:
                 assert self._rt._loop is not None
@@ -468,8 +470,8 @@ class RayKernel:
                 "RESTARTING",
                 operation,
                 f"its Ray actor stopped ({type(exc).__name__}) and Ray is restarting it "
-                f"(restart {self.restarts + 1} of {cfg.max_restarts}); messages in flight were "
-                "lost, send them again",
+                f"(restart {self.restarts + 1} of {_limit(cfg.max_restarts)}); messages in "
+                "flight were lost, send them again",
             )
             err.__cause__ = exc
             return err
@@ -534,10 +536,14 @@ class RayKernel:
             self.telemetry.restarts = self.restarts
             self.telemetry.record_error(cause)
             logger.warning(
-                "kernel %r: Ray restarted its actor; restart %d of %d",
+                "kernel %r: Ray restarted its actor; restart %d of %s",
                 self.kernel_id,
                 self.restarts,
-                self.config.max_restarts,
+                _limit(self.config.max_restarts),
             )
         if self._stopping is None and self._state not in _ENDED:
             self._start_watch()
+
+
+def _limit(max_restarts: int | None) -> str:
+    return "no limit" if max_restarts is None else str(max_restarts)

@@ -359,7 +359,10 @@ class RayDriver:
                 host_class()
                 .options(
                     name=name,
-                    max_restarts=cfg.max_restarts if restartable else 0,
+                    # Ray counts over the actor's whole life; -1: no limit
+                    max_restarts=(-1 if cfg.max_restarts is None else cfg.max_restarts)
+                    if restartable
+                    else 0,
                     max_task_retries=0,
                     **actor_opts,
                 )
@@ -494,7 +497,8 @@ class RayDriver:
                 await asyncio.wait({k._restoring})
             grace = k.config.drain_timeout if timeout is None else timeout
             await k._flush_quietly(grace)
-            if not k._dead:
+            alive = not k._dead
+            if alive:
                 left = await self._terminate_remote(k, timeout)
             # a push the actor could not take (its inbox full, its outbox unread) ends
             # with the actor's terminate: wait for its answer, so that what it refused is
@@ -508,6 +512,10 @@ class RayDriver:
                     kernel_id,
                     len(left),
                 )
+            if alive:
+                # the actor's last counts (its restarts, errors, drops) before it goes:
+                # telemetry read after terminate must not be the last periodic snapshot
+                await self._final_telemetry(k)
             if k._end_error is None or not isinstance(k._end_error, KernelStateError):
                 k._end_error = KernelStateError(
                     kernel_id,
@@ -542,6 +550,17 @@ class RayDriver:
         if forward_dropped:
             k.telemetry.record_drop(forward_dropped)
         return [deserialize_message(b) for b in left_b]
+
+    async def _final_telemetry(self, k: RayKernel) -> None:
+        """Fetch ``k``'s telemetry from its actor once more (bounded: 5 s); a failure
+        leaves the last snapshot, with a warning."""
+        try:
+            async with asyncio.timeout(5.0):
+                tel, _ = await k.actor.telemetry.remote()
+        except Exception as exc:
+            logger.warning("kernel %r: final telemetry not fetched: %r", k.kernel_id, exc)
+            return
+        self._merge_telemetry(k, tel)
 
     async def _release(self, k: RayKernel) -> None:
         """Stop the driver-side tasks of ``k`` and kill its actor (idempotent)."""

@@ -109,19 +109,22 @@ class RayRingKernelRuntime(RingKernelRuntime):
         await super().start()
         return self
 
-    async def shutdown(self, timeout: float = 10.0) -> dict[str, int]:
-        """Terminate every kernel (sources first), kill every actor, and shut Ray down if
-        this runtime started it."""
+    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+        """Terminate every kernel (sources first unless ``ordered=False``), kill every
+        actor, and shut Ray down if this runtime started it."""
         try:
-            return await super().shutdown(timeout)
+            return await super().shutdown(timeout, ordered=ordered)
         finally:
             await self.driver.shutdown(timeout)
 
-    async def terminate_all(self, timeout: float = 10.0) -> dict[str, int]:
-        """Terminate every kernel; pipeline sources go first so nothing is lost in between.
+    async def terminate_all(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+        """Terminate every kernel; pipeline sources go first so nothing is lost in between
+        (``ordered=False``: every kernel at once).
 
         Returns kernel id -> undelivered count (non-zero only; -1 when terminate raised).
         """
+        if not ordered:
+            return await super().terminate_all(timeout, ordered=False)
         return await self.driver.terminate_all(timeout)
 
     # -- kernels --------------------------------------------------------------------------

@@ -73,6 +73,7 @@ from ..exceptions import (
 from .fast_queue import BackpressureStrategy, FastMessageQueue
 from .message import RingKernelMessage, new_message_id, stamp_reply
 from .queue import MessageQueue
+from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
 
 if TYPE_CHECKING:
@@ -120,6 +121,11 @@ class _Abandoned:
 
 
 ABANDONED: Any = _Abandoned()
+
+
+def restart_log() -> BurstLog:
+    """The rate-limited log of one actor's restarts: a line, then summaries."""
+    return BurstLog(logger, logging.WARNING, "%d more restart(s) since the last line")
 
 
 class KernelState(enum.Enum):
@@ -171,7 +177,13 @@ class RingKernelConfig:
         use_fast_queue: Four-band O(1) queues (default) or exact-priority heaps.
         serialize: Store MessagePack bytes in the queues (as a cross-process hop would).
         restart: ``never`` or ``on_failure``: restart the actor when it raises.
-        max_restarts: How many restarts ``on_failure`` allows before the kernel is FAILED.
+        max_restarts: How many restarts ``on_failure`` allows within ``restart_window``
+            seconds before the kernel is FAILED (None: no limit).
+        restart_window: The window of ``max_restarts``, in seconds (None: the kernel's
+            whole life).
+        restart_backoff: Seconds to wait before a restart; doubled for each restart in a
+            row after which the actor raised again before finishing a message.
+        restart_backoff_max: The cap of that pause, in seconds.
         backend: Where the actor computes (``cpu``, ``cuda``, ``metal``).
         tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
         drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
@@ -187,7 +199,10 @@ class RingKernelConfig:
     use_fast_queue: bool = True
     serialize: bool = False
     restart: str = "never"
-    max_restarts: int = 3
+    max_restarts: int | None = 3
+    restart_window: float | None = 5.0
+    restart_backoff: float = 0.01
+    restart_backoff_max: float = 1.0
     backend: str = "cpu"
     tier: str = "asyncio"
     drain_timeout: float = 5.0
@@ -618,6 +633,11 @@ class RingKernel:
             return False
         return any(not fut.done() for fut in getters)
 
+    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` runs this kernel's actor (on the runtime's loop): the runtime
+        refuses, in such a task, calls that wait for every actor to finish."""
+        return task is self._task
+
     def __repr__(self) -> str:
         return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
 
@@ -788,7 +808,15 @@ class RingKernel:
     # -- the actor task -----------------------------------------------------------------
 
     async def _supervise(self) -> None:
-        restarts = 0
+        intensity = self.restart_intensity()
+        log = restart_log()
+        try:
+            await self._supervise_loop(intensity, log)
+        finally:
+            self._log_restarts_left(log, self.kernel_id, self.telemetry.restarts)
+
+    async def _supervise_loop(self, intensity: RestartIntensity, log: BurstLog) -> None:
+        taken_at_restart: int | None = None
         while True:
             ctx = self._ctx
             assert ctx is not None
@@ -810,17 +838,12 @@ class RingKernel:
                     self.error = exc
                     logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
                     return
-                if self.config.restart == "on_failure" and restarts < self.config.max_restarts:
-                    restarts += 1
-                    self.telemetry.restarts = restarts
-                    logger.warning(
-                        "kernel %r raised %r; restart %d of %d",
-                        self.kernel_id,
-                        exc,
-                        restarts,
-                        self.config.max_restarts,
-                    )
-                    self._fail_request(ctx._current, exc, restarts)
+                pause = self._restart_pause(intensity, taken_at_restart)
+                if pause is not None:
+                    self.telemetry.restarts += 1
+                    note = self._restart_note(intensity, self.telemetry.restarts)
+                    self._log_restart(log, self.kernel_id, exc, note)
+                    self._fail_request(ctx._current, exc, note)
                     if self._cut_off():  # the message it raised on: dropped, and counted
                         self.telemetry.record_drop(reason="actor_failed")
                         if self._inbox is not None:
@@ -829,6 +852,9 @@ class RingKernel:
                     ctx._handling = False
                     if ctx._rec is not None:  # the message it raised on is not timed
                         ctx._rec.cancel()
+                    if pause and not await self._backoff(pause):
+                        return
+                    taken_at_restart = self._taken()
                     continue
                 cut = self._cut_off()  # the message it raised on comes back first
                 if cut:
@@ -843,6 +869,63 @@ class RingKernel:
                 if not self._stopping:
                     self._finished()
                 return
+
+    # -- supervision helpers (shared with the pool's replicas) ---------------------------
+
+    def restart_intensity(self) -> RestartIntensity:
+        """A fresh restart budget from the config (one per actor, or per replica)."""
+        cfg = self.config
+        return RestartIntensity(
+            cfg.max_restarts, cfg.restart_window, cfg.restart_backoff, cfg.restart_backoff_max
+        )
+
+    def _taken(self) -> int:
+        """How many messages the actors took from the inbox so far."""
+        inbox = self._inbox
+        return int(inbox.statistics().total_dequeued) if inbox is not None else 0
+
+    def _restart_pause(
+        self, intensity: RestartIntensity, taken_at_restart: int | None
+    ) -> float | None:
+        """The pause before restarting an actor that raised, or None: no restart (the
+        policy is ``never`` or the budget is spent). ``taken_at_restart``: the `_taken`
+        count at the last restart (None: none yet)."""
+        if self.config.restart != "on_failure":
+            return None
+        # it took the message it raised on; one more means it finished one in between
+        progressed = taken_at_restart is None or self._taken() - taken_at_restart > 1
+        return intensity.next_restart(progressed)
+
+    async def _backoff(self, pause: float) -> bool:
+        """Wait ``pause`` seconds before a restart; False when terminate cut it short."""
+        try:
+            await asyncio.sleep(pause)
+        except asyncio.CancelledError:
+            if self._stopping:
+                return False
+            raise
+        return True
+
+    @staticmethod
+    def _restart_note(intensity: RestartIntensity, count: int) -> str:
+        if intensity.max_restarts is None:
+            return f"restart {count}, no limit"
+        return f"restart {count} of {intensity.describe()}"
+
+    def _log_restart(self, log: BurstLog, who: str, exc: BaseException, note: str) -> None:
+        log.event("kernel %r raised %r; restarted (%s)", who, exc, note)
+
+    @staticmethod
+    def _log_restarts_left(log: BurstLog, who: str, total: int) -> None:
+        """The closing summary of a rate-limited restart log (when the actor stops)."""
+        left = log.take_pending()
+        if left:
+            logger.warning(
+                "kernel %r: %d more restart(s) not logged one by one; %d in all",
+                who,
+                left,
+                total,
+            )
 
     def _fail(self, exc: BaseException) -> None:
         """The actor raised with no restart left: FAILED, and everyone waiting learns why."""
@@ -894,18 +977,14 @@ class RingKernel:
             )
         self._state = KernelState.TERMINATED
 
-    def _fail_request(self, request: Any, exc: BaseException, restarts: int) -> None:
+    def _fail_request(self, request: Any, exc: BaseException, note: str) -> None:
         """The actor raised on ``request`` and restarts: its correlated caller learns why."""
         if request is None or not self._waiters:
             return
         fut = self._waiters.pop(getattr(request, "message_id", None), None)
         if fut is not None and not fut.done():
             err = KernelFailedError(
-                self.kernel_id,
-                exc,
-                state=KernelState.ACTIVE,
-                note=f"while handling this request and was restarted "
-                f"(restart {restarts} of {self.config.max_restarts})",
+                self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
             )
             err.__cause__ = exc
             fut.set_exception(err)

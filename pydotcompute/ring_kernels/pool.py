@@ -50,7 +50,8 @@ from ..exceptions import (
     MessageRejectedError,
     QueueClosedError,
 )
-from .lifecycle import KernelContext, KernelState, RingKernel
+from .lifecycle import KernelContext, KernelState, RingKernel, restart_log
+from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker
 from .tiers.hosted import HostedKernel
@@ -154,6 +155,9 @@ class AsyncioPoolKernel(RingKernel):
             raise
         self._task = self._tasks[0]
 
+    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
+        return task in self._tasks
+
     def refresh_telemetry(self) -> None:
         """Fold the replicas' counts into the pool's telemetry."""
         if not self._timed:
@@ -222,7 +226,18 @@ class AsyncioPoolKernel(RingKernel):
     async def _supervise_replica(self, index: int, ctx: KernelContext) -> None:
         """`RingKernel._supervise` for one replica: restarts count per replica; a replica
         that fails with no restart left fails the pool, and the others stop."""
-        restarts = 0
+        intensity = self.restart_intensity()
+        log = restart_log()
+        try:
+            await self._supervise_replica_loop(index, ctx, intensity, log)
+        finally:
+            name = _replica_name(self.kernel_id, index)
+            self._log_restarts_left(log, name, self._replica_tels[index].restarts)
+
+    async def _supervise_replica_loop(
+        self, index: int, ctx: KernelContext, intensity: RestartIntensity, log: BurstLog
+    ) -> None:
+        taken_at_restart: int | None = None
         tel = self._replica_tels[index]
         while True:
             try:
@@ -250,18 +265,13 @@ class AsyncioPoolKernel(RingKernel):
                     self.error = exc
                     logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
                     return
-                if self.config.restart == "on_failure" and restarts < self.config.max_restarts:
-                    restarts += 1
-                    tel.restarts = restarts
-                    logger.warning(
-                        "kernel %r replica %d raised %r; restart %d of %d",
-                        self.kernel_id,
-                        index,
-                        exc,
-                        restarts,
-                        self.config.max_restarts,
-                    )
-                    self._fail_request(ctx._current, exc, restarts)
+                pause = self._restart_pause(intensity, taken_at_restart)
+                if pause is not None:
+                    tel.restarts += 1
+                    self.telemetry.restarts += 1
+                    note = self._restart_note(intensity, tel.restarts)
+                    self._log_restart(log, _replica_name(self.kernel_id, index), exc, note)
+                    self._fail_request(ctx._current, exc, note)
                     if self._cut_off_replica(index):  # the message it raised on: dropped
                         self.telemetry.record_drop()
                         if self._inbox is not None:
@@ -270,6 +280,9 @@ class AsyncioPoolKernel(RingKernel):
                     ctx._handling = False
                     if ctx._rec is not None:  # the message it raised on is not timed
                         ctx._rec.cancel()
+                    if pause and not await self._backoff(pause):
+                        return
+                    taken_at_restart = self._taken()
                     continue
                 self._hand_back(self._cut_off_replica(index))  # first in `undelivered`
                 self._fail(exc)

@@ -11,8 +11,14 @@ Design notes:
   kernels only through their public methods (``try_accept``/``accept``, ``receive``,
   ``forward_to``, ...) and applies the launch-time policy (actor kind, restart support)
   from each tier's stated capabilities.
-- Shutdown terminates kernels in parallel inside one overall timeout, drains what it can
-  and reports what it could not (``shutdown()`` returns the undelivered counts).
+- Shutdown goes head to tail along ``connect`` edges (`supervision.stop_waves`): a stage
+  is terminated once every stage forwarding into it has drained into it, so a pipeline
+  stops without losing what is in flight; kernels with no edge between them stop in
+  parallel. One overall timeout bounds it all, each wave getting what is left (stopping
+  everything at once, ``ordered=False``, was the old default: the tail closed first and
+  refused what the head had already made). It reports what it could not deliver.
+- Shutdown and ``terminate_all`` refuse to run inside an actor's own task: they would
+  wait for that actor to finish, which waits for them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from ..decorators.validators import validate_kernel_id
+from ..decorators.validators import validate_kernel_id, validate_seconds
 from ..exceptions import (
     InvalidConfigurationError,
     KernelAlreadyExistsError,
@@ -38,6 +44,7 @@ from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
 from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
 from .registry import get_registered_kernel, register_ring_kernel
+from .supervision import stop_waves
 from .telemetry import RingKernelTelemetry, TelemetryCollector
 from .tiers import canonical_tier, check_actor_kind, register_tier, tier_class
 
@@ -142,51 +149,104 @@ class RingKernelRuntime:
     def __len__(self) -> int:
         return len(self._kernels)
 
-    async def shutdown(self, timeout: float = 10.0) -> dict[str, int]:
-        """Terminate every kernel (draining inboxes in parallel within ``timeout`` seconds).
+    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+        """Terminate every kernel, draining, within ``timeout`` seconds in all.
+
+        With ``ordered`` (the default) pipelines stop head to tail along ``connect``
+        edges: sources first, then each stage once every stage feeding it has drained
+        into it (see `terminate_all`). ``ordered=False`` terminates every kernel at once.
 
         Returns:
             kernel id -> number of messages that could not be delivered (kept in
             ``kernel.undelivered``, by terminate or by an earlier failure, and counted as
             dropped in telemetry). Empty when nothing was lost.
+
+        Raises:
+            KernelStateError: called from inside an actor (its own kernel could never
+                finish: it waits for this call). Nothing is stopped.
+            InvalidConfigurationError: ``timeout`` is not a finite number >= 0.
         """
         if self._closed:
             return {}
+        self._refuse_from_actor("shutdown")
         try:
-            report = await self.terminate_all(timeout=timeout)
+            report = await self.terminate_all(timeout=timeout, ordered=ordered)
         finally:
             await self._stop_metrics()
         self._active = False
         self._closed = True
         return report
 
-    async def terminate_all(self, timeout: float = 10.0) -> dict[str, int]:
-        """Terminate every running kernel in parallel; returns undelivered counts (non-zero)."""
+    async def terminate_all(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+        """Terminate every running kernel; returns undelivered counts (non-zero only).
+
+        With ``ordered``, in waves along ``connect`` edges: a kernel is terminated once
+        every kernel forwarding into it is TERMINATED (a cycle is broken at the kernel of
+        the cycle launched first); kernels of one wave stop in parallel. ``timeout``
+        bounds the whole call: each wave's grace period is what is left of it. Without
+        ``ordered``, every kernel is terminated at once.
+
+        Raises:
+            KernelStateError: called from inside an actor (see `shutdown`).
+            InvalidConfigurationError: ``timeout`` is not a finite number >= 0.
+        """
+        timeout = self._checked_timeout(timeout)
+        self._refuse_from_actor("terminate_all")
         kernels = [k for k in self._kernels.values() if k.state is not KernelState.TERMINATED]
-        # a runtime.terminate() already under way is waited for, not started again
-        under_way = [k for k in kernels if k.kernel_id in self._terminating]
-        kernels = [k for k in kernels if k.kernel_id not in self._terminating]
-        if not kernels and not under_way:
+        if not kernels:
             return {}
-        results = await asyncio.gather(
-            *(k.terminate(timeout=timeout) for k in kernels), return_exceptions=True
-        )
+        waves = stop_waves(kernels, _forward_target) if ordered else [kernels]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         report: dict[str, int] = {}
-        if under_way:
-            await asyncio.wait([self._terminating[k.kernel_id] for k in under_way], timeout=timeout)
-            for k in under_way:
-                if k.state is not KernelState.TERMINATED:
+        for wave in waves:
+            left = max(0.0, deadline - loop.time())
+            results = await asyncio.gather(
+                *(self._stop(k, left) for k in wave), return_exceptions=True
+            )
+            for k, res in zip(wave, results, strict=True):
+                if isinstance(res, BaseException):
+                    logger.error("terminating kernel %r raised %r", k.kernel_id, res)
+                    report[k.kernel_id] = -1
+                elif k.state is not KernelState.TERMINATED:
                     logger.error("kernel %r did not finish terminating in time", k.kernel_id)
                     report[k.kernel_id] = -1
-                elif k.undelivered:
+                elif k.undelivered:  # what terminate returned, and what a failure left
                     report[k.kernel_id] = len(k.undelivered)
-        for k, res in zip(kernels, results, strict=True):
-            if isinstance(res, BaseException):
-                logger.error("terminating kernel %r raised %r", k.kernel_id, res)
-                report[k.kernel_id] = -1
-            elif k.undelivered:  # what terminate returned, and what a failure left
-                report[k.kernel_id] = len(k.undelivered)
         return report
+
+    async def _stop(self, kernel: RingKernel, timeout: float) -> None:
+        """Terminate ``kernel``; a runtime.terminate() already under way is waited for,
+        not started again."""
+        under_way = self._terminating.get(kernel.kernel_id)
+        if under_way is not None:
+            await asyncio.wait([under_way], timeout=timeout)
+            return
+        if kernel.state is not KernelState.TERMINATED:
+            await kernel.terminate(timeout=timeout)
+
+    def _refuse_from_actor(self, operation: str) -> None:
+        """Refuse ``operation`` in an actor's own task: it would wait for that actor."""
+        task = asyncio.current_task()
+        if task is None:
+            return
+        for k in self._kernels.values():
+            if k.is_actor_task(task):
+                raise KernelStateError(
+                    k.kernel_id,
+                    k.state,
+                    f"call runtime.{operation}() from the actor of",
+                    f"{operation} must be called from outside an actor (it waits for every "
+                    "actor to finish, this one included); return from the actor function, "
+                    "or start it as a task of its own: "
+                    f"asyncio.get_running_loop().create_task(runtime.{operation}())",
+                )
+
+    @staticmethod
+    def _checked_timeout(timeout: float) -> float:
+        seconds = validate_seconds(timeout, "timeout")
+        assert seconds is not None
+        return seconds
 
     # -- kernel lookup ------------------------------------------------------------------
 
@@ -301,8 +361,14 @@ class RingKernelRuntime:
         await self._kernel(kernel_id).reactivate()
 
     async def terminate(self, kernel_id: str, timeout: float | None = None) -> list[Any]:
-        """Terminate one kernel, draining gracefully; returns its undelivered messages."""
+        """Terminate one kernel, draining gracefully; returns its undelivered messages.
+
+        Raises:
+            InvalidConfigurationError: ``timeout`` is not None or a finite number >= 0.
+        """
         kernel = self._kernel(kernel_id)
+        if timeout is not None:
+            timeout = self._checked_timeout(timeout)
         for other in self._kernels.values():
             if other.forwards_to is kernel and other.state not in (
                 KernelState.TERMINATED,
@@ -531,6 +597,10 @@ class RingKernelRuntime:
             self._kernels.pop(kernel_id, None)
 
 
+def _forward_target(kernel: RingKernel) -> RingKernel | None:
+    return kernel.forwards_to
+
+
 def _pool_launch(
     kernel_id: str,
     tier: str,
@@ -569,6 +639,8 @@ PLACEMENT_OPTIONS = frozenset(
         "label_selector",
     }
 )
+#: Config fields for which None is a value (no limit), not "the default".
+NONE_IS_A_VALUE = frozenset({"max_restarts", "restart_window"})
 #: Launch options that set several config fields (``queue_size`` sets both queue sizes).
 OPTION_ALIASES = {
     "queue_size": ("input_queue_size", "output_queue_size"),
@@ -618,7 +690,7 @@ def _apply_options(
                 if target not in explicit:
                     setattr(config, target, value)
         elif key in fields:
-            if value is not None:
+            if value is not None or key in NONE_IS_A_VALUE:
                 setattr(config, key, value)
         elif key in extra_allowed:
             config.extra[key] = value

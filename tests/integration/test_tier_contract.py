@@ -132,3 +132,37 @@ async def test_actor_returns_by_itself(case: sc.TierCase) -> None:
 
 async def test_cut_off_in_send_to_full_kernel(case: sc.TierCase) -> None:
     await sc.scenario_cut_off_in_send_to_full_kernel(case)
+
+
+async def test_shutdown_drains_pipeline_head_to_tail(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_drains_pipeline_head_to_tail(case)
+
+
+async def test_shutdown_from_inside_an_actor_is_refused(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_from_inside_an_actor_is_refused(case)
+
+
+async def test_non_finite_float_options_refused(case: sc.TierCase) -> None:
+    await sc.scenario_non_finite_float_options_refused(case)
+
+
+async def test_restart_intensity(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTARTS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restart_intensity(case)
+
+
+async def test_restarted_request_error_does_not_say_active(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTARTS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restarted_request_error_does_not_say_active(case)
+
+
+async def test_unordered_shutdown_counts_drops_in_one_line(case: sc.TierCase) -> None:
+    await sc.scenario_unordered_shutdown_counts_drops_in_one_line(case)
+
+
+async def test_restarts_account_for_every_message(case: sc.TierCase) -> None:
+    if case.name not in sc.RESTART_TIERS:
+        pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
+    await sc.scenario_restarts_account_for_every_message(case)

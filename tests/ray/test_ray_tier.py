@@ -105,3 +105,7 @@ async def test_mixed_pipeline_refused_at_connect() -> None:
 
 async def test_same_request_object_twice() -> None:
     await sc.scenario_same_request_object_twice(RAY)
+
+
+async def test_restarts_account_for_every_message() -> None:
+    await sc.scenario_restarts_account_for_every_message(RAY)

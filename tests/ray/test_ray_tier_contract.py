@@ -39,3 +39,7 @@ async def test_cancel_send_and_receive_loops() -> None:
 
 async def test_failure_reports_each_message_once() -> None:
     await sc.scenario_failure_reports_each_message_once(RAY)
+
+
+async def test_restarts_account_for_every_message() -> None:
+    await sc.scenario_restarts_account_for_every_message(RAY)

@@ -50,6 +50,7 @@ from ...exceptions import (
     QueueFullError,
 )
 from ..lifecycle import SEND_YIELD_EVERY, KernelState, RingKernel
+from ..supervision import BurstLog
 from .contract import TierWorker
 
 __all__ = ("HostedKernel",)
@@ -69,6 +70,7 @@ class HostedKernel(RingKernel):
     __slots__ = (
         "_bridge",
         "_collector",
+        "_drop_log",
         "_held",
         "_held_counted",
         "_pump",
@@ -94,6 +96,13 @@ class HostedKernel(RingKernel):
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
         self._undecodable_seen = False  # a reply that does not decode was logged
+        # replies a connected kernel refused: one line, then a count (a stopped target
+        # can refuse thousands)
+        self._drop_log = BurstLog(
+            logger,
+            logging.WARNING,
+            "%d more repl(ies) refused downstream since the last line (counted as dropped)",
+        )
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -381,7 +390,7 @@ class HostedKernel(RingKernel):
             except (QueueFullError, KernelStateError) as exc:
                 # a full reject-policy kernel (or one that is stopping) downstream
                 self._count_dropped(1)
-                logger.warning(
+                self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
                     target.kernel_id,
@@ -444,6 +453,14 @@ class HostedKernel(RingKernel):
                     await collector
         self._stop_watching()
         left = await self._final_delivery()
+        refused = self._drop_log.take_pending()
+        if refused:
+            logger.warning(
+                "kernel %r: %d more repl(ies) refused by the kernel it forwards into "
+                "(counted as dropped)",
+                self.kernel_id,
+                refused,
+            )
         return self._finish_termination(left)
 
     async def _final_delivery(self) -> list[Any]:

@@ -218,6 +218,11 @@ class RayTierKernel:
     def is_idle(self) -> bool:
         return False
 
+    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
+        """Never: the actor runs in a Ray actor, not in a task of the driver's loop."""
+        del task
+        return False
+
     def refresh_telemetry(self) -> RingKernelTelemetry:
         """Fetch the actor's telemetry now (one Ray call, waited for up to 5 s)."""
         if self._handle is None:
