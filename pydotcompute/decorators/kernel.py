@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 from ..exceptions import InvalidConfigurationError, KernelAlreadyExistsError
 
@@ -355,15 +355,42 @@ def get_kernel_meta(obj: Any) -> dict[str, Any] | None:
 
 class KernelRegistry:
     """Compute kernels by name. `@kernel` and `@gpu_kernel` register what they wrap in the
-    process-wide registry (`get_kernel_registry()`), a later definition under the same name
-    replacing the earlier one; code may keep registries of its own.
+    process-wide registry, a later definition under the same name replacing the earlier one.
 
-    Thread-safe: one lock guards the table.
+    `KernelRegistry()` is that process-wide registry (as in PyDotCompute 0.2:
+    `KernelRegistry() is get_kernel_registry()`); `KernelRegistry.private()` makes an
+    isolated, empty one. Thread-safe: one lock guards the table.
     """
 
+    _kernels: dict[str, Any]
+    _lock: threading.Lock
+    _shared: ClassVar[KernelRegistry | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __new__(cls) -> KernelRegistry:
+        if cls is KernelRegistry:
+            with cls._shared_lock:
+                if cls._shared is None:
+                    cls._shared = cls._fresh()
+                return cls._shared
+        return cls._fresh()
+
     def __init__(self) -> None:
-        self._kernels: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        # The state is set up once, in _fresh(); __init__ re-runs on every KernelRegistry()
+        # call and must not empty the shared table.
+        pass
+
+    @classmethod
+    def _fresh(cls) -> KernelRegistry:
+        obj = object.__new__(cls)
+        obj._kernels = {}
+        obj._lock = threading.Lock()
+        return obj
+
+    @classmethod
+    def private(cls) -> KernelRegistry:
+        """A new, empty registry of its own (not the process-wide one)."""
+        return cls._fresh()
 
     def register(self, name: str, kernel: Any, *, overwrite: bool = False) -> None:
         """Register `kernel` under `name`.
@@ -411,7 +438,7 @@ class KernelRegistry:
         return f"<KernelRegistry kernels={len(self._kernels)}>"
 
 
-_registry = KernelRegistry()
+_registry = KernelRegistry()  # the process-wide one
 
 
 def get_kernel_registry() -> KernelRegistry:

@@ -739,7 +739,7 @@ cache = KernelCache(cache_dir=tempfile.mkdtemp(), max_entries=128, max_size_mb=2
 assert cache.store("add", "abc", b"//ptx", signature=None, metadata=None) is True
 assert cache.load("add", "abc") == b"//ptx" and cache.contains("add", "abc")
 
-registry = KernelRegistry()
+registry = KernelRegistry.private()
 registry.register("add", cuda_source("__global__ void add() {}")(add))
 assert registry.list() == ["add"] and registry.get("add").__cuda_source__
 
