@@ -120,7 +120,9 @@ class KernelFunction:
             from ..backends import get_backend
 
             backend = get_backend("cuda")
-            return backend.execute_kernel(self.compile("cuda"), grid, block, *args, stream=stream)
+            return backend.execute_kernel(
+                self.compile("cuda"), grid, block, *args, stream=stream, on_error="raise"
+            )
 
         return launch
 
@@ -230,7 +232,9 @@ class GPUKernel:
 
         backend = get_backend("cuda")
         backend.require()
-        return backend.execute_kernel(self.compile(), grid_size, block_size, *args, stream=stream)
+        return backend.execute_kernel(
+            self.compile(), grid_size, block_size, *args, stream=stream, on_error="raise"
+        )
 
     def __getitem__(self, config: Any) -> Callable[..., Any]:
         grid, block, stream = _split_launch(config)

@@ -576,7 +576,7 @@ def test_reprs_say_what_a_person_debugging_needs() -> None:
     acc = repr(Accelerator())
     assert acc.startswith("<Accelerator ")
     assert f"devices={Accelerator().device_count}" in acc
-    assert repr(KernelCompiler()).startswith("<KernelCompiler cuda=")
+    assert repr(KernelCompiler()).startswith("KernelCompiler(cuda=")
     assert repr(GPUMonitor()).startswith("<GPUMonitor available=")
 
 

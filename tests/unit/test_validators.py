@@ -10,12 +10,8 @@ from foundation_helpers import Other, Req
 from pydotcompute.decorators import (
     RuntimeValidator,
     validate_backpressure_strategy,
-    validate_block_size,
     validate_config,
-    validate_grid_size,
-    validate_message,
     validate_priority,
-    validate_queue_size,
 )
 from pydotcompute.decorators.validators import (
     MAX_QUEUE_SIZE,
