@@ -99,7 +99,7 @@ def test_pinned_host_side_and_fill() -> None:
 
 
 def test_pool_device_blocks_are_reused() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire((10,), np.float32, location="device")
     assert CUDABackend().is_device_array(a)
     pool.release(a)

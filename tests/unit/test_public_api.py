@@ -572,7 +572,7 @@ def test_reprs_say_what_a_person_debugging_needs() -> None:
     from pydotcompute.core import Accelerator, MemoryPool
     from pydotcompute.ring_kernels.telemetry import GPUMonitor
 
-    assert repr(MemoryPool()).startswith("<MemoryPool enabled=True ")
+    assert repr(MemoryPool.create()).startswith("MemoryPool(enabled=True, ")
     acc = repr(Accelerator())
     assert acc.startswith("<Accelerator ")
     assert f"devices={Accelerator().device_count}" in acc

@@ -283,7 +283,7 @@ def test_pinned_is_ignored_off_cuda() -> None:
 
 
 def test_pool_backed_buffer_returns_memory() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     buf = make((256,), pool=pool).allocate()
     assert pool.get_stats().blocks_in_use == 2
     buf[:] = 1
