@@ -647,7 +647,7 @@ class KernelCompiler:
             acc = get_accelerator()
             if acc.cuda_available and not acc.cuda_simulated:
                 cc = acc.get_device(acc.current_device_id).compute_capability
-                if cc != (0, 0):
+                if cc is not None and cc != (0, 0):
                     return cc
         except Exception:
             pass

@@ -394,6 +394,7 @@ class ComputeOrchestrator:
         stream = cfg.stream if cfg.stream is not None else self._current_stream
         backend = self.backend
         call = functools.partial(
+            _raise_failure,
             backend.execute_kernel,
             fn,
             cfg.grid_size,
@@ -401,7 +402,6 @@ class ComputeOrchestrator:
             *args,
             stream=stream,
             shared_mem=cfg.shared_memory_bytes,
-            on_error="raise",
             **kwargs,
         )
         start_wall, start = time.time(), time.perf_counter()
@@ -536,6 +536,17 @@ class ComputeOrchestrator:
 
 
 _RESERVED_KWARGS = ("stream", "shared_mem", "on_error")
+
+
+def _raise_failure(execute: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``backend.execute_kernel`` and raise the error of a failed result: backends
+    return failures (0.2's ``on_error="return"``), the orchestrator raises and records
+    them. Works with backends written before ``on_error`` existed."""
+    result = execute(*args, **kwargs)
+    error = getattr(result, "error", None)
+    if error is not None and not getattr(result, "success", True):
+        raise error
+    return result
 
 
 def _check_kernel_kwargs(kwargs: dict[str, Any]) -> None:
