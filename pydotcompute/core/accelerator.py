@@ -85,11 +85,11 @@ class MemoryInfo(tuple[int, int]):
     PyDotCompute 0.2's dict: ``info["free"]``, ``info["total"]``, ``info["used"]``,
     ``"used" in info``, ``keys()``, ``items()`` (plus any extra keys a backend reports)."""
 
-    _extra: dict[str, int]
+    extra: dict[str, int]  # keys beyond free/total/used that the backend reports
 
     def __new__(cls, free: int, total: int, extra: dict[str, int] | None = None) -> MemoryInfo:
         info = super().__new__(cls, (int(free), int(total)))
-        info._extra = dict(extra or {})
+        info.extra = dict(extra or {})
         return info
 
     @property
@@ -103,10 +103,10 @@ class MemoryInfo(tuple[int, int]):
     @property
     def used(self) -> int:
         """``total - free`` (0.2 on Metal: the cache memory, reported as an extra key)."""
-        return self._extra.get("used", max(0, self[1] - self[0]))
+        return self.extra.get("used", max(0, self[1] - self[0]))
 
     def as_dict(self) -> dict[str, int]:
-        return {"free": self[0], "total": self[1], "used": self.used, **self._extra}
+        return {"free": self[0], "total": self[1], "used": self.used, **self.extra}
 
     def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
         if isinstance(key, str):

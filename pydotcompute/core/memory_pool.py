@@ -179,8 +179,20 @@ class MemoryPool:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MemoryPool:
         if cls is MemoryPool and not args and not kwargs:
-            return get_memory_pool()
+            return cls.shared()
         return super().__new__(cls)
+
+    @classmethod
+    def shared(cls) -> MemoryPool:
+        """The process-wide pool, created on first use (no limit); ``MemoryPool()`` and
+        ``get_memory_pool()`` return it too. After ``MemoryPool._instance = None`` (as in
+        PyDotCompute 0.2) the next call creates a new one."""
+        with _pool_lock:
+            pool = cls._instance
+            if pool is None:
+                pool = cls.create()
+                cls._instance = pool
+            return pool
 
     @classmethod
     def create(
@@ -571,12 +583,7 @@ def get_memory_pool() -> MemoryPool:
     """The process-wide ``MemoryPool`` (created on first use, no limit); the same object
     as ``MemoryPool()``. Setting ``MemoryPool._instance = None`` makes the next call
     create a new one (as in PyDotCompute 0.2)."""
-    with _pool_lock:
-        pool = MemoryPool._instance
-        if pool is None:
-            pool = MemoryPool.create()
-            MemoryPool._instance = pool
-        return pool
+    return MemoryPool.shared()
 
 
 def configure_memory_pool(

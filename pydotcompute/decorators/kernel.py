@@ -375,26 +375,24 @@ class KernelRegistry:
         if cls is KernelRegistry:
             with cls._shared_lock:
                 if cls._shared is None:
-                    cls._shared = cls._fresh()
+                    cls._shared = cls.private()
                 return cls._shared
-        return cls._fresh()
+        return super().__new__(cls)
 
     def __init__(self) -> None:
-        # The state is set up once, in _fresh(); __init__ re-runs on every KernelRegistry()
-        # call and must not empty the shared table.
-        pass
-
-    @classmethod
-    def _fresh(cls) -> KernelRegistry:
-        obj = object.__new__(cls)
-        obj._kernels = {}
-        obj._lock = threading.Lock()
-        return obj
+        # __init__ runs again on every KernelRegistry() call, which returns the shared
+        # registry: set the table up once.
+        if getattr(self, "_kernels", None) is not None:
+            return
+        self._kernels = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def private(cls) -> KernelRegistry:
         """A new, empty registry of its own (not the process-wide one)."""
-        return cls._fresh()
+        registry = object.__new__(cls)
+        registry.__init__()  # type: ignore[misc]
+        return registry
 
     def register(self, name: str, kernel: Any, *, overwrite: bool = False) -> None:
         """Register `kernel` under `name`.

@@ -265,7 +265,7 @@ def validate_message(
     """Two forms, told apart by the arguments.
 
     ``@validate_message`` on a class (PyDotCompute 0.2's decorator): the class must be a
-    dataclass (an ``@message`` class is one); a class without a ``serialize`` method gets a
+    dataclass or an ``@message`` class; a class without a ``serialize`` method gets a
     ``UserWarning``. Returns the class.
 
     ``validate_message(msg, expected, kernel_id="", direction="expects")``: ``msg`` must be
@@ -281,7 +281,7 @@ def validate_message(
             "validate_message takes a message class (as a decorator) or (msg, expected_type), "
             f"got only {msg!r:.80}"
         )
-    if not dataclasses.is_dataclass(msg):
+    if not _is_message_class(msg):
         raise TypeValidationError(
             f"{msg.__name__} must be a dataclass (or an @message class) to be a message type"
         )
@@ -292,6 +292,15 @@ def validate_message(
             stacklevel=2,
         )
     return msg
+
+
+def _is_message_class(cls: type) -> bool:
+    """A dataclass, or an ``@message`` / ``RingKernelMessage`` class (msgspec-based)."""
+    if dataclasses.is_dataclass(cls):
+        return True
+    import msgspec
+
+    return issubclass(cls, msgspec.Struct)
 
 
 def _matches(value: object, annotation: Any) -> bool:
@@ -413,12 +422,12 @@ class RuntimeValidator:
             self._warnings.clear()
 
     def validate_message_type(self, message_type: type) -> bool:
-        """True when ``message_type`` is a dataclass (an ``@message`` class is one).
+        """True when ``message_type`` is a dataclass or an ``@message`` class.
 
         Raises:
             TypeValidationError: it is not, and the validator is strict.
         """
-        if isinstance(message_type, type) and dataclasses.is_dataclass(message_type):
+        if isinstance(message_type, type) and _is_message_class(message_type):
             return True
         text = f"{getattr(message_type, '__name__', message_type)!s} is not a dataclass"
         if self.strict_types:
