@@ -19,7 +19,7 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# The performance targets of DESIGN.md section 8, by (benchmark, metric pattern). They win
+# The performance targets (listed in docs/benchmarks.md), by (benchmark, metric pattern). They win
 # over a target string a script writes itself, so the suite judges every run by the design's
 # figures; a row no rule matches keeps its script's target.
 DESIGN_TARGETS: tuple[tuple[str, str, str], ...] = (

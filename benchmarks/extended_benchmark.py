@@ -484,15 +484,44 @@ _TARGETS = {
 }
 
 
-def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+#: A floor is a lower bound: one more than this many times slower than the fastest path it
+#: bounds did not measure the mechanism (a quick run's child still sharing the parent's
+#: core, say). Its ratios would be meaningless (0.0014 once), so the summary drops it.
+UNSETTLED_FLOOR_FACTOR = 5.0
+
+
+def _settled_floors(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The floor row of each tier, leaving out floors that are clearly unsettled (returned
+    as tier -> why)."""
     floors: dict[str, dict[str, Any]] = {}
+    fastest: dict[str, float] = {}
     for r in rows:
         if r["path"].startswith("floor"):
             floors[r["tier"]] = r
+        elif r.get("p50 us"):
+            fastest[r["tier"]] = min(fastest.get(r["tier"], float("inf")), r["p50 us"])
+    dropped: dict[str, str] = {}
+    for tier, floor in list(floors.items()):
+        p50 = floor.get("p50 us")
+        if p50 and tier in fastest and p50 > UNSETTLED_FLOOR_FACTOR * fastest[tier]:
+            del floors[tier]
+            dropped[tier] = (
+                f"floor dropped: it read {p50:,.0f} us, over {UNSETTLED_FLOOR_FACTOR:g}x what "
+                "it bounds (its child had not settled on a core)"
+            )
+    return floors, dropped
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    floors, dropped = _settled_floors(rows)
+    for r in rows:
+        if r["path"].startswith("floor"):
             continue
         floor = floors.get(r["tier"], {})
         vs = str(floor.get("path", "")).removeprefix("floor: ") or None
+        if r["tier"] in dropped:
+            r = {**r, "note": "; ".join(filter(None, [r.get("note"), dropped[r["tier"]]]))}
         key = f"tier {r['tier']}: {r['path']}"
         if r.get("p50 us") is None and r.get("msg/s") is None:  # could not run here
             out.append(summary_row(key, None, "us", higher_is_better=False, note=r.get("note")))

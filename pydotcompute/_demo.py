@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from . import RingKernelRuntime, message, ring_kernel, run
 
@@ -43,7 +44,15 @@ async def _main() -> None:
             f"telemetry: processed={tel.messages_processed} "
             f"p50={tel.p50_latency_ns / 1000:.1f} us p99={tel.p99_latency_ns / 1000:.1f} us"
         )
-        print(f"loop: {runtime.get_loop_info()['loop_type']}")
+        print(f"loop: {describe_loop(runtime.get_loop_info())}")
+
+
+def describe_loop(info: dict[str, Any]) -> str:
+    """``"uvloop (Loop)"`` or ``"asyncio (_UnixSelectorEventLoop)"``: which event loop runs,
+    by its module (uvloop's class is just called ``Loop``)."""
+    module = str(info.get("loop_module") or "")
+    kind = "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
+    return f"{kind} ({info.get('loop_type')})"
 
 
 def main() -> int:

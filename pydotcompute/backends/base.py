@@ -34,6 +34,7 @@ __all__ = (
     "BackendType",
     "KernelExecutionResult",
     "check_copy_compatible",
+    "check_on_error",
     "describe_array",
     "error_text",
     "normalize_grid",
@@ -68,21 +69,43 @@ class BackendType(enum.Enum):
         raise ValueError(f"unknown backend {value!r}; expected one of {valid}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KernelExecutionResult:
     """What one ``Backend.execute_kernel`` call did.
 
-    Failures raise instead of returning a result, so ``success`` is ``True`` on every result
-    you hold; the field stays for code written against the 0.2 API.
+    By default (``on_error="return"``, as in PyDotCompute 0.2) a kernel that raises gives a
+    result with ``success=False`` and the exception in ``error``; with ``on_error="raise"``
+    the exception propagates and every result you hold has ``success=True``. Every field
+    has a default, so ``KernelExecutionResult(success=True, execution_time_ms=1.5)`` (0.2's
+    keyword form) works.
     """
 
-    kernel_name: str
-    backend: BackendType
-    grid_size: tuple[int, ...]
-    block_size: tuple[int, ...]
-    execution_time_ms: float
+    kernel_name: str = ""
+    backend: BackendType | None = None
+    grid_size: tuple[int, ...] = (1,)
+    block_size: tuple[int, ...] = (1,)
+    execution_time_ms: float = 0.0
     output: Any = None
     success: bool = True
+    error: BaseException | None = None
+
+
+ON_ERROR = ("return", "raise")
+
+
+def check_on_error(on_error: object) -> str:
+    """``on_error`` is ``"return"`` (a failed result) or ``"raise"`` (the exception).
+
+    Raises:
+        InvalidConfigurationError: any other value.
+    """
+    if on_error not in ON_ERROR:
+        from ..exceptions import InvalidConfigurationError
+
+        raise InvalidConfigurationError(
+            f"on_error must be 'return' (a result with success=False) or 'raise', got {on_error!r}"
+        )
+    return on_error  # type: ignore[return-value]
 
 
 def describe_array(a: Any) -> str:
@@ -314,11 +337,16 @@ class Backend(ABC):
         *args: Any,
         stream: Any | None = None,
         shared_mem: int = 0,
+        on_error: str = "return",
+        **kwargs: Any,
     ) -> KernelExecutionResult:
         """Run ``kernel`` over ``args`` and wait for it; see each backend for launch rules.
 
         ``shared_mem`` is the dynamic shared memory per block in bytes (CUDA only; other
-        backends ignore it).
+        backends ignore it). Other keyword arguments go to the kernel (CPU and Metal).
+        ``on_error="return"`` (the default, as in PyDotCompute 0.2) turns an exception from
+        the kernel into a result with ``success=False`` and ``error`` set;
+        ``on_error="raise"`` lets it propagate.
         """
 
     @abstractmethod
@@ -365,8 +393,11 @@ class Backend(ABC):
         return time.perf_counter()
 
     def __repr__(self) -> str:
-        state = "available" if self.is_available else f"unavailable: {self._reason}"
-        return f"<{type(self).__name__} {self.name} ({state})>"
+        if self.is_available:
+            return f"{type(self).__name__}(available=True, device={self.name!r})"
+        return (
+            f"{type(self).__name__}(available=False, device={self.name!r}, reason={self._reason!r})"
+        )
 
 
 def as_shape(shape: int | Sequence[int]) -> Shape:

@@ -23,6 +23,7 @@ from .base import (
     Shape,
     as_shape,
     check_copy_compatible,
+    check_on_error,
     normalize_grid,
 )
 
@@ -151,18 +152,35 @@ class CPUBackend(Backend):
         *args: Any,
         stream: Any | None = None,
         shared_mem: int = 0,
+        on_error: str = "return",
+        **kwargs: Any,
     ) -> KernelExecutionResult:
-        """Call ``kernel(*args)`` once and time it.
+        """Call ``kernel(*args, **kwargs)`` once and time it.
 
         The grid and block sizes are validated and recorded but do not split the work: a CPU
-        kernel processes whole arrays (NumPy or a Numba loop). Exceptions from the kernel
-        propagate unchanged.
+        kernel processes whole arrays (NumPy or a Numba loop). An exception from the kernel
+        is returned in a result with ``success=False`` (``on_error="return"``, the default,
+        as in PyDotCompute 0.2) or propagates unchanged (``on_error="raise"``).
         """
+        check_on_error(on_error)
         grid = normalize_grid(grid_size, "grid_size")
         block = normalize_grid(block_size, "block_size")
         fn = getattr(kernel, "kernel", kernel) if _is_compiled(kernel) else kernel
         start = self._now()
-        output = fn(*args)
+        try:
+            output = fn(*args, **kwargs)
+        except Exception as exc:
+            if on_error == "raise":
+                raise
+            return KernelExecutionResult(
+                kernel_name=self._kernel_name(kernel),
+                backend=self.backend_type,
+                grid_size=grid,
+                block_size=block,
+                execution_time_ms=(self._now() - start) * 1e3,
+                success=False,
+                error=exc,
+            )
         elapsed = (self._now() - start) * 1e3
         return KernelExecutionResult(
             kernel_name=self._kernel_name(kernel),
@@ -186,6 +204,11 @@ class CPUBackend(Backend):
         from ..compilation.compiler import get_compiler
 
         return get_compiler().compile(func, signature=signature, device="cpu", **options)
+
+    def parallel_for(self, start: int, end: int, func: Callable[[int], Any]) -> None:
+        """Call ``func(i)`` for every ``i`` in ``range(start, end)``, in order (see the
+        module-level `parallel_for`)."""
+        parallel_for(start, end, func)
 
     def get_vector_add_kernel(self) -> Callable[..., Any]:
         """``(a, b, out)`` -> ``out[:] = a + b`` with NumPy."""

@@ -34,6 +34,7 @@ from .base import (
     Shape,
     as_shape,
     check_copy_compatible,
+    check_on_error,
     error_text,
     normalize_grid,
     numpy_dtype_of,
@@ -374,18 +375,55 @@ class CUDABackend(Backend):
         *args: Any,
         stream: Any | None = None,
         shared_mem: int = 0,
+        on_error: str = "return",
+        **kwargs: Any,
     ) -> KernelExecutionResult:
         """Launch ``kernel`` on ``grid_size`` blocks of ``block_size`` threads and wait for it.
 
         ``kernel`` may be a Numba CUDA kernel, a ``cupy.RawKernel``, a ``CompiledKernel``
         wrapping either, or any other callable (called as ``kernel(*args)``, e.g. a CuPy
         elementwise function). The time is measured with CUDA events on the launch stream.
+        A failure is returned in a result with ``success=False`` (``on_error="return"``,
+        the default, as in PyDotCompute 0.2) or raised (``on_error="raise"``).
 
         Raises:
+            InvalidConfigurationError: keyword arguments for the kernel (device kernels
+                take positional arguments only).
             KernelCompilationError: Numba cannot compile the kernel for these arguments.
             CUDAError: the launch or the kernel failed on the device.
         """
+        check_on_error(on_error)
+        if kwargs:
+            from ..exceptions import InvalidConfigurationError
+
+            raise InvalidConfigurationError(
+                f"CUDA kernels take positional arguments only, got keyword arguments "
+                f"{sorted(kwargs)}; pass them in the kernel's parameter order"
+            )
         self.require()
+        try:
+            return self._execute(kernel, grid_size, block_size, args, stream, shared_mem)
+        except (CUDAError, KernelCompilationError) as exc:
+            if on_error == "raise":
+                raise
+            return KernelExecutionResult(
+                kernel_name=self._kernel_name(kernel),
+                backend=self.backend_type,
+                grid_size=normalize_grid(grid_size, "grid_size"),
+                block_size=normalize_grid(block_size, "block_size"),
+                success=False,
+                error=exc,
+            )
+
+    def _execute(
+        self,
+        kernel: Callable[..., Any],
+        grid_size: int | Sequence[int],
+        block_size: int | Sequence[int],
+        args: tuple[Any, ...],
+        stream: Any,
+        shared_mem: int,
+    ) -> KernelExecutionResult:
         grid = normalize_grid(grid_size, "grid_size")
         block = normalize_grid(block_size, "block_size")
         name = self._kernel_name(kernel)
@@ -530,7 +568,9 @@ class CUDABackend(Backend):
         if out is None:
             out = self.empty(tuple(a.shape), numpy_dtype_of(a) or np.float32)
         grid, block = _launch_1d(int(np.prod(a.shape)))
-        self.execute_kernel(self.get_vector_add_kernel(), grid, block, a, b, out, stream=stream)
+        self.execute_kernel(
+            self.get_vector_add_kernel(), grid, block, a, b, out, stream=stream, on_error="raise"
+        )
         return out
 
     def matmul(self, a: Any, b: Any, out: Any | None = None, *, stream: Any = None) -> Any:
@@ -547,7 +587,7 @@ class CUDABackend(Backend):
         if out is None:
             out = self.empty((a.shape[0], b.shape[1]), np.float32)
         grid = ((a.shape[0] + tile - 1) // tile, (b.shape[1] + tile - 1) // tile)
-        self.execute_kernel(kernel, grid, (tile, tile), a, b, out, stream=stream)
+        self.execute_kernel(kernel, grid, (tile, tile), a, b, out, stream=stream, on_error="raise")
         return out
 
     def _wrap(self, exc: BaseException, what: str) -> Exception:

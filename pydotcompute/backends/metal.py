@@ -29,6 +29,7 @@ from .base import (
     Shape,
     as_shape,
     check_copy_compatible,
+    check_on_error,
     normalize_grid,
 )
 
@@ -279,28 +280,58 @@ class MetalBackend(Backend):
         *args: Any,
         stream: Any | None = None,
         shared_mem: int = 0,
+        on_error: str = "return",
+        **kwargs: Any,
     ) -> KernelExecutionResult:
-        """Call ``kernel(*args)`` and evaluate its result with ``mx.eval``.
+        """Call ``kernel(*args, **kwargs)`` and evaluate its result with ``mx.eval``.
 
         MLX schedules the threads itself, so the grid and block sizes are validated and
         recorded only. NumPy arguments are converted to ``mx.array`` first.
 
         Raises:
-            MetalError: the kernel failed while tracing or evaluating.
+            MetalError: the kernel failed while tracing or evaluating and ``on_error`` is
+                ``"raise"`` (with ``"return"``, the default, the result carries it).
         """
+        check_on_error(on_error)
+        try:
+            return self._execute(kernel, grid_size, block_size, args, kwargs, stream)
+        except MetalError as exc:
+            if on_error == "raise":
+                raise
+            return KernelExecutionResult(
+                kernel_name=self._kernel_name(kernel),
+                backend=self.backend_type,
+                grid_size=normalize_grid(grid_size, "grid_size"),
+                block_size=normalize_grid(block_size, "block_size"),
+                success=False,
+                error=exc,
+            )
+
+    def _execute(
+        self,
+        kernel: Callable[..., Any],
+        grid_size: int | Sequence[int],
+        block_size: int | Sequence[int],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stream: Any,
+    ) -> KernelExecutionResult:
         mx = self._mx()
         grid = normalize_grid(grid_size, "grid_size")
         block = normalize_grid(block_size, "block_size")
         name = self._kernel_name(kernel)
         call_args = [mx.array(a) if isinstance(a, np.ndarray) else a for a in args]
+        call_kwargs = {
+            k: mx.array(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()
+        }
         start = self._now()
         try:
             if stream is not None:
                 with mx.stream(stream):
-                    output = kernel(*call_args)
+                    output = kernel(*call_args, **call_kwargs)
                     mx.eval(output)
             else:
-                output = kernel(*call_args)
+                output = kernel(*call_args, **call_kwargs)
                 mx.eval(output)
         except Exception as exc:
             hint = ""

@@ -94,16 +94,24 @@ class CacheEntry:
 
     `kernel_name` and `source_hash` are those given to `store(kernel_name, source_hash,
     ptx)`; for entries the compiler wrote, `kernel_name` is the kernel's name and
-    `source_hash` is empty (its key already covers the source).
+    `source_hash` is empty (its key already covers the source). Every field has a default,
+    so PyDotCompute 0.2's keyword form (`kernel_name=`, `source_hash=`, `signature=`,
+    `ptx_path=`, `created_timestamp=`, `last_accessed=`, `hit_count=`) builds one too;
+    `ptx_path` is the artifact's path and `last_accessed` the same as `last_used`.
     """
 
-    key: str
-    kind: str
-    size_bytes: int
-    last_used: float
+    key: str = ""
+    kind: str = ""
+    size_bytes: int = 0
+    last_used: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
     kernel_name: str = ""
     source_hash: str = ""
+    signature: Any = None
+    ptx_path: str | None = None
+    created_timestamp: float = 0.0
+    last_accessed: float = 0.0
+    hit_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,25 @@ class CacheStats:
     evictions: int
     max_entries: int
     max_size_bytes: int
+
+    # PyDotCompute 0.2's get_stats() returned a dict; these keys read the same values.
+    _COMPAT_KEYS = {
+        "entries": "entries",
+        "max_entries": "max_entries",
+        "total_size_bytes": "size_bytes",
+        "max_size_bytes": "max_size_bytes",
+        "total_hits": "hits",
+        "cache_dir": "cache_dir",
+    }
+
+    def __getitem__(self, key: str) -> Any:
+        """``stats["total_hits"]``: the 0.2 dict keys (see `keys()`)."""
+        return getattr(self, self._COMPAT_KEYS[key])
+
+    def keys(self) -> list[str]:
+        """The 0.2 dict keys: entries, max_entries, total_size_bytes, max_size_bytes,
+        total_hits (this object's hits) and cache_dir."""
+        return list(self._COMPAT_KEYS)
 
     @property
     def hit_rate(self) -> float:
@@ -465,6 +492,9 @@ class KernelCache:
                     metadata=user_meta,
                     kernel_name=str(meta.get("kernel_name") or user_meta.get("name") or ""),
                     source_hash=str(meta.get("source_hash") or ""),
+                    ptx_path=str(data_path),
+                    created_timestamp=float(meta.get("created") or 0.0),
+                    last_accessed=st.st_mtime,
                 )
             )
         found.sort(key=lambda e: (e.last_used, e.key))
@@ -503,7 +533,11 @@ class KernelCache:
             )
 
     def __repr__(self) -> str:
-        return f"<KernelCache {str(self._dir)!r} max_entries={self.max_entries}>"
+        stats = self.get_stats()
+        return (
+            f"KernelCache(entries={stats.entries}/{self.max_entries}, "
+            f"size={stats.size_bytes / 1024:.1f}KB, dir={str(self._dir)!r})"
+        )
 
 
 _cache: KernelCache | None = None

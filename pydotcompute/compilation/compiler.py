@@ -193,6 +193,20 @@ def nvrtc_compile_ptx(
     return text.rstrip("\x00")
 
 
+def _numpy_to_mlx(mx: Any, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` accepting NumPy arrays too: ``mx.compile``'d functions take only trees of
+    ``mx.array``s and constants, so NumPy arguments are converted at the call."""
+    import numpy as np
+
+    def convert(a: Any) -> Any:
+        return mx.array(a) if isinstance(a, np.ndarray) else a
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return compiled(*[convert(a) for a in args], **{k: convert(v) for k, v in kwargs.items()})
+
+    return call
+
+
 def _numba_error(exc: BaseException) -> bool:
     errors = sys.modules.get("numba.core.errors")
     return errors is not None and isinstance(exc, errors.NumbaError)
@@ -459,10 +473,13 @@ class KernelCompiler:
             )
 
     def get_cache_stats(self) -> dict[str, Any]:
-        """0.2-style dict: ``hits``, ``misses``, ``size`` (in-memory entries), ``disk``."""
+        """A dict: ``cached_kernels`` (in-memory kernels, PyDotCompute 0.2's only key),
+        ``hits``, ``misses``, ``size`` (the same as ``cached_kernels``), ``disk_hits`` and
+        ``disk`` (the disk cache's statistics, or None)."""
         stats = self.get_stats()
         cache = self.cache
         return {
+            "cached_kernels": stats.entries,
             "hits": stats.hits,
             "misses": stats.misses,
             "size": stats.entries,
@@ -500,8 +517,8 @@ class KernelCompiler:
         cuda = "simulator" if cuda_simulator_enabled() else self.cuda_available
         device = self.options.device if self._device_from_options else "auto"
         return (
-            f"<KernelCompiler cuda={cuda} numba={self.numba_available} "
-            f"kernels={len(self._kernels)} device={device}>"
+            f"KernelCompiler(cuda={cuda}, numba={self.numba_available}, "
+            f"cached={len(self._kernels)}, device={device})"
         )
 
     # --- internals -------------------------------------------------------------------------
@@ -602,7 +619,7 @@ class KernelCompiler:
             ) from None
         start = time.perf_counter()
         try:
-            kernel = mx.compile(func)
+            kernel = _numpy_to_mlx(mx, mx.compile(func))
         except Exception as exc:
             raise KernelCompilationError(
                 f"mx.compile failed for {name!r}: {error_text(exc)}"
@@ -630,7 +647,7 @@ class KernelCompiler:
             acc = get_accelerator()
             if acc.cuda_available and not acc.cuda_simulated:
                 cc = acc.get_device(acc.current_device_id).compute_capability
-                if cc != (0, 0):
+                if cc is not None and cc != (0, 0):
                     return cc
         except Exception:
             pass

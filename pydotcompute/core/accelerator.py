@@ -30,6 +30,7 @@ __all__ = (
     "Accelerator",
     "DeviceProperties",
     "DeviceType",
+    "MemoryInfo",
     "cuda_available",
     "get_accelerator",
     "metal_available",
@@ -48,12 +49,13 @@ class DeviceType(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DeviceProperties:
-    """What a device is and can do. ``compute_capability`` is ``(0, 0)`` off CUDA."""
+    """What a device is and can do. ``compute_capability`` is ``(0, 0)`` off CUDA (None is
+    accepted too); ``compute_capability_str`` is then ``"N/A"``."""
 
     device_id: int
     device_type: DeviceType
     name: str
-    compute_capability: tuple[int, int] = (0, 0)
+    compute_capability: tuple[int, int] | None = (0, 0)
     total_memory: int = 0
     multiprocessor_count: int = 0
     max_threads_per_block: int = 1
@@ -65,13 +67,65 @@ class DeviceProperties:
 
     @property
     def compute_capability_str(self) -> str:
-        """``"8.0"``-style compute capability."""
-        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+        """``"8.0"``-style compute capability; ``"N/A"`` when there is none (None, or
+        ``(0, 0)`` on a device that is not CUDA)."""
+        cc = self.compute_capability
+        if cc is None or (tuple(cc) == (0, 0) and self.device_type is not DeviceType.CUDA):
+            return "N/A"
+        return f"{cc[0]}.{cc[1]}"
 
     @property
     def total_memory_gb(self) -> float:
         """Total memory in GiB."""
         return self.total_memory / 2**30
+
+
+class MemoryInfo(tuple[int, int]):
+    """``Accelerator.get_memory_info()``: a ``(free, total)`` tuple that also reads as
+    PyDotCompute 0.2's dict: ``info["free"]``, ``info["total"]``, ``info["used"]``,
+    ``"used" in info``, ``keys()``, ``items()`` (plus any extra keys a backend reports)."""
+
+    extra: dict[str, int]  # keys beyond free/total/used that the backend reports
+
+    def __new__(cls, free: int, total: int, extra: dict[str, int] | None = None) -> MemoryInfo:
+        info = super().__new__(cls, (int(free), int(total)))
+        info.extra = dict(extra or {})
+        return info
+
+    @property
+    def free(self) -> int:
+        return self[0]
+
+    @property
+    def total(self) -> int:
+        return self[1]
+
+    @property
+    def used(self) -> int:
+        """``total - free`` (0.2 on Metal: the cache memory, reported as an extra key)."""
+        return self.extra.get("used", max(0, self[1] - self[0]))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"free": self[0], "total": self[1], "used": self.used, **self.extra}
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return self.as_dict()[key]
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return key in self.as_dict()
+        return super().__contains__(key)
+
+    def keys(self) -> list[str]:
+        return list(self.as_dict())
+
+    def items(self) -> list[tuple[str, int]]:
+        return list(self.as_dict().items())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.as_dict().get(key, default)
 
 
 def _host_memory() -> tuple[int, int]:
@@ -412,20 +466,30 @@ class Accelerator:
             return
         self.get_backend().synchronize()
 
-    def get_memory_info(self) -> tuple[int, int]:
-        """``(free_bytes, total_bytes)`` of the current device (host memory on the CPU)."""
+    def get_memory_info(self) -> MemoryInfo:
+        """Free and total bytes of the current device (host memory on the CPU).
+
+        A ``MemoryInfo``: unpacks as ``(free_bytes, total_bytes)`` and reads as a dict with
+        ``free``, ``total`` and ``used`` (on Metal also ``cache_memory``/``peak_memory``).
+        """
         kind = self.backend_type
         if kind is DeviceType.CUDA and not self.cuda_simulated:
-            return self.get_backend().get_memory_info()  # type: ignore[no-any-return]
+            free, total = self.get_backend().get_memory_info()
+            return MemoryInfo(free, total)
         if kind is DeviceType.METAL:
             try:
                 import mlx.core as mx
 
                 total = self.current_device.total_memory or _host_memory()[1]
-                return max(0, total - int(mx.get_active_memory())), total
+                extra = {
+                    key: int(getattr(mx, f"get_{key}")())
+                    for key in ("cache_memory", "peak_memory")
+                    if hasattr(mx, f"get_{key}")
+                }
+                return MemoryInfo(max(0, total - int(mx.get_active_memory())), total, extra)
             except Exception:
-                return _host_memory()
-        return _host_memory()
+                return MemoryInfo(*_host_memory())
+        return MemoryInfo(*_host_memory())
 
     def refresh(self) -> None:
         """Probe again (after installing a library or changing ``PYDOTCOMPUTE_BACKEND``)."""
@@ -467,9 +531,13 @@ class Accelerator:
         reset_backends()
 
     def __repr__(self) -> str:
-        if not self._probed:
-            return "<Accelerator (not probed yet)>"
-        return f"<Accelerator backend={self._backend.value} devices={len(self.devices)}>"
+        if not self._probed:  # a repr does not start the (slow) probe
+            return "Accelerator(devices=?, not probed yet)"
+        return (
+            f"Accelerator(devices={self.device_count}, cuda_available={self.cuda_available}, "
+            f"metal_available={self.metal_available}, current_device={self.current_device.name}, "
+            f"backend={self._backend.value})"
+        )
 
 
 def get_accelerator() -> Accelerator:

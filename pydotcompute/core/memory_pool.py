@@ -22,13 +22,14 @@ never; explicit ``release``/``pooled_buffer`` is clearer).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +87,13 @@ class PoolStatistics:
     cupy_used_bytes: int = 0
     cupy_total_bytes: int = 0
     enabled: bool = True
+    cupy_n_free_blocks: int = 0
+
+    def __getitem__(self, key: str) -> Any:
+        """``stats["bytes_in_use"]``: any field or property by name."""
+        if not isinstance(key, str) or key.startswith("_") or not hasattr(self, key):
+            raise KeyError(key)
+        return getattr(self, key)
 
     @property
     def hit_rate(self) -> float:
@@ -159,9 +167,49 @@ class MemoryPool:
         InvalidConfigurationError: a negative size, `initial_size_mb` above the bound, or
             `max_size_mb` and `max_bytes` that disagree.
 
+    `MemoryPool()` without arguments is the process-wide pool (`get_memory_pool()`), as in
+    PyDotCompute 0.2; with arguments, or through `MemoryPool.create(...)`, it is a new pool
+    of its own.
+
     Thread-safe: one lock guards the tables; allocation happens under it too, so keep blocks
     large enough that pooling is worth it (it is for anything over a few KiB).
     """
+
+    _instance: ClassVar[MemoryPool | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> MemoryPool:
+        if cls is MemoryPool and not args and not kwargs:
+            return cls.shared()
+        return super().__new__(cls)
+
+    @classmethod
+    def shared(cls) -> MemoryPool:
+        """The process-wide pool, created on first use (no limit); ``MemoryPool()`` and
+        ``get_memory_pool()`` return it too. After ``MemoryPool._instance = None`` (as in
+        PyDotCompute 0.2) the next call creates a new one."""
+        with _pool_lock:
+            pool = cls._instance
+            if pool is None:
+                pool = cls.create()
+                cls._instance = pool
+            return pool
+
+    @classmethod
+    def create(
+        cls,
+        initial_size_mb: float = 0,
+        max_size_mb: float | None = None,
+        *,
+        max_bytes: int | None = None,
+        enabled: bool = True,
+        backend: Backend | str | None = None,
+    ) -> MemoryPool:
+        """A new pool of its own (not the process-wide one), whatever the arguments."""
+        pool = object.__new__(cls)
+        pool.__init__(  # type: ignore[misc]
+            initial_size_mb, max_size_mb, max_bytes=max_bytes, enabled=enabled, backend=backend
+        )
+        return pool
 
     def __init__(
         self,
@@ -172,6 +220,8 @@ class MemoryPool:
         enabled: bool = True,
         backend: Backend | str | None = None,
     ) -> None:
+        if getattr(self, "_ready", False):
+            return  # MemoryPool() handed back the process-wide pool: keep its state
         self._check_limit(max_bytes)
         if max_size_mb is not None:
             if max_size_mb < 0:
@@ -205,6 +255,7 @@ class MemoryPool:
         self._bytes_cached = 0
         self._bytes_in_use = 0
         self._hits = self._misses = self._evictions = self._acquires = self._releases = 0
+        self._ready = True
 
     @staticmethod
     def _check_limit(max_bytes: int | None) -> None:
@@ -476,24 +527,38 @@ class MemoryPool:
                 enabled=self._enabled,
             )
 
-    def get_pinned_stats(self) -> dict[str, int]:
-        """Pinned-memory figures: ours, and CuPy's pinned pool free blocks when in use."""
+    def get_pinned_stats(self) -> PoolStatistics:
+        """Pinned-memory figures: ours, and CuPy's pinned pool free blocks when in use.
+
+        ``used_bytes``/``bytes_in_use`` is pinned memory handed out, ``bytes_cached`` the
+        pinned blocks kept for reuse, ``n_free_blocks`` their count (plus CuPy's
+        ``cupy_n_free_blocks``). Subscripting by name works too: ``stats["bytes_in_use"]``.
+        """
         with self._lock:
-            cached = sum(b.nbytes for b in self._lru.values() if b.key[0] == "pinned")
+            cached_blocks = [b for b in self._lru.values() if b.key[0] == "pinned"]
+            cached = sum(b.nbytes for b in cached_blocks)
             in_use = sum(
                 lease.block.nbytes
                 for lease in self._leases.values()
                 if lease.block.key[0] == "pinned"
             )
+            enabled = self._enabled
         cupy_free_blocks = 0
         cupy = self._cupy()
         if cupy is not None:
             cupy_free_blocks = int(cupy.get_default_pinned_memory_pool().n_free_blocks())
-        return {
-            "bytes_in_use": in_use,
-            "bytes_cached": cached,
-            "cupy_n_free_blocks": cupy_free_blocks,
-        }
+        return PoolStatistics(
+            used_bytes=in_use,
+            total_bytes=in_use + cached,
+            n_free_blocks=len(cached_blocks) + cupy_free_blocks,
+            enabled=enabled,
+            cupy_n_free_blocks=cupy_free_blocks,
+        )
+
+    def free_all_free(self) -> int:
+        """Drop the cached (unused) blocks, and CuPy's unused ones when CuPy is in use;
+        returns the bytes dropped. The same as `free_all_blocks`."""
+        return self.free_all_blocks()
 
     def reset_stats(self) -> None:
         """Zero the hit/miss/eviction counters (holdings are unchanged)."""
@@ -504,23 +569,21 @@ class MemoryPool:
         s = self.get_stats()
         limit = "none" if s.limit_bytes is None else f"{s.limit_bytes}B"
         return (
-            f"<MemoryPool enabled={s.enabled} in_use={s.bytes_in_use}B "
-            f"cached={s.bytes_cached}B limit={limit} hits={s.hits} misses={s.misses} "
-            f"evictions={s.evictions}>"
+            f"MemoryPool(enabled={s.enabled}, used={s.used_mb:.2f}MB, "
+            f"total={s.total_mb:.2f}MB, cuda={self._cupy() is not None}, "
+            f"cached={s.bytes_cached}B, limit={limit}, hits={s.hits}, misses={s.misses}, "
+            f"evictions={s.evictions})"
         )
 
 
-_pool: MemoryPool | None = None
 _pool_lock = threading.Lock()
 
 
 def get_memory_pool() -> MemoryPool:
-    """The process-wide ``MemoryPool`` (created on first use, no limit)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = MemoryPool()
-        return _pool
+    """The process-wide ``MemoryPool`` (created on first use, no limit); the same object
+    as ``MemoryPool()``. Setting ``MemoryPool._instance = None`` makes the next call
+    create a new one (as in PyDotCompute 0.2)."""
+    return MemoryPool.shared()
 
 
 def configure_memory_pool(
@@ -568,3 +631,8 @@ def configure_memory_pool(
     else:
         pool.disable()
     return pool
+
+
+# MemoryPool.__new__ takes (*args, **kwargs) to tell "MemoryPool()" apart; show __init__'s
+# parameters to inspect.signature() and help().
+MemoryPool.__signature__ = inspect.signature(MemoryPool.create)  # type: ignore[attr-defined]

@@ -15,7 +15,8 @@ to that loop. Its recorded time covers the await.
 
 ``initialize()`` and ``shutdown()`` do their work when called and return an awaitable, so
 both ``orch.initialize()`` and ``await orch.initialize()`` work (the 0.2 API was used both
-ways); ``async with ComputeOrchestrator() as orch`` is the recommended form.
+ways); ``async with ComputeOrchestrator() as orch`` is the recommended form. For the same
+reason ``stream_context()`` works under ``with`` and ``async with``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,11 @@ class KernelNotRegisteredError(KernelNotFoundError, ValueError):
     A `KernelNotFoundError` (a `KeyError`) like every unknown kernel, and a `ValueError`,
     which is what older code catches around `launch_kernel`.
     """
+
+    def __init__(self, kernel_id: str, known: Any = (), *, where: str = "orchestrator"):
+        super().__init__(kernel_id, known, where=where)
+        listing = ", ".join(repr(k) for k in self.known) if self.known else "none"
+        self.args = (f"Kernel {kernel_id!r} not registered with the {where}; known ids: {listing}",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,38 +107,75 @@ class KernelLaunchConfig:
         return total
 
 
-@dataclass(frozen=True, slots=True)
+_execution_ids = itertools.count(1)
+
+
 class KernelExecution:
-    """One recorded launch.
+    """One recorded launch. Every argument has a default, so code can build one by hand.
 
     Attributes:
-        execution_id: increasing id within the orchestrator.
+        execution_id: increasing id (within the orchestrator that recorded it).
         kernel_name: the kernel's name.
         config: the launch configuration.
-        backend: backend name (``"cpu:0"``, ``"cuda:0"``, ...).
         start_time: wall-clock start (``time.time()``).
         end_time: wall-clock end.
-        duration_ms: time from launch to completion, as seen by the orchestrator.
         success: whether it completed without raising.
-        error: ``"ExceptionType: message"`` when it failed.
+        error: the exception when it failed (``error_message`` has it as text).
+        backend: backend name (``"cpu:0"``, ``"cuda:0"``, ...).
         result: the backend's result (device-measured time, output) when it succeeded.
     """
 
-    execution_id: int
-    kernel_name: str
-    config: KernelLaunchConfig
-    backend: str
-    start_time: float
-    end_time: float
-    duration_ms: float
-    success: bool
-    error: str | None = None
-    result: KernelExecutionResult | None = None
+    def __init__(
+        self,
+        execution_id: int | None = None,
+        kernel_name: str = "",
+        config: KernelLaunchConfig | None = None,
+        start_time: float = 0.0,
+        end_time: float = 0.0,
+        success: bool = False,
+        error: BaseException | None = None,
+        *,
+        backend: str = "",
+        result: KernelExecutionResult | None = None,
+        duration_ms: float | None = None,
+    ) -> None:
+        self.execution_id = execution_id if execution_id is not None else next(_execution_ids)
+        self.kernel_name = kernel_name
+        self.config = config if config is not None else KernelLaunchConfig()
+        self.start_time = start_time
+        self.end_time = end_time
+        self.success = success
+        self.error = error
+        self.backend = backend
+        self.result = result
+        self._measured_ms = duration_ms
+
+    @property
+    def duration_ms(self) -> float:
+        """Launch to completion in ms: as the orchestrator measured it, else
+        ``(end_time - start_time) * 1000``."""
+        if self._measured_ms is not None:
+            return self._measured_ms
+        return (self.end_time - self.start_time) * 1000.0
+
+    @property
+    def error_message(self) -> str | None:
+        """``"ExceptionType: message"`` when it failed, else None."""
+        if self.error is None:
+            return None
+        return f"{type(self.error).__name__}: {self.error}"
 
     @property
     def device_time_ms(self) -> float | None:
         """Time measured by the backend (CUDA events on a GPU), when available."""
         return self.result.execution_time_ms if self.result is not None else None
+
+    def __repr__(self) -> str:
+        return (
+            f"KernelExecution(execution_id={self.execution_id!r}, "
+            f"kernel_name={self.kernel_name!r}, success={self.success}, "
+            f"duration_ms={self.duration_ms:.3f}, error={self.error_message!r})"
+        )
 
 
 async def _awaited(result: KernelExecutionResult) -> KernelExecutionResult:
@@ -301,7 +344,11 @@ class ComputeOrchestrator:
                 raise KernelNotRegisteredError(name, self._kernels, where="orchestrator")
             del self._kernels[name]
 
-    def get_kernel(self, name: str) -> Callable[..., Any]:
+    def get_kernel(self, name: str) -> Callable[..., Any] | None:
+        """The kernel registered under ``name``, or None (see `require_kernel`)."""
+        return self._kernels.get(name)
+
+    def require_kernel(self, name: str) -> Callable[..., Any]:
         """The kernel registered under ``name``.
 
         Raises:
@@ -322,6 +369,7 @@ class ComputeOrchestrator:
         kernel_or_name: Callable[..., Any] | str,
         config: KernelLaunchConfig | tuple[Any, Any] | None = None,
         *args: Any,
+        **kwargs: Any,
     ) -> KernelExecution:
         """Launch a kernel (or a registered name) and wait for it without blocking the loop.
 
@@ -330,6 +378,8 @@ class ComputeOrchestrator:
                 or a registered name.
             config: a ``KernelLaunchConfig``, a ``(grid, block)`` tuple, or ``None`` (1, 256).
             *args: the kernel's arguments.
+            **kwargs: keyword arguments for the kernel (CPU and Metal); ``stream`` and
+                ``shared_mem`` are reserved (set them in the ``KernelLaunchConfig``).
 
         Returns:
             The recorded ``KernelExecution``.
@@ -351,12 +401,18 @@ class ComputeOrchestrator:
             )
         if not self._initialized:
             self.initialize()
-        fn = self.get_kernel(kernel_or_name) if isinstance(kernel_or_name, str) else kernel_or_name
+        _check_kernel_kwargs(kwargs)
+        fn = (
+            self.require_kernel(kernel_or_name)
+            if isinstance(kernel_or_name, str)
+            else kernel_or_name
+        )
         name = kernel_or_name if isinstance(kernel_or_name, str) else self.backend._kernel_name(fn)
         cfg = self._as_config(config)
         stream = cfg.stream if cfg.stream is not None else self._current_stream
         backend = self.backend
         call = functools.partial(
+            _raise_failure,
             backend.execute_kernel,
             fn,
             cfg.grid_size,
@@ -364,6 +420,7 @@ class ComputeOrchestrator:
             *args,
             stream=stream,
             shared_mem=cfg.shared_memory_bytes,
+            **kwargs,
         )
         start_wall, start = time.time(), time.perf_counter()
         try:
@@ -378,7 +435,7 @@ class ComputeOrchestrator:
             if inspect.isawaitable(result.output):  # an `async def` kernel: run it here
                 result = await _awaited(result)
         except BaseException as exc:
-            self._record(name, cfg, start_wall, start, None, f"{type(exc).__name__}: {exc}")
+            self._record(name, cfg, start_wall, start, None, exc)
             raise
         return self._record(name, cfg, start_wall, start, result, None)
 
@@ -401,7 +458,7 @@ class ComputeOrchestrator:
         start_wall: float,
         start: float,
         result: KernelExecutionResult | None,
-        error: str | None,
+        error: BaseException | None,
     ) -> KernelExecution:
         elapsed = (time.perf_counter() - start) * 1e3
         execution = KernelExecution(
@@ -428,19 +485,17 @@ class ComputeOrchestrator:
             self._streams.append(stream)
         return stream
 
-    @contextlib.contextmanager
-    def stream_context(self, stream: Any | None = None) -> Iterator[Any]:
+    def stream_context(self, stream: Any | None = None) -> StreamContext:
         """Launches inside the block default to ``stream`` (a new one if ``None``); the
-        stream is synchronized on exit."""
-        target = stream if stream is not None else self.create_stream()
+        stream is synchronized on exit. Works with ``with`` and ``async with`` (0.2's form);
+        both yield the stream, ``None`` on the CPU."""
+        return StreamContext(self, stream)
+
+    def set_current_stream(self, stream: Any) -> Any:
+        """Make ``stream`` the default for launches; returns the previous default."""
         previous = self._current_stream
-        self._current_stream = target
-        try:
-            yield target
-        finally:
-            self._current_stream = previous
-            if target is not None and hasattr(target, "synchronize"):
-                target.synchronize()
+        self._current_stream = stream
+        return previous
 
     def synchronize(self) -> None:
         """Wait for every stream this orchestrator created and for the device.
@@ -461,14 +516,16 @@ class ComputeOrchestrator:
     def get_execution_history(
         self, limit: int | None = None, kernel_name: str | None = None
     ) -> list[KernelExecution]:
-        """Recorded launches, oldest first; ``limit`` keeps the most recent ones."""
+        """Recorded launches, oldest first; ``limit`` keeps the most recent ones (0 or None:
+        all of them)."""
         items: Sequence[KernelExecution] = list(self._history)
         if kernel_name is not None:
             items = [e for e in items if e.kernel_name == kernel_name]
         if limit is not None:
             if limit < 0:
                 raise InvalidConfigurationError(f"limit must be >= 0, got {limit}")
-            items = items[len(items) - limit :] if limit else []
+            if limit:  # 0 means the whole history, as in 0.2
+                items = items[len(items) - limit :]
         return list(items)
 
     def clear_execution_history(self) -> None:
@@ -492,4 +549,57 @@ class ComputeOrchestrator:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "ready" if self._initialized else "new"
-        return f"<ComputeOrchestrator {state} kernels={len(self._kernels)}>"
+        return (
+            f"ComputeOrchestrator(active={self.is_active}, kernels={len(self._kernels)}, "
+            f"executions={len(self._history)}, state={state})"
+        )
+
+
+_RESERVED_KWARGS = ("stream", "shared_mem", "on_error")
+
+
+def _raise_failure(execute: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``backend.execute_kernel`` and raise the error of a failed result: backends
+    return failures (0.2's ``on_error="return"``), the orchestrator raises and records
+    them. Works with backends written before ``on_error`` existed."""
+    result = execute(*args, **kwargs)
+    error = getattr(result, "error", None)
+    if error is not None and not getattr(result, "success", True):
+        raise error
+    return result
+
+
+def _check_kernel_kwargs(kwargs: dict[str, Any]) -> None:
+    reserved = sorted(k for k in kwargs if k in _RESERVED_KWARGS)
+    if reserved:
+        raise InvalidConfigurationError(
+            f"launch_kernel keyword(s) {reserved} are reserved for the launch; set the stream "
+            "and shared memory in KernelLaunchConfig(stream=..., shared_memory_bytes=...)"
+        )
+
+
+class StreamContext:
+    """``orch.stream_context()``: a context manager for ``with`` and ``async with`` alike."""
+
+    def __init__(self, orchestrator: ComputeOrchestrator, stream: Any | None) -> None:
+        self._orch = orchestrator
+        self._stream = stream
+        self._previous: Any = None
+
+    def __enter__(self) -> Any:
+        target = self._stream if self._stream is not None else self._orch.create_stream()
+        self._stream = target
+        self._previous = self._orch.set_current_stream(target)
+        return target
+
+    def __exit__(self, *exc: object) -> None:
+        self._orch.set_current_stream(self._previous)
+        target = self._stream
+        if target is not None and hasattr(target, "synchronize"):
+            target.synchronize()
+
+    async def __aenter__(self) -> Any:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)

@@ -19,15 +19,17 @@ UNINITIALIZED ──────────────────────
 
 Reading the side that is current never copies; reading the stale side copies once and moves
 to ``SYNCHRONIZED``. Marking one side dirty while the other is dirty means both were written
-since they last matched, which cannot be reconciled: that raises ``BufferSyncError`` rather
-than silently dropping one side's writes. Transfer counters (``transfer_stats``) record every
-copy, so tests can prove that no redundant copy happens.
+since they last matched and one side's writes are lost: as in PyDotCompute 0.2 the last mark
+wins, with a ``RuntimeWarning``; ``strict_sync=True`` raises ``BufferSyncError`` instead.
+Transfer counters (``transfer_stats``) record every copy, so tests can prove that no
+redundant copy happens.
 
 The device side comes from a ``Backend``: CuPy arrays on CUDA (Numba device arrays under the
-CUDA simulator), ``mx.array`` on Metal, and on the CPU a second NumPy array, so code written
-for a discrete GPU behaves identically on the CPU (the price is a second copy of the data; use
-``allocate(device=False)`` for host-only data). ``.metal`` is an extra MLX mirror of the host
-side when the device is not Metal.
+CUDA simulator), ``mx.array`` on Metal. On the CPU the device side *is* the host array (as in
+0.2: a write on either side is seen on the other, marks or not, and nothing is copied);
+``device_copy=True`` keeps a second NumPy array instead, so code written for a discrete GPU
+can be exercised on the CPU with real, counted copies. ``.metal`` is an extra MLX mirror of
+the host side when the device is not Metal.
 
 Async ``ensure_on_device``/``ensure_on_host`` copy in a worker thread (``asyncio.to_thread``)
 from `ASYNC_COPY_THRESHOLD` bytes up, so a large copy does not stall the event loop;
@@ -41,6 +43,8 @@ import asyncio
 import enum
 import math
 import threading
+import types
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -130,6 +134,10 @@ class UnifiedBuffer:
         backend: the device backend (a ``Backend``, ``"cpu"``, ``"cuda"``, ``"metal"``) or
             ``None`` for the accelerator's choice.
         pool: take memory from this ``MemoryPool`` and return it on ``free()``.
+        device_copy: on the CPU backend, keep a separate device array (copied on demand, as
+            on a GPU) instead of sharing the host array.
+        strict_sync: raise ``BufferSyncError`` when both sides are marked dirty (one
+            side's writes would be lost) instead of warning and keeping the last mark.
 
     Raises:
         InvalidConfigurationError: a bad shape or dtype.
@@ -150,6 +158,8 @@ class UnifiedBuffer:
         pinned: bool = False,
         backend: Backend | BackendType | str | None = None,
         pool: MemoryPool | None = None,
+        device_copy: bool = False,
+        strict_sync: bool = False,
     ) -> None:
         self._shape = as_shape(shape)
         try:
@@ -172,6 +182,8 @@ class UnifiedBuffer:
         self._backend_spec = backend
         self._backend: Backend | None = None
         self._pool = pool
+        self._device_copy = bool(device_copy)
+        self.strict_sync = bool(strict_sync)
         self._host: np.ndarray[Any, Any] | None = None
         self._device: Any = None
         self._metal: Any = None
@@ -182,7 +194,16 @@ class UnifiedBuffer:
         self._h2d = self._d2h = self._h2m = self._m2h = 0
         self._bytes_h2d = self._bytes_d2h = 0
 
+    # ``UnifiedBuffer[np.float32]`` works at runtime, as it did for 0.2's Generic class.
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:
+        return types.GenericAlias(cls, item)
+
     # --- properties ------------------------------------------------------------------------
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether host and device are one array (the CPU backend without ``device_copy``)."""
+        return not self._device_copy and self._plain_cpu()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -261,6 +282,12 @@ class UnifiedBuffer:
         if not host and not device:
             raise InvalidConfigurationError("allocate() needs host=True, device=True or both")
         with self._lock:
+            if self._state is BufferState.UNINITIALIZED and self.shares_memory:
+                self.backend.require()
+                self._host = self._device = self._new_host(zero=True)
+                self._freed = False
+                self._state = BufferState.SYNCHRONIZED
+                return self
             if self._state is BufferState.UNINITIALIZED:
                 if device:
                     self.backend.require()
@@ -325,8 +352,13 @@ class UnifiedBuffer:
             if self._pool is not None:
                 if self._host is not None:
                     self._pool.release(self._host)
-                if self._device is not None and self._backend_kind() is not BackendType.METAL:
-                    self._pool.release(self._device)
+                device = self._device
+                if (
+                    device is not None
+                    and device is not self._host
+                    and self._backend_kind() is not BackendType.METAL
+                ):
+                    self._pool.release(device)
             elif self._device is not None and self._backend is not None:
                 self._backend.free(self._device)
             was_allocated = self._state is not BufferState.UNINITIALIZED
@@ -335,6 +367,11 @@ class UnifiedBuffer:
             self._pinned = False
             self._state = BufferState.UNINITIALIZED
             self._freed = self._freed or was_allocated
+
+    def _allocate_if_new(self) -> None:
+        """0.2 allocated a never-allocated buffer on first write; a freed one still raises."""
+        if self._state is BufferState.UNINITIALIZED and not self._freed:
+            self.allocate()
 
     def _check_alive(self) -> None:
         if self._state is BufferState.UNINITIALIZED:
@@ -352,6 +389,8 @@ class UnifiedBuffer:
         host = self._host
         assert host is not None
         device = self._device
+        if device is host:  # one shared array: nothing to copy
+            return
         if device is None:
             device = self._device = self._new_device(zero=False)
         if self._plain_cpu():  # our own two arrays: same shape and dtype by construction
@@ -367,6 +406,8 @@ class UnifiedBuffer:
 
     def _copy_d2h(self) -> None:
         host = self._host
+        if host is not None and host is self._device:  # one shared array: nothing to copy
+            return
         if host is None:
             host = self._host = self._new_host(zero=False)
         if self._plain_cpu() and type(self._device) is np.ndarray:
@@ -488,7 +529,8 @@ class UnifiedBuffer:
 
         Raises:
             BufferNotAllocatedError: not allocated, or freed.
-            BufferSyncError: the device side is dirty too (both were written).
+            BufferSyncError: ``strict_sync`` and the device side is dirty too (both were
+                written); without ``strict_sync`` a ``RuntimeWarning`` and the host wins.
         """
         with self._lock:
             state = self._state
@@ -499,10 +541,13 @@ class UnifiedBuffer:
                 return
             self._check_alive()
             if state is BufferState.DEVICE_DIRTY:
-                raise BufferSyncError(
+                self._conflict(
                     f"{self._describe()}: mark_host_dirty() while the device side is dirty; both "
                     "sides were written and one would be lost. Read .host before writing it"
                 )
+                self._state = _H_DIRTY
+                self._metal_valid = False
+                return
             if state is BufferState.DEVICE_ONLY:
                 raise BufferSyncError(
                     f"{self._describe()} has no host side to mark dirty; read .host first"
@@ -513,7 +558,8 @@ class UnifiedBuffer:
 
         Raises:
             BufferNotAllocatedError: not allocated, or freed.
-            BufferSyncError: the host side is dirty too (both were written).
+            BufferSyncError: ``strict_sync`` and the host side is dirty too (both were
+                written); without ``strict_sync`` a ``RuntimeWarning`` and the device wins.
         """
         with self._lock:
             state = self._state
@@ -524,14 +570,30 @@ class UnifiedBuffer:
                 return
             self._check_alive()
             if state is BufferState.HOST_DIRTY:
-                raise BufferSyncError(
+                self._conflict(
                     f"{self._describe()}: mark_device_dirty() while the host side is dirty; both "
                     "sides were written and one would be lost. Read .device before writing it"
                 )
+                self._state = _D_DIRTY
+                self._metal_valid = False
+                return
             if state is BufferState.HOST_ONLY:
                 raise BufferSyncError(
                     f"{self._describe()} has no device side to mark dirty; read .device first"
                 )
+
+    def _conflict(self, text: str) -> None:
+        """Both sides were marked dirty: nothing is lost when they share memory; otherwise
+        raise (``strict_sync``) or warn, and the caller keeps the last mark (as in 0.2)."""
+        if self._host is self._device:
+            return
+        if self.strict_sync:
+            raise BufferSyncError(text)
+        warnings.warn(
+            text + "; the last mark wins (pass strict_sync=True to raise instead)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def mark_metal_dirty(self) -> None:
         """Record that the ``.metal`` array was changed in place; host takes its data.
@@ -597,17 +659,22 @@ class UnifiedBuffer:
     def _is_foreign_device_array(self, a: Any) -> bool:
         return not isinstance(a, np.ndarray) and self.backend.is_device_array(a)
 
-    def copy_from(self, src: Any) -> None:
-        """Overwrite the whole buffer with ``src`` (NumPy, a device array, or a sequence).
+    def copy_from(self, src: Any, *, exact: bool = False) -> UnifiedBuffer:
+        """Overwrite the whole buffer with ``src`` (NumPy, a device array, or a sequence);
+        returns ``self``. A never-allocated buffer is allocated first.
 
-        A NumPy source goes to the host side (device becomes stale); a device array goes to
-        the device side without a round trip through the host.
+        A NumPy source goes to the host side (device becomes stale) with ``np.copyto``'s
+        rules, as in 0.2: ``same_kind`` casting (an int64 source into a float32 buffer) and
+        broadcasting. ``exact=True`` requires an equal shape and dtype. A device array goes
+        to the device side without a round trip through the host (equal shape and dtype).
 
         Raises:
-            BufferMismatchError: shape or dtype differ (the message names both sides).
-            BufferNotAllocatedError: not allocated, or freed.
+            BufferMismatchError: the source cannot be copied in (the message names both
+                sides).
+            BufferNotAllocatedError: the buffer was freed.
         """
         with self._lock:
+            self._allocate_if_new()
             self._check_alive()
             if self._is_foreign_device_array(src):
                 check_copy_compatible(src, self, what="copy_from")
@@ -618,9 +685,13 @@ class UnifiedBuffer:
                     BufferState.DEVICE_DIRTY if self._host is not None else BufferState.DEVICE_ONLY
                 )
                 self._metal_valid = False
-                return
+                return self
             arr = src if isinstance(src, np.ndarray) else self._as_host_array(src)
-            check_copy_compatible(arr, self, what="copy_from")
+            loose_ok = np.can_cast(arr.dtype, self._dtype, "same_kind") and _broadcasts(
+                arr.shape, self._shape
+            )
+            if exact or not loose_ok:  # raises unless shape and dtype are equal
+                check_copy_compatible(arr, self, what="copy_from")
             if self._host is None:
                 self._host = self._new_host(zero=False)
             np.copyto(self._host, arr)
@@ -628,6 +699,7 @@ class UnifiedBuffer:
                 BufferState.HOST_DIRTY if self._device is not None else BufferState.HOST_ONLY
             )
             self._metal_valid = False
+            return self
 
     def _as_host_array(self, src: Any) -> np.ndarray[Any, Any]:
         if hasattr(src, "dtype") and hasattr(src, "shape"):  # MLX and other array types
@@ -663,21 +735,28 @@ class UnifiedBuffer:
         """A NumPy copy of the current data."""
         return self._host_array().copy()
 
-    def fill(self, value: Any) -> None:
-        """Set every element, on each allocated side, to ``value`` (no transfer)."""
+    def fill(self, value: Any) -> UnifiedBuffer:
+        """Set every element, on each allocated side, to ``value`` (no transfer); returns
+        ``self``. A never-allocated buffer is allocated first.
+
+        Raises:
+            BufferNotAllocatedError: the buffer was freed.
+        """
         with self._lock:
+            self._allocate_if_new()
             self._check_alive()
             if self._host is not None:
                 self._host[...] = value
-            if self._device is not None:
+            if self._device is not None and self._device is not self._host:
                 self._device = self.backend.fill(self._device, value)
             if self._host is not None and self._device is not None:
                 self._state = BufferState.SYNCHRONIZED
             self._metal_valid = False
+            return self
 
-    def zeros(self) -> None:
-        """``fill(0)``."""
-        self.fill(0)
+    def zeros(self) -> UnifiedBuffer:
+        """``fill(0)``; returns ``self``."""
+        return self.fill(0)
 
     # --- Python protocols ------------------------------------------------------------------
 
@@ -719,3 +798,10 @@ class UnifiedBuffer:
     def __repr__(self) -> str:
         backend = self._backend.name if self._backend is not None else "unresolved"
         return f"<{self._describe()} state={self._state.name} backend={backend}>"
+
+
+def _broadcasts(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """Whether an array of shape ``src`` broadcasts onto shape ``dst`` (np.copyto's rule)."""
+    if len(src) > len(dst):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(src), reversed(dst), strict=False))

@@ -11,6 +11,7 @@ from .ring_kernel import get_ring_kernel_meta as get_ring_kernel_meta
 from .ring_kernel import is_ring_kernel as is_ring_kernel
 from .ring_kernel import ring_kernel as ring_kernel
 from .validators import RuntimeValidator as RuntimeValidator
+from .validators import get_validator as get_validator
 from .validators import validate_backpressure_strategy as validate_backpressure_strategy
 from .validators import validate_block_size as validate_block_size
 from .validators import validate_config as validate_config
@@ -45,6 +46,7 @@ __all__ = (
     "cuda_source",
     "get_kernel_registry",
     "get_ring_kernel_meta",
+    "get_validator",
     "gpu_kernel",
     "is_ring_kernel",
     "kernel",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 from ..exceptions import InvalidConfigurationError, KernelAlreadyExistsError
 
@@ -120,7 +120,9 @@ class KernelFunction:
             from ..backends import get_backend
 
             backend = get_backend("cuda")
-            return backend.execute_kernel(self.compile("cuda"), grid, block, *args, stream=stream)
+            return backend.execute_kernel(
+                self.compile("cuda"), grid, block, *args, stream=stream, on_error="raise"
+            )
 
         return launch
 
@@ -230,7 +232,9 @@ class GPUKernel:
 
         backend = get_backend("cuda")
         backend.require()
-        return backend.execute_kernel(self.compile(), grid_size, block_size, *args, stream=stream)
+        return backend.execute_kernel(
+            self.compile(), grid_size, block_size, *args, stream=stream, on_error="raise"
+        )
 
     def __getitem__(self, config: Any) -> Callable[..., Any]:
         grid, block, stream = _split_launch(config)
@@ -355,15 +359,40 @@ def get_kernel_meta(obj: Any) -> dict[str, Any] | None:
 
 class KernelRegistry:
     """Compute kernels by name. `@kernel` and `@gpu_kernel` register what they wrap in the
-    process-wide registry (`get_kernel_registry()`), a later definition under the same name
-    replacing the earlier one; code may keep registries of its own.
+    process-wide registry, a later definition under the same name replacing the earlier one.
 
-    Thread-safe: one lock guards the table.
+    `KernelRegistry()` is that process-wide registry (as in PyDotCompute 0.2:
+    `KernelRegistry() is get_kernel_registry()`); `KernelRegistry.private()` makes an
+    isolated, empty one. Thread-safe: one lock guards the table.
     """
 
+    _kernels: dict[str, Any]
+    _lock: threading.Lock
+    _shared: ClassVar[KernelRegistry | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __new__(cls) -> KernelRegistry:
+        if cls is KernelRegistry:
+            with cls._shared_lock:
+                if cls._shared is None:
+                    cls._shared = cls.private()
+                return cls._shared
+        return super().__new__(cls)
+
     def __init__(self) -> None:
-        self._kernels: dict[str, Any] = {}
+        # __init__ runs again on every KernelRegistry() call, which returns the shared
+        # registry: set the table up once.
+        if getattr(self, "_kernels", None) is not None:
+            return
+        self._kernels = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def private(cls) -> KernelRegistry:
+        """A new, empty registry of its own (not the process-wide one)."""
+        registry = object.__new__(cls)
+        registry.__init__()  # type: ignore[misc]
+        return registry
 
     def register(self, name: str, kernel: Any, *, overwrite: bool = False) -> None:
         """Register `kernel` under `name`.
@@ -411,7 +440,7 @@ class KernelRegistry:
         return f"<KernelRegistry kernels={len(self._kernels)}>"
 
 
-_registry = KernelRegistry()
+_registry = KernelRegistry()  # the process-wide one
 
 
 def get_kernel_registry() -> KernelRegistry:

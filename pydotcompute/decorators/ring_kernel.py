@@ -10,12 +10,12 @@ from typing import Any, TypeVar, overload
 from ..exceptions import InvalidConfigurationError
 from ..ring_kernels.registry import register_ring_kernel
 from .validators import (
+    check_block_size,
+    check_grid_size,
+    check_queue_size,
     validate_backpressure_strategy,
-    validate_block_size,
-    validate_grid_size,
     validate_kernel_id,
     validate_message_type,
-    validate_queue_size,
     validate_restart,
 )
 
@@ -50,6 +50,37 @@ class RingKernelMeta:
     max_restarts: int | None
     tier: str
     extra: dict[str, Any] = field(default_factory=dict)
+
+    # PyDotCompute 0.2 returned a plain dict from get_ring_kernel_meta(); the read-only
+    # mapping view below serves its keys, with "config" a dict of the launch options.
+    _MAPPING_KEYS = ("kernel_id", "input_type", "output_type", "config")
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "config":
+            opts = self.launch_options()
+            return {
+                "input_queue_size": opts["input_queue_size"],
+                "output_queue_size": opts["output_queue_size"],
+                "grid_size": opts["grid_size"],
+                "block_size": opts["block_size"],
+                "backpressure_strategy": opts["backpressure_strategy"],
+            }
+        if key in self._MAPPING_KEYS:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def keys(self) -> tuple[str, ...]:
+        """The 0.2 dict keys: ``kernel_id``, ``input_type``, ``output_type``, ``config``."""
+        return self._MAPPING_KEYS
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._MAPPING_KEYS
 
     def launch_options(self) -> dict[str, Any]:
         """Keyword options for ``runtime.launch`` / ``RingKernelConfig``."""
@@ -153,16 +184,13 @@ def ring_kernel(
             kernel_id=kid,
             input_type=input_type,
             output_type=output_type,
-            input_queue_size=validate_queue_size(
-                input_queue_size if input_queue_size is not None else queue_size,
-                "input_queue_size",
+            # 0 (any falsy size) means "use queue_size", as in PyDotCompute 0.2.
+            input_queue_size=check_queue_size(input_queue_size or queue_size, "input_queue_size"),
+            output_queue_size=check_queue_size(
+                output_queue_size or queue_size, "output_queue_size"
             ),
-            output_queue_size=validate_queue_size(
-                output_queue_size if output_queue_size is not None else queue_size,
-                "output_queue_size",
-            ),
-            grid_size=validate_grid_size(grid_size),
-            block_size=validate_block_size(block_size),
+            grid_size=check_grid_size(grid_size),
+            block_size=check_block_size(block_size),
             backpressure=strategy,
             backend=backend,
             serialize=serialize,
@@ -211,11 +239,17 @@ class RingKernelBuilder:
     ```python
     RingKernelBuilder("compute").input(Req).output(Resp).queue_size(1024).build(actor)
     ```
+
+    The PyDotCompute 0.2 chain works too: ``with_input_type``, ``with_output_type``,
+    ``with_queue_size``, ``with_input_queue_size``, ``with_output_queue_size``,
+    ``with_grid_size``, ``with_block_size``, ``with_backpressure``, ``with_handler`` and a
+    ``build()`` without arguments.
     """
 
     def __init__(self, kernel_id: str) -> None:
         self._kernel_id = validate_kernel_id(kernel_id)
         self._opts: dict[str, Any] = {}
+        self._handler: Callable[..., Any] | None = None
 
     def _set(self, **kw: Any) -> RingKernelBuilder:
         self._opts.update(kw)
@@ -235,13 +269,33 @@ class RingKernelBuilder:
 
     with_queue_size = queue_size
 
+    def with_input_queue_size(self, size: int) -> RingKernelBuilder:
+        return self._set(input_queue_size=size)
+
+    def with_output_queue_size(self, size: int) -> RingKernelBuilder:
+        return self._set(output_queue_size=size)
+
     def backpressure(self, strategy: str) -> RingKernelBuilder:
         return self._set(backpressure=strategy)
 
     with_backpressure = backpressure
 
-    def grid(self, grid_size: int, block_size: int = 256) -> RingKernelBuilder:
+    def grid(self, grid_size: int, block_size: int | None = None) -> RingKernelBuilder:
+        """Set the grid size, and the block size when given (else it is left as set)."""
+        if block_size is None:
+            return self._set(grid_size=grid_size)
         return self._set(grid_size=grid_size, block_size=block_size)
+
+    def with_grid_size(self, grid_size: int) -> RingKernelBuilder:
+        return self._set(grid_size=grid_size)
+
+    def with_block_size(self, block_size: int) -> RingKernelBuilder:
+        return self._set(block_size=block_size)
+
+    def with_handler(self, func: Callable[..., Any]) -> RingKernelBuilder:
+        """The actor function ``build()`` applies the declaration to."""
+        self._handler = func
+        return self
 
     def backend(self, name: str) -> RingKernelBuilder:
         return self._set(backend=name)
@@ -258,7 +312,29 @@ class RingKernelBuilder:
     def options(self, **extra: Any) -> RingKernelBuilder:
         return self._set(**extra)
 
-    def build(self, func: F, *, register: bool = True) -> F:
-        """Apply ``@ring_kernel`` with the collected options to ``func``."""
+    def build(self, func: Any = None, *, register: bool = True) -> Any:
+        """Apply ``@ring_kernel`` with the collected options to ``func`` (default: the
+        ``with_handler`` function) and return it.
+
+        Raises:
+            InvalidConfigurationError: neither ``func`` nor a handler was given (a
+                ``ValueError``).
+        """
+        fn = func if func is not None else self._handler
+        if fn is None:
+            raise InvalidConfigurationError(
+                f"Handler function is required: ring kernel {self._kernel_id!r} has none; "
+                "pass it to build(func) or call with_handler(func) first"
+            )
         decorate = ring_kernel(kernel_id=self._kernel_id, auto_register=register, **self._opts)
-        return decorate(func)
+        return decorate(fn)
+
+    def __repr__(self) -> str:
+        def name(tp: Any) -> str:
+            return getattr(tp, "__name__", repr(tp))
+
+        return (
+            f"RingKernelBuilder(id={self._kernel_id!r}, "
+            f"input={name(self._opts.get('input_type'))}, "
+            f"output={name(self._opts.get('output_type'))})"
+        )

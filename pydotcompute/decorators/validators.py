@@ -2,18 +2,36 @@
 
 Each validator returns the (normalized) value or raises a pydotcompute error whose text
 names the offending value and the accepted range, so mistakes surface where they are made.
+
+The public ``validate_*`` names keep the PyDotCompute 0.2 signatures and results (grid and
+block sizes as tuples, ``validate_message`` / ``validate_config`` as decorators when given a
+class); the runtime's own int-returning checks live under ``check_*`` names.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
-from typing import Any
+import threading
+import types
+import typing
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..exceptions import InvalidConfigurationError, TypeValidationError
 from ..ring_kernels.fast_queue import BackpressureStrategy
 
 __all__ = (
     "RuntimeValidator",
+    "check_block_size",
+    "check_grid_size",
+    "check_kernel_config",
+    "check_message",
+    "check_queue_size",
+    "get_validator",
     "validate_backpressure_strategy",
     "validate_block_size",
     "validate_config",
@@ -28,7 +46,11 @@ __all__ = (
 
 MAX_QUEUE_SIZE = 1 << 24
 MAX_BLOCK_SIZE = 1024
+#: The bound of the public ``validate_queue_size`` (0.2's); the runtime allows MAX_QUEUE_SIZE.
+COMPAT_MAX_QUEUE_SIZE = 1_000_000
 RESTART_POLICIES = ("never", "on_failure")
+
+_T = TypeVar("_T")
 
 
 def _is_int(value: object) -> bool:
@@ -42,8 +64,8 @@ def validate_kernel_id(kernel_id: object) -> str:
     return kernel_id
 
 
-def validate_queue_size(size: object, name: str = "queue_size") -> int:
-    """Queue sizes are ints in 1..2**24."""
+def check_queue_size(size: object, name: str = "queue_size") -> int:
+    """The runtime's queue-size check: an int (not a bool) in 1..2**24."""
     if not _is_int(size) or not 1 <= size <= MAX_QUEUE_SIZE:  # type: ignore[operator]
         raise InvalidConfigurationError(
             f"{name} must be an int in 1..{MAX_QUEUE_SIZE}, got {size!r}"
@@ -51,15 +73,15 @@ def validate_queue_size(size: object, name: str = "queue_size") -> int:
     return size  # type: ignore[return-value]
 
 
-def validate_grid_size(size: object) -> int:
-    """Grid sizes are positive ints."""
+def check_grid_size(size: object) -> int:
+    """The runtime's grid-size check: an int >= 1; returns the int."""
     if not _is_int(size) or size < 1:  # type: ignore[operator]
         raise InvalidConfigurationError(f"grid_size must be an int >= 1, got {size!r}")
     return size  # type: ignore[return-value]
 
 
-def validate_block_size(size: object) -> int:
-    """Block sizes are ints in 1..1024 (the CUDA limit)."""
+def check_block_size(size: object) -> int:
+    """The runtime's block-size check: an int in 1..1024 (the CUDA limit); returns the int."""
     if not _is_int(size) or not 1 <= size <= MAX_BLOCK_SIZE:  # type: ignore[operator]
         raise InvalidConfigurationError(
             f"block_size must be an int in 1..{MAX_BLOCK_SIZE}, got {size!r}"
@@ -67,11 +89,74 @@ def validate_block_size(size: object) -> int:
     return size  # type: ignore[return-value]
 
 
+def validate_queue_size(size: object, name: str = "queue_size") -> int:
+    """A queue size: an int in 1..1,000,000 (PyDotCompute 0.2's range; ``True`` counts as 1).
+
+    The runtime itself accepts up to 2**24 (see ``check_queue_size``).
+    """
+    if not isinstance(size, int) or not 1 <= size <= COMPAT_MAX_QUEUE_SIZE:
+        raise InvalidConfigurationError(
+            f"{name} must be an int in 1..{COMPAT_MAX_QUEUE_SIZE}, got {size!r}"
+        )
+    return int(size)
+
+
+def _dims(size: object, name: str) -> tuple[int, ...]:
+    if _is_int(size):
+        dims: tuple[object, ...] = (size,)
+    elif isinstance(size, tuple):
+        dims = size
+    else:
+        raise InvalidConfigurationError(
+            f"{name} must be an int or a tuple of up to 3 positive ints, got {size!r}"
+        )
+    if len(dims) > 3:
+        raise InvalidConfigurationError(
+            f"{name} has at most 3 dimensions, got {len(dims)}: {size!r}"
+        )
+    for d in dims:
+        if not _is_int(d) or d < 1:  # type: ignore[operator]
+            raise InvalidConfigurationError(
+                f"{name} dimensions must be positive ints, got {d!r} in {size!r}"
+            )
+    return dims  # type: ignore[return-value]
+
+
+def validate_grid_size(size: object, name: str = "grid_size") -> tuple[int, ...]:
+    """A grid size: an int or a tuple of up to 3 positive ints; returns the tuple.
+
+    ``1 -> (1,)``, ``(2, 3) -> (2, 3)``; ``()`` is accepted and returned as is.
+    """
+    return _dims(size, name)
+
+
+def validate_block_size(
+    size: object, name: str = "block_size", max_threads: int = MAX_BLOCK_SIZE
+) -> tuple[int, ...]:
+    """A block size: an int or a tuple of up to 3 positive ints whose product is at most
+    ``max_threads``; returns the tuple."""
+    dims = _dims(size, name)
+    total = 1
+    for d in dims:
+        total *= d
+    if total > max_threads:
+        raise InvalidConfigurationError(
+            f"{name} {size!r} has {total} threads; at most {max_threads} are allowed"
+        )
+    return dims
+
+
 def validate_priority(priority: object) -> int:
-    """Priorities are ints in 0..255."""
-    if not _is_int(priority) or not 0 <= priority <= 255:  # type: ignore[operator]
-        raise ValueError(f"message priority must be an int in 0..255, got {priority!r}")
-    return priority  # type: ignore[return-value]
+    """Priorities are ints in 0..255 (``True`` counts as 1, as in 0.2).
+
+    Raises:
+        InvalidConfigurationError: out of range or not an int (a ``ValueError``).
+    """
+    if not isinstance(priority, int) or not 0 <= priority <= 255:
+        raise InvalidConfigurationError(
+            f"message priority must be an int in 0..255, got {priority!r}"
+        )
+    return int(priority)
 
 
 def validate_backpressure_strategy(strategy: object) -> BackpressureStrategy:
@@ -128,10 +213,10 @@ def _type_name(tp: object) -> str:
     return getattr(tp, "__name__", repr(tp))
 
 
-def validate_message(
+def check_message(
     msg: object, expected: type | None, kernel_id: str = "", direction: str = "expects"
 ) -> Any:
-    """Check ``msg`` is an instance of ``expected`` (None accepts anything).
+    """The runtime's message check: ``msg`` is an instance of ``expected`` (None accepts anything).
 
     Raises:
         TypeValidationError: ``kernel 'compute' expects ComputeRequest, got dict``.
@@ -158,7 +243,7 @@ def validate_message_type(message_type: object, name: str = "input_type") -> typ
 _STRATEGY_NAMES = frozenset(s.value for s in BackpressureStrategy)
 
 
-def validate_config(config: Any) -> Any:
+def check_kernel_config(config: Any) -> Any:
     """Validate every field of a RingKernelConfig-like object; returns it."""
     # Launching many actors validates many configs: first one pass over exact types and
     # ranges; anything it does not accept goes through the validators below, in order,
@@ -194,10 +279,10 @@ def validate_config(config: Any) -> Any:
     ):
         return config
     validate_kernel_id(config.kernel_id)
-    validate_grid_size(config.grid_size)
-    validate_block_size(config.block_size)
-    validate_queue_size(config.input_queue_size, "input_queue_size")
-    validate_queue_size(config.output_queue_size, "output_queue_size")
+    check_grid_size(config.grid_size)
+    check_block_size(config.block_size)
+    check_queue_size(config.input_queue_size, "input_queue_size")
+    check_queue_size(config.output_queue_size, "output_queue_size")
     validate_backpressure_strategy(config.backpressure_strategy)
     validate_restart(config.restart, config.max_restarts)
     for name, allow_none in SECONDS_FIELDS:
@@ -205,19 +290,234 @@ def validate_config(config: Any) -> Any:
     return config
 
 
-class RuntimeValidator:
-    """The checks the runtime applies on its API boundary, bundled for reuse by tiers."""
+_MISSING: Any = object()
 
-    def __init__(self, *, strict_types: bool = True) -> None:
-        self.strict_types = strict_types
+
+def validate_message(
+    msg: Any,
+    expected: Any = _MISSING,
+    kernel_id: str = "",
+    direction: str = "expects",
+) -> Any:
+    """Two forms, told apart by the arguments.
+
+    ``@validate_message`` on a class (PyDotCompute 0.2's decorator): the class must be a
+    dataclass or an ``@message`` class; a class without a ``serialize`` method gets a
+    ``UserWarning``. Returns the class.
+
+    ``validate_message(msg, expected, kernel_id="", direction="expects")``: ``msg`` must be
+    an instance of ``expected`` (None accepts anything); returns ``msg``. See ``check_message``.
+
+    Raises:
+        TypeValidationError: the class is not a dataclass, or ``msg`` has the wrong type.
+    """
+    if expected is not _MISSING:
+        return check_message(msg, expected, kernel_id, direction)
+    if not isinstance(msg, type):
+        raise TypeValidationError(
+            "validate_message takes a message class (as a decorator) or (msg, expected_type), "
+            f"got only {msg!r:.80}"
+        )
+    if not _is_message_class(msg):
+        raise TypeValidationError(
+            f"{msg.__name__} must be a dataclass (or an @message class) to be a message type"
+        )
+    if not callable(getattr(msg, "serialize", None)):
+        warnings.warn(
+            f"{msg.__name__} has no serialize() method; it cannot cross a process boundary",
+            UserWarning,
+            stacklevel=2,
+        )
+    return msg
+
+
+def _is_message_class(cls: type) -> bool:
+    """A dataclass, or an ``@message`` / ``RingKernelMessage`` class (msgspec-based)."""
+    if dataclasses.is_dataclass(cls):
+        return True
+    import msgspec
+
+    return issubclass(cls, msgspec.Struct)
+
+
+def _matches(value: object, annotation: Any) -> bool:
+    """Whether ``value`` fits ``annotation`` (classes, unions, Optional, generics by origin)."""
+    if annotation is Any or annotation is inspect.Parameter.empty or annotation is object:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_matches(value, arg) for arg in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is not None:
+        return isinstance(origin, type) and isinstance(value, origin)
+    if isinstance(annotation, type):
+        if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        return isinstance(value, annotation)
+    return True  # a TypeVar, a forward reference left unresolved, ...: not checked
+
+
+def _check_type(name: str, value: object, annotation: Any) -> None:
+    if not _matches(value, annotation):
+        raise TypeValidationError(
+            f"parameter {name!r} must be {getattr(annotation, '__name__', annotation)}, "
+            f"got {type(value).__name__} ({value!r:.60})"
+        )
+
+
+def _config_decorator(config_cls: type) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # unresolvable string annotations: check what is there
+        hints = dict(getattr(config_cls, "__annotations__", {}))
+
+    def decorate(func: Callable[..., _T]) -> Callable[..., _T]:
+        sig = inspect.signature(func)
+
+        def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            bound = sig.bind(*args, **kwargs)
+            for name, value in bound.arguments.items():
+                if name in hints:
+                    _check_type(name, value, hints[name])
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                check(args, kwargs)
+                return await func(*args, **kwargs)  # type: ignore[misc]
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> _T:
+            check(args, kwargs)
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def validate_config(config: Any) -> Any:
+    """Two forms, told apart by the argument.
+
+    ``@validate_config(ConfigClass)`` (PyDotCompute 0.2's decorator factory): the decorated
+    function's arguments are bound and every parameter named in ``ConfigClass``'s
+    annotations is type-checked on each call (``TypeValidationError`` on a mismatch).
+
+    ``validate_config(config)`` with a RingKernelConfig-like *instance*: every field is
+    validated (see ``check_kernel_config``) and the instance is returned.
+    """
+    if isinstance(config, type):
+        return _config_decorator(config)
+    return check_kernel_config(config)
+
+
+_KNOWN_CONFIG_KEYS = (
+    "queue_size",
+    "input_queue_size",
+    "output_queue_size",
+    "grid_size",
+    "block_size",
+    "backpressure_strategy",
+)
+
+
+class RuntimeValidator:
+    """The checks the runtime applies on its API boundary, bundled for reuse by tiers.
+
+    ``strict`` (PyDotCompute 0.2's name) and ``strict_types`` are the same switch: when
+    True, a wrong message type raises; when False, it is let through (or, for
+    ``validate_message_type``, recorded in ``warnings``).
+    """
+
+    def __init__(self, strict: bool = True, *, strict_types: bool | None = None) -> None:
+        self.strict_types = strict if strict_types is None else strict_types
+        self._warnings: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def strict(self) -> bool:
+        return self.strict_types
+
+    @strict.setter
+    def strict(self, value: bool) -> None:
+        self.strict_types = value
+
+    @property
+    def warnings(self) -> list[str]:
+        """A copy of the warnings recorded in non-strict mode."""
+        with self._lock:
+            return list(self._warnings)
+
+    def clear_warnings(self) -> None:
+        with self._lock:
+            self._warnings.clear()
+
+    def validate_message_type(self, message_type: type) -> bool:
+        """True when ``message_type`` is a dataclass or an ``@message`` class.
+
+        Raises:
+            TypeValidationError: it is not, and the validator is strict.
+        """
+        if isinstance(message_type, type) and _is_message_class(message_type):
+            return True
+        text = f"{getattr(message_type, '__name__', message_type)!s} is not a dataclass"
+        if self.strict_types:
+            raise TypeValidationError(f"{text}; message types must be dataclasses")
+        with self._lock:
+            self._warnings.append(text)
+        return False
+
+    def validate_kernel_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate the known keys present in ``config``; returns them normalized.
+
+        Grid and block sizes come back as tuples; keys other than ``queue_size``,
+        ``input_queue_size``, ``output_queue_size``, ``grid_size``, ``block_size`` and
+        ``backpressure_strategy`` are left out.
+        """
+        out: dict[str, Any] = {}
+        for key in _KNOWN_CONFIG_KEYS:
+            if key not in config:
+                continue
+            value = config[key]
+            if key == "grid_size":
+                out[key] = validate_grid_size(value)
+            elif key == "block_size":
+                out[key] = validate_block_size(value)
+            elif key == "backpressure_strategy":
+                out[key] = validate_backpressure_strategy(value)
+            else:
+                out[key] = validate_queue_size(value, key)
+        return out
 
     def check_input(self, kernel_id: str, expected: type | None, msg: object) -> None:
         if self.strict_types:
-            validate_message(msg, expected, kernel_id, "expects")
+            check_message(msg, expected, kernel_id, "expects")
 
     def check_output(self, kernel_id: str, expected: type | None, msg: object) -> None:
         if self.strict_types:
-            validate_message(msg, expected, kernel_id, "must send")
+            check_message(msg, expected, kernel_id, "must send")
 
     def check_config(self, config: Any) -> Any:
-        return validate_config(config)
+        return check_kernel_config(config)
+
+    def __repr__(self) -> str:
+        return f"RuntimeValidator(strict={self.strict_types})"
+
+
+_validator: RuntimeValidator | None = None
+_validator_lock = threading.Lock()
+
+
+def get_validator(strict: bool = True) -> RuntimeValidator:
+    """The process-wide ``RuntimeValidator``; ``strict`` applies only when it is created."""
+    global _validator
+    with _validator_lock:
+        if _validator is None:
+            _validator = RuntimeValidator(strict)
+        return _validator

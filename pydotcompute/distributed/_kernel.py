@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..decorators.validators import validate_message
+from ..decorators.validators import check_message
 from ..exceptions import (
     KernelFailedError,
     KernelStateError,
@@ -184,7 +184,7 @@ class RayKernel:
             raise self._refuse("send to")
         in_t = self.input_type
         if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
-            validate_message(msg, in_t, self.kernel_id, "expects")
+            check_message(msg, in_t, self.kernel_id, "expects")
         if not isinstance(msg, RingKernelMessage):
             raise TypeValidationError(
                 f"kernel {self.kernel_id!r} runs in a Ray actor, so its messages cross as "

@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..decorators.validators import (
+    check_message,
     validate_config,
-    validate_message,
     validate_message_type,
 )
 from ..exceptions import (
@@ -361,7 +361,7 @@ class KernelContext:
         out_t = k.output_type
         t = type(msg)
         if out_t is not None and t is not out_t and not isinstance(msg, out_t):
-            validate_message(msg, out_t, k.kernel_id, "must send")
+            check_message(msg, out_t, k.kernel_id, "must send")
         stamp_reply(msg, self._current)
         if self._tel is not None:
             self._tel.messages_sent += 1
@@ -1008,7 +1008,7 @@ class RingKernel:
     def _validate_in(self, msg: Any) -> None:
         in_t = self.input_type
         if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
-            validate_message(msg, in_t, self.kernel_id, "expects")
+            check_message(msg, in_t, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy.

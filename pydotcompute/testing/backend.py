@@ -27,6 +27,7 @@ from ..backends.base import (
     Shape,
     as_shape,
     check_copy_compatible,
+    check_on_error,
     normalize_grid,
 )
 
@@ -249,18 +250,35 @@ class RecordingBackend(Backend):
         *args: Any,
         stream: Any | None = None,
         shared_mem: int = 0,
+        on_error: str = "return",
+        **kwargs: Any,
     ) -> KernelExecutionResult:
-        """Call ``kernel(*args)`` once (like the CPU backend) and record the launch.
+        """Call ``kernel(*args, **kwargs)`` once (like the CPU backend) and record the launch.
 
-        ``stream`` and ``shared_mem`` are accepted for signature parity and ignored.
+        ``stream`` and ``shared_mem`` are accepted for signature parity and ignored; a
+        failing kernel gives a result with ``success=False`` unless ``on_error="raise"``.
         """
+        check_on_error(on_error)
         self.require()
         grid = normalize_grid(grid_size, "grid_size")
         block = normalize_grid(block_size, "block_size")
         name = self._kernel_name(kernel)
         self._record("execute_kernel", detail=name)
         start = self._now()
-        output = kernel(*args)
+        try:
+            output = kernel(*args, **kwargs)
+        except Exception as exc:
+            if on_error == "raise":
+                raise
+            return KernelExecutionResult(
+                kernel_name=name,
+                backend=self.backend_type,
+                grid_size=grid,
+                block_size=block,
+                execution_time_ms=(self._now() - start) * 1e3,
+                success=False,
+                error=exc,
+            )
         return KernelExecutionResult(
             kernel_name=name,
             backend=self.backend_type,

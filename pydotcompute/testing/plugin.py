@@ -342,7 +342,7 @@ def accelerator() -> Any:
 def memory_pool() -> Iterator[Any]:
     """A fresh ``MemoryPool`` for this test; its blocks are freed afterwards."""
     core = _import_or_skip("pydotcompute.core", "memory_pool")
-    pool = core.MemoryPool()
+    pool = core.MemoryPool.create()
     try:
         yield pool
     finally:

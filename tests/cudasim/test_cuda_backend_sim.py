@@ -168,7 +168,10 @@ def test_kernel_fault_is_a_cuda_error(backend: CUDABackend) -> None:
     with pytest.raises(
         CUDAError, match=r"CUDA run kernel 'out_of_bounds' failed on cuda:0: IndexError"
     ):
-        backend.execute_kernel(backend.compile_kernel(out_of_bounds), 1, 1, d)
+        backend.execute_kernel(backend.compile_kernel(out_of_bounds), 1, 1, d, on_error="raise")
+    result = backend.execute_kernel(backend.compile_kernel(out_of_bounds), 1, 1, d)
+    assert result.success is False
+    assert isinstance(result.error, CUDAError)
 
 
 def test_bad_launch_sizes(backend: CUDABackend) -> None:
@@ -200,7 +203,9 @@ def test_typing_error_in_cuda_kernel_is_a_compilation_error(backend: CUDABackend
         x[0] = missing_global  # type: ignore[name-defined]  # noqa: F821
 
     with pytest.raises((KernelCompilationError, CUDAError), match="missing_global"):
-        backend.execute_kernel(backend.compile_kernel(uses_missing), 1, 1, backend.allocate(1))
+        backend.execute_kernel(
+            backend.compile_kernel(uses_missing), 1, 1, backend.allocate(1), on_error="raise"
+        )
 
 
 def test_module_level_kernel_helpers_launch(backend: CUDABackend) -> None:

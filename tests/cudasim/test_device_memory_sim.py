@@ -70,11 +70,16 @@ async def test_kernel_writes_device_then_host_reads_once() -> None:
 
 def test_conflicts_and_copies_with_device_arrays() -> None:
     backend = CUDABackend()
-    buf = UnifiedBuffer((4,), np.float32).allocate()
+    buf = UnifiedBuffer((4,), np.float32, strict_sync=True).allocate()
     stale = buf.device
     buf[0] = 1
     with pytest.raises(BufferSyncError, match="host side is dirty"):
         buf.mark_device_dirty()
+    lax = UnifiedBuffer((4,), np.float32).allocate()  # the 0.2 default: warn, last mark wins
+    lax[0] = 1
+    with pytest.warns(RuntimeWarning, match="the last mark wins"):
+        lax.mark_device_dirty()
+    assert lax.state is BufferState.DEVICE_DIRTY
     buf.synchronize()
     src = backend.copy_to_device(np.full(4, 7, np.float32))
     buf.copy_from(src)  # device to device, no host round trip
@@ -99,7 +104,7 @@ def test_pinned_host_side_and_fill() -> None:
 
 
 def test_pool_device_blocks_are_reused() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire((10,), np.float32, location="device")
     assert CUDABackend().is_device_array(a)
     pool.release(a)

@@ -45,6 +45,29 @@ def test_vector_add() -> None:
     assert "total 30,000 (expected 30,000)" in out
 
 
+def test_vector_add_without_numba_does_not_claim_a_compile() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    script = (
+        "import runpy, sys\n"
+        "sys.modules['numba'] = None  # import numba now fails, as when it is not installed\n"
+        f"sys.argv = ['vector_add.py', '--size', '1000']\n"
+        f"runpy.run_path({str(EXAMPLES / 'vector_add.py')!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    line = next(x for x in proc.stdout.splitlines() if "@kernel saxpy" in x)
+    assert "compile" not in line.replace("nothing was compiled", "")
+    assert "Numba is not installed, so nothing was compiled" in line
+    assert "correct" in line
+
+
 def test_streaming_pipeline() -> None:
     out = run_example("streaming_pipeline.py", "--events", "3000")
     assert "processed per stage: {'parse': 3000, 'score': 3000, 'alert': 3000}" in out

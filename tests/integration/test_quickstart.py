@@ -86,3 +86,15 @@ def test_demo_command_runs_the_quick_start_actor() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "sum([1.0, 2.0, 3.0]) computed by the actor: 6.0" in proc.stdout
+    loop_line = next(line for line in proc.stdout.splitlines() if line.startswith("loop: "))
+    assert loop_line.startswith(("loop: uvloop (", "loop: asyncio (")), loop_line
+
+
+def test_demo_names_uvloop_by_its_module() -> None:
+    from pydotcompute._demo import describe_loop
+
+    assert describe_loop({"loop_type": "Loop", "loop_module": "uvloop"}) == "uvloop (Loop)"
+    assert (
+        describe_loop({"loop_type": "_UnixSelectorEventLoop", "loop_module": "asyncio.unix_events"})
+        == "asyncio (_UnixSelectorEventLoop)"
+    )

@@ -100,7 +100,10 @@ def test_execute_kernel_propagates_errors(backend: CPUBackend) -> None:
         raise ZeroDivisionError("inside the kernel")
 
     with pytest.raises(ZeroDivisionError, match="inside the kernel"):
-        backend.execute_kernel(bad, 1, 1, np.zeros(1))
+        backend.execute_kernel(bad, 1, 1, np.zeros(1), on_error="raise")
+    result = backend.execute_kernel(bad, 1, 1, np.zeros(1))  # the 0.2 default: a result
+    assert result.success is False
+    assert isinstance(result.error, ZeroDivisionError)
 
 
 def test_compile_kernel_with_numba_runs_and_is_cached(

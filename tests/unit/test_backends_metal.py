@@ -160,7 +160,10 @@ def test_failing_kernel_is_a_metal_error(backend: MetalBackend) -> None:
         return x.no_such_method()  # type: ignore[attr-defined]
 
     with pytest.raises(MetalError, match="MLX kernel 'bad' failed: AttributeError"):
-        backend.execute_kernel(bad, 1, 1, np.zeros(2, np.float32))
+        backend.execute_kernel(bad, 1, 1, np.zeros(2, np.float32), on_error="raise")
+    result = backend.execute_kernel(bad, 1, 1, np.zeros(2, np.float32))
+    assert result.success is False
+    assert isinstance(result.error, MetalError)
 
 
 @pytest.mark.skipif(NO_METAL_GPU, reason="needs a Metal GPU; MLX here is the CPU build")
@@ -214,7 +217,9 @@ def test_thread_bound_stream_in_another_thread_is_explained(backend: MetalBacken
 
     def launch() -> None:
         try:
-            backend.execute_kernel(lambda a: a + 1, 1, 1, mx.arange(3), stream=bound)
+            backend.execute_kernel(
+                lambda a: a + 1, 1, 1, mx.arange(3), stream=bound, on_error="raise"
+            )
         except BaseException as exc:
             errors.append(exc)
 

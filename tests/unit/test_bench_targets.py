@@ -133,3 +133,48 @@ def test_summary_table_shows_met_and_missed(
     assert "1 met, 1 MISSED, 1 not measured here" in out
     assert "missed: extended: tier 1 asyncio: RingKernelRuntime actor, throughput" in out
     assert "| MISSED |" in run_all.markdown(results)
+    assert "docs/benchmarks.md" in out
+    assert "DESIGN.md" not in out
+    assert "settled" not in out  # no tier-3 row missed: no note about it
+
+
+def test_a_quick_run_that_misses_tier_3_says_why(suite: ModuleType) -> None:
+    run_all = _load("run_all")
+    rows = [
+        {
+            "benchmark": "extended",
+            "metric": "tier 3 process: CythonRingKernel, round trip p50",
+            "met?": "MISSED",
+        }
+    ]
+    assert "not settled" not in run_all.target_tally(rows, quick=False)
+    quick = run_all.target_tally(rows, quick=True)
+    assert "missed: extended: tier 3 process: CythonRingKernel" in quick
+    assert "parent's core" in quick
+    assert "docs/benchmarks.md" in quick
+
+
+def test_an_unsettled_floor_is_dropped_from_the_summary(suite: ModuleType) -> None:
+    extended = _load("extended_benchmark")
+    rows = [
+        {"tier": "3 process", "path": "floor: shared-memory busy poll", "p50 us": 7997.0},
+        {"tier": "3 process", "path": "CythonRingKernel", "p50 us": 11.5},
+        {"tier": "2 thread", "path": "floor: SimpleQueue", "p50 us": 8.0},
+        {"tier": "2 thread", "path": "ThreadedRingKernel", "p50 us": 10.0},
+    ]
+    by_name = {r["name"]: r for r in extended._summary(rows)}
+    tier3 = by_name["tier 3 process: CythonRingKernel, round trip p50"]
+    assert tier3["ratio"] is None  # not 0.00144
+    assert tier3["baseline"] is None
+    assert "floor dropped: it read 7,997 us" in tier3["note"]
+    tier2 = by_name["tier 2 thread: ThreadedRingKernel, round trip p50"]
+    assert tier2["ratio"] == pytest.approx(1.25)  # a settled floor stays
+
+
+def test_every_listed_benchmark_has_a_description(capsys: pytest.CaptureFixture[str]) -> None:
+    run_all = _load("run_all")
+    assert run_all.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    host_path = next(line for line in lines if line.startswith("gpu_host_path"))
+    assert "host-side cost per message" in host_path
+    assert not any("(found in benchmarks/)" in line for line in lines)

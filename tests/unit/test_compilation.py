@@ -544,7 +544,7 @@ def test_kernel_compiler_0_2_methods(compiler: KernelCompiler) -> None:
     assert compiler.clear_cache() == 1
     assert compiler.get_cached_kernel(k.source_hash) is None
     assert compiler.clear_cache() == 0
-    assert repr(compiler).startswith(f"<KernelCompiler cuda={compiler.cuda_available} ")
+    assert repr(compiler).startswith(f"KernelCompiler(cuda={compiler.cuda_available}, ")
 
 
 def test_compile_kernel_takes_options_as_keywords() -> None:

@@ -83,7 +83,7 @@ class _FakeCupy:
 def test_memory_pool_free_all_blocks_is_refused_on_a_gpu(
     running: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     fake = _FakeCupy()
     monkeypatch.setattr(pool, "_cupy", lambda: fake)
     with pytest.raises(CUDAError, match=r"MemoryPool\.free_all_blocks\(\) refused"):
@@ -96,7 +96,7 @@ def test_memory_pool_free_all_blocks_is_refused_on_a_gpu(
 
 
 def test_memory_pool_without_a_gpu_is_not_affected(running: str) -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     assert pool.free_all_blocks() == 0  # no CuPy pool to free: nothing device-wide
 
 

@@ -181,7 +181,7 @@ def test_kernel_registry_0_2_shape() -> None:
     from pydotcompute.decorators import KernelRegistry
     from pydotcompute.exceptions import KernelAlreadyExistsError
 
-    reg = KernelRegistry()
+    reg = KernelRegistry.private()
     assert reg.list() == []
     reg.register("add", np.add)
     with pytest.raises(ValueError, match="a kernel named 'add' is already registered") as info:

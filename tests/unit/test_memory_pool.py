@@ -38,7 +38,7 @@ def test_examples_of_size_classes() -> None:
 
 
 def test_acquire_returns_typed_view() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire((3, 4), np.int16)
     assert a.shape == (3, 4)
     assert a.dtype == np.int16
@@ -48,7 +48,7 @@ def test_acquire_returns_typed_view() -> None:
 
 
 def test_release_then_acquire_reuses_memory() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire(1000, np.float32)
     pool.release(a)
     b = pool.acquire(900, np.float32)  # same size class (4000 B and 3600 B -> 4096 B)
@@ -62,7 +62,7 @@ def test_release_then_acquire_reuses_memory() -> None:
 
 
 def test_different_size_classes_do_not_share() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire(1000, np.float32)
     pool.release(a)
     b = pool.acquire(2000, np.float32)
@@ -71,7 +71,7 @@ def test_different_size_classes_do_not_share() -> None:
 
 
 def test_most_recently_released_block_is_reused_first() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a, b = pool.acquire(256), pool.acquire(256)
     pool.release(a)
     pool.release(b)
@@ -118,7 +118,7 @@ def test_lru_keeps_recently_used() -> None:
 
 
 def test_set_limit_validation_and_removal() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     with pytest.raises(InvalidConfigurationError, match="limit must be >= 0 MiB"):
         pool.set_limit(-1)
     pool.set_limit(1)
@@ -130,7 +130,7 @@ def test_set_limit_validation_and_removal() -> None:
 
 
 def test_release_of_foreign_or_released_array() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     with pytest.raises(
         BufferNotAllocatedError, match=r"cannot release ndarray float64 \(3,\): it was not acquired"
     ):
@@ -142,7 +142,7 @@ def test_release_of_foreign_or_released_array() -> None:
 
 
 def test_pooled_buffer_releases_on_error() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     shapes = []
 
     def use_and_fail() -> None:
@@ -175,7 +175,7 @@ def test_disabled_pool_never_caches() -> None:
 
 
 def test_free_all_blocks_and_reset_stats() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     pool.release(pool.acquire(1000))
     assert pool.free_all_blocks() == size_class(4000)
     assert pool.get_stats().bytes_cached == 0
@@ -293,7 +293,7 @@ def test_pool_statistics_built_the_0_2_way() -> None:
 
 
 def test_pool_statistics_0_2_fields_follow_the_pool() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     a = pool.acquire(1024, np.uint8)
     b = pool.acquire(2048, np.uint8)
     pool.release(b)
@@ -356,8 +356,9 @@ def test_memory_pool_repr_shows_state() -> None:
     pool = MemoryPool(max_bytes=4096)
     a = pool.acquire(512, np.uint8)
     assert repr(pool) == (
-        "<MemoryPool enabled=True in_use=512B cached=0B limit=4096B hits=0 misses=1 evictions=0>"
+        "MemoryPool(enabled=True, used=0.00MB, total=0.00MB, cuda=False, cached=0B, "
+        "limit=4096B, hits=0, misses=1, evictions=0)"
     )
     pool.release(a)
     pool.disable()
-    assert repr(pool).startswith("<MemoryPool enabled=False ")
+    assert repr(pool).startswith("MemoryPool(enabled=False, ")

@@ -618,11 +618,11 @@ def test_reprs_say_what_a_person_debugging_needs() -> None:
     from pydotcompute.core import Accelerator, MemoryPool
     from pydotcompute.ring_kernels.telemetry import GPUMonitor
 
-    assert repr(MemoryPool()).startswith("<MemoryPool enabled=True ")
+    assert repr(MemoryPool.create()).startswith("MemoryPool(enabled=True, ")
     acc = repr(Accelerator())
-    assert acc.startswith("<Accelerator ")
+    assert acc.startswith("Accelerator(devices=")
     assert f"devices={Accelerator().device_count}" in acc
-    assert repr(KernelCompiler()).startswith("<KernelCompiler cuda=")
+    assert repr(KernelCompiler()).startswith("KernelCompiler(cuda=")
     assert repr(GPUMonitor()).startswith("<GPUMonitor available=")
 
 
@@ -785,7 +785,7 @@ cache = KernelCache(cache_dir=tempfile.mkdtemp(), max_entries=128, max_size_mb=2
 assert cache.store("add", "abc", b"//ptx", signature=None, metadata=None) is True
 assert cache.load("add", "abc") == b"//ptx" and cache.contains("add", "abc")
 
-registry = KernelRegistry()
+registry = KernelRegistry.private()
 registry.register("add", cuda_source("__global__ void add() {}")(add))
 assert registry.list() == ["add"] and registry.get("add").__cuda_source__
 

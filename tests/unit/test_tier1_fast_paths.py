@@ -21,11 +21,11 @@ import pytest
 
 from pydotcompute import RingKernelRuntime, message
 from pydotcompute.decorators.validators import (
+    check_block_size,
+    check_grid_size,
+    check_queue_size,
     validate_backpressure_strategy,
-    validate_block_size,
-    validate_grid_size,
     validate_kernel_id,
-    validate_queue_size,
     validate_restart,
 )
 from pydotcompute.decorators.validators import validate_config as fast_validate_config
@@ -179,10 +179,10 @@ class _Two(enum.IntEnum):
 
 def _per_field(config: RingKernelConfig) -> None:
     validate_kernel_id(config.kernel_id)
-    validate_grid_size(config.grid_size)
-    validate_block_size(config.block_size)
-    validate_queue_size(config.input_queue_size, "input_queue_size")
-    validate_queue_size(config.output_queue_size, "output_queue_size")
+    check_grid_size(config.grid_size)
+    check_block_size(config.block_size)
+    check_queue_size(config.input_queue_size, "input_queue_size")
+    check_queue_size(config.output_queue_size, "output_queue_size")
     validate_backpressure_strategy(config.backpressure_strategy)
     validate_restart(config.restart, config.max_restarts)
 

@@ -26,6 +26,10 @@ HAS_MLX = MetalBackend().is_available
 
 
 def make(shape: Any = (8,), dtype: Any = np.float32, **kw: Any) -> UnifiedBuffer:
+    """A CPU buffer with a separate device array and strict marks: the GPU-like state
+    machine these tests pin (the CPU default shares one array, see test_compat_toolkit)."""
+    kw.setdefault("device_copy", True)
+    kw.setdefault("strict_sync", True)
     return UnifiedBuffer(shape, dtype, backend="cpu", **kw)
 
 
@@ -100,7 +104,7 @@ def test_bad_dtype_and_shape() -> None:
 
 
 async def test_seed_workflow() -> None:
-    buf = UnifiedBuffer((1000,), dtype=np.float32, backend="cpu")
+    buf = UnifiedBuffer((1000,), dtype=np.float32, backend="cpu", device_copy=True)
     buf.allocate()
     buf.host[:] = np.arange(1000, dtype=np.float32)
     buf.mark_host_dirty()
@@ -283,7 +287,7 @@ def test_pinned_is_ignored_off_cuda() -> None:
 
 
 def test_pool_backed_buffer_returns_memory() -> None:
-    pool = MemoryPool()
+    pool = MemoryPool.create()
     buf = make((256,), pool=pool).allocate()
     assert pool.get_stats().blocks_in_use == 2
     buf[:] = 1
@@ -347,7 +351,7 @@ async def test_large_copies_run_off_the_event_loop(monkeypatch: pytest.MonkeyPat
 
 
 async def test_concurrent_ensures_copy_once() -> None:
-    buf = UnifiedBuffer((1 << 19,), np.float32, backend="cpu").allocate()  # 2 MiB: threaded
+    buf = make((1 << 19,)).allocate()  # 2 MiB: threaded
     buf[:] = 3
     results = await asyncio.gather(*(buf.ensure_on_device() for _ in range(4)))
     assert all(r is results[0] for r in results)
@@ -426,9 +430,7 @@ class BufferModel(RuleBasedStateMachine):
     def start(self, host: bool, device: bool) -> None:
         if not (host or device):
             host = device = True
-        self.buf = UnifiedBuffer((SIZE,), np.float32, backend="cpu").allocate(
-            host=host, device=device
-        )
+        self.buf = make((SIZE,)).allocate(host=host, device=device)
         self.data = np.zeros(SIZE, np.float32)
         self.state = (
             BufferState.SYNCHRONIZED
