@@ -108,6 +108,12 @@ SUITE = (
         "host-side cost per message of a GPU actor's rings (no GPU needed)",
     ),
     Script(
+        "observability",
+        "observability_benchmark.py",
+        False,
+        "a 3-stage pipeline with and without a metrics scraper, and with tracing",
+    ),
+    Script(
         "ray",
         "ray_benchmark.py",
         False,

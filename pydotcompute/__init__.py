@@ -17,11 +17,11 @@ from ._version import __version__ as __version__
 from .decorators.ring_kernel import ring_kernel as ring_kernel
 from .ring_kernels._loop import install_uvloop as _install_uvloop
 from .ring_kernels._loop import run as run
-from .ring_kernels.lifecycle import KernelContext as KernelContext
-from .ring_kernels.lifecycle import KernelState as KernelState
+from .ring_kernels.context import KernelContext as KernelContext
 from .ring_kernels.message import RingKernelMessage as RingKernelMessage
 from .ring_kernels.message import message as message
 from .ring_kernels.runtime import RingKernelRuntime as RingKernelRuntime
+from .ring_kernels.states import KernelState as KernelState
 
 _install_uvloop()
 

@@ -99,7 +99,7 @@ class KernelFailedError(KernelStateError):
         note: str = "",
         restarted: bool = False,
     ) -> None:
-        from .ring_kernels.lifecycle import KernelState
+        from .ring_kernels.states import KernelState
 
         self.error = error
         self.restarted = restarted

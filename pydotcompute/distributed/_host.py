@@ -47,13 +47,14 @@ from ..exceptions import (
     TypeValidationError,
 )
 from ..ring_kernels._loop import create_optimized_loop
-from ..ring_kernels.lifecycle import KernelState, RingKernel
+from ..ring_kernels.kernel import RingKernel
 from ..ring_kernels.message import RingKernelMessage, deserialize_message
 from ..ring_kernels.runtime import RingKernelRuntime
+from ..ring_kernels.states import KernelState
 from ._wire import PackedError, pack_cause, pack_error, unpack_error
 
 if TYPE_CHECKING:
-    from ..ring_kernels.lifecycle import RingKernelConfig
+    from ..ring_kernels.config import RingKernelConfig
 
 __all__ = ("KernelHost", "RemotePeer", "actor_name")
 

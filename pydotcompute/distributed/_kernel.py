@@ -33,8 +33,9 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
+from ..ring_kernels.config import RingKernelConfig
 from ..ring_kernels.message import RingKernelMessage, deserialize_message
+from ..ring_kernels.states import KernelState
 from ..ring_kernels.telemetry import RingKernelTelemetry
 from ._support import errors, reason
 from ._wire import unpack_cause, unpack_error

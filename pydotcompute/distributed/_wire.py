@@ -20,7 +20,7 @@ import pickle
 from typing import Any
 
 from .. import exceptions as _exc
-from ..ring_kernels.lifecycle import KernelState
+from ..ring_kernels.states import KernelState
 
 __all__ = ("PackedError", "pack_cause", "pack_error", "state_from_name", "unpack_error")
 

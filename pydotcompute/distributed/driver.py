@@ -62,10 +62,11 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from ..ring_kernels.lifecycle import KernelState, RingKernelConfig
+from ..ring_kernels.config import RingKernelConfig
 from ..ring_kernels.message import deserialize_message
 from ..ring_kernels.registry import get_registered_kernel
 from ..ring_kernels.runtime import OPTION_ALIASES, PLACEMENT_OPTIONS
+from ..ring_kernels.states import KernelState
 from ..ring_kernels.telemetry import RingKernelTelemetry
 from ._host import actor_name
 from ._kernel import RayKernel
@@ -73,7 +74,7 @@ from ._support import errors, host_class, is_ray_available, ray_module, reason
 from ._wire import unpack_error
 
 if TYPE_CHECKING:
-    from ..ring_kernels.lifecycle import KernelFunc
+    from ..ring_kernels.kernel import KernelFunc
 
 __all__ = ("RAY_ACTOR_OPTIONS", "RayDriver", "RayKernel", "is_ray_available")
 

@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from ..exceptions import KernelNotFoundError
-from ..ring_kernels.lifecycle import KernelFunc, RingKernelConfig
+from ..ring_kernels.config import RingKernelConfig
+from ..ring_kernels.kernel import KernelFunc
 from ..ring_kernels.registry import get_registered_kernel
 from ..ring_kernels.runtime import RingKernelRuntime
 from ..ring_kernels.telemetry import RingKernelTelemetry

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..exceptions import InvalidConfigurationError, KernelNotFoundError
-from ..ring_kernels.lifecycle import KernelState
+from ..ring_kernels.states import KernelState
 from ..ring_kernels.telemetry import RingKernelTelemetry, get_gpu_monitor
 from ..ring_kernels.tiers import canonical_tier
 from .deps import require

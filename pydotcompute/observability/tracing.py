@@ -35,7 +35,8 @@ from ..ring_kernels.tiers.contract import TierWorker
 from .deps import require
 
 if TYPE_CHECKING:
-    from ..ring_kernels.lifecycle import KernelContext, RingKernel
+    from ..ring_kernels.context import KernelContext
+    from ..ring_kernels.kernel import RingKernel
     from ..ring_kernels.runtime import RingKernelRuntime
 
 _trace = require("opentelemetry.trace", "tracing=True")

@@ -13,17 +13,16 @@ from ._loop import is_eager_tasks_installed as is_eager_tasks_installed
 from ._loop import is_uvloop_available as is_uvloop_available
 from ._loop import is_uvloop_installed as is_uvloop_installed
 from ._loop import optimize_current_loop as optimize_current_loop
+from .config import RingKernelConfig as RingKernelConfig
+from .context import KernelContext as KernelContext
 from .fast_queue import BackpressureStrategy as BackpressureStrategy
 from .fast_queue import FastMessageQueue as FastMessageQueue
 from .fast_queue import PriorityBand as PriorityBand
 from .fast_queue import QueueStats as QueueStats
 from .fast_queue import RingBuffer as RingBuffer
 from .fast_queue import get_priority_band as get_priority_band
-from .lifecycle import KernelContext as KernelContext
-from .lifecycle import KernelState as KernelState
-from .lifecycle import RingKernel as RingKernel
-from .lifecycle import RingKernelConfig as RingKernelConfig
-from .lifecycle import managed_kernel as managed_kernel
+from .kernel import RingKernel as RingKernel
+from .kernel import managed_kernel as managed_kernel
 from .message import ArrayMessage as ArrayMessage
 from .message import BufferHandle as BufferHandle
 from .message import BufferRegistry as BufferRegistry
@@ -40,6 +39,7 @@ from .queue import MessageQueue as MessageQueue
 from .registry import get_registered_kernel as get_registered_kernel
 from .registry import register_ring_kernel as register_ring_kernel
 from .runtime import RingKernelRuntime as RingKernelRuntime
+from .states import KernelState as KernelState
 from .telemetry import GPUMonitor as GPUMonitor
 from .telemetry import RingKernelTelemetry as RingKernelTelemetry
 

@@ -98,8 +98,10 @@ from ._gpu.spec import (
     check_spec,
     normalize_state,
 )
+from .config import RingKernelConfig
 from .fast_queue import FastMessageQueue
-from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
+from .kernel import KernelFunc, RingKernel
+from .states import KernelState
 
 if TYPE_CHECKING:
     from ..decorators.ring_kernel import RingKernelMeta

@@ -50,7 +50,9 @@ from ..exceptions import (
     MessageRejectedError,
     QueueClosedError,
 )
-from .lifecycle import KernelContext, KernelState, RingKernel, restart_log
+from .context import KernelContext
+from .kernel import RingKernel, restart_log
+from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker

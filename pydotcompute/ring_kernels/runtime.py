@@ -42,8 +42,10 @@ from ..exceptions import (
 )
 from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
-from .lifecycle import KernelFunc, KernelState, RingKernel, RingKernelConfig
+from .config import RingKernelConfig
+from .kernel import KernelFunc, RingKernel
 from .registry import get_registered_kernel, register_ring_kernel
+from .states import KernelState
 from .supervision import stop_waves
 from .telemetry import RingKernelTelemetry, TelemetryCollector
 from .tiers import canonical_tier, check_actor_kind, register_tier, tier_class

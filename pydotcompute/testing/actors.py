@@ -24,11 +24,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import KernelFailedError, KernelStateError, QueueClosedError, QueueTimeoutError
-from ..ring_kernels.lifecycle import KernelState, RingKernel
+from ..ring_kernels.kernel import RingKernel
 from ..ring_kernels.runtime import RingKernelRuntime
+from ..ring_kernels.states import KernelState
 
 if TYPE_CHECKING:
-    from ..ring_kernels.lifecycle import KernelFunc
+    from ..ring_kernels.kernel import KernelFunc
     from ..ring_kernels.telemetry import RingKernelTelemetry
 
 __all__ = (

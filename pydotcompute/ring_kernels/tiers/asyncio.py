@@ -8,7 +8,7 @@ on the queues themselves.
 
 from __future__ import annotations
 
-from ..lifecycle import RingKernel
+from ..kernel import RingKernel
 
 __all__ = ("AsyncioKernel",)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..gpu_kernel import GPURingKernel
-from ..lifecycle import KernelState
+from ..states import KernelState
 
 __all__ = ("GPUKernel",)
 

@@ -49,7 +49,9 @@ from ...exceptions import (
     QueueClosedError,
     QueueFullError,
 )
-from ..lifecycle import SEND_YIELD_EVERY, KernelState, RingKernel
+from ..context import SEND_YIELD_EVERY
+from ..kernel import RingKernel
+from ..states import KernelState
 from ..supervision import BurstLog
 from .contract import TierWorker
 

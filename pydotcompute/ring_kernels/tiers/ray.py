@@ -34,8 +34,10 @@ from typing import Any, ClassVar
 
 from ...distributed.driver import RayDriver, RayKernel
 from ...exceptions import InvalidConfigurationError, KernelStateError
-from ..lifecycle import KernelFunc, KernelState, RingKernelConfig
+from ..config import RingKernelConfig
+from ..kernel import KernelFunc
 from ..runtime import PLACEMENT_OPTIONS
+from ..states import KernelState
 from ..telemetry import RingKernelTelemetry
 from . import check_actor_kind, tier_class
 

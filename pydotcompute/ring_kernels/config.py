@@ -1,0 +1,53 @@
+"""`RingKernelConfig`: how a ring kernel is built (checked by
+`decorators.validators.check_kernel_config` at launch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ("RingKernelConfig",)
+
+
+@dataclass
+class RingKernelConfig:
+    """How a ring kernel is built.
+
+    Attributes:
+        kernel_id: Unique id within a runtime.
+        grid_size, block_size: GPU launch geometry (used by the ``cuda`` backend).
+        input_queue_size, output_queue_size: Queue capacities.
+        backpressure_strategy: ``block`` (default), ``reject`` or ``drop_oldest`` for the inbox.
+        use_fast_queue: Four-band O(1) queues (default) or exact-priority heaps.
+        serialize: Store MessagePack bytes in the queues (as a cross-process hop would).
+        restart: ``never`` or ``on_failure``: restart the actor when it raises.
+        max_restarts: How many restarts ``on_failure`` allows within ``restart_window``
+            seconds before the kernel is FAILED (None: no limit).
+        restart_window: The window of ``max_restarts``, in seconds (None: the kernel's
+            whole life).
+        restart_backoff: Seconds to wait before a restart; doubled for each restart in a
+            row after which the actor raised again before finishing a message.
+        restart_backoff_max: The cap of that pause, in seconds.
+        backend: Where the actor computes (``cpu``, ``cuda``, ``metal``).
+        tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
+        drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
+        extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
+    """
+
+    kernel_id: str
+    grid_size: int = 1
+    block_size: int = 256
+    input_queue_size: int = 4096
+    output_queue_size: int = 4096
+    backpressure_strategy: str = "block"
+    use_fast_queue: bool = True
+    serialize: bool = False
+    restart: str = "never"
+    max_restarts: int | None = 3
+    restart_window: float | None = 5.0
+    restart_backoff: float = 0.01
+    restart_backoff_max: float = 1.0
+    backend: str = "cpu"
+    tier: str = "asyncio"
+    drain_timeout: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,320 @@
+"""`KernelContext`: what a tier-1 actor function receives (its inbox, outbox and flags).
+
+The context is the kernel's friend: it holds the kernel's queues directly so that
+``ctx.receive``/``ctx.send`` cost one call each on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..decorators.validators import check_message
+from ..exceptions import (
+    KernelStateError,
+    MessageDeserializationError,
+    QueueFullError,
+)
+from .fast_queue import FastMessageQueue
+from .message import RingKernelMessage, stamp_reply
+from .states import KernelState
+from .telemetry import RingKernelTelemetry
+
+if TYPE_CHECKING:
+    from .kernel import RingKernel
+
+__all__ = ("SEND_YIELD_EVERY", "KernelContext")
+
+logger = logging.getLogger("pydotcompute")
+
+#: An actor's ``ctx.send`` / ``ctx.send_to`` lets the event loop run other tasks at least
+#: once every this many messages, even when every send finds room at once.
+SEND_YIELD_EVERY = 64
+
+
+class KernelContext:
+    """What the actor function receives: its inbox, outbox and lifecycle flags.
+
+    Every method runs on the runtime's event loop, in the actor's task.
+    """
+
+    __slots__ = (
+        "_current",
+        "_handling",
+        "_inbox",
+        "_kernel",
+        "_outbox",
+        "_rec",
+        "_reply_for",
+        "_reply_t",
+        "_sends_left",
+        "_tel",
+        "kernel_id",
+    )
+
+    def __init__(self, kernel: RingKernel) -> None:
+        self._kernel = kernel
+        self.kernel_id = kernel.kernel_id
+        self._inbox: FastMessageQueue[Any] = kernel._inbox  # type: ignore[assignment]
+        self._outbox: FastMessageQueue[Any] = kernel._outbox  # type: ignore[assignment]
+        self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
+        # times each message, from ``receive`` taking it to the next ``receive``
+        self._rec = None if self._tel is None else self._tel.latency_recorder
+        self._current: Any = None
+        # True from the moment a message is taken until the actor asks for the next one:
+        # a message cut off by terminate's grace period is reported, not processed
+        self._handling = False
+        # the last reply class that passed validation against output type ``_reply_for``
+        # and whose correlation slot can be written directly (see ``_prepare_reply``)
+        self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
+        self._reply_for: Any = None
+        # sends until the next forced turn of the loop (``SEND_YIELD_EVERY``)
+        self._sends_left = SEND_YIELD_EVERY
+
+    @property
+    def should_terminate(self) -> bool:
+        """True once termination was requested and the inbox is drained."""
+        k = self._kernel
+        return k._stopping and not self._inbox._count
+
+    @property
+    def is_active(self) -> bool:
+        """True while messages are being delivered (not deactivated, not stopping)."""
+        return self._kernel._state is KernelState.ACTIVE
+
+    @property
+    def state(self) -> KernelState:
+        return self._kernel._state
+
+    @property
+    def current_message(self) -> Any:
+        """The message most recently returned by `receive`."""
+        return self._current
+
+    async def wait_active(self) -> None:
+        """Wait until the kernel is active (returns at once if it is, or if stopping)."""
+        gate = self._kernel._gate
+        if gate is not None:
+            await asyncio.shield(gate)
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """The next message, by priority band then FIFO.
+
+        On a ``serialize=True`` kernel a message that does not decode (a field of the wrong
+        type, say) is counted as dropped, its error recorded in telemetry, and skipped: one
+        bad message never stops the actor.
+
+        Raises:
+            QueueTimeoutError: nothing arrived within ``timeout`` seconds (a TimeoutError).
+            QueueClosedError: the kernel is terminating and its inbox is drained; let it
+                propagate (or check ``should_terminate``) to end the actor cleanly.
+        """
+        rec = self._rec
+        self._handling = False
+        k = self._kernel
+        if k._gate is not None:
+            if rec is not None:  # the previous message's time ends before any wait
+                rec.idle()
+            await self.wait_active()
+        inbox = self._inbox
+        while True:
+            try:
+                if inbox._count:
+                    msg = inbox._pop()
+                else:
+                    if rec is not None:
+                        rec.idle()
+                    if timeout is not None:
+                        msg = await inbox._get_slow(timeout)
+                    else:
+                        while True:  # ``inbox.get()`` inlined: one frame less to resume
+                            fut = inbox._park_getter()
+                            try:
+                                await fut
+                            except BaseException:
+                                inbox._unpark_getter(fut)
+                                raise
+                            if inbox._count:
+                                msg = inbox._pop()
+                                break
+                break
+            except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
+                self._skip(exc)
+        if k._gate is not None:  # deactivated while we waited: hold the message
+            if rec is not None:
+                rec.idle()
+            await self.wait_active()
+        self._current = msg
+        self._handling = True
+        if rec is not None:
+            rec.took()  # one clock read: ends the previous message's time, starts this one
+            self._tel.messages_processed += 1  # type: ignore[union-attr]
+        return msg
+
+    def _skip(self, exc: MessageDeserializationError) -> None:
+        """A frame of a ``serialize=True`` inbox that does not decode: counted as dropped,
+        its error recorded, and the actor goes on with the next message."""
+        k = self._kernel
+        k.telemetry.record_error(exc)
+        k.telemetry.record_drop(reason="undecodable")
+        self._inbox.count_dropped(1)
+        logger.warning("kernel %r: dropped a message that does not decode: %s", k.kernel_id, exc)
+
+    def receive_nowait(self) -> Any:
+        """The next message or None; never waits (ignores deactivation)."""
+        self._handling = False
+        msg = self._inbox.get_nowait()
+        if msg is not None:
+            self._current = msg
+            self._handling = True
+            if self._tel is not None:
+                self._tel.messages_processed += 1
+        return msg
+
+    def _prepare_reply(self, msg: Any) -> Any:
+        """Validate a reply against ``output_type`` and stamp its correlation.
+
+        A reply without ``correlation_id`` is stamped by `stamp_reply`: with the current
+        request itself (resolved to its ``message_id`` on first read, so no id is made
+        unless someone looks), or with its id where holding it could close a loop. Once a
+        message class has passed, later replies of that class take the short path in
+        `send`.
+        """
+        k = self._kernel
+        out_t = k.output_type
+        t = type(msg)
+        if out_t is not None and t is not out_t and not isinstance(msg, out_t):
+            check_message(msg, out_t, k.kernel_id, "must send")
+        stamp_reply(msg, self._current)
+        if self._tel is not None:
+            self._tel.messages_sent += 1
+        if t is not self._reply_t and issubclass(t, RingKernelMessage):
+            self._reply_t = t
+            self._reply_for = out_t
+        return msg
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Send a reply: to a waiting ``send_and_receive`` caller, a connected kernel, or
+        the outbox (waiting for space under ``block`` backpressure).
+
+        A reply without ``correlation_id`` is stamped with the current request's id.
+        Every `SEND_YIELD_EVERY` calls this lets the loop run other tasks first, so an
+        actor that sends many messages into queues with room never starves them.
+        """
+        self._sends_left -= 1
+        if not self._sends_left:
+            self._sends_left = SEND_YIELD_EVERY
+            await asyncio.sleep(0)
+        k = self._kernel
+        if type(msg) is self._reply_t and k.output_type is self._reply_for:
+            # a class already validated: only the correlation is left to stamp
+            stamp_reply(msg, self._current)
+            tel = self._tel
+            if tel is not None:
+                tel.messages_sent += 1
+        else:
+            msg = self._prepare_reply(msg)
+        waiters = k._waiters
+        if waiters:
+            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self._count_lost_reply()
+                return True
+        target = k._forward
+        if target is not None:
+            try:
+                await target._accept(msg, timeout)
+            except (QueueFullError, KernelStateError):
+                # a reject-policy kernel downstream refused it, or that kernel stopped:
+                # the reply is counted as dropped and the actor told
+                self._handling = False
+                self._count_lost_reply()
+                raise
+            except asyncio.CancelledError:
+                if self.state in (KernelState.TERMINATING, KernelState.FAILED):
+                    # cut off while the kernel downstream was full: the reply never got
+                    # anywhere, so the message in hand is not finished; terminate (or the
+                    # failure) hands it back first
+                    if self._tel is not None:
+                        self._tel.messages_sent -= 1
+                    raise
+                self._handling = False  # the message ended: its reply is counted
+                self._count_lost_reply()
+                raise
+            return True
+        out = self._outbox
+        if out._offer(msg):  # open, with room: appended
+            return True
+        try:
+            return await out.put(msg, timeout=timeout)
+        except asyncio.CancelledError:
+            if k._stopping and not out.closed:
+                # terminate's grace period ran out while the outbox was full: the reply
+                # exists, so it stays readable (beyond the bound) and the message it
+                # answers counts as handled, not as undelivered as well
+                out.put_overflow(msg)
+                self._handling = False
+            else:
+                self._count_lost_reply()
+            raise
+
+    def _count_lost_reply(self) -> None:
+        """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
+        downstream refused it, or its send was cancelled): counted as dropped."""
+        self._outbox.count_dropped(1)
+        self._kernel.telemetry.record_drop(reason="reply_lost")
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Like `send` but raises ``QueueFullError`` instead of waiting."""
+        msg = self._prepare_reply(msg)
+        k = self._kernel
+        if k._waiters:
+            fut = k._waiters.pop(getattr(msg, "correlation_id", None), None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(msg)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self._count_lost_reply()
+                return True
+        if k._forward is not None:
+            k._forward._accept_nowait(msg)
+            return True
+        return self._outbox.put_nowait(msg)
+
+    async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
+        """Send ``msg`` straight into another kernel's inbox (same runtime); yields to the
+        loop as `send` does."""
+        self._sends_left -= 1
+        if not self._sends_left:
+            self._sends_left = SEND_YIELD_EVERY
+            await asyncio.sleep(0)
+        runtime = self._kernel._runtime
+        if runtime is None:
+            raise KernelStateError(
+                self.kernel_id,
+                self._kernel._state,
+                "send_to",
+                "the kernel is not managed by a RingKernelRuntime",
+            )
+        if self._tel is not None:
+            self._tel.messages_sent += 1
+        await runtime._kernel(kernel_id)._accept(msg, timeout)
+        return True
+
+
+class DecodingContext(KernelContext):
+    """The context of a ``serialize=True`` kernel: a message that does not decode is
+    counted as dropped and skipped instead of failing the actor (no poison pill)."""
+
+    __slots__ = ()
+
+    def receive_nowait(self) -> Any:
+        while True:
+            try:
+                return KernelContext.receive_nowait(self)
+            except MessageDeserializationError as exc:
+                self._skip(exc)

@@ -1,0 +1,899 @@
+"""`RingKernel`: the tier-1 kernel and the lifecycle every tier shares.
+
+State machine (illegal moves raise ``KernelStateError`` naming kernel, state and operation):
+
+```text
+CREATED --launch--> LAUNCHED --activate--> ACTIVE <--deactivate/reactivate--> DEACTIVATED
+   |                   |                     |                                  |
+   +-------------------+------terminate------+----------------------------------+
+                                             v
+                      TERMINATING --(drained or timed out)--> TERMINATED
+any running state --(actor raises, no restart left)--> FAILED --terminate--> TERMINATED
+```
+
+Design notes:
+- Launch allocates the queues; activate starts the actor task. Messages sent in between wait
+  in the inbox.
+- Deactivation is a gate inside ``ctx.receive()``: queued messages stay queued and a message
+  already taken from the inbox is held, never dropped.
+- Terminate closes the inbox: new sends fail, the actor drains what is queued (``receive``
+  keeps returning messages, then raises ``QueueClosedError``, which the supervisor treats as
+  a clean exit and which wakes an actor parked on an empty inbox without any timeout). After
+  the grace period the task is cancelled and whatever is left is returned and counted as
+  dropped, starting with the message the actor was handling, if any: a message counts as
+  processed once the actor asks for the next one (or returns), so one cut off mid-handling
+  is reported, not counted as processed. Outboxes close too: receivers drain them, then
+  get a clear error.
+- Replies to ``send_and_receive`` bypass the outbox: ``ctx.send`` hands a message whose
+  ``correlation_id`` matches a pending request straight to that caller's future, so
+  concurrent callers never see each other's replies. Each call owns its key: a request
+  whose id is already awaited (a retry after a timeout, two callers sharing one object)
+  is sent as a copy with a fresh id. Reusing the key was rejected: two replies would
+  race for one caller and the other would land in the outbox.
+- A caller that gives up leaves its key registered as abandoned, so its late reply is
+  counted as dropped rather than left in the outbox; at most `ABANDONED_REQUESTS_KEPT`
+  such keys are kept (oldest forgotten first), as a reply that never comes would
+  otherwise hold one for good.
+- An actor's ``ctx.send`` yields to the loop every `SEND_YIELD_EVERY` messages: a send
+  that finds room never suspends, and a producer would otherwise starve every other task.
+- Per-message cost: once a reply class has passed validation (for the current
+  ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
+  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
+  coroutine around the actor function rather than a done-callback: failures are handled in
+  the same step the actor raised in, before any other task can send to a dead actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import TYPE_CHECKING, Any
+
+from ..decorators.validators import (
+    check_message,
+    validate_config,
+    validate_message_type,
+)
+from ..exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    QueueClosedError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
+from .config import RingKernelConfig
+from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
+from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .message import new_message_id
+from .queue import MessageQueue
+from .states import KernelState
+from .supervision import BurstLog, RestartIntensity
+from .telemetry import RingKernelTelemetry
+
+if TYPE_CHECKING:
+    from .runtime import RingKernelRuntime
+
+__all__ = (
+    "ABANDONED_REQUESTS_KEPT",
+    "SEND_YIELD_EVERY",
+    "KernelContext",
+    "KernelFunc",
+    "KernelState",
+    "RingKernel",
+    "RingKernelConfig",
+    "managed_kernel",
+)
+
+logger = logging.getLogger("pydotcompute")
+
+KernelFunc = Callable[["KernelContext"], Awaitable[None]]
+
+#: How many requests whose ``send_and_receive`` caller gave up (timed out or was
+#: cancelled) a kernel keeps registered, so that a late reply is counted as dropped
+#: instead of reaching the outbox. Beyond this the oldest are forgotten: a reply to one
+#: of those, should it still come, goes where a reply to a plain ``send`` goes.
+ABANDONED_REQUESTS_KEPT = 4096
+
+
+class _Abandoned:
+    """What stays registered for a request whose caller gave up: a waiter that is done,
+    so its reply is dropped and counted (the caller's future itself is let go)."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return True
+
+    def cancel(self) -> bool:
+        return False
+
+
+ABANDONED: Any = _Abandoned()
+
+
+def restart_log() -> BurstLog:
+    """The rate-limited log of one actor's restarts: a line, then summaries."""
+    return BurstLog(logger, logging.WARNING, "%d more restart(s) since the last line")
+
+
+_ALLOWED: dict[str, tuple[KernelState, ...]] = {
+    "launch": (KernelState.CREATED,),
+    "activate": (KernelState.LAUNCHED,),
+    "deactivate": (KernelState.ACTIVE,),
+    "reactivate": (KernelState.DEACTIVATED,),
+    "terminate": (
+        KernelState.CREATED,
+        KernelState.LAUNCHED,
+        KernelState.ACTIVE,
+        KernelState.DEACTIVATED,
+        KernelState.FAILED,
+    ),
+}
+_HINTS: dict[tuple[str, KernelState], str] = {
+    ("activate", KernelState.CREATED): "launch it first",
+    ("activate", KernelState.ACTIVE): "it is already active",
+    ("activate", KernelState.DEACTIVATED): "use reactivate() to resume a deactivated kernel",
+    ("reactivate", KernelState.ACTIVE): "it is already active",
+    ("deactivate", KernelState.DEACTIVATED): "it is already deactivated",
+    ("deactivate", KernelState.LAUNCHED): "activate it first",
+    ("launch", KernelState.LAUNCHED): "it is already launched",
+    ("terminate", KernelState.TERMINATED): "it is already terminated",
+}
+
+
+class RingKernel:
+    """One persistent actor: its function, queues, task, state and telemetry.
+
+    Usually created by `RingKernelRuntime.launch`; usable alone through
+    `managed_kernel`.
+    """
+
+    EXTRA_OPTIONS: frozenset[str] = frozenset()
+    #: The kind of actor function this tier runs (``"async"``/``"sync"``; None: not
+    #: checked); the runtime refuses the other kind at launch.
+    ACTOR_KIND: str | None = "async"
+    #: Whether ``restart="on_failure"`` is honoured; the runtime refuses it otherwise.
+    SUPPORTS_RESTART: bool = True
+
+    __slots__ = (
+        "_abandoned",
+        "_ctx",
+        "_direct",
+        "_forward",
+        "_func",
+        "_gate",
+        "_inbox",
+        "_outbox",
+        "_runtime",
+        "_state",
+        "_stopping",
+        "_task",
+        "_timed",
+        "_undelivered",
+        "_waiters",
+        "config",
+        "error",
+        "input_type",
+        "kernel_id",
+        "output_type",
+        "telemetry",
+    )
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: KernelFunc,
+        *,
+        config: RingKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+        runtime: RingKernelRuntime | None = None,
+        enable_telemetry: bool = True,
+    ) -> None:
+        if config is None:
+            config = RingKernelConfig(kernel_id=kernel_id)
+        elif config.kernel_id != kernel_id:
+            config.kernel_id = kernel_id
+        validate_config(config)
+        if input_type is not None:
+            validate_message_type(input_type, "input_type")
+        if output_type is not None:
+            validate_message_type(output_type, "output_type")
+        if not callable(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r}: kernel_func must be an async function taking a "
+                f"KernelContext, got {type(kernel_func).__name__}"
+            )
+        self.kernel_id = kernel_id
+        self.config = config
+        self.input_type = input_type
+        self.output_type = output_type
+        self._func = kernel_func
+        self._runtime = runtime
+        self._timed = enable_telemetry
+        self._state = KernelState.CREATED
+        self._inbox: FastMessageQueue[Any] | None = None
+        self._outbox: FastMessageQueue[Any] | None = None
+        self._ctx: KernelContext | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._gate: asyncio.Future[None] | None = None
+        self._stopping = False
+        self._waiters: dict[Any, asyncio.Future[Any]] = {}
+        # keys of abandoned requests, oldest first (made on first use)
+        self._abandoned: deque[Any] | None = None
+        self._forward: RingKernel | None = None
+        self.telemetry = RingKernelTelemetry(kernel_id)
+        self.error: BaseException | None = None
+        self._undelivered: list[Any] | None = None  # made on first use
+        self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
+
+    # -- introspection ------------------------------------------------------------------
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    @property
+    def is_active(self) -> bool:
+        return self._state is KernelState.ACTIVE
+
+    @property
+    def undelivered(self) -> list[Any]:
+        """Messages this kernel could not deliver (left queued at terminate or failure);
+        each is also counted as dropped."""
+        left = self._undelivered
+        if left is None:  # most kernels never lose one: the list is made when asked for
+            left = self._undelivered = []
+        return left
+
+    @property
+    def inbox(self) -> FastMessageQueue[Any] | None:
+        return self._inbox
+
+    @property
+    def outbox(self) -> FastMessageQueue[Any] | None:
+        return self._outbox
+
+    @property
+    def is_idle(self) -> bool:
+        """True when this kernel cannot make progress without a new message (read-only).
+
+        An ACTIVE kernel is idle when its inbox is empty and its actor is parked in
+        ``ctx.receive()`` (or has returned); a kernel in any other state is idle because
+        nothing is delivered to it. Used by ``pydotcompute.testing.wait_until_idle``; tiers
+        that run the actor elsewhere override it.
+        """
+        if self._state is not KernelState.ACTIVE:
+            return True
+        inbox = self._inbox
+        if inbox is None or inbox._count:
+            return False
+        task = self._task
+        if task is None:  # the actor runs elsewhere (a hosted tier that does not say)
+            return False
+        if task.done():
+            return True
+        getters = inbox._getters
+        if getters is None or not getters:
+            return False
+        return any(not fut.done() for fut in getters)
+
+    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` runs this kernel's actor (on the runtime's loop): the runtime
+        refuses, in such a task, calls that wait for every actor to finish."""
+        return task is self._task
+
+    def __repr__(self) -> str:
+        return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
+
+    def _check(self, operation: str) -> None:
+        if self._state not in _ALLOWED[operation]:
+            raise KernelStateError(
+                self.kernel_id, self._state, operation, _HINTS.get((operation, self._state), "")
+            )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _make_queue(self, size: int, inbox: bool) -> FastMessageQueue[Any]:
+        cfg = self.config
+        strategy = cfg.backpressure_strategy if inbox else BackpressureStrategy.BLOCK
+        queue: Any
+        if cfg.use_fast_queue:
+            queue = FastMessageQueue(
+                size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
+            )
+        else:
+            queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
+        if inbox:  # drop_oldest drops reach telemetry as they happen
+            queue.on_drop = self.telemetry.record_backpressure_drop
+        result: FastMessageQueue[Any] = queue
+        return result
+
+    async def launch(self) -> None:
+        """Phase 1: allocate the queues (CREATED -> LAUNCHED).
+
+        Raises:
+            InvalidConfigurationError: ``serialize=True`` with ``use_fast_queue=False``.
+        """
+        self._check("launch")
+        if self.config.serialize and not self.config.use_fast_queue:
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: serialize=True needs use_fast_queue=True (the "
+                "exact-priority MessageQueue stores message objects, not bytes)"
+            )
+        self._inbox = self._make_queue(self.config.input_queue_size, True)
+        self._outbox = self._make_queue(self.config.output_queue_size, False)
+        ctx_class: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
+        tracer = getattr(self._runtime, "tracer", None)
+        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
+            ctx_class = tracer.context_class(ctx_class)
+        self._ctx = ctx_class(self)
+        self._state = KernelState.LAUNCHED
+
+    async def activate(self) -> None:
+        """Phase 2: start the actor task (LAUNCHED -> ACTIVE)."""
+        self._check("activate")
+        self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
+        coro = self._supervise()
+        try:
+            self._task = asyncio.get_running_loop().create_task(
+                coro, name=f"pydotcompute:{self.kernel_id}"
+            )
+        except BaseException:  # a task factory that refused: nothing started
+            coro.close()
+            self._state = KernelState.LAUNCHED
+            raise
+
+    async def deactivate(self) -> None:
+        """Pause delivery (ACTIVE -> DEACTIVATED); queued messages stay queued."""
+        self._check("deactivate")
+        self._gate = asyncio.get_running_loop().create_future()
+        self._state = KernelState.DEACTIVATED
+
+    async def reactivate(self) -> None:
+        """Resume delivery (DEACTIVATED -> ACTIVE)."""
+        self._check("reactivate")
+        self._state = KernelState.ACTIVE
+        self._open_gate()
+
+    def _open_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
+
+    def _begin_terminating(self, actor_tasks: Collection[Any], timeout: float | None) -> float:
+        """The first steps of `terminate` for kernels whose actors are tasks on the loop:
+        refuse an actor awaiting its own termination (before anything changes: the kernel
+        keeps running), then stop intake and wake the actors. Returns the grace period."""
+        self._check("terminate")
+        current = asyncio.current_task()
+        if current is not None and current in actor_tasks:
+            raise KernelStateError(
+                self.kernel_id,
+                self._state,
+                "terminate",
+                "an actor cannot await its own termination; return from the actor function instead",
+            )
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        return self.config.drain_timeout if timeout is None else timeout
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Stop the kernel, draining its inbox gracefully.
+
+        The actor keeps receiving until the inbox is empty (or ``timeout`` seconds pass,
+        default ``config.drain_timeout``); then it is cancelled. Messages still queued are
+        returned, kept in ``undelivered`` and counted as dropped; so is the message the
+        actor was still handling when it was cancelled (taken, but it had not asked for
+        the next one), first in the list and no longer counted as processed. The outbox
+        stays readable until drained.
+        """
+        timeout = self._begin_terminating((self._task,), timeout)
+        task = self._task
+        if task is not None and not task.done():
+            _, pending = await asyncio.wait({task}, timeout=timeout)
+            if pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        # the message the actor held when it was cancelled, or raised on while draining
+        return self._finish_termination(self._cut_off())
+
+    def _cut_off(self) -> list[Any]:
+        """The message the actor was handling when it was cancelled, if any (``[]`` when it
+        was between messages, or finished handling after all): it was never processed, so
+        it stops counting as processed and is reported with the undelivered ones."""
+        ctx = self._ctx
+        if ctx is None or not ctx._handling or ctx._current is None:
+            return []
+        ctx._handling = False
+        if ctx._tel is not None:
+            ctx._tel.messages_processed -= 1
+        return [ctx._current]
+
+    def _finish_termination(self, left: list[Any]) -> list[Any]:
+        """Close out a terminate: ``left`` (messages a worker never took) plus whatever is
+        still in the inbox are returned, kept in ``undelivered`` and counted as dropped; the
+        queues close, waiting callers get a "terminated" error, and the state becomes
+        TERMINATED. Shared by every tier's ``terminate``.
+        """
+        stop_error = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
+        )
+        if self._inbox is not None:
+            left += self._inbox.drain()
+            self._inbox.count_dropped(len(left))
+            self._inbox.close(stop_error)
+        if left:
+            self.undelivered.extend(left)
+            self.telemetry.record_drop(len(left), "undelivered")
+            logger.warning(
+                "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+                self.kernel_id,
+                len(left),
+            )
+        self._fail_waiters(stop_error)
+        if self._outbox is not None:
+            self._outbox.close(
+                KernelStateError(
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
+                    "it was terminated and its outbox is drained",
+                )
+            )
+        self._state = KernelState.TERMINATED
+        return left
+
+    # -- the actor task -----------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        intensity = self.restart_intensity()
+        log = restart_log()
+        try:
+            await self._supervise_loop(intensity, log)
+        finally:
+            self._log_restarts_left(log, self.kernel_id, self.telemetry.restarts)
+
+    async def _supervise_loop(self, intensity: RestartIntensity, log: BurstLog) -> None:
+        taken_at_restart: int | None = None
+        while True:
+            ctx = self._ctx
+            assert ctx is not None
+            try:
+                await self._func(ctx)
+            except QueueClosedError:
+                ctx._handling = False  # it asked for the next message: the last one is done
+                if self._stopping:
+                    return
+                self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
+                return
+            except asyncio.CancelledError:
+                if self._stopping:
+                    return
+                raise
+            except Exception as exc:
+                self.telemetry.record_error(exc)
+                if self._stopping:  # the message it raised on is handed back by terminate
+                    self.error = exc
+                    logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
+                    return
+                pause = self._restart_pause(intensity, taken_at_restart)
+                if pause is not None:
+                    self.telemetry.restarts += 1
+                    note = self._restart_note(intensity, self.telemetry.restarts)
+                    self._log_restart(log, self.kernel_id, exc, note)
+                    self._fail_request(ctx._current, exc, note)
+                    if self._cut_off():  # the message it raised on: dropped, and counted
+                        self.telemetry.record_drop(reason="actor_failed")
+                        if self._inbox is not None:
+                            self._inbox.count_dropped(1)
+                    ctx._current = None
+                    ctx._handling = False
+                    if ctx._rec is not None:  # the message it raised on is not timed
+                        ctx._rec.cancel()
+                    if pause and not await self._backoff(pause):
+                        return
+                    taken_at_restart = self._taken()
+                    continue
+                cut = self._cut_off()  # the message it raised on comes back first
+                if cut:
+                    self.undelivered.extend(cut)
+                    self.telemetry.record_drop(len(cut), "undelivered")
+                    if self._inbox is not None:
+                        self._inbox.count_dropped(len(cut))
+                self._fail(exc)
+                return
+            else:
+                ctx._handling = False  # returning finishes the message it held
+                if not self._stopping:
+                    self._finished()
+                return
+
+    # -- supervision helpers (shared with the pool's replicas) ---------------------------
+
+    def restart_intensity(self) -> RestartIntensity:
+        """A fresh restart budget from the config (one per actor, or per replica)."""
+        cfg = self.config
+        return RestartIntensity(
+            cfg.max_restarts, cfg.restart_window, cfg.restart_backoff, cfg.restart_backoff_max
+        )
+
+    def _taken(self) -> int:
+        """How many messages the actors took from the inbox so far."""
+        inbox = self._inbox
+        return int(inbox.statistics().total_dequeued) if inbox is not None else 0
+
+    def _restart_pause(
+        self, intensity: RestartIntensity, taken_at_restart: int | None
+    ) -> float | None:
+        """The pause before restarting an actor that raised, or None: no restart (the
+        policy is ``never`` or the budget is spent). ``taken_at_restart``: the `_taken`
+        count at the last restart (None: none yet)."""
+        if self.config.restart != "on_failure":
+            return None
+        # it took the message it raised on; one more means it finished one in between
+        progressed = taken_at_restart is None or self._taken() - taken_at_restart > 1
+        return intensity.next_restart(progressed)
+
+    async def _backoff(self, pause: float) -> bool:
+        """Wait ``pause`` seconds before a restart; False when terminate cut it short."""
+        try:
+            await asyncio.sleep(pause)
+        except asyncio.CancelledError:
+            if self._stopping:
+                return False
+            raise
+        return True
+
+    @staticmethod
+    def _restart_note(intensity: RestartIntensity, count: int) -> str:
+        if intensity.max_restarts is None:
+            return f"restart {count}, no limit"
+        return f"restart {count} of {intensity.describe()}"
+
+    def _log_restart(self, log: BurstLog, who: str, exc: BaseException, note: str) -> None:
+        log.event("kernel %r raised %r; restarted (%s)", who, exc, note)
+
+    @staticmethod
+    def _log_restarts_left(log: BurstLog, who: str, total: int) -> None:
+        """The closing summary of a rate-limited restart log (when the actor stops)."""
+        left = log.take_pending()
+        if left:
+            logger.warning(
+                "kernel %r: %d more restart(s) not logged one by one; %d in all",
+                who,
+                left,
+                total,
+            )
+
+    def _fail(self, exc: BaseException) -> None:
+        """The actor raised with no restart left: FAILED, and everyone waiting learns why."""
+        self.error = exc
+        self._state = KernelState.FAILED
+        logger.error("kernel %r failed: %r", self.kernel_id, exc)
+        err = KernelFailedError(self.kernel_id, exc)
+        err.__cause__ = exc
+        if self._inbox is not None:
+            self._inbox.close(err)
+            left = self._inbox.drain()
+            if left:
+                self._inbox.count_dropped(len(left))
+                self.undelivered.extend(left)
+                self.telemetry.record_drop(len(left), "undelivered")
+        self._fail_waiters(err)
+        if self._outbox is not None:
+            self._outbox.close(err)
+        if self._runtime is not None:
+            self._runtime._on_kernel_failed(self)
+
+    def _finished(self) -> None:
+        """The actor function returned on its own: no more deliveries."""
+        err = KernelStateError(
+            self.kernel_id, KernelState.TERMINATED, "send to", "its actor function returned"
+        )
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(err)
+            left = self._inbox.drain()
+            if left:
+                self._inbox.count_dropped(len(left))
+                self.undelivered.extend(left)
+                self.telemetry.record_drop(len(left), "undelivered")
+                logger.warning(
+                    "kernel %r returned with %d queued message(s) (counted as dropped)",
+                    self.kernel_id,
+                    len(left),
+                )
+        self._fail_waiters(err)
+        if self._outbox is not None:
+            self._outbox.close(
+                KernelStateError(
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
+                    "its actor function returned and its outbox is drained",
+                )
+            )
+        self._state = KernelState.TERMINATED
+
+    def _fail_request(self, request: Any, exc: BaseException, note: str) -> None:
+        """The actor raised on ``request`` and restarts: its correlated caller learns why."""
+        if request is None or not self._waiters:
+            return
+        fut = self._waiters.pop(getattr(request, "message_id", None), None)
+        if fut is not None and not fut.done():
+            err = KernelFailedError(
+                self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
+            )
+            err.__cause__ = exc
+            fut.set_exception(err)
+
+    def _fail_waiters(self, err: BaseException) -> None:
+        waiters, self._waiters = self._waiters, {}
+        self._abandoned = None
+        for fut in waiters.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    # -- messaging ----------------------------------------------------------------------
+
+    def _refuse(self, operation: str) -> BaseException:
+        if self._state is KernelState.FAILED:
+            return KernelFailedError(self.kernel_id, self.error)
+        if self._inbox is None:
+            return KernelStateError(self.kernel_id, self._state, operation, "launch it first")
+        return KernelStateError(self.kernel_id, self._state, operation)
+
+    def _validate_in(self, msg: Any) -> None:
+        in_t = self.input_type
+        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+            check_message(msg, in_t, self.kernel_id, "expects")
+
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+        """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy.
+
+        Raises:
+            TypeValidationError: not the kernel's ``input_type``.
+            KernelStateError: the kernel is terminating, terminated or failed.
+            QueueFullError / QueueTimeoutError: ``reject`` backpressure / the ``timeout``.
+        """
+        await self._accept(msg, timeout)
+
+    def accept_nowait(self, msg: Any) -> None:
+        """Like `accept` but a full inbox raises ``QueueFullError`` at once."""
+        self._accept_nowait(msg)
+
+    def forward_to(self, target: RingKernel | None) -> None:
+        """Send everything the actor sends on into ``target``'s inbox (None: the outbox)."""
+        self._forward = target
+
+    @property
+    def forwards_to(self) -> RingKernel | None:
+        """The kernel this one forwards into, or None."""
+        return self._forward
+
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
+        """Validate and enqueue ``msg`` into the inbox (the path of every send)."""
+        self._validate_in(msg)
+        inbox = self._inbox
+        if inbox is None or inbox._closed or self._stopping:
+            raise self._refuse("send to")
+        if inbox._offer(msg):  # room (it is open): appended
+            return
+        try:
+            await inbox.put(msg, timeout=timeout)
+        except QueueClosedError:
+            raise self._refuse("send to") from None
+
+    def _accept_nowait(self, msg: Any) -> None:
+        self._validate_in(msg)
+        inbox = self._inbox
+        if inbox is None or inbox._closed or self._stopping:
+            raise self._refuse("send to")
+        inbox.put_nowait(msg)
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Put ``msg`` in the inbox (waits under ``block`` backpressure).
+
+        ``runtime.send`` returns this coroutine itself, so its fast path (the exact
+        ``input_type``, room in an open inbox: one append, no await) is the whole cost of
+        a send.
+        """
+        inbox = self._inbox
+        in_t = self.input_type
+        if (
+            self._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and not self._stopping
+            and inbox._offer(msg)  # open, with room: appended
+        ):
+            return True
+        await self._accept(msg, timeout)
+        return True
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Put ``msg`` in the inbox or raise (``QueueFullError``, state errors)."""
+        self._accept_nowait(msg)
+        return True
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """The next message from the outbox (a reply), waiting up to ``timeout``.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time.
+            KernelStateError: the kernel is LAUNCHED (never activated: no reply can come,
+                so this raises at once), or terminated and drained.
+            KernelFailedError: the actor raised (after the outbox was drained).
+        """
+        out = self._outbox
+        if out is None:
+            raise self._refuse("receive from")
+        if out._count:
+            return out._pop()
+        if self._state is KernelState.LAUNCHED:
+            raise self._not_active("receive from")
+        if timeout is not None:
+            return await out._get_slow(timeout)
+        while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
+            fut = out._park_getter()
+            try:
+                await fut
+            except BaseException:
+                out._unpark_getter(fut)
+                raise
+            if out._count:
+                return out._pop()
+
+    def _not_active(self, operation: str) -> KernelStateError:
+        return KernelStateError(
+            self.kernel_id,
+            self._state,
+            operation,
+            "activate it first: a kernel that was never activated runs no actor, so no "
+            "reply can come",
+        )
+
+    def receive_nowait(self) -> Any:
+        """The next reply or None."""
+        out = self._outbox
+        if out is None:
+            raise self._refuse("receive from")
+        return out.get_nowait()
+
+    # -- correlated requests ------------------------------------------------------------
+
+    @property
+    def pending_requests(self) -> int:
+        """How many ``send_and_receive`` registrations this kernel holds: requests awaiting
+        their reply, plus at most `ABANDONED_REQUESTS_KEPT` whose caller gave up."""
+        return len(self._waiters)
+
+    def _no_message_id(self, msg: Any) -> TypeValidationError:
+        return TypeValidationError(
+            f"kernel {self.kernel_id!r}: send_and_receive needs a message (an @message "
+            f"instance with a message_id), got {type(msg).__name__}"
+        )
+
+    def expect_reply(self, msg: Any, waiter: Any) -> tuple[Any, Any]:
+        """Register ``waiter`` (a future, or an object with its ``done``/``set_result``/
+        ``set_exception``) for the reply to ``msg``. Runs on the kernel's loop.
+
+        Returns:
+            ``(request, key)``: what to send, and the ``correlation_id`` its reply will
+            carry. ``request`` is ``msg`` itself, or a copy of it with a fresh
+            ``message_id`` when a reply to ``msg``'s id is already awaited (another caller
+            sent the same object, or an earlier attempt timed out): each call gets its own
+            reply.
+
+        Raises:
+            TypeValidationError: ``msg`` has no ``message_id``, or it needs a fresh id and
+                cannot be copied.
+        """
+        try:
+            key = msg.message_id
+        except AttributeError:
+            raise self._no_message_id(msg) from None
+        waiters = self._waiters
+        if key in waiters:
+            try:
+                msg = copy.copy(msg)
+                msg.message_id = key = new_message_id()
+            except (AttributeError, TypeError) as exc:
+                raise TypeValidationError(
+                    f"kernel {self.kernel_id!r}: a reply to this {type(msg).__name__} "
+                    f"(message_id {key}) is already awaited, and the request cannot be copied "
+                    f"with a new id ({exc}); send a new message instead"
+                ) from None
+        waiters[key] = waiter
+        return msg, key
+
+    def forget_request(self, key: Any, waiter: Any) -> None:
+        """Unregister ``waiter``: its call ended (its reply came, or its request was never
+        accepted, so no reply can come)."""
+        waiters = self._waiters
+        if waiters.get(key) is waiter:
+            del waiters[key]
+
+    def abandon_request(self, key: Any, waiter: Any) -> None:
+        """The caller of ``waiter`` gave up on an accepted request: the key stays registered
+        (without the caller's waiter) so the late reply is counted as dropped, not left in
+        the outbox; beyond `ABANDONED_REQUESTS_KEPT` such keys the oldest is forgotten."""
+        waiters = self._waiters
+        if waiters.get(key) is not waiter:
+            return  # answered (or failed) meanwhile
+        waiters[key] = ABANDONED
+        kept = self._abandoned
+        if kept is None:
+            kept = self._abandoned = deque()
+        kept.append(key)
+        if len(kept) > ABANDONED_REQUESTS_KEPT:
+            oldest = kept.popleft()
+            if waiters.get(oldest) is ABANDONED:
+                del waiters[oldest]
+
+    async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send ``msg`` and wait for the reply whose ``correlation_id`` is its id.
+
+        Safe with concurrent callers: each waits on its own future. A message object sent
+        again while a reply to it is still awaited (or after an attempt timed out) goes as
+        a copy with a fresh ``message_id`` (see `expect_reply`).
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not hasattr(msg, "message_id"):
+            raise self._no_message_id(msg)
+        if self._state is KernelState.LAUNCHED:
+            raise self._not_active("send_and_receive to")
+        msg, key = self.expect_reply(msg, fut)
+        accepted = False
+        try:
+            # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
+            # cancellation that lands as the reply arrives, and a caller looping on
+            # send_and_receive would then never stop
+            async with asyncio.timeout(timeout):
+                await self._accept(msg, None)
+                accepted = True
+                return await fut
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return fut.result()  # the reply came as the time ran out
+            raise QueueTimeoutError(
+                f"no reply from kernel {self.kernel_id!r} within {timeout}s "
+                f"(request {type(msg).__name__} {key}; kernel {self._state.name})"
+            ) from None
+        finally:
+            if accepted and (not fut.done() or fut.cancelled()):
+                fut.cancel()
+                self.abandon_request(key, fut)  # its late reply is dropped and counted
+            else:
+                self.forget_request(key, fut)
+
+
+@contextlib.asynccontextmanager
+async def managed_kernel(
+    kernel_id: str, kernel_func: KernelFunc, **kwargs: Any
+) -> AsyncIterator[RingKernel]:
+    """Launch and activate a standalone kernel; terminate it on exit.
+
+    ``kwargs`` are passed to `RingKernel` (``config``, ``input_type``, ...).
+    """
+    kernel = RingKernel(kernel_id, kernel_func, **kwargs)
+    await kernel.launch()
+    await kernel.activate()
+    try:
+        yield kernel
+    finally:
+        if kernel.state is not KernelState.TERMINATED:
+            await kernel.terminate()
