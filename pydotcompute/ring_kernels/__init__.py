@@ -61,8 +61,8 @@ _LAZY = {
     "GPURingKernel": "gpu_kernel",
     "GPUKernelOptions": "gpu_kernel",
     "GPUKernelStatistics": "gpu_kernel",
-    "ThreadHostedKernel": "hosted",
-    "ProcessHostedKernel": "hosted",
+    "ThreadHostedKernel": "tiers.thread",
+    "ProcessHostedKernel": "tiers.process",
 }
 
 

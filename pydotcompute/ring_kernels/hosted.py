@@ -1,13 +1,588 @@
-"""Old home of the hosted thread and process tiers (kept so existing imports work).
+"""The bridge between the runtime's policy and a tier that runs the actor off the loop.
 
-They live in `pydotcompute.ring_kernels.tiers` now: the bridge in `tiers/hosted.py`,
-the tiers in `tiers/thread.py` and `tiers/process.py`.
+A hosted kernel keeps the tier-1 face (a banded asyncio inbox with the user's backpressure,
+an asyncio outbox, correlated `send_and_receive`, `connect`) and runs the actor in a
+`TierWorker`: a thread, a child process.
+It talks to the worker only through that contract.
+
+Design notes:
+- Two tasks bridge the worlds. The *pump* moves messages from the inbox into the worker in
+  priority order, at most `bridge_queue_size` not yet taken by the actor, honouring
+  deactivation; the *collector* moves replies out (to a waiting `send_and_receive` caller,
+  a connected kernel, or the outbox). Neither blocks the loop: the worker calls a waker
+  from its own thread, handed to the loop with `call_soon_threadsafe`, or the loop watches
+  the worker's descriptors itself (`TierWorker.watch`); a slow poll (`_POLL_S`) is the
+  safety net.
+- Accounting is the runtime's: the pump counts a message as processed when it hands it
+  over; whatever the worker gives back as undelivered (once: `take_undelivered`), and the
+  message the pump still held, stop counting as processed and are handed back. Replies
+  still inside the worker at terminate are delivered, not discarded: into the outbox even
+  beyond its bound (it stays readable until drained), or counted as dropped when their
+  destination (a full downstream kernel, a caller that gave up) cannot take them.
+- A reply forwarded into a `reject`-policy kernel that is full is counted as dropped on
+  the source; the source keeps running (its actor, elsewhere, cannot be handed the
+  error as a tier-1 actor is).
+- The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
+  ``ctx.send`` does: a worker that replies faster than they are delivered would
+  otherwise keep it running without a break.
+
+- A worker that stops before anyone asked (its actor function returned) ends the kernel
+  as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
+  back. A reply that does not decode here is one dropped reply (logged once, its caller
+  told), not a failed kernel: failing would lose every other reply for one bad class.
 """
 
 from __future__ import annotations
 
-from .tiers.hosted import HostedKernel
-from .tiers.process import ProcessHostedKernel
-from .tiers.thread import ThreadHostedKernel
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ("HostedKernel", "ProcessHostedKernel", "ThreadHostedKernel")
+from ..exceptions import (
+    KernelFailedError,
+    KernelStateError,
+    MessageDeserializationError,
+    MessageRejectedError,
+    MessageSerializationError,
+    QueueClosedError,
+    QueueFullError,
+)
+from .context import SEND_YIELD_EVERY
+from .kernel import RingKernel
+from .states import KernelState
+from .supervision import BurstLog
+from .tiers.contract import TierWorker
+
+__all__ = ("HostedKernel",)
+
+logger = logging.getLogger("pydotcompute")
+_POLL_S = 0.05
+
+
+class HostedKernel(RingKernel):
+    """A ring kernel whose actor runs in a `TierWorker`; subclasses build the worker
+    in `_make_worker`."""
+
+    EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
+    ACTOR_KIND = "sync"
+    SUPPORTS_RESTART = False
+
+    __slots__ = (
+        "_bridge",
+        "_collector",
+        "_drop_log",
+        "_held",
+        "_held_counted",
+        "_pump",
+        "_readable",
+        "_reply_in_hand",
+        "_undecodable_seen",
+        "_unwatch",
+        "_worker",
+        "_writable",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._worker: TierWorker | None = None
+        self._bridge = 64
+        # the message the pump took from the inbox and has not handed to the worker yet
+        self._held: Any = None
+        self._held_counted = False
+        self._reply_in_hand: list[Any] = []  # the reply the collector is delivering
+        self._pump: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
+        self._readable: asyncio.Event | None = None
+        self._writable: asyncio.Event | None = None
+        self._unwatch: Any = None
+        self._undecodable_seen = False  # a reply that does not decode was logged
+        # replies a connected kernel refused: one line, then a count (a stopped target
+        # can refuse thousands)
+        self._drop_log = BurstLog(
+            logger,
+            logging.WARNING,
+            "%d more repl(ies) refused downstream since the last line (counted as dropped)",
+        )
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def _make_worker(self, bridge: int) -> TierWorker:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def worker(self) -> TierWorker | None:
+        """The tier's worker (None before launch)."""
+        return self._worker
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def launch(self) -> None:
+        await super().launch()
+        self._bridge = int(self.config.extra.get("bridge_queue_size", 64))
+        self._worker = self._make_worker(self._bridge)
+        if self._worker.max_message_bytes is not None:
+            self._direct = False  # every send takes the checked path: sizes are measured
+
+    def wrap_worker(self, wrap: Callable[[TierWorker], TierWorker]) -> None:
+        """Put ``wrap(worker)`` in the worker's place (after launch, before activate: a
+        tracing runtime instruments the bridge this way)."""
+        self._check("activate")
+        assert self._worker is not None
+        self._worker = wrap(self._worker)
+
+    def refresh_telemetry(self) -> None:
+        """Fold the latencies the worker timed since the last call into `telemetry`
+        (``runtime.get_telemetry`` calls it before reading)."""
+        worker = self._worker
+        if worker is not None:
+            part = worker.drain_latencies()
+            if part is not None:
+                self.telemetry.merge_summary(part)
+
+    def _check_size(self, msg: Any) -> None:
+        """Refuse at once a message the tier can never carry (the runtime's edge policy)."""
+        worker = self._worker
+        limit = worker.max_message_bytes if worker is not None else None
+        if limit is None:
+            return
+        try:
+            size = len(msg.serialize())
+        except AttributeError:
+            return  # a plain value: the worker measures it on the way
+        if size > limit:
+            raise MessageSerializationError(
+                f"kernel {self.kernel_id!r} cannot carry a {type(msg).__name__} of {size} "
+                f"bytes: the {self.config.tier} tier takes at most {limit} bytes a message; "
+                f"raise it with launch(..., ring_bytes={size + 8}) or more, or send smaller "
+                "messages"
+            )
+
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
+        self._check_size(msg)
+        await super()._accept(msg, timeout)
+
+    def _accept_nowait(self, msg: Any) -> None:
+        self._check_size(msg)
+        super()._accept_nowait(msg)
+
+    async def activate(self) -> None:
+        self._check("activate")
+        loop = asyncio.get_running_loop()
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        readable, writable = self._readable, self._writable
+
+        def wake_readable() -> None:
+            with contextlib.suppress(RuntimeError):  # loop closed during teardown
+                loop.call_soon_threadsafe(readable.set)
+
+        def wake_writable() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(writable.set)
+
+        worker = self._worker
+        assert worker is not None
+        worker.on_writable(wake_writable)
+        await asyncio.to_thread(worker.start)
+        self._unwatch = worker.watch(loop, readable.set)
+        if self._unwatch is None:
+            self._unwatch = worker.on_readable(wake_readable)
+        self._state = KernelState.ACTIVE
+        name = f"pydotcompute:{self.kernel_id}"
+        for attr, make, label in (
+            ("_pump", self._run_pump, "pump"),
+            ("_collector", self._run_collector, "collect"),
+        ):
+            coro = make()
+            try:
+                setattr(self, attr, loop.create_task(coro, name=f"{name}:{label}"))
+            except BaseException as exc:  # a task factory refused; the worker runs already
+                coro.close()
+                self._fail(exc)
+                raise
+
+    async def _run_pump(self) -> None:
+        inbox = self._inbox
+        worker = self._worker
+        writable = self._writable
+        assert inbox is not None
+        assert worker is not None
+        assert writable is not None
+        while True:
+            if self._gate is not None:
+                await asyncio.shield(self._gate)
+            try:
+                msg = await inbox.get()
+            except QueueClosedError:
+                return
+            except MessageDeserializationError as exc:  # serialize=True: one bad frame
+                self.telemetry.record_error(exc)
+                self._count_dropped(1)
+                logger.warning(
+                    "kernel %r: dropped a message that does not decode: %s", self.kernel_id, exc
+                )
+                continue
+            self._held = msg
+            if self._gate is not None:  # deactivated while we waited: hold it
+                await asyncio.shield(self._gate)
+            if self._timed:
+                self.telemetry.messages_processed += 1
+                self._held_counted = True
+            while True:
+                # the worker was built with room for ``bridge_queue_size`` messages its actor
+                # has not taken: ``offer`` says False beyond that
+                try:
+                    ok = worker.offer(msg)
+                except (KernelFailedError, KernelStateError):
+                    return  # the collector reports it; the held message is handed back
+                except Exception as exc:  # this one message cannot cross (too large)
+                    self._take_held()
+                    self.telemetry.record_error(exc)
+                    self._count_dropped(1)
+                    logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
+                    break
+                if ok:
+                    break
+                writable.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_POLL_S):
+                        await writable.wait()
+            self._held = None
+            self._held_counted = False
+
+    def _take_held(self) -> list[Any]:
+        """The message the pump took but never handed over (``[]`` if none)."""
+        msg, self._held = self._held, None
+        if msg is None:
+            return []
+        if self._held_counted:
+            self._held_counted = False
+            self.telemetry.messages_processed -= 1
+        return [msg]
+
+    def _take_undelivered(self) -> list[Any]:
+        """What the worker did not finish (once): counted as processed when the pump handed
+        it over, so that count is taken back."""
+        worker = self._worker
+        if worker is None:
+            return []
+        try:
+            lost = worker.take_undelivered()
+        except KernelStateError:  # still running: nothing to hand back yet
+            return []
+        if lost and self._timed:
+            self.telemetry.messages_processed -= len(lost)
+        return lost
+
+    async def _run_collector(self) -> None:
+        worker = self._worker
+        readable = self._readable
+        assert worker is not None
+        assert readable is not None
+        turn = SEND_YIELD_EVERY
+        while True:
+            turn -= 1
+            if not turn:
+                turn = SEND_YIELD_EVERY
+                await asyncio.sleep(0)
+            try:
+                reply = worker.poll_reply()
+            except MessageRejectedError as exc:
+                self._rejected(exc)
+                continue
+            except MessageDeserializationError as exc:  # one reply does not decode here
+                self._undecodable_reply(exc)
+                continue
+            except KernelFailedError as exc:
+                if not self._stopping:
+                    await self._worker_failed(exc.error if exc.error is not None else exc)
+                return
+            except KernelStateError:
+                if not self._stopping:  # the actor function returned by itself
+                    await self._worker_returned()
+                return  # stopped and drained
+            except Exception as exc:  # a fault of the tier itself: fail clearly, never wedge
+                if not self._stopping:
+                    await self._worker_failed(exc)
+                return
+            if reply is None:
+                readable.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_POLL_S):
+                        await readable.wait()
+                continue
+            self._reply_in_hand.append(reply)
+            try:
+                await self._deliver(reply, final=False)
+            except Exception as exc:
+                # a reply that can go nowhere (a plain value for a serializing outbox, the
+                # wrong type for a connected kernel): the kernel fails, as a tier-1 actor
+                # whose ctx.send raised would
+                self._reply_in_hand.clear()
+                self.telemetry.record_error(exc)
+                self._count_dropped(1)
+                if not self._stopping:
+                    self._fail(exc)
+                    return
+                self.error = exc
+                logger.error("kernel %r: a reply failed while terminating: %r", self.kernel_id, exc)
+            else:
+                self._reply_in_hand.clear()
+
+    def _rejected(self, exc: MessageRejectedError) -> None:
+        """The tier could not decode one message: counted as dropped, its caller told."""
+        self.telemetry.record_error(exc)
+        if self._timed:
+            self.telemetry.messages_processed -= 1
+        self._count_dropped(1)
+        fut = self._waiters.pop(exc.correlation_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        logger.warning("kernel %r: a message was rejected: %s", self.kernel_id, exc)
+
+    def _undecodable_reply(self, exc: MessageDeserializationError) -> None:
+        """A reply that does not decode in this process: counted as dropped, its error
+        recorded, its caller (when the reply says which request it answers) told; logged
+        the first time only, the later ones are counted (`telemetry().error_count`)."""
+        self.telemetry.record_error(exc)
+        self._count_dropped(1)
+        fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        if not self._undecodable_seen:
+            self._undecodable_seen = True
+            logger.error(
+                "kernel %r: a reply was dropped: %s (later ones are counted in telemetry, "
+                "not logged)",
+                self.kernel_id,
+                exc,
+            )
+
+    def _count_dropped(self, n: int) -> None:
+        if self._outbox is not None:
+            self._outbox.count_dropped(n)
+        self.telemetry.record_drop(n)
+
+    async def _deliver(self, reply: Any, *, final: bool) -> None:
+        """Hand a reply to its caller, the connected kernel or the outbox.
+
+        ``final`` (terminate, the worker stopped): never wait; the outbox takes it beyond
+        its bound, a connected kernel that cannot take it now counts it as dropped.
+        """
+        if self._timed:
+            self.telemetry.messages_sent += 1
+        waiters = self._waiters
+        if waiters:
+            fut = waiters.pop(getattr(reply, "correlation_id", None), None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(reply)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self._count_dropped(1)
+                return
+        target = self._forward
+        if target is not None:
+            try:
+                if final:
+                    target.accept_nowait(reply)
+                else:
+                    await target.accept(reply, None)
+            except (QueueFullError, KernelStateError) as exc:
+                # a full reject-policy kernel (or one that is stopping) downstream
+                self._count_dropped(1)
+                self._drop_log.event(
+                    "kernel %r: a reply forwarded to %r was dropped: %s",
+                    self.kernel_id,
+                    target.kernel_id,
+                    exc,
+                )
+            return
+        out = self._outbox
+        assert out is not None
+        if final:
+            out.put_overflow(reply)
+        else:
+            await out.put(reply)
+
+    @property
+    def is_idle(self) -> bool:
+        """Idle when nothing is queued on either side of the bridge and the worker took
+        everything it was given. A worker that cannot say whether its actor is busy (a
+        child process) is never reported idle: wait for a known number of replies."""
+        if self._state is not KernelState.ACTIVE:
+            return True
+        inbox = self._inbox
+        if inbox is None or len(inbox) or self._held is not None or self._reply_in_hand:
+            return False
+        worker = self._worker
+        return worker is not None and worker.is_idle
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Drain the inbox into the worker, stop it gracefully, deliver every reply."""
+        self._check("terminate")
+        if timeout is None:
+            timeout = self.config.drain_timeout
+        failed = self._state is KernelState.FAILED
+        self._state = KernelState.TERMINATING
+        self._stopping = True
+        if self._inbox is not None:
+            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
+        self._open_gate()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pump = self._pump
+        if pump is not None and not pump.done():
+            _, pending = await asyncio.wait({pump}, timeout=timeout)
+            if pending:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.stop, max(0.1, deadline - loop.time()))
+        collector = self._collector
+        if collector is not None and not collector.done():
+            # it delivers what the worker produced; if it cannot (a full outbox nobody
+            # reads), what is left is delivered below without waiting
+            _, pending = await asyncio.wait(
+                {collector}, timeout=max(0.05 if not failed else 1.0, deadline - loop.time())
+            )
+            if pending:
+                collector.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collector
+        self._stop_watching()
+        left = await self._final_delivery()
+        refused = self._drop_log.take_pending()
+        if refused:
+            logger.warning(
+                "kernel %r: %d more repl(ies) refused by the kernel it forwards into "
+                "(counted as dropped)",
+                self.kernel_id,
+                refused,
+            )
+        return self._finish_termination(left)
+
+    async def _final_delivery(self) -> list[Any]:
+        """After the worker stopped: deliver every reply it still holds (and the one the
+        collector was holding), then take back what it did not finish."""
+        replies, self._reply_in_hand = self._reply_in_hand, []
+        worker = self._worker
+        if worker is not None:
+            replies += worker.drain_replies()
+        for reply in replies:
+            await self._deliver_final(reply)
+        if worker is not None:
+            worker.on_late_reply(self._late_reply_counter(worker))
+        # oldest first: what the worker did not finish, then what the pump still held
+        return self._take_undelivered() + self._take_held()
+
+    async def _deliver_final(self, reply: Any) -> None:
+        """Deliver one reply the worker left at stop or failure, without waiting; one that
+        can go nowhere is counted as dropped and its error recorded."""
+        if isinstance(reply, MessageRejectedError):
+            self._rejected(reply)
+            return
+        if isinstance(reply, MessageDeserializationError):
+            self._undecodable_reply(reply)
+            return
+        try:
+            await self._deliver(reply, final=True)
+        except Exception as exc:
+            self.telemetry.record_error(exc)
+            self._count_dropped(1)
+            if self.error is None:
+                self.error = exc
+            logger.error("kernel %r: a reply failed while terminating: %r", self.kernel_id, exc)
+
+    def _late_reply_counter(self, worker: TierWorker) -> Any:
+        """Count, as dropped and with a warning, replies a worker sends after terminate
+        (a thread still busy when the grace period ran out finishes its message)."""
+        telemetry, kernel_id = self.telemetry, self.kernel_id
+
+        def count_late() -> None:
+            n = sum(1 for r in worker.drain_replies() if not isinstance(r, MessageRejectedError))
+            if n:
+                telemetry.record_drop(n)
+                logger.warning(
+                    "kernel %r: %d repl%s sent after terminate stopped collecting; dropped",
+                    kernel_id,
+                    n,
+                    "y" if n == 1 else "ies",
+                )
+
+        return count_late
+
+    def _stop_watching(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
+    async def _worker_failed(self, exc: BaseException) -> None:
+        """The actor raised (or its process died): FAILED, and everything it held is handed
+        back once."""
+        mark = len(self.undelivered)  # the worker's leftovers are older than the inbox's
+        self._fail(exc)
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.stop, 1.0)
+            for reply in worker.drain_replies():  # produced before the failure
+                await self._deliver_final(reply)
+        lost = self._take_undelivered() + self._take_held()
+        if lost:
+            self.undelivered[mark:mark] = lost
+            self._count_dropped(len(lost))
+
+    async def _worker_returned(self) -> None:
+        """The actor function returned by itself: the kernel ends as a tier-1 kernel whose
+        actor returned (TERMINATED, refusing sends, waiting callers told at once). Replies
+        it sent first are delivered; what it was given and never took is handed back once,
+        oldest first, before what is still queued in the inbox."""
+        pump = self._pump
+        if pump is not None and not pump.done():
+            pump.cancel()  # it holds at most one message: taken back below
+        self._stop_watching()
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.stop, 1.0)
+            for reply in worker.drain_replies():  # sent before it returned
+                await self._deliver_final(reply)
+        lost = self._take_undelivered() + self._take_held()
+        if lost:
+            self.undelivered.extend(lost)
+            self._count_dropped(len(lost))
+            logger.warning(
+                "kernel %r: its actor function returned with %d message(s) it never took "
+                "(counted as dropped)",
+                self.kernel_id,
+                len(lost),
+            )
+        if not self._stopping:  # (a terminate that began meanwhile closes the kernel)
+            self._finished()
+
+    def _fail(self, exc: BaseException) -> None:
+        super()._fail(exc)
+        self._stop_watching()
+        pump = self._pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+
+
+# The hosted tiers' kernel classes, by their old import path (`from
+# pydotcompute.ring_kernels.hosted import ThreadHostedKernel`). They load by name, as the tier
+# registry loads them: the bridge itself never imports a tier.
+_TIER_CLASSES = {
+    "ThreadHostedKernel": "pydotcompute.ring_kernels.tiers.thread",
+    "ProcessHostedKernel": "pydotcompute.ring_kernels.tiers.process",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _TIER_CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

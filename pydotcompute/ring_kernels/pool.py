@@ -51,12 +51,12 @@ from ..exceptions import (
     QueueClosedError,
 )
 from .context import KernelContext
+from .hosted import HostedKernel
 from .kernel import RingKernel, restart_log
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker
-from .tiers.hosted import HostedKernel
 
 __all__ = (
     "AsyncioPoolKernel",

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cython_kernel import CythonKernelConfig, CythonRingKernel
+from ..hosted import HostedKernel
 from .contract import TierWorker
-from .hosted import HostedKernel
 
 __all__ = ("ProcessHostedKernel", "ProcessWorker")
 

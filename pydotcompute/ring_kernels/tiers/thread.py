@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..hosted import HostedKernel
 from ..threaded_kernel import ThreadedKernelConfig, ThreadedRingKernel
 from .contract import TierWorker
-from .hosted import HostedKernel
 
 __all__ = ("ThreadHostedKernel", "ThreadWorker")
 
