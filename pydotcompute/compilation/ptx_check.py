@@ -49,7 +49,7 @@ __all__ = (
 #: Modules whose ``shipped_kernels()`` list CUDA kernels to check.
 KERNEL_PROVIDERS: list[str] = [
     "pydotcompute.backends._cuda_kernels",
-    "pydotcompute.ring_kernels.gpu_kernel",
+    "pydotcompute.ring_kernels.tiers.gpu.prepare",
 ]
 
 

@@ -200,7 +200,7 @@ def ring_kernel(
             extra=dict(extra),
         )
         if chosen_tier == "gpu":
-            from ..ring_kernels.gpu_kernel import check_gpu_kernel_spec
+            from ..ring_kernels.tiers.gpu.prepare import check_gpu_kernel_spec
 
             check_gpu_kernel_spec(meta, fn)
         try:

@@ -58,9 +58,9 @@ _LAZY = {
     "CythonKernelConfig": "cython_kernel",
     "CythonKernelState": "cython_kernel",
     "is_cython_kernel_available": "cython_kernel",
-    "GPURingKernel": "gpu_kernel",
-    "GPUKernelOptions": "gpu_kernel",
-    "GPUKernelStatistics": "gpu_kernel",
+    "GPURingKernel": "tiers.gpu",
+    "GPUKernelOptions": "tiers.gpu",
+    "GPUKernelStatistics": "tiers.gpu",
     "ThreadHostedKernel": "tiers.thread",
     "ProcessHostedKernel": "tiers.process",
 }

@@ -1,5 +1,6 @@
-"""Internals of the GPU-resident ring kernel tier (see ``gpu_kernel.py``).
+"""The GPU tier's internals (an alias path).
 
-``layout`` and ``cuda_c`` import nothing heavy; ``device``, ``simlaunch`` and ``resources``
-import Numba and are loaded only when a GPU actor is launched or compiled.
+They live in `pydotcompute.ring_kernels.tiers.gpu`; each module here
+(``_gpu.layout``, ``_gpu.resources``, ...) is that package's module itself, under its old
+name, so that imports and attribute patches through the old path reach the same object.
 """

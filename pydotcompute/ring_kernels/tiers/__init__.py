@@ -33,7 +33,7 @@ _TIERS: dict[str, str | type] = {
     "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
     "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
     "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
-    "gpu": "pydotcompute.ring_kernels.tiers.gpu:GPUKernel",
+    "gpu": "pydotcompute.ring_kernels.tiers.gpu.kernel:GPUKernel",
     "ray": "pydotcompute.ring_kernels.tiers.ray:RayTierKernel",
 }
 _ALIASES = {"async": "asyncio", "threaded": "thread", "cython": "process", "cuda": "gpu"}

@@ -1,0 +1,103 @@
+"""The shared memory layout of a GPU ring kernel: control block words and commands.
+
+The control block is one ``int64`` array in mapped (zero-copy) pinned host memory. Words
+written by the host and words written by the device sit on different 64-byte lines, so a
+host store and a device store never share a cache line (no false sharing across PCIe).
+Both the Numba kernel (``device.py``) and the CUDA C kernel (``cuda_c.py``) use these
+indices; changing one means changing both.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "ACTIVE",
+    "ACTIVE_ACK",
+    "BATCH",
+    "CMD_EXIT",
+    "CMD_IDLE",
+    "CMD_PROCESS",
+    "CMD_PROCESS_DROP",
+    "CMD_STALL",
+    "CTL_WORDS",
+    "DOORBELL",
+    "DOORBELL_ACTIVE",
+    "DOORBELL_SHIFT",
+    "DOORBELL_TERMINATE",
+    "DROPPED",
+    "ERRORS",
+    "HEARTBEAT",
+    "IN_HEAD",
+    "IN_TAIL",
+    "LAST_LATENCY",
+    "LAST_STATUS",
+    "MAX_BACKOFF_NS",
+    "MAX_LATENCY",
+    "MIN_LATENCY",
+    "OUTBOX_FULL",
+    "OUTBOX_POLICY",
+    "OUT_HEAD",
+    "OUT_TAIL",
+    "PROCESSED",
+    "SPIN_ITERATIONS",
+    "STARTED",
+    "TAIL_SEEN",
+    "TERMINATE",
+    "TERMINATED",
+    "TOTAL_LATENCY",
+    "constants",
+)
+
+# -- written by the host ----------------------------------------------------------------------
+IN_TAIL = 0  # messages published into the inbox ring (monotonic)
+# What the kernel polls: IN_TAIL << DOORBELL_SHIFT | TERMINATE bit | ACTIVE bit, stored by the
+# host (one writer: the event loop) after the words it summarizes, so one system-scope load
+# per poll brings all three. The separate words stay for readers (telemetry, the watchdog).
+DOORBELL = 1
+DOORBELL_ACTIVE = 1
+DOORBELL_TERMINATE = 2
+DOORBELL_SHIFT = 2
+OUT_HEAD = 8  # replies consumed from the outbox ring (monotonic)
+ACTIVE = 16  # 1 = process messages, 0 = hold them (deactivated)
+TERMINATE = 17  # 1 = leave the loop at the next iteration
+OUTBOX_POLICY = 18  # 0 = stall while the outbox is full, 1 = run the handler, drop the reply
+MAX_BACKOFF_NS = 19  # ceiling of the idle back-off sleep
+
+# -- written by the device --------------------------------------------------------------------
+IN_HEAD = 24  # messages taken from the inbox ring (monotonic)
+OUT_TAIL = 32  # replies published into the outbox ring (monotonic)
+STARTED = 40  # 1 once the kernel runs
+TERMINATED = 41  # 1 when the kernel left its loop (the acknowledgement of TERMINATE)
+ACTIVE_ACK = 42  # the last ACTIVE value the kernel acted on
+HEARTBEAT = 43  # advances while the kernel idles or stalls (the watchdog reads it)
+# The inbox tail the kernel last read from the doorbell, stored just before each heartbeat:
+# a heartbeat proves the kernel alive, this that it sees what the host published.
+TAIL_SEEN = 44
+PROCESSED = 48  # messages handled (replied, rejected or reply dropped)
+DROPPED = 49  # replies discarded because the outbox was full (policy 1)
+ERRORS = 50  # messages the handler rejected (non-zero status)
+LAST_LATENCY = 51  # ns spent on the last message
+TOTAL_LATENCY = 52
+MAX_LATENCY = 53
+MIN_LATENCY = 54
+LAST_STATUS = 55  # the last non-zero status a handler returned
+OUTBOX_FULL = 56  # times the kernel found the outbox full (stall or drop episodes)
+
+CTL_WORDS = 64
+
+# -- what thread 0 tells the block each iteration ---------------------------------------------
+CMD_IDLE = 0
+CMD_PROCESS = 1
+CMD_PROCESS_DROP = 2
+CMD_STALL = 3
+CMD_EXIT = 4
+
+#: Idle iterations spent polling without sleeping before the back-off starts.
+SPIN_ITERATIONS = 64
+
+#: Most messages handled between two publications (one release store per batch).
+BATCH = 64
+
+
+def constants() -> dict[str, int]:
+    """Every layout constant by name (used to emit the CUDA C ``#define``s)."""
+    return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, int)}
