@@ -144,6 +144,7 @@ class GPURingKernel(RingKernel):
     SUPPORTS_RESTART = False
 
     __slots__ = (
+        "_bridge",
         "_dev",
         "_device_drops_seen",
         "_drop_log",
@@ -208,6 +209,7 @@ class GPURingKernel(RingKernel):
         self.ring_size = opts.ring_size or min(
             config.input_queue_size, config.output_queue_size, 4096
         )
+        self._bridge = opts.bridge_queue_size or self.ring_size
         self._dev: DeviceActor | None = None
         self._rings: HostRings | None = None
         self._lat_seen = 0
@@ -611,6 +613,14 @@ class GPURingKernel(RingKernel):
                 task.cancel()
                 await asyncio.wait({task})
 
+    def _room(self, r: HostRings) -> int:
+        """How many more messages the host may publish now: none while the kernel takes
+        none (so the staging queue's priority and policy decide what it gets next), and
+        at most ``bridge_queue_size`` in the ring."""
+        if self._state is not KernelState.ACTIVE and not self._stopping:
+            return 0
+        return min(r.room(), self._bridge - r.in_flight())
+
     def _reply_room(self) -> int:
         if self._stopping or self._forward is not None or self._waiters:
             return _UNBOUNDED
@@ -670,7 +680,7 @@ class GPURingKernel(RingKernel):
         progressed = self._collect(4096)
         inbox, r = self._inbox, self._rings
         if inbox is not None and len(inbox) and r is not None:
-            room = r.room()
+            room = self._room(r)
             if room > 0 and self._state is not KernelState.FAILED:
                 batch = inbox.get_batch(room)
                 r.publish(self.input_type.to_records(batch))  # type: ignore[union-attr]
@@ -815,7 +825,7 @@ class GPURingKernel(RingKernel):
         """Validate ``msg``; publish it now when nothing is staged ahead of it, else stage."""
         self._validate_in(msg)
         inbox, r = self._sendable()
-        if not len(inbox) and r.room() > 0:
+        if not len(inbox) and self._room(r) > 0:
             r.publish(self.input_type.to_records((msg,)))  # type: ignore[union-attr]
         else:
             try:
@@ -827,7 +837,7 @@ class GPURingKernel(RingKernel):
     def _accept_nowait(self, msg: Any) -> None:
         self._validate_in(msg)
         inbox, r = self._sendable()
-        if not len(inbox) and r.room() > 0:
+        if not len(inbox) and self._room(r) > 0:
             r.publish(self.input_type.to_records((msg,)))  # type: ignore[union-attr]
         else:
             inbox.put_nowait(msg)

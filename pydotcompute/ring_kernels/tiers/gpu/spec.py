@@ -44,6 +44,9 @@ class GPUKernelOptions:
         ring_size: Slots per device ring (inbox and outbox); default
             ``min(queue size, 4096)``. The host keeps up to ``input_queue_size`` more
             messages waiting for a free slot.
+        bridge_queue_size: At most this many messages published to the inbox ring and
+            not yet handled (default: ``ring_size``); the rest wait in the host's banded
+            staging queue, where priority and the backpressure policy apply.
         outbox_full: ``"block"`` (default: the kernel waits for the host to take replies)
             or ``"drop"`` (the handler still runs; its reply is dropped and counted).
         watchdog_timeout: Seconds without device progress, while messages are pending,
@@ -63,6 +66,7 @@ class GPUKernelOptions:
     cuda_source: str | None = None
     handler_name: str = "handle"
     ring_size: int | None = None
+    bridge_queue_size: int | None = None
     outbox_full: str = "block"
     watchdog_timeout: float | None = 5.0
     terminate_timeout: float = 5.0
@@ -132,6 +136,12 @@ def resolve_options(kernel_id: str, extra: dict[str, Any]) -> GPUKernelOptions:
             f"cuda_source does not define the handler {opts.handler_name!r}; write "
             f"'__device__ int {opts.handler_name}(const In* in, Out* out, pdc_state_t* state)' "
             "or pass handler_name=",
+        )
+    if opts.bridge_queue_size is not None and (
+        not _is_int(opts.bridge_queue_size) or opts.bridge_queue_size < 1
+    ):
+        raise _fail(
+            kernel_id, f"bridge_queue_size must be an int >= 1, got {opts.bridge_queue_size!r}"
         )
     if opts.ring_size is not None and (
         not _is_int(opts.ring_size) or not 1 <= opts.ring_size <= 1 << 24
