@@ -143,7 +143,7 @@ class _Slab:
                     f"needs {nbytes} more; it cannot grow while GPU actors run (allocating "
                     "may synchronize the device, which waits for them forever). Reserve more "
                     "before the first GPU actor starts: PYDOTCOMPUTE_GPU_SLAB_MB=<MiB> or "
-                    "pydotcompute.ring_kernels.gpu_kernel.reserve_gpu_memory(...)"
+                    "pydotcompute.ring_kernels.tiers.gpu.reserve_gpu_memory(...)"
                 )
             self._new_chunk(max(chunk_bytes, -(-nbytes // ALIGN) * ALIGN))
             off = self.chunks[-1][2].alloc(nbytes)
