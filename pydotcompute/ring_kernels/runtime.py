@@ -495,8 +495,11 @@ class RingKernelRuntime:
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
-        if inbox is not None:  # arrivals: the inbox's own counters, nothing per message
-            tel.messages_received = inbox.statistics().total_enqueued
+        # arrivals: the inbox's own counters, nothing per message (a tier whose inbox keeps
+        # none, Ray's, reports them through refresh_telemetry)
+        statistics = getattr(inbox, "statistics", None)
+        if statistics is not None:
+            tel.messages_received = statistics().total_enqueued
         return tel
 
     def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
