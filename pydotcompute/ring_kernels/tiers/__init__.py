@@ -32,7 +32,7 @@ __all__ = (
 _TIERS: dict[str, str | type] = {
     "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
     "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
-    "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
+    "process": "pydotcompute.ring_kernels.tiers.process.hosted:ProcessHostedKernel",
     "gpu": "pydotcompute.ring_kernels.tiers.gpu:GPUKernel",
     "ray": "pydotcompute.ring_kernels.tiers.ray:RayTierKernel",
 }
