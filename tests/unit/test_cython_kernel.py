@@ -155,6 +155,60 @@ def test_seed_style_use() -> None:
     assert kernel.exit_code == 0
 
 
+def test_the_seed_names_are_the_process_tier_and_its_states_are_kernel_states() -> None:
+    from pydotcompute.ring_kernels import KernelState
+    from pydotcompute.ring_kernels import cython_kernel as old_module
+    from pydotcompute.ring_kernels.tiers.contract import TierWorker
+    from pydotcompute.ring_kernels.tiers.process import (
+        ProcessKernel,
+        ProcessKernelConfig,
+        ProcessKernelContext,
+        ProcessWorker,
+    )
+
+    assert CythonRingKernel is ProcessKernel is old_module.CythonRingKernel
+    assert CythonKernelConfig is ProcessKernelConfig
+    assert old_module.CythonKernelContext is ProcessKernelContext
+    assert list(CythonKernelState) == [
+        KernelState.CREATED,
+        KernelState.ACTIVE,
+        KernelState.TERMINATING,
+        KernelState.TERMINATED,
+    ]
+    kernel = CythonRingKernel("facade", echo)
+    # the façade drives the very worker the runtime drives through the tier contract
+    assert isinstance(kernel.worker, ProcessWorker)
+    assert isinstance(kernel.worker, TierWorker)
+    assert kernel.state is KernelState.CREATED
+    with kernel:
+        assert kernel.worker.offer(3)
+        deadline = time.monotonic() + 30
+        reply = kernel.worker.poll_reply()
+        while reply is None and time.monotonic() < deadline:
+            reply = kernel.receive(timeout=0.1)
+        assert reply == 3
+        assert kernel.state is KernelState.ACTIVE
+    assert kernel.state is KernelState.TERMINATED
+
+
+def test_the_child_module_imports_without_the_parent_side() -> None:
+    # spawn and forkserver children import the entry point by its module path
+    code = textwrap.dedent(
+        """
+        import pickle, sys
+        from pydotcompute.ring_kernels.tiers.process.child import ChildSpec, child_main
+        assert pickle.loads(pickle.dumps(child_main)) is child_main
+        parent = ("pydotcompute.ring_kernels.tiers.process.worker",
+                  "pydotcompute.ring_kernels.hosted")
+        print(sorted(m for m in parent if m in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
 def test_streams_of_mixed_types_decode_each_message_as_its_own_class() -> None:
     # both sides decode with a per-stream fast path keyed on the previous message's type;
     # alternating types must switch it, never decode one class's bytes as the other
