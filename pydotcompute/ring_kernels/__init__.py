@@ -53,16 +53,16 @@ _LAZY = {
     "ThreadedKernelPool": "threaded_kernel",
     "SyncQueue": "sync_queue",
     "SPSCQueue": "sync_queue",
-    "CythonRingKernel": "cython_kernel",
-    "CythonKernelContext": "cython_kernel",
-    "CythonKernelConfig": "cython_kernel",
-    "CythonKernelState": "cython_kernel",
-    "is_cython_kernel_available": "cython_kernel",
+    "CythonRingKernel": "tiers.process.kernel",
+    "CythonKernelContext": "tiers.process.kernel",
+    "CythonKernelConfig": "tiers.process.kernel",
+    "CythonKernelState": "tiers.process.kernel",
+    "is_cython_kernel_available": "tiers.process.kernel",
     "GPURingKernel": "tiers.gpu",
     "GPUKernelOptions": "tiers.gpu",
     "GPUKernelStatistics": "tiers.gpu",
     "ThreadHostedKernel": "tiers.thread",
-    "ProcessHostedKernel": "tiers.process",
+    "ProcessHostedKernel": "tiers.process.hosted",
 }
 
 

@@ -123,7 +123,7 @@ _FORK_SCRIPT = textwrap.dedent(
         pid = os.fork()
         if pid == 0:
             # what the interpreter may do to the inherited kernel objects on the way out
-            rt.get_kernel("k").worker.kernel.__del__()
+            rt.get_kernel("k").worker.__del__()
             sys.exit(0)  # a normal exit: the exit handlers run here
         _, status = os.waitpid(pid, 0)
         print("fork child status", status, flush=True)

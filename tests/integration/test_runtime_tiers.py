@@ -287,7 +287,7 @@ async def test_the_loop_watches_process_replies_and_lets_go_of_what_it_watched()
         k = await rt.launch("k", echo_sync, input_type=Job, output_type=Done, tier="process")
         await rt.activate("k")
         assert k._unwatch is not None  # the loop itself watches the doorbell
-        assert not k.worker.kernel._wakers.readable  # so no waker thread hop per reply
+        assert not k.worker.statistics()["wakers"]["readable"]  # no waker thread hop per reply
         for i in range(50):
             await rt.send("k", Job(seq=i))
             assert (await rt.receive("k", timeout=10)).seq == i
@@ -315,9 +315,9 @@ async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us
 
     async with RingKernelRuntime() as rt:
         k = await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier="process")
-        assert k.worker.kernel.config.spin_us == ProcessHostedKernel.HOSTED_SPIN_US
+        assert k.worker.config.spin_us == ProcessHostedKernel.HOSTED_SPIN_US
         k = await rt.launch("b", echo_sync, tier="process", spin_us=20)
-        assert k.worker.kernel.config.spin_us == 20
+        assert k.worker.config.spin_us == 20
         await rt.activate("b")
         await rt.send("b", Job(seq=7))
         assert (await rt.receive("b", timeout=10)).seq == 7

@@ -34,13 +34,14 @@ from pydotcompute.exceptions import (
     RingCorruptedError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels import _cython, _spsc_py, cython_kernel
+from pydotcompute.ring_kernels import _cython, _spsc_py
 from pydotcompute.ring_kernels.cython_kernel import (
     CythonKernelConfig,
     CythonKernelState,
     CythonRingKernel,
     is_cython_kernel_available,
 )
+from pydotcompute.ring_kernels.tiers.process import worker as process_worker
 
 
 @message
@@ -154,6 +155,60 @@ def test_seed_style_use() -> None:
     assert kernel.exit_code == 0
 
 
+def test_the_seed_names_are_the_process_tier_and_its_states_are_kernel_states() -> None:
+    from pydotcompute.ring_kernels import KernelState
+    from pydotcompute.ring_kernels import cython_kernel as old_module
+    from pydotcompute.ring_kernels.tiers.contract import TierWorker
+    from pydotcompute.ring_kernels.tiers.process import (
+        ProcessKernel,
+        ProcessKernelConfig,
+        ProcessKernelContext,
+        ProcessWorker,
+    )
+
+    assert CythonRingKernel is ProcessKernel is old_module.CythonRingKernel
+    assert CythonKernelConfig is ProcessKernelConfig
+    assert old_module.CythonKernelContext is ProcessKernelContext
+    assert list(CythonKernelState) == [
+        KernelState.CREATED,
+        KernelState.ACTIVE,
+        KernelState.TERMINATING,
+        KernelState.TERMINATED,
+    ]
+    kernel = CythonRingKernel("facade", echo)
+    # the façade drives the very worker the runtime drives through the tier contract
+    assert isinstance(kernel.worker, ProcessWorker)
+    assert isinstance(kernel.worker, TierWorker)
+    assert kernel.state is KernelState.CREATED
+    with kernel:
+        assert kernel.worker.offer(3)
+        deadline = time.monotonic() + 30
+        reply = kernel.worker.poll_reply()
+        while reply is None and time.monotonic() < deadline:
+            reply = kernel.receive(timeout=0.1)
+        assert reply == 3
+        assert kernel.state is KernelState.ACTIVE
+    assert kernel.state is KernelState.TERMINATED
+
+
+def test_the_child_module_imports_without_the_parent_side() -> None:
+    # spawn and forkserver children import the entry point by its module path
+    code = textwrap.dedent(
+        """
+        import pickle, sys
+        from pydotcompute.ring_kernels.tiers.process.child import ChildSpec, child_main
+        assert pickle.loads(pickle.dumps(child_main)) is child_main
+        parent = ("pydotcompute.ring_kernels.tiers.process.worker",
+                  "pydotcompute.ring_kernels.hosted")
+        print(sorted(m for m in parent if m in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
 def test_streams_of_mixed_types_decode_each_message_as_its_own_class() -> None:
     # both sides decode with a per-stream fast path keyed on the previous message's type;
     # alternating types must switch it, never decode one class's bytes as the other
@@ -189,7 +244,7 @@ def test_async_actor_and_non_callable_are_refused() -> None:
     async def actor(ctx: Any) -> None:
         pass
 
-    with pytest.raises(TypeValidationError, match="runs plain functions in a child process"):
+    with pytest.raises(TypeValidationError, match="the process tier runs plain functions"):
         CythonRingKernel("k", actor)
     with pytest.raises(TypeValidationError, match="needs a callable actor"):
         CythonRingKernel("k", "worker")
@@ -613,12 +668,12 @@ def test_child_exits_when_the_parent_dies(tmp_path: Path) -> None:
 
 
 def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
-    from pydotcompute.ring_kernels._process_actor import (
+    from pydotcompute.ring_kernels.tiers.process.framing import (
         exception_data,
         pack_report,
+        rebuild_error,
         unpack_report,
     )
-    from pydotcompute.ring_kernels.cython_kernel import _rebuild_error
 
     def report_of(exc: BaseException) -> list[Any]:
         try:
@@ -629,27 +684,27 @@ def test_error_reports_are_data_and_rebuild_only_builtins() -> None:
             pickle.loads(data)  # MessagePack, not a pickle
         return unpack_report(data)
 
-    rebuilt = _rebuild_error(report_of(KeyError("missing")), "k", 123)
+    rebuilt = rebuild_error(report_of(KeyError("missing")), "k", 123)
     assert type(rebuilt) is KeyError
     assert rebuilt.args == ("missing",)
     assert "pid 123" in "".join(getattr(rebuilt, "__notes__", []))
-    rebuilt = _rebuild_error(report_of(OSError(2, "gone")), "k", 1)
+    rebuilt = rebuild_error(report_of(OSError(2, "gone")), "k", 1)
     assert isinstance(rebuilt, OSError)
     assert rebuilt.errno == 2
     # a builtin name from another module, or a non-exception builtin, is never looked up
     forged = ["error", "run", "builtins", "print", "x", ["boo"], "tb"]
-    assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
+    assert isinstance(rebuild_error(forged, "k", 1), RemoteActorError)
     forged = ["error", "run", "os", "system", "x", ["echo hi"], "tb"]
-    assert isinstance(_rebuild_error(forged, "k", 1), RemoteActorError)
-    assert isinstance(_rebuild_error(["error"], "k", 1), RemoteActorError)  # truncated
+    assert isinstance(rebuild_error(forged, "k", 1), RemoteActorError)
+    assert isinstance(rebuild_error(["error"], "k", 1), RemoteActorError)  # truncated
     assert unpack_report(b"\x80\x04garbage") == []
-    rebuilt = _rebuild_error(report_of(ValueError(2**70)), "k", 1)  # args MessagePack refuses
+    rebuilt = rebuild_error(report_of(ValueError(2**70)), "k", 1)  # args MessagePack refuses
     assert type(rebuilt) is ValueError
     assert str(rebuilt) == str(2**70)
 
 
 def test_adaptive_spin_budget() -> None:
-    from pydotcompute.ring_kernels._process_actor import PROBE_EVERY, Waiter
+    from pydotcompute.ring_kernels.tiers.process.waiting import PROBE_EVERY, Waiter
 
     r, w = os.pipe()
     try:
@@ -705,7 +760,7 @@ def test_a_corrupted_outbox_fails_the_kernel_and_never_the_parent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keep = _KeepSegments()
-    monkeypatch.setattr(cython_kernel, "SharedByteRing", keep)
+    monkeypatch.setattr(process_worker, "SharedByteRing", keep)
     kernel = CythonRingKernel("scribbled", echo).start()
     try:
         _inbox, outbox = keep.segments
@@ -740,7 +795,7 @@ def test_a_corrupted_inbox_fails_the_actor_and_reaches_the_parent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keep = _KeepSegments()
-    monkeypatch.setattr(cython_kernel, "SharedByteRing", keep)
+    monkeypatch.setattr(process_worker, "SharedByteRing", keep)
     cfg = CythonKernelConfig("scribbled-in", spin_us=0)
     kernel = CythonRingKernel("scribbled-in", echo, config=cfg).start()
     try:
@@ -748,8 +803,8 @@ def test_a_corrupted_inbox_fails_the_actor_and_reaches_the_parent(
         kernel.send(1)
         assert kernel.receive(timeout=30) == 1
         time.sleep(0.1)  # the child parks on the empty inbox
-        struct.pack_into("<Q", inbox.buf, _spsc_py.H_TAIL * 8, 1 << 40)  # a stray writer
-        os.write(kernel._in_data_fd, b"\x00")  # and its doorbell
+        # a stray writer; the parked child re-checks its inbox within a wait slice
+        struct.pack_into("<Q", inbox.buf, _spsc_py.H_TAIL * 8, 1 << 40)
         with pytest.raises(KernelFailedError, match="RingCorruptedError") as info:
             kernel.receive(timeout=30)
         cause = info.value.__cause__
@@ -953,7 +1008,7 @@ def test_the_hosted_process_tier_keeps_to_its_bridge_bound() -> None:
             for i in range(10):
                 await rt.send("hosted", Job(seq=i))
             await asyncio.sleep(0.3)
-            worker = kernel.worker.kernel  # type: ignore[attr-defined]
+            worker = kernel.worker  # type: ignore[attr-defined]
             window = (worker.pending_input, worker.statistics()["inbox"]["records_written"])
             await rt.terminate("hosted", timeout=0.1)
             return window

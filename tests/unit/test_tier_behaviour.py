@@ -209,7 +209,8 @@ def test_use_after_stop(make: Make) -> None:
     kernel = make("k", echo)
     with kernel:
         pass
-    with pytest.raises(KernelStateError, match=r"cannot send to kernel 'k': it is STOPPED"):
+    stopped = kernel.state.name  # each tier names its own terminal state
+    with pytest.raises(KernelStateError, match=rf"cannot send to kernel 'k': it is {stopped}"):
         kernel.send(Job(seq=1))
 
 

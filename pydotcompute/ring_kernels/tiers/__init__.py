@@ -30,9 +30,9 @@ __all__ = (
 )
 
 _TIERS: dict[str, str | type] = {
-    "asyncio": "pydotcompute.ring_kernels.lifecycle:RingKernel",
+    "asyncio": "pydotcompute.ring_kernels.kernel:RingKernel",
     "thread": "pydotcompute.ring_kernels.tiers.thread:ThreadHostedKernel",
-    "process": "pydotcompute.ring_kernels.tiers.process:ProcessHostedKernel",
+    "process": "pydotcompute.ring_kernels.tiers.process.hosted:ProcessHostedKernel",
     "gpu": "pydotcompute.ring_kernels.tiers.gpu.kernel:GPUKernel",
     "ray": "pydotcompute.ring_kernels.tiers.ray:RayTierKernel",
 }

@@ -1,0 +1,1208 @@
+"""The process tier's parent side: `ProcessWorker`, the actor in a child process.
+
+Use it for CPU-heavy Python actors (a process of their own, no shared GIL) and for
+isolation (a crash cannot take the caller down). The actor is a plain, importable
+function taking a `ProcessKernelContext` (same methods as the threaded context). The
+runtime drives the worker through the tier contract (``tier="process"``); used directly,
+`ProcessKernel` (``CythonRingKernel``) is its synchronous façade.
+
+Design notes:
+- Transport: two `SharedByteRing` segments
+  (inbox parent->child, outbox child->parent) carrying MessagePack bytes
+  (``msg.serialize()`` / ``deserialize_message``); the commit protocol of the ring means a
+  reader never sees a torn message. The parent creates both, the child attaches, and once
+  the child reports ready the parent unlinks both names: the mappings live on in the two
+  processes, so no segment can outlive them, whatever happens afterwards.
+- Waiting spins, then parks. Each side first polls its ring without the GIL for a spin
+  budget (``ProcessKernelConfig.spin_us``, default 50 us), which keeps a ping-pong at a few
+  microseconds because neither side sleeps. Past the budget it sets its ``waiting`` flag,
+  re-checks, and sleeps in ``poll()`` on a doorbell pipe that the other side writes only
+  when it sees the flag (see ``_spsc_py`` for why no wake-up is lost; `waiting` holds
+  the helpers). Spinning longer was rejected: on a 2-core machine a spinning process
+  that gets descheduled stalls its peer for a scheduler tick (tens of milliseconds).
+  ``docs/concepts/tiers.md`` has the measured trade-off behind the default.
+- Four doorbells (one per waiting role: inbox data, inbox space, outbox data, outbox space)
+  so a sender and a receiver in different parent threads never steal each other's wake-up.
+- Liveness: every parent-side wait also polls the child's process sentinel, and a watcher
+  thread marks the kernel stopped/failed the moment the child exits, so a crash or a
+  ``kill -9`` reaches senders and receivers at once (not after a timeout). The child's
+  doorbell pipes hang up when the parent dies, and the child then exits. An exception in
+  the actor travels back as plain data (never a pickle: unpickling would run whatever the
+  child's class asked for) and becomes ``error``: the builtin type when it was a builtin,
+  else `RemoteActorError`, with the child's traceback as a
+  note; callers get ``KernelFailedError`` after the replies sent before it.
+- What is in flight is never lost. The parent keeps every message it sent until the child
+  has *finished* it (the actor asked for its next message, or returned), counted by the
+  inbox ring's ``records_done``; when the child ends early, `take_undelivered` hands
+  back exactly the unfinished ones, in send order, the one in the actor's hands first.
+  Kept objects are pruned lazily, so at most twice the in-flight window
+  (``input_queue_size`` + 1) is held.
+- A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
+  header) fails the kernel and kills the child; it is never read past its end.
+- Startup failures name their likely cause, and a spawned child's stderr from before it
+  runs our code is tapped into a temporary file (see `launch.StderrTap`) so a script without
+  the ``__main__`` guard gets the child's own traceback in the error.
+- Graceful stop drains: ``stop()`` closes the inbox for writing, the child processes what
+  is queued, ``ctx.receive()`` then raises ``QueueClosedError`` (a clean exit), and the
+  parent keeps reading the outbox meanwhile so a child blocked on a full outbox can finish.
+  Replies stay receivable after ``stop()`` (`ProcessWorker.drain_replies` takes
+  them all); messages the child never took are returned by
+  `ProcessWorker.unprocessed`.
+- Length: this file is past the house limit on purpose: it is one state machine (launch,
+  watch, stop, crash, cleanup) whose parts share the same locks and fields. The child's
+  side is `child`, the wire `framing`, the waiting helpers `waiting`, and starting and
+  ending a process (stderr tap, exit codes, forks) `launch`.
+- Only the process that started a child acts on it at exit (see `launch`): a kernel's
+  finalizer does nothing in a process other than the one that created it.
+- The worker IS the tier: the contract's methods are its own (`offer` is
+  ``send_nowait``, `poll_reply` is ``receive_nowait``), and the loop watches the reply
+  doorbell and the child's exit itself (`watch`): one wake-up fewer per reply than a
+  waker thread. Its ``state`` is a `KernelState`; a failure ends in TERMINATED with
+  ``error`` set, as the standalone kernel always reported it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing import connection as mp_connection
+from multiprocessing import get_context
+from typing import Any
+
+from ....exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    MessageDeserializationError,
+    QueueClosedError,
+    ReplyDecodeError,
+    RingCorruptedError,
+    TypeValidationError,
+)
+from ... import _cython
+from ..._cython import FastLock, SharedByteRing
+from ..._spsc_py import SharedSegment
+from ...message import message_decoder
+from ...states import KernelState
+from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
+from .. import check_actor_kind
+from ..contract import TierWorker
+from .child import ChildSpec, child_main
+from .config import ProcessKernelConfig, resolve_config
+from .framing import (
+    ERROR_FRAME,
+    FRAME_TAG,
+    STATUS_MAX_BYTES,
+    decode_value,
+    encoder_for,
+    no_encoder,
+    rebuild_error,
+    rejection,
+    reply_correlation,
+    too_large,
+    unpack_report,
+)
+from .launch import StderrTap, describe_exit, exited, reap, startup_hint, track
+from .waiting import (
+    SLICE_S,
+    WRITE_WAKE,
+    Waiter,
+    drain_bell,
+    read_parked,
+    read_wait,
+    ring_bell,
+    write_wait,
+)
+
+__all__ = ("ProcessWorker",)
+
+_monotonic = time.monotonic
+_ACTIVE = KernelState.ACTIVE
+# what a caller can do about a kernel in each state
+_STATE_HINTS = {
+    KernelState.CREATED: "call start() first or use it as a context manager",
+    KernelState.TERMINATING: "it is stopping",
+    KernelState.TERMINATED: "it has stopped",
+}
+_Waker = Callable[[], None]
+
+
+def _ring_bell_byte(fd: int, byte: bytes) -> None:
+    try:
+        os.write(fd, byte)
+    except (BlockingIOError, BrokenPipeError):
+        pass
+
+
+def _call_wakers(wakers: tuple[_Waker, ...]) -> None:
+    for wake in wakers:
+        wake()
+
+
+class _Wakers:
+    """Callbacks run after the outbox may have become readable or the inbox writable."""
+
+    __slots__ = ("readable", "writable")
+
+    def __init__(self) -> None:
+        self.readable: tuple[_Waker, ...] = ()
+        self.writable: tuple[_Waker, ...] = ()
+
+    def add(self, callback: _Waker, when: str) -> None:
+        if when == "readable":
+            self.readable = (*self.readable, callback)
+        elif when == "writable":
+            self.writable = (*self.writable, callback)
+        else:
+            raise InvalidConfigurationError(
+                f"a waker runs when a queue becomes 'readable' or 'writable', got {when!r}"
+            )
+
+    def remove(self, callback: _Waker) -> None:
+        self.readable = tuple(c for c in self.readable if c != callback)
+        self.writable = tuple(c for c in self.writable if c != callback)
+
+
+class _RingView:
+    """One ring as the parent sees it; the shape adapters expect of ``kernel.inbox``."""
+
+    __slots__ = ("_get", "_kernel", "_when")
+
+    def __init__(self, kernel: ProcessWorker, when: str, get: Callable[[], Any]) -> None:
+        self._kernel = kernel
+        self._when = when
+        self._get = get
+
+    def add_waker(self, callback: Callable[[], None], *, when: str | None = None) -> None:
+        """Register ``callback`` for this ring's direction (see ``ProcessWorker.add_waker``)."""
+        self._kernel.add_waker(callback, when=when or self._when)
+
+    def remove_waker(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback``."""
+        self._kernel.remove_waker(callback)
+
+    def __len__(self) -> int:
+        ring = self._get()
+        return 0 if ring is None or ring.closed else len(ring)
+
+    def get_stats(self) -> dict[str, int]:
+        """The ring's counters (empty once it is closed)."""
+        ring = self._get()
+        return {} if ring is None or ring.closed else dict(ring.stats())
+
+
+class ProcessWorker(TierWorker):
+    """A persistent actor in a child process: the process tier's `TierWorker`.
+
+    The runtime drives it through the contract (`offer`, `poll_reply`, ...); used directly
+    (through the synchronous façade `ProcessKernel`), ``send``/``receive`` wait.
+
+    Args:
+        kernel_id: The kernel's name.
+        kernel_func: ``fn(ctx)``, a plain function importable by module path (a module-level
+            ``def``): the child imports it.
+        config: Ring sizes, spin budget and start method; defaults to
+            ``ProcessKernelConfig(kernel_id)``.
+        input_type: When given, ``send`` refuses other types.
+        output_type: When given, ``ctx.send`` in the child refuses other types.
+
+    Without types it carries ``@message`` instances and any MessagePack-able value (int,
+    float, str, bytes, bool, None, lists and dicts of them, NumPy arrays) both ways; plain
+    values arrive as their MessagePack equivalents (a tuple as a list).
+
+    Lifecycle: ``state`` goes CREATED -> ACTIVE (running) -> TERMINATING (stopping) ->
+    TERMINATED. A kernel whose actor raised, or whose child died, is TERMINATED with
+    ``failed`` True and ``error`` set.
+    """
+
+    ACTOR_KIND = "sync"
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: Any,
+        *,
+        config: ProcessKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+    ) -> None:
+        config = resolve_config(kernel_id, config, ProcessKernelConfig)
+        if not callable(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
+                f"got {type(kernel_func).__name__}"
+            )
+        check_actor_kind(kernel_id, "process", kernel_func, self.ACTOR_KIND)
+        try:
+            self._func_bytes = pickle.dumps(kernel_func)
+        except Exception as exc:
+            raise TypeValidationError(
+                f"kernel {kernel_id!r} runs its actor in a child process, so the function must "
+                f"be importable by module path (a module-level def); "
+                f"{getattr(kernel_func, '__qualname__', kernel_func)!r} is not ({exc}). Move it "
+                "to module level, or use ThreadedRingKernel"
+            ) from exc
+        if output_type is not None:
+            try:
+                pickle.dumps(output_type)
+            except Exception as exc:
+                raise TypeValidationError(
+                    f"kernel {kernel_id!r}: output_type {output_type.__qualname__} must be "
+                    f"importable by module path to reach the child process ({exc})"
+                ) from exc
+        self._kernel_id = kernel_id
+        self._config = config
+        self._input_type = input_type
+        self._output_type = output_type
+        self._state = KernelState.CREATED
+        self._error: BaseException | None = None
+        self._state_lock = threading.Lock()
+        # every round trip takes both: the compiled lock skips threading.Lock's argument
+        # parsing (about 65 ns a pair on Python 3.11)
+        self._send_lock = FastLock()
+        self._recv_lock = FastLock()
+        self._unprocessed: list[Any] = []
+        self._started_at = 0.0
+        self._stopped_at = 0.0
+        self._spin_s = config.spin_us / 1e6
+        self._exit_lock = threading.Lock()
+        self._process: Any = None
+        self._in_ring: Any = None
+        self._out_ring: Any = None
+        self._conns: list[Any] = []
+        self._in_data_fd = -1
+        self._out_space_fd = -1
+        self._send_waiter: Waiter | None = None
+        self._recv_waiter: Waiter | None = None
+        self._watcher: threading.Thread | None = None
+        self._watch_stop: tuple[int, int] | None = None
+        self._wakers = _Wakers()
+        self._space_armed = False
+        self._cleaned = False
+        # (type, encoder) of the last type sent, replaced as one object: two threads sending
+        # different types must never pair one type with the other's encoder
+        self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, no_encoder)
+        self._in_max = 0
+        # messages sent and not known to be finished by the child, oldest first
+        self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
+        self._pruned = 0  # finished messages dropped from the front of ``_inflight``
+        self._prune_at = 2 * (config.input_queue_size + 1)
+        self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
+        self._undelivered_taken = False
+        self._rx: Any = None  # the outbox ring while receiving from it is allowed
+        self._status: Any = None
+        self._child_exited = False
+        self._stop_requested = False
+        self._pending_out: deque[bytes] = deque()
+        self._decode = message_decoder()  # the outbox's stream: its type's fast path
+        self._exit_code: int | None = None
+        self._pid: int | None = None
+        # the child's message timings (config.record_latency): the segment, its view, and
+        # what was read from it when it was closed (handed over by the next drain)
+        self._lat_seg: SharedSegment | None = None
+        self._lat: SharedLatencyBlock | None = None
+        self._lat_left: list[Any] = []
+        self._lat_lock = threading.Lock()
+
+        self._owner_pid = os.getpid()  # only this process may end the child at exit
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel's name."""
+        return self._kernel_id
+
+    @property
+    def config(self) -> ProcessKernelConfig:
+        """The configuration it was created with."""
+        return self._config
+
+    @property
+    def state(self) -> KernelState:
+        """Where the kernel is in its lifecycle (see the class docstring)."""
+        return self._state
+
+    @property
+    def is_running(self) -> bool:
+        """True while the child runs and no stop was requested."""
+        return self._state is _ACTIVE
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the kernel failed: the actor's exception, or the child's death."""
+        return self._error
+
+    @property
+    def failure(self) -> BaseException | None:
+        """`error`, under the name the tier contract uses."""
+        return self._error
+
+    @property
+    def failed(self) -> bool:
+        """True when the actor raised (or the child died unexpectedly)."""
+        return self._error is not None
+
+    @property
+    def using_cython(self) -> bool:
+        """True when the compiled ring is in use (else the pure-Python twin)."""
+        return _cython.is_cython_available()
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id once started."""
+        return self._pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """The child's exit code once it ended (negative: killed by that signal)."""
+        return self._exit_code
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest encoded message ``send`` accepts, in bytes (valid before ``start``).
+
+        A ``@message`` counts its ``serialize()`` bytes, a plain value its MessagePack bytes
+        plus 2. ``send`` raises ``MessageSerializationError`` for anything larger; raise
+        ``ProcessKernelConfig(ring_bytes=N)`` (``launch(..., ring_bytes=N)`` in the
+        runtime) to allow up to ``N - 8``.
+        """
+        return ((self._config.input_ring_bytes + 7) & ~7) - 8
+
+    @property
+    def pending_input(self) -> int:
+        """Messages sent and not yet taken by the actor (the inbox ring's records).
+
+        At most ``config.input_queue_size``; 0 before ``start``. After the child ended and
+        ``stop`` collected the leftovers, the number of messages it never took.
+        """
+        ring = self._in_ring
+        if ring is not None and not self._cleaned:
+            try:
+                return len(ring)
+            except ValueError:  # closed by a concurrent stop
+                pass
+        return len(self._unprocessed)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the child process and wait until it has imported the actor.
+
+        Raises:
+            KernelStateError: already started.
+            KernelFailedError: the child could not start (import error, bad pickle, timeout).
+        """
+        with self._state_lock:
+            if self._state is not KernelState.CREATED:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "start",
+                    "a kernel runs once; create a new one to run again",
+                )
+            self._state = KernelState.ACTIVE
+        try:
+            self._launch()
+        except BaseException:
+            self._cleanup()
+            with self._state_lock:
+                self._state = KernelState.TERMINATED
+            raise
+
+    def _launch(self) -> None:
+        cfg = self._config
+        ctx: Any = get_context(cfg.start_method or "spawn")
+        self._in_ring = SharedByteRing(cfg.input_ring_bytes, max_records=cfg.input_queue_size)
+        self._out_ring = SharedByteRing(cfg.output_ring_bytes, max_records=cfg.output_queue_size)
+        in_data_r, in_data_w = ctx.Pipe(duplex=False)
+        in_space_r, in_space_w = ctx.Pipe(duplex=False)
+        out_data_r, out_data_w = ctx.Pipe(duplex=False)
+        out_space_r, out_space_w = ctx.Pipe(duplex=False)
+        status_r, status_w = ctx.Pipe(duplex=False)
+        if cfg.record_latency:
+            self._lat_seg = SharedSegment(size=LATENCY_BLOCK_BYTES)
+            self._lat = SharedLatencyBlock(self._lat_seg.buf)
+        child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
+        self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
+        self._status = status_r
+        spec = ChildSpec(
+            kernel_id=self._kernel_id,
+            func=self._func_bytes,
+            output_type=self._output_type,
+            in_name=self._in_ring.name,
+            out_name=self._out_ring.name,
+            spin_s=self._spin_s,
+            adaptive=cfg.adaptive_spin,
+            in_data=in_data_r,
+            in_space=in_space_w,
+            out_data=out_data_w,
+            out_space=out_space_r,
+            status=status_w,
+            lat_name=None if self._lat_seg is None else self._lat_seg.name,
+        )
+        process = ctx.Process(
+            target=child_main,
+            args=(spec,),
+            name=f"pydotcompute-{self._kernel_id}",
+            daemon=cfg.daemon,
+        )
+        tap = StderrTap(spec) if ctx.get_start_method() == "spawn" else None
+        try:
+            if tap is not None:
+                tap.start(process)
+            else:
+                process.start()
+        finally:
+            for conn in child_ends:
+                conn.close()
+        self._process = process
+        track(process)
+        self._pid = process.pid
+        self._started_at = _monotonic()
+        for conn in self._conns[:4]:
+            os.set_blocking(conn.fileno(), False)
+        self._in_data_fd = in_data_w.fileno()
+        self._out_space_fd = out_space_w.fileno()
+        adaptive = cfg.adaptive_spin
+        self._send_waiter = Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._recv_waiter = Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        # wait for "ready" (or an early death / error report)
+        ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
+        report = self._read_status() if status_r in ready else []
+        if not report or report[0] != "ready":
+            if not ready:
+                process.kill()
+            self._exit_code = reap(process)
+            if report and report[0] == "error":
+                cause = rebuild_error(report, self._kernel_id, process.pid)
+                hint = startup_hint(report)
+            else:
+                cause = ChildProcessError(
+                    f"the child process of kernel {self._kernel_id!r} "
+                    f"{describe_exit(self._exit_code)} before reporting ready"
+                    + ("" if ready else f" (startup_timeout={cfg.startup_timeout}s)")
+                )
+                # exit code 1 is an uncaught exception in the bootstrap (a signal or
+                # os._exit says something else)
+                hint = startup_hint(report) if ready and self._exit_code == 1 else ""
+            if tap is not None:
+                hint += tap.finish(failed=True)
+            self._error = cause
+            self._child_exited = True
+            err = KernelFailedError(self._kernel_id, cause, note=hint)
+            raise err from cause
+        if tap is not None:
+            tap.finish(failed=False)
+        # both processes have mapped the rings: drop the names so nothing can leak
+        self._in_ring.unlink()
+        self._out_ring.unlink()
+        if self._lat_seg is not None:
+            self._lat_seg.unlink()
+        self._in_max = self._in_ring.max_record_size
+        self._prune_at = 2 * (cfg.input_queue_size + 1)
+        self._rx = self._out_ring
+        stop_r, stop_w = os.pipe()
+        self._watch_stop = (stop_r, stop_w)
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"pydotcompute-{self._kernel_id}-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Watcher thread: notices the child's exit at once and runs the wakers.
+
+        With readable wakers registered it keeps the outbox's ``reader_waiting`` flag armed,
+        so the child rings the doorbell on every reply; writable wakers are armed by
+        ``send_nowait`` when it finds the inbox full.
+        """
+        assert self._watch_stop is not None
+        stop_r = self._watch_stop[0]
+        sentinel = self._process.sentinel
+        out_fd = self._conns[2].fileno()
+        space_fd = self._conns[1].fileno()
+        while True:
+            fds = [sentinel, stop_r]
+            readable, writable = self._wakers.readable, self._wakers.writable
+            if readable:
+                fds.append(out_fd)
+                self._out_ring.set_reader_waiting(True)
+                if self._out_ring.readable():
+                    _call_wakers(readable)
+            if writable:
+                fds.append(space_fd)
+            ready = mp_connection.wait(fds)
+            if stop_r in ready and os.read(stop_r, 1) != b"r":
+                return  # stop; b"r" means "the wakers changed"
+            if out_fd in ready:
+                drain_bell(out_fd)
+                _call_wakers(readable)
+            if space_fd in ready:
+                drain_bell(space_fd)
+                _call_wakers(writable)
+            if sentinel in ready:
+                self._on_child_exit()
+                _call_wakers(self._wakers.readable + self._wakers.writable)
+                return
+
+    def add_waker(self, callback: Callable[[], None], *, when: str = "readable") -> None:
+        """Call ``callback()`` from the watcher thread when a reply may be ready.
+
+        ``when="writable"``: when the inbox may have room again after ``send_nowait``
+        returned False. Both also fire when the child exits. Callbacks must be quick and
+        must not raise (an event loop adapter wraps ``loop.call_soon_threadsafe``).
+        """
+        self._wakers.add(callback, when)  # type: ignore[arg-type]
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"r")
+
+    def remove_waker(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback`` (no error if it was not registered)."""
+        self._wakers.remove(callback)
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"r")
+
+    @property
+    def inbox(self) -> _RingView:
+        """The inbox seen from the parent: ``len()``, ``get_stats()``, ``add_waker``."""
+        return _RingView(self, "writable", lambda: self._in_ring)
+
+    @property
+    def outbox(self) -> _RingView:
+        """The outbox seen from the parent: ``len()``, ``get_stats()``, ``add_waker``."""
+        return _RingView(self, "readable", lambda: self._out_ring)
+
+    def _on_child_exit(self, _flag: bool = True) -> bool:
+        """Record that the child ended (idempotent, any thread); returns True."""
+        if self._child_exited:
+            return True
+        with self._exit_lock:
+            if self._child_exited:
+                return True
+            process = self._process
+            self._exit_code = reap(process)
+            error: BaseException | None = None
+            while report := self._read_status():
+                if report[0] == "error":
+                    error = rebuild_error(report, self._kernel_id, process.pid)
+            if error is None and self._exit_code != 0 and not self._stop_requested:
+                error = ChildProcessError(
+                    f"the child process of kernel {self._kernel_id!r} (pid {process.pid}) "
+                    f"{describe_exit(self._exit_code)} without reporting an error"
+                )
+            self._final_counts = self._inbox_counts()
+            with self._state_lock:
+                if error is not None and self._error is None:
+                    self._error = error
+                self._state = KernelState.TERMINATED
+                self._stopped_at = _monotonic()
+            self._child_exited = True
+        return True
+
+    def _read_status(self) -> list[Any]:
+        """The next report on the status pipe (``[]`` when none, closed or malformed).
+
+        Reports are MessagePack bytes: nothing the child sends is unpickled here.
+        """
+        status = self._status
+        try:
+            if status is None or not status.poll():
+                return []
+            data = status.recv_bytes(STATUS_MAX_BYTES)
+        except (EOFError, OSError):
+            return []
+        report = unpack_report(data)
+        return report if report else ["malformed"]
+
+    def _inbox_counts(self) -> tuple[int, int] | None:
+        """(taken, finished) from the inbox header, clamped to what was sent; None if gone."""
+        ring = self._in_ring
+        if ring is None or ring.closed:
+            return None
+        try:
+            taken, done = ring.records_read, ring.records_done
+        except ValueError:
+            return None
+        base = self._pruned
+        sent = base + len(self._inflight)
+        taken = min(max(taken, base), sent)
+        return taken, min(max(done, base), taken)
+
+    def _ring_failed(self, exc: RingCorruptedError) -> None:
+        """A ring's header is impossible: fail with ``exc`` and end the child (its channel
+        cannot be trusted any more). Safe from any thread."""
+        with self._state_lock:
+            if self._error is None:
+                self._error = exc
+            if self._state is _ACTIVE:
+                self._state = KernelState.TERMINATING
+        process = self._process
+        if process is not None and not self._child_exited:
+            try:
+                process.kill()
+            except (OSError, ValueError):
+                pass
+            if exited(process, 5.0):
+                self._on_child_exit()
+
+    def _child_gone(self, value: bool = False) -> bool:
+        """``gone`` callback for the wait helpers: checks (or records) the child's exit."""
+        if value or self._child_exited:
+            return self._on_child_exit()
+        return False
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop gracefully: close the inbox, let the child drain it and exit, collect replies.
+
+        Every reply the child produced stays readable afterwards (``receive_nowait`` or
+        `drain_replies`), and every message it did not finish comes back from
+        `take_undelivered`.
+
+        Args:
+            timeout: Seconds to wait for the child to finish; then it is terminated (and
+                killed if it ignores that), and unread inbox messages move to
+                `unprocessed`.
+
+        Returns:
+            True when the child exited by itself (also if it had already ended or never
+            started); False when it had to be terminated.
+        """
+        with self._state_lock:
+            if self._state is KernelState.CREATED:
+                self._state = KernelState.TERMINATED
+                return True
+            if self._state is KernelState.ACTIVE:
+                self._state = KernelState.TERMINATING
+            self._stop_requested = True
+        if self._cleaned or self._process is None or self._in_ring is None:
+            return True  # stopped before, or start() failed and cleaned up
+        graceful = True
+        if not self._child_exited:
+            deadline = _monotonic() + max(timeout, 0.0)
+            got_send = self._send_lock.acquire(True, max(timeout, 0.0))
+            try:
+                self._in_ring.close_writer()
+            finally:
+                if got_send:
+                    self._send_lock.release()
+            ring_bell(self._in_data_fd)
+            graceful = self._await_exit(deadline)
+        self._collect_leftovers()
+        self._cleanup()
+        return graceful
+
+    def _await_exit(self, deadline: float) -> bool:
+        """Wait for the child to exit, draining the outbox so it cannot block on it."""
+        process = self._process
+        out_ring = self._out_ring
+        out_fd = self._conns[2].fileno()
+        while True:
+            if self._recv_lock.acquire(False):
+                try:
+                    out_ring.set_reader_waiting(True)
+                    self._drain_outbox()
+                    if out_ring.writer_waiting:
+                        ring_bell(self._out_space_fd)
+                finally:
+                    self._recv_lock.release()
+            remaining = deadline - _monotonic()
+            if remaining <= 0:
+                break
+            ready = mp_connection.wait([process.sentinel, out_fd], min(remaining, SLICE_S))
+            if out_fd in ready:
+                drain_bell(out_fd)
+            if process.sentinel in ready:
+                self._on_child_exit()
+                return True
+        process.terminate()
+        if not exited(process, 1.0):
+            process.kill()
+            exited(process, 5.0)
+        self._on_child_exit()
+        return False
+
+    def _drain_outbox(self) -> None:
+        """Move every committed reply record to ``_pending_out`` (``_recv_lock`` held)."""
+        ring = self._out_ring
+        if ring is None or ring.closed:
+            return
+        pending = self._pending_out
+        try:
+            while (data := ring.try_read()) is not None:
+                pending.append(data)
+        except RingCorruptedError as exc:
+            self._ring_failed(exc)
+
+    def _collect_leftovers(self) -> None:
+        with self._recv_lock:
+            self._drain_outbox()
+        with self._send_lock:  # the child has exited: the messages it never took
+            counts = self._final_counts or self._inbox_counts()
+            if counts is not None and not self._unprocessed:
+                base = self._pruned
+                self._unprocessed.extend(self._inflight[counts[0] - base :])
+
+    def _cleanup(self) -> None:
+        if self._cleaned:
+            return
+        self._cleaned = True
+        if self._watch_stop is not None:
+            _ring_bell_byte(self._watch_stop[1], b"x")
+            if self._watcher is not None and self._watcher is not threading.current_thread():
+                self._watcher.join(5.0)
+            for fd in self._watch_stop:
+                os.close(fd)
+            self._watch_stop = None
+        alive = self._process is not None and not self._child_exited
+        if alive and not exited(self._process, 0.0):
+            self._process.kill()
+            exited(self._process, 5.0)
+        if self._process is not None:
+            self._on_child_exit()
+            self._process.close()
+        with self._recv_lock, self._send_lock:
+            self._rx = None
+            for ring in (self._in_ring, self._out_ring):
+                if ring is not None:
+                    ring.unlink()
+                    ring.close()
+            for conn in self._conns:
+                conn.close()
+            self._conns = []
+            self._close_latency_block()
+        with self._state_lock:
+            self._state = KernelState.TERMINATED
+            if not self._stopped_at:
+                self._stopped_at = _monotonic()
+
+    def _close_latency_block(self) -> None:
+        """Keep what the block holds for the next drain, then unmap it."""
+        with self._lat_lock:
+            lat, seg = self._lat, self._lat_seg
+            self._lat = self._lat_seg = None
+            if lat is not None:
+                part = lat.take()
+                if part is not None:
+                    self._lat_left.append(part)
+                lat.release()
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+
+    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
+        """The latencies the child timed since the last call, as `LatencyRecorder.drain`
+        gives them; None when there are none (or ``config.record_latency`` is off).
+
+        Read from shared memory: the child hands its timings over every few hundred
+        messages and whenever its actor waits for the next one.
+        """
+        with self._lat_lock:
+            if self._lat is not None:
+                return self._lat.take()
+            return self._lat_left.pop() if self._lat_left else None
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the child to exit without asking it to; True if it has."""
+        if self._process is None:
+            return self._state is KernelState.TERMINATED
+        if self._child_exited:
+            return True
+        if not exited(self._process, timeout):
+            return False
+        self._on_child_exit()
+        return True
+
+    # -- caller side ------------------------------------------------------------------
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Encode ``msg`` into the child's inbox, waiting while it is full.
+
+        ``msg`` is a ``@message`` or any MessagePack-able value. The inbox is full when
+        ``config.input_queue_size`` messages are sent and not yet taken by the actor (or
+        its bytes are used up). The object itself is kept until the child has finished it
+        (see `take_undelivered`).
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            KernelStateError: the kernel is not running (``KernelFailedError`` if it failed
+                or its child died).
+            TypeValidationError: ``msg`` is not the ``input_type``.
+            MessageSerializationError: ``msg`` cannot be encoded (the message names its
+                type), or it encodes to more than `max_message_bytes`; raised at
+                once, nothing is queued.
+        """
+        lock = self._send_lock
+        if timeout is None:
+            lock.acquire()
+        elif not lock.acquire(True, max(timeout, 0.0)):
+            return False
+        try:
+            if self._state is not _ACTIVE:
+                raise self._state_error("send to")
+            codec = self._codec
+            if type(msg) is not codec[0]:  # validate each new type once
+                codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
+                self._codec = codec
+            data = codec[1](msg)
+            ring = self._in_ring
+            try:
+                result = ring.try_write(data)
+                if not result:
+                    assert self._send_waiter is not None
+                    result = write_wait(ring, data, self._send_waiter, timeout, self._child_gone)
+                    if not result and self._wakers.writable and not self._child_exited:
+                        # arm the writable wakers: the child rings after its next read
+                        self._space_armed = True
+                        ring.set_writer_waiting(True)
+                        result = ring.try_write(data)
+                if result and self._space_armed:
+                    self._space_armed = False
+                    ring.set_writer_waiting(False)
+            except InvalidConfigurationError:  # the ring says it can never hold the record
+                raise too_large(self._kernel_id, msg, len(data), self._in_max, "inbox") from None
+            except QueueClosedError:  # the child closed its inbox: it is exiting
+                self._await_child()
+                raise self._state_error("send to") from None
+            except RingCorruptedError as exc:
+                self._ring_failed(exc)
+                raise self._state_error("send to") from exc
+            if not result:
+                if self._child_exited:
+                    raise self._state_error("send to")
+                return False
+            inflight = self._inflight
+            if len(inflight) >= self._prune_at:
+                self._prune(ring)
+            inflight.append(msg)
+        finally:
+            lock.release()
+        if result == WRITE_WAKE:
+            ring_bell(self._in_data_fd)
+        return True
+
+    def _prune(self, ring: Any) -> None:
+        """Drop the kept messages the child has finished (``_send_lock`` held)."""
+        try:
+            done = ring.records_done
+        except ValueError:  # closed
+            return
+        drop = min(done - self._pruned, len(self._inflight))
+        if drop > 0:
+            del self._inflight[:drop]
+            self._pruned += drop
+
+    def _await_child(self, timeout: float | None = 5.0) -> None:
+        """Wait for a child that is known to be exiting (it closed a ring), then record it."""
+        waiting = self._process is not None and not self._child_exited and not self._cleaned
+        if waiting and exited(self._process, timeout):
+            self._on_child_exit()
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Replies already sent stay receivable after the kernel stopped or failed.
+
+        Returns:
+            The reply (a ``@message`` or a plain value), or None when the timeout expired.
+
+        Raises:
+            MessageRejectedError: the child could not decode one message (a field of the
+                wrong type, for example); its ``correlation_id`` is that message's id. The
+                kernel keeps running: receive again for the next reply.
+            ReplyDecodeError: one reply does not decode here (its class was never imported
+                in this process, say); it is consumed, its ``correlation_id`` says which
+                request it answers, and the next receive goes on with the next reply.
+            KernelFailedError: the actor raised (or the child died, or a ring was found
+                corrupted) and every earlier reply has been received.
+            KernelStateError: the kernel never started, or stopped and is drained.
+        """
+        lock = self._recv_lock
+        if timeout is None:
+            lock.acquire()
+        elif not lock.acquire(True, max(timeout, 0.0)):
+            return None
+        try:
+            if self._pending_out:
+                record = self._pending_out.popleft()
+                if record[0] != FRAME_TAG:
+                    return self._decode_reply(record)
+                return self._decode_frame(record)
+            ring = self._rx
+            if ring is None:
+                raise self._state_error("receive from")
+            waiter = self._recv_waiter
+            assert waiter is not None
+            try:
+                wake = self._out_space_fd  # rung by a read that frees space for the child
+                if timeout is None:  # read_wait inlined: this is every reply's path
+                    data = ring.spin_read(waiter.spin_s, wake)
+                    if data is None:
+                        data = read_parked(ring, waiter, None, self._child_gone, wake)
+                    elif waiter.misses and waiter.spin_s > 0:
+                        waiter.hit()
+                else:
+                    data = read_wait(ring, waiter, timeout, self._child_gone, wake)
+            except RingCorruptedError as exc:
+                self._ring_failed(exc)
+                self._rx = None
+                raise self._state_error("receive from") from exc
+            if self._wakers.readable:
+                ring.set_reader_waiting(True)  # a park clears the watcher's arming
+            if data is None:
+                if self._child_exited or ring.writer_closed:
+                    # the child wrote its last reply and is exiting: wait, then report
+                    self._await_child(timeout)
+                    if self._child_exited:
+                        raise self._state_error("receive from")
+                return None
+        finally:
+            lock.release()
+        if data[0] != FRAME_TAG:
+            try:
+                return self._decode(data)
+            except MessageDeserializationError as exc:
+                raise self._undecodable(data, exc) from exc
+        return self._decode_frame(data)
+
+    def _decode_reply(self, data: bytes) -> Any:
+        """A ``@message`` reply record, decoded (`ReplyDecodeError` when it does not)."""
+        try:
+            return self._decode(data)
+        except MessageDeserializationError as exc:
+            raise self._undecodable(data, exc) from exc
+
+    def _undecodable(self, data: bytes, exc: MessageDeserializationError) -> ReplyDecodeError:
+        """The error for a reply record that does not decode here (it is consumed)."""
+        err = ReplyDecodeError(self._kernel_id, reply_correlation(data), str(exc))
+        err.__cause__ = exc
+        return err
+
+    def _decode_frame(self, data: bytes) -> Any:
+        """A reply record that is not a ``@message``: a plain value, or a rejection."""
+        if data[:2] == ERROR_FRAME:
+            raise rejection(self._kernel_id, data)
+        return decode_value(self._kernel_id, data)
+
+    def drain_replies(self) -> list[Any]:
+        """Every reply readable now, oldest first, without waiting or raising for failures.
+
+        After `stop` (or once the child died) this is every reply the child produced
+        and nobody received yet: ``stop`` never discards one. A message the child rejected
+        appears in the list as its `MessageRejectedError`
+        instance (check with ``isinstance``); a reply that does not decode appears as its
+        `ReplyDecodeError`. Safe from any thread, but it waits for a
+        concurrent ``receive`` to return (do not call it while another thread waits in
+        ``receive(timeout=None)`` on a running kernel).
+        """
+        out: list[Any] = []
+        with self._recv_lock:
+            if not self._cleaned:
+                self._drain_outbox()
+            pending = self._pending_out
+            while pending:
+                data = pending.popleft()
+                try:
+                    out.append(
+                        self._decode_reply(data)
+                        if data[0] != FRAME_TAG
+                        else self._decode_frame(data)
+                    )
+                except MessageDeserializationError as exc:  # rejected, or does not decode
+                    out.append(exc)
+            ring = self._out_ring
+            if ring is not None and not ring.closed and ring.writer_waiting:
+                ring_bell(self._out_space_fd)
+        return out
+
+    def take_undelivered(self) -> list[Any]:
+        """The messages the child did not finish, oldest first; each is returned only once.
+
+        A message is *finished* when the actor asked for its next message after taking it
+        (``ctx.receive``/``ctx.receive_nowait``), when the actor returned normally (or
+        ended on the ``QueueClosedError`` of a stop), or when the child rejected it as
+        undecodable (the caller got a ``MessageRejectedError``). Everything else sent
+        successfully comes back here, exactly the objects passed to ``send``: the one in
+        the actor's hands when the stop's grace period ran out, when the child was killed
+        or when the actor raised (first), then those it never took (in send order). A
+        message whose ``send`` raised or returned False was never sent.
+
+        Returns:
+            The unfinished messages; ``[]`` before ``start``, after a clean stop, and on
+            every call after the first.
+
+        Raises:
+            KernelStateError: the child is still running (call after `stop`, or once
+                the kernel failed because the child died).
+        """
+        with self._send_lock:
+            if self._process is None:
+                return []
+            if not self._child_exited:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "take undelivered messages from",
+                    "its child is still running; call stop() first",
+                )
+            if self._undelivered_taken:
+                return []
+            self._undelivered_taken = True
+            counts = self._final_counts
+            base = self._pruned
+            done = counts[1] if counts is not None else base
+            out = self._inflight[done - base :]
+            self._inflight.clear()
+            return out
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Queue ``msg`` if the inbox has room; False when full (same errors as ``send``)."""
+        return self.send(msg, 0)
+
+    def receive_nowait(self) -> Any:
+        """The next reply or None, without waiting (same errors as ``receive``)."""
+        return self.receive(0)
+
+    def unprocessed(self) -> list[Any]:
+        """Messages sent but never handed to the actor (stop timeout, failure, crash)."""
+        return list(self._unprocessed)
+
+    # -- the tier contract ----------------------------------------------------------------
+
+    def offer(self, msg: Any) -> bool:
+        """`send_nowait`: hand ``msg`` to the child's inbox, False when it is full."""
+        return self.send(msg, 0)
+
+    def poll_reply(self) -> Any:
+        """`receive_nowait`: the next reply, or None when none is ready."""
+        return self.receive(0)
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the inbox may have room again (see `add_waker`)."""
+        self.add_waker(callback, when="writable")
+
+    def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when a reply may be ready; returns the undo."""
+        self.add_waker(callback, when="readable")
+        return lambda: self.remove_waker(callback)
+
+    def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Have ``loop`` watch the reply doorbell and the child's exit itself.
+
+        It watches duplicates of the two descriptors, so `stop` closing the worker's own
+        (in another thread) never pulls a descriptor out from under the loop.
+        """
+        bell, sentinel = (os.dup(fd) for fd in self.wait_handles())
+        aloop: asyncio.AbstractEventLoop = loop
+
+        def on_bell() -> None:
+            drain_bell(bell)
+            callback()
+
+        def on_exit() -> None:
+            aloop.remove_reader(sentinel)  # it stays readable once the child has gone
+            # record the exit (reaping may wait on the watcher thread: not on the loop),
+            # then wake the collector, which reports it
+            done = aloop.run_in_executor(None, self.join, 5.0)
+            done.add_done_callback(lambda _: callback())
+
+        try:
+            aloop.add_reader(bell, on_bell)
+            aloop.add_reader(sentinel, on_exit)
+        except NotImplementedError:  # a loop without add_reader (Windows' proactor)
+            os.close(bell)
+            os.close(sentinel)
+            return None
+        self.arm_receive()  # the child rings the doorbell on every reply
+
+        def unwatch() -> None:
+            for fd in (bell, sentinel):
+                aloop.remove_reader(fd)
+                os.close(fd)
+
+        return unwatch
+
+    # -- errors and reports ---------------------------------------------------------------
+
+    def _state_error(self, operation: str) -> KernelStateError:
+        if self._error is not None:
+            err = KernelFailedError(self._kernel_id, self._error)
+            err.__cause__ = self._error
+            return err
+        hint = _STATE_HINTS.get(self._state, "")
+        return KernelStateError(self._kernel_id, self._state, operation, hint)
+
+    def _uptime(self) -> float:
+        """Seconds from start to stop (or to now while it runs); 0.0 if never started."""
+        end = self._stopped_at or _monotonic()
+        return end - self._started_at if self._started_at else 0.0
+
+    # -- event-loop hosting -------------------------------------------------------------
+
+    def wait_handles(self) -> tuple[int, int]:
+        """File descriptors an event loop can watch: (outbox doorbell, child sentinel).
+
+        Call `arm_receive` first, re-check with `receive_nowait`, then wait for
+        either descriptor to become readable; `disarm_receive` afterwards.
+        """
+        if self._process is None or not self._conns:
+            raise self._state_error("wait on")
+        return self._conns[2].fileno(), self._process.sentinel
+
+    def arm_receive(self) -> None:
+        """Ask the child to ring the outbox doorbell on its next reply."""
+        if self._out_ring is not None and not self._out_ring.closed:
+            self._out_ring.set_reader_waiting(True)
+
+    def disarm_receive(self) -> None:
+        """Withdraw `arm_receive` and empty the doorbell."""
+        if self._out_ring is not None and not self._out_ring.closed:
+            self._out_ring.set_reader_waiting(False)
+            drain_bell(self._conns[2].fileno())
+
+    def statistics(self) -> dict[str, Any]:
+        """State, error, child, waker and ring counters in one dictionary."""
+        wakers = self._wakers
+        rings: dict[str, Any] = {}
+        for name, ring in (("inbox", self._in_ring), ("outbox", self._out_ring)):
+            if ring is not None and not ring.closed:
+                rings[name] = ring.stats()
+        return {
+            "kernel_id": self._kernel_id,
+            "state": self._state.value,
+            "failed": self._error is not None,
+            "error": repr(self._error) if self._error is not None else None,
+            "pid": self.pid,
+            "exit_code": self._exit_code,
+            "implementation": _cython.IMPLEMENTATION,
+            "uptime_seconds": self._uptime(),
+            "unprocessed": len(self._unprocessed),
+            "pending_replies": len(self._pending_out),
+            "pending_input": self.pending_input,
+            "in_flight": len(self._inflight),
+            "wakers": {"readable": len(wakers.readable), "writable": len(wakers.writable)},
+            **rings,
+        }
+
+    def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            return  # a fork of the parent: the child and its channels are not ours
+        process = getattr(self, "_process", None)
+        if process is not None and getattr(self, "_conns", None):
+            try:
+                self._cleanup()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        failure = f" failed: {self._error!r}" if self._error is not None else ""
+        return (
+            f"<{type(self).__name__} {self._kernel_id!r} {self._state.name} pid={self.pid} "
+            f"({_cython.IMPLEMENTATION}){failure}>"
+        )
