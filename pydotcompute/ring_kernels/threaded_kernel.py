@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from .tiers.thread.context import ThreadedKernelContext as ThreadedKernelContext
 from .tiers.thread.standalone import ThreadedKernelPool as ThreadedKernelPool
 from .tiers.thread.standalone import ThreadedKernelState as ThreadedKernelState
 from .tiers.thread.standalone import ThreadedRingKernel as ThreadedRingKernel
 from .tiers.thread.worker import ThreadedKernelConfig as ThreadedKernelConfig
-from .tiers.thread.worker import ThreadedKernelContext as ThreadedKernelContext
 from .tiers.thread.worker import ThreadedKernelFunc as ThreadedKernelFunc
 
 __all__ = (

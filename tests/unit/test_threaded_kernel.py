@@ -307,7 +307,7 @@ def test_the_standalone_kernel_is_a_face_of_the_thread_worker() -> None:
     worker = kernel.worker
     assert isinstance(worker, ThreadWorker)
     assert isinstance(worker, TierWorker)
-    # the seed's state names are the shared states
+    # the 0.2 state names are the shared states
     assert ThreadedKernelState.CREATED is KernelState.CREATED
     assert ThreadedKernelState.RUNNING is KernelState.ACTIVE
     assert ThreadedKernelState.STOPPING is KernelState.TERMINATING

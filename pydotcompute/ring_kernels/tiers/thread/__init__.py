@@ -1,7 +1,8 @@
 """The thread tier: the actor is a plain function running in a thread of its own.
 
-- `worker.py`: `ThreadWorker`, the mechanism and the `TierWorker` at once, with its
-  `ThreadedKernelContext` and `ThreadedKernelConfig`;
+- `worker.py`: `ThreadWorker`, the mechanism and the `TierWorker` at once, and its
+  `ThreadedKernelConfig`;
+- `context.py`: `ThreadedKernelContext`, what the actor sees;
 - `sync_queue.py`: the blocking queues it moves messages through (`SPSCQueue`,
   `SyncQueue`);
 - `hosted.py`: `ThreadHostedKernel`, what `runtime.launch(..., tier="thread")` builds;
@@ -11,10 +12,11 @@
 
 from __future__ import annotations
 
+from .context import ThreadedKernelContext
 from .hosted import ThreadHostedKernel
 from .standalone import ThreadedKernelPool, ThreadedKernelState, ThreadedRingKernel
 from .sync_queue import SPSCQueue, SyncQueue
-from .worker import ThreadedKernelConfig, ThreadedKernelContext, ThreadWorker
+from .worker import ThreadedKernelConfig, ThreadWorker
 
 __all__ = (
     "SPSCQueue",

@@ -16,7 +16,7 @@ Design notes:
 - `ThreadedRingKernel` is a synchronous façade over the same `ThreadWorker` the runtime
   hosts: each method forwards, so the standalone kernel and ``tier="thread"`` share one
   mechanism, one set of states and one wording of errors.
-- `ThreadedKernelState` keeps the seed's state names as aliases of the shared
+- `ThreadedKernelState` keeps the 0.2 API's state names as aliases of the shared
   `KernelState` members (RUNNING is ACTIVE, STOPPED is TERMINATED), so that
   ``kernel.state is ThreadedKernelState.RUNNING`` keeps working.
 """
@@ -40,7 +40,7 @@ __all__ = ("ThreadedKernelPool", "ThreadedKernelState", "ThreadedRingKernel")
 
 
 class ThreadedKernelState:
-    """The seed's names for a thread-tier kernel's states, as `KernelState` members.
+    """The 0.2 API's names for a thread-tier kernel's states, as `KernelState` members.
 
     CREATED -> RUNNING -> STOPPING -> STOPPED; a kernel whose actor raised is STOPPED with
     ``failed`` True and ``error`` set.

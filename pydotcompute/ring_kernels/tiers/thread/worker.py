@@ -21,7 +21,7 @@ Design notes:
 - States are the shared `KernelState`: CREATED -> ACTIVE -> TERMINATING -> TERMINATED.
   They say where the thread is; `failure` says why it ended: an actor that raised leaves
   the worker TERMINATED with `failure` set (FAILED is the runtime's verdict on a kernel,
-  not the thread's state), as the seed's kernels report STOPPED with ``failed`` True.
+  not the thread's state), as the 0.2 API reports STOPPED with ``failed`` True.
 - A graceful stop drains: `stop` shuts the inbox, so ``ctx.should_terminate`` turns True
   only once it is empty, and a ``receive`` blocked on an empty, stopped inbox raises
   `QueueClosedError`, which ends the actor cleanly. If the actor does not finish within
@@ -49,16 +49,16 @@ from ....exceptions import (
     QueueClosedError,
     TypeValidationError,
 )
-from ...message import stamp_reply  # correlates a reply to the request being handled
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
 from .. import check_actor_kind
 from ..contract import TierWorker
+from .context import ThreadedKernelContext, wrong_type
 from .sync_queue import SPSCQueue, SyncQueue
 
-__all__ = ("ThreadWorker", "ThreadedKernelConfig", "ThreadedKernelContext")
+__all__ = ("ThreadWorker", "ThreadedKernelConfig", "ThreadedKernelContext", "ThreadedKernelFunc")
 
-ThreadedKernelFunc = Callable[["ThreadedKernelContext"], Any]
+ThreadedKernelFunc = Callable[[ThreadedKernelContext], Any]
 Latencies = tuple[int, int, int, int, list[tuple[int, int]]]
 
 _CREATED = KernelState.CREATED
@@ -115,115 +115,6 @@ def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
     if timeout is None:
         return lock.acquire()
     return lock.acquire(True, max(timeout, 0.0))
-
-
-def _wrong_type(kernel_id: str, msg: object, expected: type, what: str) -> TypeValidationError:
-    return TypeValidationError(
-        f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
-    )
-
-
-class ThreadedKernelContext:
-    """What a thread-tier actor sees: its inbox, its outbox and the stop signal.
-
-    Every method is called from the actor's own thread.
-    """
-
-    __slots__ = (
-        "_current",
-        "_inbox",
-        "_outbox",
-        "_output_type",
-        "_rec",
-        "_stop",
-        "handling",
-        "kernel_id",
-    )
-
-    def __init__(self, worker: ThreadWorker) -> None:
-        self.kernel_id = worker.kernel_id
-        self._inbox = worker.inbox
-        self._outbox = worker.outbox
-        self._output_type = worker.output_type
-        self._stop = worker.stop_signal
-        self._current: Any = None  # the last message received: replies are correlated to it
-        self._rec = worker.latency_recorder  # times each message (None: not timed)
-        #: True from the moment the actor takes a message until it asks for the next one
-        #: (read by hosts to tell an idle actor from a busy one).
-        self.handling = False
-
-    @property
-    def should_terminate(self) -> bool:
-        """True once a stop was requested *and* the inbox is drained."""
-        return self._stop.is_set() and not self._inbox
-
-    @property
-    def is_active(self) -> bool:
-        """True until a stop is requested."""
-        return not self._stop.is_set()
-
-    @property
-    def current(self) -> Any:
-        """The message the actor took last (None before the first); replies answer it."""
-        return self._current
-
-    def receive(self, timeout: float | None = None) -> Any:
-        """The next message, waiting up to ``timeout`` seconds (None = until one arrives).
-
-        Returns:
-            The message, or None when the timeout expired.
-
-        Raises:
-            QueueClosedError: the kernel is stopping and the inbox is drained (letting it
-                escape ends the actor cleanly).
-        """
-        self.handling = False
-        rec = self._rec
-        if rec is not None:
-            rec.idle()  # asking for the next message finishes the previous one
-        msg = self._inbox.get(timeout)
-        if msg is not None:
-            self._current = msg
-            self.handling = True
-            if rec is not None:
-                rec.took()
-        return msg
-
-    def receive_nowait(self) -> Any:
-        """The next message or None, without waiting."""
-        self.handling = False
-        rec = self._rec
-        if rec is not None:
-            rec.idle()
-        msg = self._inbox.get(0)
-        if msg is not None:
-            self._current = msg
-            self.handling = True
-            if rec is not None:
-                rec.took()
-        return msg
-
-    def send(self, msg: Any, timeout: float | None = None) -> bool:
-        """Put a reply into the outbox, waiting while it is full.
-
-        Returns:
-            True when queued, False when the timeout expired first.
-
-        Raises:
-            TypeValidationError: ``msg`` is not the kernel's ``output_type``.
-        """
-        if self._output_type is not None and not isinstance(msg, self._output_type):
-            raise _wrong_type(self.kernel_id, msg, self._output_type, "must send")
-        stamp_reply(msg, self._current)
-        return self._outbox.put(msg, timeout)
-
-    def send_nowait(self, msg: Any) -> bool:
-        """Put a reply into the outbox if there is room; False when full."""
-        return self.send(msg, 0)
-
-    def wait_shutdown(self, timeout: float | None = None) -> bool:
-        """Block until a stop is requested; True if it was, False on timeout."""
-        return self._stop.wait(timeout)
 
 
 class ThreadWorker(TierWorker):
@@ -484,7 +375,7 @@ class ThreadWorker(TierWorker):
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
         if self._input_type is not None and not isinstance(msg, self._input_type):
-            raise _wrong_type(self._kernel_id, msg, self._input_type, "expects")
+            raise wrong_type(self._kernel_id, msg, self._input_type, "expects")
         lock = self._send_lock
         if not _acquire(lock, timeout):
             return False
