@@ -312,6 +312,13 @@ def test_the_standalone_kernel_is_a_face_of_the_thread_worker() -> None:
     assert ThreadedKernelState.RUNNING is KernelState.ACTIVE
     assert ThreadedKernelState.STOPPING is KernelState.TERMINATING
     assert ThreadedKernelState.STOPPED is KernelState.TERMINATED
+    assert list(ThreadedKernelState) == [
+        KernelState.CREATED,
+        KernelState.ACTIVE,
+        KernelState.TERMINATING,
+        KernelState.TERMINATED,
+    ]
+    assert ThreadedKernelState["RUNNING"] is KernelState.ACTIVE
     with kernel:
         assert worker.state is KernelState.ACTIVE
         kernel.send(4)

@@ -39,7 +39,26 @@ from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 __all__ = ("ThreadedKernelPool", "ThreadedKernelState", "ThreadedRingKernel")
 
 
-class ThreadedKernelState:
+_NAMES = ("CREATED", "RUNNING", "STOPPING", "STOPPED")
+
+
+class _StateNames(type):
+    """Lets the names be listed and looked up as an enum's are (``list(...)``, ``[name]``)."""
+
+    def __iter__(cls) -> Iterator[KernelState]:
+        return (getattr(cls, name) for name in _NAMES)
+
+    def __len__(cls) -> int:
+        return len(_NAMES)
+
+    def __getitem__(cls, name: str) -> KernelState:
+        if name not in _NAMES:
+            raise KeyError(name)
+        state: KernelState = getattr(cls, name)
+        return state
+
+
+class ThreadedKernelState(metaclass=_StateNames):
     """The 0.2 API's names for a thread-tier kernel's states, as `KernelState` members.
 
     CREATED -> RUNNING -> STOPPING -> STOPPED; a kernel whose actor raised is STOPPED with
