@@ -272,7 +272,7 @@ async def _thread_tier_cut_off() -> dict[str, Any]:
         while kernel.telemetry.messages_processed < 3:
             await asyncio.sleep(0.005)
         left = await asyncio.wait_for(rt.terminate("slow", timeout=0.05), GUARD)
-        worker = kernel.worker.kernel  # type: ignore[attr-defined]
+        worker = kernel.worker  # type: ignore[attr-defined]
         await asyncio.to_thread(worker.join, GUARD)  # the thread ends after message 0
     return {"kernel": kernel, "left": left}
 
@@ -323,7 +323,7 @@ async def _thread_tier_late_reply() -> dict[str, Any]:
             await asyncio.sleep(0.005)
         # terminate gives up on the thread (and stops collecting) long before it answers
         left = await asyncio.wait_for(rt.terminate("late", timeout=0.05), GUARD)
-        worker = kernel.worker.kernel  # type: ignore[attr-defined]
+        worker = kernel.worker  # type: ignore[attr-defined]
         with _warnings_of("pydotcompute") as seen:
             await asyncio.to_thread(worker.join, GUARD)
     late = [r.getMessage() for r in seen if "after terminate" in r.getMessage()]

@@ -1059,7 +1059,7 @@ async def test_a_hosted_activate_whose_tasks_cannot_be_made_fails_and_stops_its_
         assert k.state is S.FAILED  # the worker thread had started: it is not LAUNCHED
         await rt.terminate("t")
         assert k.state is S.TERMINATED
-        assert not k.worker.kernel.thread.is_alive()  # type: ignore[union-attr]
+        assert not k.worker.thread.is_alive()  # type: ignore[union-attr]
 
 
 def _sync_echo(ctx: Any) -> None:

@@ -143,7 +143,7 @@ def test_stop_is_idempotent_and_a_kernel_runs_once() -> None:
     k2 = ThreadedRingKernel("twice", doubler).start()
     assert k2.stop()
     assert k2.stop()
-    with pytest.raises(KernelStateError, match=r"cannot start kernel 'twice': it is STOPPED"):
+    with pytest.raises(KernelStateError, match=r"cannot start kernel 'twice': it is TERMINATED"):
         k2.start()
 
 
@@ -293,3 +293,113 @@ def test_pool_after_stop_and_bad_options() -> None:
         ThreadedKernelPool("s", doubler, queue=3)
     with pytest.raises(InvalidConfigurationError, match="num_workers >= 1"):
         ThreadedKernelPool("s", doubler, num_workers=0)
+
+
+# --- one mechanism behind both faces ---------------------------------------------------------
+
+
+def test_the_standalone_kernel_is_a_face_of_the_thread_worker() -> None:
+    from pydotcompute.ring_kernels.states import KernelState
+    from pydotcompute.ring_kernels.tiers.contract import TierWorker
+    from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
+
+    kernel = ThreadedRingKernel("face", doubler)
+    worker = kernel.worker
+    assert isinstance(worker, ThreadWorker)
+    assert isinstance(worker, TierWorker)
+    # the 0.2 state names are the shared states
+    assert ThreadedKernelState.CREATED is KernelState.CREATED
+    assert ThreadedKernelState.RUNNING is KernelState.ACTIVE
+    assert ThreadedKernelState.STOPPING is KernelState.TERMINATING
+    assert ThreadedKernelState.STOPPED is KernelState.TERMINATED
+    assert list(ThreadedKernelState) == [
+        KernelState.CREATED,
+        KernelState.ACTIVE,
+        KernelState.TERMINATING,
+        KernelState.TERMINATED,
+    ]
+    assert ThreadedKernelState["RUNNING"] is KernelState.ACTIVE
+    with kernel:
+        assert worker.state is KernelState.ACTIVE
+        kernel.send(4)
+        assert worker.get(timeout=5) == 8  # what one face sends, the other reads
+        assert worker.offer(5)
+        assert kernel.receive(timeout=5) == 10
+    assert worker.state is KernelState.TERMINATED
+    assert repr(kernel) == "<ThreadedRingKernel 'face' TERMINATED>"
+    assert kernel.statistics()["state"] == "terminated"
+
+
+def test_the_thread_worker_through_the_tier_contract() -> None:
+    from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
+
+    release = threading.Event()
+    readable = threading.Event()
+
+    def held(ctx: Any) -> None:
+        while not ctx.should_terminate:
+            msg = ctx.receive(timeout=0.05)
+            if msg is None:
+                continue
+            if msg == "hold":
+                release.wait(10)
+            ctx.send(msg)
+
+    worker = ThreadWorker("c", held, config=ThreadedKernelConfig("c", input_queue_size=2))
+    undo = worker.on_readable(readable.set)
+    worker.start()
+    assert worker.poll_reply() is None
+    assert worker.offer("a")
+    assert readable.wait(5)
+    assert worker.poll_reply() == "a"
+    undo()
+    assert worker.offer("hold")
+    deadline = time.monotonic() + 5
+    while not worker.inbox.empty or worker.is_idle:  # the actor took "hold"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert worker.offer("b")
+    assert worker.offer("c")
+    assert not worker.offer("d")  # the bound the runtime set: room for two not yet taken
+    assert worker.pending_input == 2
+    assert worker.stop(0.05) is False  # cut off: "hold" is in the actor's hands
+    assert worker.take_undelivered() == ["b", "c"]
+    assert worker.take_undelivered() == []
+    with pytest.raises(KernelStateError, match="it is TERMINATING; it is stopping"):
+        worker.offer("e")
+    release.set()
+    assert worker.join(5)
+    assert worker.drain_replies() == ["hold"]  # finished late, still readable
+    with pytest.raises(KernelStateError, match="it has stopped"):
+        worker.poll_reply()
+    assert worker.failure is None
+
+
+def test_a_thread_that_cannot_start_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    kernel = ThreadedRingKernel("nothread", doubler)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(KernelFailedError, match="can't start new thread"):
+        kernel.start()
+    monkeypatch.undo()
+    assert kernel.state is ThreadedKernelState.STOPPED
+    assert kernel.failed
+    with pytest.raises(KernelFailedError):
+        kernel.send(1)
+    assert kernel.stop() is True
+
+
+def test_old_module_paths_name_the_same_objects() -> None:
+    from pydotcompute.ring_kernels import sync_queue, threaded_kernel
+    from pydotcompute.ring_kernels import tiers as tiers_pkg
+    from pydotcompute.ring_kernels.tiers import thread
+
+    assert threaded_kernel.ThreadedRingKernel is thread.ThreadedRingKernel
+    assert threaded_kernel.ThreadedKernelState is thread.ThreadedKernelState
+    assert threaded_kernel.ThreadedKernelContext is thread.ThreadedKernelContext
+    assert sync_queue.SPSCQueue is thread.SPSCQueue
+    assert sync_queue.SyncQueue is thread.SyncQueue
+    assert tiers_pkg.tier_class("thread") is thread.ThreadHostedKernel
+    assert ThreadedRingKernel is thread.ThreadedRingKernel

@@ -1,0 +1,596 @@
+"""Blocking queues for the thread tier: ``SyncQueue`` (MPMC) and ``SPSCQueue``.
+
+Design notes:
+- ``SyncQueue`` is a deque behind one mutex. A thread that must wait parks on a lock of its
+  own (acquired once, then acquired again to sleep) queued in ``_getters``/``_putters``; the
+  thread that makes progress possible pops one waiter and releases its lock. Compared with
+  ``threading.Condition`` this does no work when nobody waits and wakes exactly one thread
+  per item. A woken thread re-checks under the mutex, so a barging thread that took the
+  item only makes it wait again; a thread that times out after being signalled still finds
+  the item on its re-check, so a wake-up is never lost.
+- ``SPSCQueue`` has no mutex at all: ``deque.append``/``popleft`` are atomic under the GIL
+  and each side parks with a flag plus a lock used as a saturating binary semaphore. The
+  consumer sets ``_get_waiting`` *then* re-checks the deque; the producer appends *then*
+  reads the flag. Bytecodes run one at a time under the GIL, so in every interleaving
+  either the consumer sees the item or the producer sees the flag (Dekker's argument). A
+  release that finds the lock already released is a pending wake-up and is ignored.
+- ``shutdown()`` refuses new items but lets consumers drain: ``get`` raises only once the
+  queue is empty (``QueueClosedError``, or the ``reason`` given, e.g. the actor's failure).
+  ``shutdown(immediate=True)`` also discards (and counts) what is queued. Every waiter is
+  woken either way.
+- ``None`` cannot be queued: ``get(timeout=...)`` returns None when the time runs out, the
+  convention the threaded kernel's ``receive`` follows.
+- Length: two queues sharing one contract and the waker machinery, kept side by side so
+  their semantics stay identical. ``_QueueBase`` holds what does not depend on how a side
+  waits (state, counters, wakers, error wording); ``put``/``get`` are written out in each.
+- Wakers (``add_waker``) let code outside the queue learn that it may have become readable
+  or writable (a pool waiting on many outboxes, or an event loop hosting a threaded kernel);
+  they run in the thread that changed the queue, after the change, outside any lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
+
+from ....exceptions import (
+    InvalidConfigurationError,
+    QueueClosedError,
+    TypeValidationError,
+)
+
+__all__ = ("SPSCQueue", "SyncQueue")
+
+T = TypeVar("T")
+Waker = Callable[[], None]
+WakeOn = Literal["readable", "writable"]
+
+_allocate_lock = threading.Lock
+_monotonic = time.monotonic
+
+
+def _none_error(kind: str) -> TypeValidationError:
+    return TypeValidationError(
+        f"{kind} cannot hold None: get() returns None when its timeout expires; "
+        "wrap the value or use a sentinel object"
+    )
+
+
+def _check_size(kind: str, name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidConfigurationError(
+            f"{kind} {name} must be an int >= {minimum}"
+            f"{' (0 = unbounded)' if minimum == 0 else ''}, got {value!r}"
+        )
+    return value
+
+
+class _WakerSet:
+    """Callbacks run after a queue may have become readable or writable."""
+
+    __slots__ = ("readable", "writable")
+
+    def __init__(self) -> None:
+        self.readable: tuple[Waker, ...] = ()
+        self.writable: tuple[Waker, ...] = ()
+
+    def add(self, callback: Waker, when: WakeOn) -> None:
+        if when == "readable":
+            self.readable = (*self.readable, callback)
+        elif when == "writable":
+            self.writable = (*self.writable, callback)
+        else:
+            raise InvalidConfigurationError(
+                f"a waker runs when a queue becomes 'readable' or 'writable', got {when!r}"
+            )
+
+    def remove(self, callback: Waker) -> None:
+        self.readable = tuple(c for c in self.readable if c != callback)
+        self.writable = tuple(c for c in self.writable if c != callback)
+
+
+class _QueueBase(Generic[T]):
+    """What both queues share: the items, the shutdown state, the counters and the wakers.
+
+    ``put`` and ``get`` (the per-item path) and whatever touches the waiting threads stay
+    in each queue: SyncQueue does them under its mutex, SPSCQueue without one.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_dequeued",
+        "_dropped",
+        "_enqueued",
+        "_items",
+        "_name",
+        "_peak",
+        "_reason",
+        "_wakers",
+    )
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._items: deque[T] = deque()
+        self._closed = False
+        self._reason: BaseException | None = None
+        self._wakers = _WakerSet()
+        self._enqueued = 0
+        self._dequeued = 0
+        self._dropped = 0
+        self._peak = 0
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def maxsize(self) -> int:
+        """Capacity; each queue defines it."""
+        raise NotImplementedError
+
+    @property
+    def size(self) -> int:
+        """Items queued now."""
+        return len(self._items)
+
+    qsize = size
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing is queued."""
+        return not self._items
+
+    @property
+    def is_shutdown(self) -> bool:
+        """True after `shutdown`."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # -- errors -----------------------------------------------------------------------
+
+    def _put_closed(self) -> QueueClosedError:
+        return QueueClosedError(f"cannot put into {self._name}: it has been shut down")
+
+    def _get_closed(self) -> BaseException:
+        if self._reason is not None:
+            return self._reason
+        return QueueClosedError(f"{self._name} is shut down and drained; nothing more will come")
+
+    # -- put and get ------------------------------------------------------------------
+
+    def put(self, item: T, timeout: float | None = None) -> bool:
+        """Append ``item``; each queue defines it."""
+        raise NotImplementedError
+
+    def put_nowait(self, item: T) -> bool:
+        """Append ``item`` if there is space; False (nothing queued) when full.
+
+        Raises:
+            QueueClosedError: the queue is shut down.
+        """
+        return self.put(item, 0)
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Pop the oldest item; each queue defines it."""
+        raise NotImplementedError
+
+    def get_nowait(self) -> T | None:
+        """Pop the oldest item, or return None when empty.
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained.
+        """
+        return self.get(0)
+
+    # -- wakers and counters ----------------------------------------------------------
+
+    def _wake_all(self) -> None:
+        for wake in (*self._wakers.readable, *self._wakers.writable):
+            wake()
+
+    def add_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
+        """Call ``callback()`` whenever the queue may have become readable (or writable).
+
+        It runs in the thread that changed the queue, after the change and outside the
+        queue's lock; it must be quick and must not raise. Shutdown calls every waker.
+        """
+        self._wakers.add(callback, when)
+
+    def remove_waker(self, callback: Waker) -> None:
+        """Stop calling ``callback`` (no error if it was not registered)."""
+        self._wakers.remove(callback)
+
+    def get_stats(self) -> dict[str, int]:
+        """Counters: current_size, max_size, peak_size, total_enqueued/dequeued/dropped."""
+        return {
+            "current_size": len(self._items),
+            "max_size": self.maxsize,
+            "peak_size": self._peak,
+            "total_enqueued": self._enqueued,
+            "total_dequeued": self._dequeued,
+            "total_dropped": self._dropped,
+        }
+
+    statistics = get_stats
+
+
+class SyncQueue(_QueueBase[T]):
+    """A bounded (or unbounded) FIFO for any number of producer and consumer threads.
+
+    Args:
+        maxsize: Capacity; ``0`` means unbounded.
+        name: Used in error messages (the threaded kernel passes ``"kernel 'x' inbox"``).
+    """
+
+    __slots__ = ("_getters", "_maxsize", "_mutex", "_putters")
+
+    def __init__(self, maxsize: int = 4096, *, name: str = "SyncQueue") -> None:
+        self._maxsize = _check_size("SyncQueue", "maxsize", maxsize, 0)
+        super().__init__(name)
+        self._mutex = _allocate_lock()
+        self._getters: deque[Any] = deque()
+        self._putters: deque[Any] = deque()
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def maxsize(self) -> int:
+        """Capacity (0 = unbounded)."""
+        return self._maxsize
+
+    capacity = maxsize
+
+    @property
+    def full(self) -> bool:
+        """True when a bounded queue is at capacity."""
+        return bool(self._maxsize) and len(self._items) >= self._maxsize
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def _park(self, waiters: deque[Any], remaining: float) -> None:
+        """Sleep in ``waiters`` until signalled or ``remaining`` seconds pass (-1: no limit).
+
+        Entered and left with the mutex held; it is released while asleep. The caller
+        re-checks its condition afterwards.
+        """
+        waiter = _allocate_lock()
+        waiter.acquire()
+        waiters.append(waiter)
+        mutex = self._mutex
+        mutex.release()
+        try:
+            signalled = waiter.acquire(True, remaining)
+        finally:
+            mutex.acquire()
+        if not signalled:
+            try:
+                waiters.remove(waiter)
+            except ValueError:
+                pass  # signalled just after the timeout: the caller's re-check sees why
+
+    # -- put --------------------------------------------------------------------------
+
+    def put(self, item: T, timeout: float | None = None) -> bool:
+        """Append ``item``, waiting while the queue is full.
+
+        Args:
+            item: Anything but None.
+            timeout: Seconds to wait for space; None waits indefinitely, 0 does not wait.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            QueueClosedError: the queue is (or becomes, while waiting) shut down.
+        """
+        if item is None:
+            raise _none_error(self._name)
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            deadline: float | None = None
+            while True:
+                if self._closed:
+                    raise self._put_closed()
+                items = self._items
+                if not self._maxsize or len(items) < self._maxsize:
+                    items.append(item)
+                    self._enqueued += 1
+                    if len(items) > self._peak:
+                        self._peak = len(items)
+                    if self._getters:
+                        self._getters.popleft().release()
+                    break
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = _monotonic() + timeout
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        return False
+                else:
+                    remaining = -1
+                self._park(self._putters, remaining)
+        finally:
+            mutex.release()
+        for wake in self._wakers.readable:
+            wake()
+        return True
+
+    # -- get --------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Pop the oldest item, waiting while the queue is empty.
+
+        Args:
+            timeout: Seconds to wait; None waits indefinitely, 0 does not wait.
+
+        Returns:
+            The item, or None when the timeout expired first.
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
+                `shutdown`).
+        """
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            deadline: float | None = None
+            while True:
+                items = self._items
+                if items:
+                    item = items.popleft()
+                    self._dequeued += 1
+                    if self._putters:
+                        self._putters.popleft().release()
+                    break
+                if self._closed:
+                    raise self._get_closed()
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = _monotonic() + timeout
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        return None
+                else:
+                    remaining = -1
+                self._park(self._getters, remaining)
+        finally:
+            mutex.release()
+        for wake in self._wakers.writable:
+            wake()
+        return item
+
+    # -- management -------------------------------------------------------------------
+
+    def clear(self) -> int:
+        """Discard everything queued (counted as dropped); returns how many."""
+        with self._mutex:
+            n = len(self._items)
+            self._items.clear()
+            self._dropped += n
+            while self._putters:
+                self._putters.popleft().release()
+        for wake in self._wakers.writable:
+            wake()
+        return n
+
+    def drain(self) -> list[T]:
+        """Pop everything queued now without waiting (works after shutdown too)."""
+        with self._mutex:
+            out = list(self._items)
+            self._items.clear()
+            self._dequeued += len(out)
+            while self._putters:
+                self._putters.popleft().release()
+        return out
+
+    def shutdown(self, immediate: bool = False, *, reason: BaseException | None = None) -> None:
+        """Refuse further puts and wake every waiter.
+
+        Args:
+            immediate: Also discard what is queued (counted as dropped) instead of letting
+                consumers drain it.
+            reason: Raised by ``get`` once drained, instead of ``QueueClosedError``.
+        """
+        with self._mutex:
+            if not self._closed:
+                self._closed = True
+                self._reason = reason
+            if immediate:
+                self._dropped += len(self._items)
+                self._items.clear()
+            while self._getters:
+                self._getters.popleft().release()
+            while self._putters:
+                self._putters.popleft().release()
+        self._wake_all()
+
+    def __repr__(self) -> str:
+        cap = self._maxsize or "unbounded"
+        state = " shut down" if self._closed else ""
+        return f"<SyncQueue {self._name!r} {len(self._items)}/{cap}{state}>"
+
+
+class _Parking:
+    """One side's parking spot: a flag and a lock used as a saturating binary semaphore."""
+
+    __slots__ = ("signal", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = False
+        self.signal = _allocate_lock()
+        self.signal.acquire()
+
+    def wake(self) -> None:
+        self.waiting = False
+        try:
+            self.signal.release()
+        except RuntimeError:
+            pass  # already released: a wake-up is pending
+
+    def sleep(self, remaining: float) -> None:
+        self.signal.acquire(True, remaining)
+        self.waiting = False
+
+
+class SPSCQueue(_QueueBase[T]):
+    """A bounded FIFO for exactly one producer thread and one consumer thread.
+
+    No mutex: it relies on the GIL (``deque`` operations are atomic) and parks each side on
+    a flag plus a binary semaphore. Several producers (or consumers) must serialize their
+    calls themselves; `ThreadWorker`
+    does. Not meant for free-threaded Python builds.
+
+    Args:
+        capacity: Most items held at once (>= 1).
+        name: Used in error messages.
+    """
+
+    __slots__ = ("_capacity", "_consumer", "_producer")
+
+    def __init__(self, capacity: int = 4096, *, name: str = "SPSCQueue") -> None:
+        self._capacity = _check_size("SPSCQueue", "capacity", capacity, 1)
+        super().__init__(name)
+        self._consumer = _Parking()
+        self._producer = _Parking()
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Most items held at once."""
+        return self._capacity
+
+    maxsize = capacity
+
+    @property
+    def full(self) -> bool:
+        """True when at capacity."""
+        return len(self._items) >= self._capacity
+
+    # -- producer ---------------------------------------------------------------------
+
+    def put(self, item: T, timeout: float | None = None) -> bool:
+        """Append ``item``, waiting while full (same contract as `SyncQueue.put`)."""
+        if self._closed:
+            raise self._put_closed()
+        if item is None:
+            raise _none_error(self._name)
+        items = self._items
+        if len(items) >= self._capacity and not self._wait_space(timeout):
+            return False
+        items.append(item)
+        self._enqueued += 1
+        if len(items) > self._peak:
+            self._peak = len(items)
+        if self._consumer.waiting:
+            self._consumer.wake()
+        for wake in self._wakers.readable:
+            wake()
+        return True
+
+    def _wait_space(self, timeout: float | None) -> bool:
+        items = self._items
+        deadline = None if timeout is None else _monotonic() + timeout
+        parking = self._producer
+        while True:
+            if self._closed:
+                raise self._put_closed()
+            parking.waiting = True
+            if len(items) < self._capacity:  # re-check after announcing
+                parking.waiting = False
+                return True
+            if deadline is None:
+                remaining = -1.0
+            else:
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    parking.waiting = False
+                    return False
+            parking.sleep(remaining)
+
+    # -- consumer ---------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Pop the oldest item, waiting while empty (same contract as `SyncQueue.get`)."""
+        items = self._items
+        if not items and not self._wait_item(timeout):
+            return None
+        item = items.popleft()
+        self._dequeued += 1
+        if self._producer.waiting:
+            self._producer.wake()
+        for wake in self._wakers.writable:
+            wake()
+        return item
+
+    def _wait_item(self, timeout: float | None) -> bool:
+        items = self._items
+        deadline = None if timeout is None else _monotonic() + timeout
+        parking = self._consumer
+        while True:
+            parking.waiting = True
+            if items:  # re-check after announcing
+                parking.waiting = False
+                return True
+            if self._closed:
+                parking.waiting = False
+                raise self._get_closed()
+            if deadline is None:
+                remaining = -1.0
+            else:
+                remaining = deadline - _monotonic()
+                if remaining <= 0:
+                    parking.waiting = False
+                    return False
+            parking.sleep(remaining)
+
+    # -- management -------------------------------------------------------------------
+
+    def clear(self) -> int:
+        """Discard everything queued (counted as dropped); returns how many."""
+        n = 0
+        items = self._items
+        while items:
+            try:
+                items.popleft()
+            except IndexError:
+                break
+            n += 1
+        self._dropped += n
+        self._producer.wake()
+        return n
+
+    def drain(self) -> list[T]:
+        """Pop everything queued now without waiting (works after shutdown too)."""
+        out: list[T] = []
+        items = self._items
+        while items:
+            try:
+                out.append(items.popleft())
+            except IndexError:
+                break
+        self._dequeued += len(out)
+        self._producer.wake()
+        return out
+
+    def shutdown(self, immediate: bool = False, *, reason: BaseException | None = None) -> None:
+        """Refuse further puts and wake both sides (consumers drain unless ``immediate``)."""
+        if not self._closed:
+            self._reason = reason
+            self._closed = True
+        if immediate:
+            self.clear()
+        self._consumer.wake()
+        self._producer.wake()
+        self._wake_all()
+
+    def __repr__(self) -> str:
+        state = " shut down" if self._closed else ""
+        return f"<SPSCQueue {self._name!r} {len(self._items)}/{self._capacity}{state}>"
+
+
+WakerSet = _WakerSet  # public name (the process tier's kernel uses it)

@@ -1,0 +1,494 @@
+"""The thread tier's worker: a plain-function actor running in a thread of its own.
+
+`ThreadWorker` is the mechanism and the `TierWorker` at once: the runtime hosts it
+(`runtime.launch(..., tier="thread")` builds a `ThreadHostedKernel`), and the standalone
+`ThreadedRingKernel` is a synchronous façade over it. The actor takes a
+`ThreadedKernelContext`:
+
+```python
+def worker(ctx):
+    while not ctx.should_terminate:
+        msg = ctx.receive(timeout=0.1)
+        if msg is not None:
+            ctx.send(msg * 2)
+```
+
+Design notes:
+- Inbox and outbox are `SPSCQueue` (default) or `SyncQueue`. The actor thread is the only
+  consumer of the inbox and the only producer of the outbox; callers of `put`/`offer` and
+  `get`/`poll_reply` serialize through one lock per direction, which keeps the SPSC
+  contract with any number of caller threads.
+- States are the shared `KernelState`: CREATED -> ACTIVE -> TERMINATING -> TERMINATED.
+  They say where the thread is; `failure` says why it ended: an actor that raised leaves
+  the worker TERMINATED with `failure` set (FAILED is the runtime's verdict on a kernel,
+  not the thread's state), as the 0.2 API reports STOPPED with ``failed`` True.
+- A graceful stop drains: `stop` shuts the inbox, so ``ctx.should_terminate`` turns True
+  only once it is empty, and a ``receive`` blocked on an empty, stopped inbox raises
+  `QueueClosedError`, which ends the actor cleanly. If the actor does not finish within
+  the timeout, what is still queued moves to `unprocessed` (and `take_undelivered`).
+- A thread cannot be interrupted: a message the actor still holds when a stop's grace
+  period runs out is finished late, and its reply arrives after `stop` returned
+  (`on_late_reply`), instead of being handed back as undelivered as well.
+- Failure: the actor's exception is kept in `failure`, the outbox is shut down, and every
+  caller blocked in (or later calling) `get` gets `KernelFailedError` once the replies
+  sent before the failure are drained. The message it raised on is handed back first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ....exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    QueueClosedError,
+    TypeValidationError,
+)
+from ...states import KernelState
+from ...telemetry import LatencyRecorder, PyLatencyRecorder
+from .. import check_actor_kind
+from ..contract import TierWorker
+from .context import ThreadedKernelContext, wrong_type
+from .sync_queue import SPSCQueue, SyncQueue
+
+__all__ = ("ThreadWorker", "ThreadedKernelConfig", "ThreadedKernelContext", "ThreadedKernelFunc")
+
+ThreadedKernelFunc = Callable[[ThreadedKernelContext], Any]
+Latencies = tuple[int, int, int, int, list[tuple[int, int]]]
+
+_CREATED = KernelState.CREATED
+_ACTIVE = KernelState.ACTIVE
+_TERMINATING = KernelState.TERMINATING
+_TERMINATED = KernelState.TERMINATED
+
+# what a caller can do about a worker in each state
+_STATE_HINTS = {
+    _CREATED: "call start() first or use it as a context manager",
+    _TERMINATING: "it is stopping",
+    _TERMINATED: "it has stopped",
+}
+
+
+@dataclass
+class ThreadedKernelConfig:
+    """Settings of a thread-tier worker (`ThreadWorker`, `ThreadedRingKernel`).
+
+    Attributes:
+        kernel_id: The kernel's name (errors and the thread name use it).
+        input_queue_size: Inbox capacity (>= 1); ``send`` waits (or times out) when full.
+        output_queue_size: Outbox capacity (>= 1); the actor's ``ctx.send`` waits when full.
+        use_spsc: Use the mutex-free `SPSCQueue` (default) instead of `SyncQueue`.
+        thread_name: Name of the actor thread; default ``"pydotcompute-<kernel_id>"``.
+        daemon: Run the actor in a daemon thread (an actor stuck in user code cannot keep
+            the interpreter alive at exit).
+        record_latency: Time each message the actor handles (from taking it to asking for
+            the next); `ThreadWorker.drain_latencies` hands the statistics over.
+    """
+
+    kernel_id: str
+    input_queue_size: int = 4096
+    output_queue_size: int = 4096
+    use_spsc: bool = True
+    thread_name: str | None = None
+    daemon: bool = True
+    record_latency: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel_id, str) or not self.kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel_id must be a non-empty string, got {self.kernel_id!r}"
+            )
+        for name in ("input_queue_size", "output_queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidConfigurationError(
+                    f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
+                )
+
+
+def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
+    if timeout is None:
+        return lock.acquire()
+    return lock.acquire(True, max(timeout, 0.0))
+
+
+class ThreadWorker(TierWorker):
+    """A persistent actor in a thread of its own, behind the tier contract.
+
+    Args:
+        kernel_id: The kernel's name.
+        kernel_func: ``fn(ctx)``, a plain (not async) function; it usually loops until
+            ``ctx.should_terminate``.
+        config: Queue sizes and thread settings; defaults to ``ThreadedKernelConfig(kernel_id)``.
+        input_type: When given, `put`/`offer` refuse other types (``TypeValidationError``).
+        output_type: When given, ``ctx.send`` refuses other types.
+    """
+
+    ACTOR_KIND = "sync"
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: ThreadedKernelFunc,
+        *,
+        config: ThreadedKernelConfig | None = None,
+        input_type: type | None = None,
+        output_type: type | None = None,
+    ) -> None:
+        if config is None:
+            config = ThreadedKernelConfig(kernel_id)
+        elif config.kernel_id != kernel_id:
+            raise InvalidConfigurationError(
+                f"kernel id {kernel_id!r} does not match its config's {config.kernel_id!r}"
+            )
+        if not callable(kernel_func):
+            raise TypeValidationError(
+                f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
+                f"got {type(kernel_func).__name__}"
+            )
+        check_actor_kind(kernel_id, "thread", kernel_func, "sync")
+        self._kernel_id = kernel_id
+        self._config = config
+        self._func = kernel_func
+        self._input_type = input_type
+        self._output_type = output_type
+        queue_type: type[SPSCQueue[Any]] | type[SyncQueue[Any]]
+        queue_type = SPSCQueue if config.use_spsc else SyncQueue
+        self._inbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
+            config.input_queue_size, name=f"the inbox of kernel {kernel_id!r}"
+        )
+        self._outbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
+            config.output_queue_size, name=f"the outbox of kernel {kernel_id!r}"
+        )
+        self._state = _CREATED
+        self._error: BaseException | None = None
+        self._state_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._context: ThreadedKernelContext | None = None
+        self._unprocessed: list[Any] = []
+        self._taken_n = 0  # how many of ``_unprocessed`` take_undelivered handed out
+        self._started_at = 0.0
+        self._stopped_at = 0.0
+        self._recorder: PyLatencyRecorder | None = (
+            LatencyRecorder() if config.record_latency else None
+        )
+
+    # -- what it is ---------------------------------------------------------------------
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel's name."""
+        return self._kernel_id
+
+    @property
+    def config(self) -> ThreadedKernelConfig:
+        """The configuration it was built with."""
+        return self._config
+
+    @property
+    def output_type(self) -> type | None:
+        """The type ``ctx.send`` accepts (None: any)."""
+        return self._output_type
+
+    @property
+    def state(self) -> KernelState:
+        """CREATED, ACTIVE (the thread runs), TERMINATING (stop asked), TERMINATED."""
+        return self._state
+
+    @property
+    def is_running(self) -> bool:
+        """True while the actor thread runs and no stop was requested."""
+        return self._state is _ACTIVE
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The actor's exception when it raised, else None."""
+        return self._error
+
+    @property
+    def inbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
+        """The inbox queue (``add_waker(cb, when="writable")`` runs ``cb`` as room frees)."""
+        return self._inbox
+
+    @property
+    def outbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
+        """The outbox queue (``add_waker(cb)`` runs ``cb`` when a reply arrives)."""
+        return self._outbox
+
+    @property
+    def stop_signal(self) -> threading.Event:
+        """Set once a stop is requested (the actor's context waits on it); read only."""
+        return self._stop
+
+    @property
+    def latency_recorder(self) -> PyLatencyRecorder | None:
+        """Times the actor's messages when ``config.record_latency`` (else None)."""
+        return self._recorder
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The actor thread once started."""
+        return self._thread
+
+    @property
+    def pending_input(self) -> int:
+        """Messages handed over and not yet taken by the actor."""
+        return len(self._inbox)
+
+    @property
+    def is_idle(self) -> bool:
+        """True when the actor waits for a message and no message or reply is queued."""
+        ctx = self._context
+        if self._state is not _ACTIVE or ctx is None:
+            return True
+        return not ctx.handling and not len(self._inbox) and not len(self._outbox)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the actor thread (CREATED -> ACTIVE).
+
+        Raises:
+            KernelStateError: it was already started (a worker runs once).
+            KernelFailedError: the thread could not be started (the reason chained).
+        """
+        with self._state_lock:
+            if self._state is not _CREATED:
+                raise KernelStateError(
+                    self._kernel_id,
+                    self._state,
+                    "start",
+                    "a kernel runs once; create a new one to run again",
+                )
+            self._context = ThreadedKernelContext(self)
+            self._thread = threading.Thread(
+                target=self._run,
+                name=self._config.thread_name or f"pydotcompute-{self._kernel_id}",
+                daemon=self._config.daemon,
+            )
+            self._state = _ACTIVE
+            self._started_at = time.monotonic()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # no thread to be had: the actor never ran
+            self._thread = None
+            self._finish(exc)
+            raise KernelFailedError(self._kernel_id, exc) from exc
+
+    def _run(self) -> None:
+        ctx = self._context
+        assert ctx is not None
+        error: BaseException | None = None
+        try:
+            self._func(ctx)
+        except QueueClosedError as exc:
+            if not self._stop.is_set():
+                error = exc  # a closed queue that is not our stop: the actor failed
+        except BaseException as exc:  # the actor's failure is data, reported to callers
+            error = exc
+        rec = self._recorder
+        if error is not None and ctx.handling:
+            # the message it raised on was not finished: handed back first
+            ctx.handling = False
+            self._unprocessed.append(ctx.current)
+            if rec is not None:
+                rec.cancel()
+        elif rec is not None:
+            rec.idle()  # returning finishes the message it held
+        self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._state_lock:
+            self._error = error
+            self._state = _TERMINATED
+            self._stopped_at = time.monotonic()
+        self._unprocessed.extend(self._inbox.drain())
+        self._inbox.shutdown()
+        self._outbox.shutdown()
+        self._stop.set()
+        self._finished.set()
+
+    def request_stop(self) -> None:
+        """Ask the actor to finish what it was given, without waiting (see `stop`)."""
+        with self._state_lock:
+            state = self._state
+            if state is _CREATED:  # never started: nothing will run
+                self._state = _TERMINATED
+                self._stop.set()
+                self._inbox.shutdown()
+                self._outbox.shutdown()
+                self._finished.set()
+                return
+            if state is _ACTIVE:
+                self._state = _TERMINATING
+        self._stop.set()
+        self._inbox.shutdown()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop gracefully: refuse new messages, let the actor drain the inbox, join it.
+
+        Args:
+            timeout: Seconds to wait for the actor to finish. After that, whatever is still
+                queued moves to `unprocessed` and the worker waits a little longer.
+
+        Returns:
+            True when the actor thread has ended (also if it had already ended or never
+            started); False when it is stuck in user code (a daemon thread by default).
+        """
+        self.request_stop()
+        thread = self._thread
+        if thread is None:
+            return True
+        if thread is threading.current_thread():
+            return False  # called by the actor itself: it ends when it returns
+        thread.join(timeout)
+        if thread.is_alive():
+            self._unprocessed.extend(self._inbox.drain())
+            thread.join(min(max(timeout, 0.0), 0.5))
+        return not thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the actor thread to end without asking it to; True if it has."""
+        return self._finished.wait(timeout)
+
+    # -- messages in --------------------------------------------------------------------
+
+    def put(self, msg: Any, timeout: float | None = None) -> bool:
+        """Queue ``msg`` for the actor, waiting while the inbox is full.
+
+        Returns:
+            True when queued, False when the timeout expired first.
+
+        Raises:
+            KernelStateError: the actor is not running (`KernelFailedError` if it failed).
+            TypeValidationError: ``msg`` is not the ``input_type``.
+        """
+        if self._state is not _ACTIVE:
+            raise self._state_error("send to")
+        if self._input_type is not None and not isinstance(msg, self._input_type):
+            raise wrong_type(self._kernel_id, msg, self._input_type, "expects")
+        lock = self._send_lock
+        if not _acquire(lock, timeout):
+            return False
+        try:
+            return self._inbox.put(msg, timeout)
+        except QueueClosedError:
+            err = self._state_error("send to")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
+    def offer(self, msg: Any) -> bool:
+        """Queue ``msg`` if the inbox has room; False when full (errors as `put`)."""
+        return self.put(msg, 0)
+
+    def on_writable(self, callback: Callable[[], None]) -> None:
+        self._inbox.add_waker(callback, when="writable")
+
+    # -- messages out -------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next reply, waiting up to ``timeout`` seconds (None = until one arrives).
+
+        Replies already sent stay readable after the actor stopped or failed.
+
+        Returns:
+            The reply, or None when the timeout expired.
+
+        Raises:
+            KernelFailedError: the actor raised and every earlier reply has been read.
+            KernelStateError: the worker never started, or stopped and is drained.
+        """
+        if self._state is _CREATED:
+            raise self._state_error("receive from")
+        lock = self._recv_lock
+        if not _acquire(lock, timeout):
+            return None
+        try:
+            return self._outbox.get(timeout)
+        except QueueClosedError:
+            err = self._state_error("receive from")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
+    def poll_reply(self) -> Any:
+        return self.get(0)
+
+    def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        outbox = self._outbox
+        outbox.add_waker(callback)
+        return lambda: outbox.remove_waker(callback)
+
+    def drain_replies(self) -> list[Any]:
+        """Every reply readable now, oldest first, without waiting or raising."""
+        with self._recv_lock:
+            return list(self._outbox.drain())
+
+    def on_late_reply(self, callback: Callable[[], None]) -> None:
+        self._outbox.add_waker(callback)
+        callback()  # any that arrived before the waker was in place
+
+    def drain_latencies(self) -> Latencies | None:
+        """The latencies timed since the last call, as `LatencyRecorder.drain` gives them
+        (None when nothing was timed, or ``config.record_latency`` is off)."""
+        rec = self._recorder
+        return None if rec is None else rec.drain()
+
+    # -- what is left -------------------------------------------------------------------
+
+    def unprocessed(self) -> list[Any]:
+        """Messages sent but never finished by the actor (stop timeout, failure)."""
+        return list(self._unprocessed)
+
+    def take_undelivered(self) -> list[Any]:
+        """The messages the actor did not finish, oldest first; each is returned once.
+
+        Filled by a stop whose grace period ran out and by a failure (the message the
+        actor raised on first); `unprocessed` keeps reporting them. A thread cannot be
+        interrupted, so a message the actor still holds is not here: its reply (if any)
+        arrives late, on the outbox.
+        """
+        with self._state_lock:
+            if self._finished.is_set():  # a send that raced the actor's end stays queued
+                self._unprocessed.extend(self._inbox.drain())
+            out = self._unprocessed[self._taken_n :]
+            self._taken_n = len(self._unprocessed)
+        return out
+
+    # -- reports ------------------------------------------------------------------------
+
+    def _state_error(self, operation: str) -> KernelStateError:
+        if self._error is not None:
+            err = KernelFailedError(self._kernel_id, self._error)
+            err.__cause__ = self._error
+            return err
+        hint = _STATE_HINTS.get(self._state, "")
+        return KernelStateError(self._kernel_id, self._state, operation, hint)
+
+    def statistics(self) -> dict[str, Any]:
+        """State, failure and queue counters in one dictionary."""
+        end = self._stopped_at or time.monotonic()
+        return {
+            "kernel_id": self._kernel_id,
+            "state": self._state.value,
+            "failed": self._error is not None,
+            "error": repr(self._error) if self._error is not None else None,
+            "uptime_seconds": end - self._started_at if self._started_at else 0.0,
+            "unprocessed": len(self._unprocessed),
+            "inbox": self._inbox.get_stats(),
+            "outbox": self._outbox.get_stats(),
+        }
+
+    def __repr__(self) -> str:
+        note = f" failed: {self._error!r}" if self._error is not None else ""
+        return f"<{type(self).__name__} {self._kernel_id!r} {self._state.name}{note}>"
