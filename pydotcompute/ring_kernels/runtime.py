@@ -495,11 +495,11 @@ class RingKernelRuntime:
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
-        # arrivals: the inbox's own counters, nothing per message (a tier whose inbox keeps
-        # none, Ray's, reports them through refresh_telemetry)
-        statistics = getattr(inbox, "statistics", None)
-        if statistics is not None:
-            tel.messages_received = statistics().total_enqueued
+        # arrivals: counted by the kernel's queues, nothing per message (a tier that counts
+        # them elsewhere, Ray's, reports them through refresh_telemetry)
+        received = getattr(kernel, "messages_received", None)
+        if received is not None:
+            tel.messages_received = received()
         return tel
 
     def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:

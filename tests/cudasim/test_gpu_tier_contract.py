@@ -113,12 +113,7 @@ SKIPS: dict[str, str] = {
 
 
 #: Scenarios the GPU tier does not pass yet, and why (strict: a pass is reported).
-GAPS: dict[str, str] = {
-    "scenario_every_message_is_timed": (
-        "messages_received is read from the staging queue's counter, and a message "
-        "published straight into the ring never passes through it"
-    ),
-}
+GAPS: dict[str, str] = {}
 
 
 def _scenarios() -> Iterator[Any]:

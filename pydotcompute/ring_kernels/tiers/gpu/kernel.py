@@ -152,6 +152,7 @@ class GPURingKernel(RingKernel):
         "_last_health",
         "_lat_seen",
         "_live",
+        "_published_direct",
         "_pump_stop",
         "_pump_task",
         "_recv_waiters",
@@ -203,6 +204,7 @@ class GPURingKernel(RingKernel):
             enable_telemetry=enable_telemetry,
         )
         self._direct = False  # the runtime must go through accept / receive
+        self._published_direct = 0  # messages that went straight into the ring, not staged
         self.options = opts
         self.in_dtype = in_dt
         self.out_dtype = out_dt
@@ -305,6 +307,10 @@ class GPURingKernel(RingKernel):
             tel.total_latency_ns = r.word(L.TOTAL_LATENCY)
             tel.max_latency_ns = r.word(L.MAX_LATENCY)
             tel.min_latency_ns = r.word(L.MIN_LATENCY)
+
+    def messages_received(self) -> int:
+        """Messages staged plus those published straight into the ring."""
+        return super().messages_received() + self._published_direct
 
     def _count_device_drops(self) -> None:
         """Count the replies the device discarded since the host last looked."""
@@ -827,6 +833,7 @@ class GPURingKernel(RingKernel):
         inbox, r = self._sendable()
         if not len(inbox) and self._room(r) > 0:
             r.publish(self.input_type.to_records((msg,)))  # type: ignore[union-attr]
+            self._published_direct += 1
         else:
             try:
                 await inbox.put(msg, timeout=timeout)
@@ -839,6 +846,7 @@ class GPURingKernel(RingKernel):
         inbox, r = self._sendable()
         if not len(inbox) and self._room(r) > 0:
             r.publish(self.input_type.to_records((msg,)))  # type: ignore[union-attr]
+            self._published_direct += 1
         else:
             inbox.put_nowait(msg)
         self._kick()
@@ -855,6 +863,7 @@ class GPURingKernel(RingKernel):
         k = min(len(msgs), r.room()) if not len(inbox) else 0
         if k:
             r.publish(self.input_type.to_records(msgs[:k]))  # type: ignore[union-attr]
+            self._published_direct += k
         for m in msgs[k:]:
             try:
                 await inbox.put(m, timeout=timeout)
@@ -894,6 +903,7 @@ class GPURingKernel(RingKernel):
                 k = min(room, len(records) - sent)
                 r.publish(records[sent : sent + k])
                 sent += k
+                self._published_direct += k
                 self._kick()
                 continue
             if deadline is not None and loop.time() >= deadline:
