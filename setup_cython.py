@@ -7,7 +7,7 @@ to build it without making the build mandatory:
 - ``pip install -e .`` (through ``setup.py``) compiles the extension when Cython and a C
   compiler are present. When either is missing, or compiling fails, it prints a warning
   and the package installs anyway; at import time
-  ``pydotcompute.ring_kernels._cython`` then selects the pure-Python twin.
+  ``pydotcompute.ring_kernels._native`` then selects the pure-Python twin.
 - ``python setup_cython.py build_ext --inplace`` builds the extension next to its source
   (for a development checkout).
 
@@ -28,20 +28,20 @@ from setuptools.command.build_ext import build_ext
 #: the tier-1 queues' core
 EXTENSIONS: tuple[tuple[str, str], ...] = (
     (
-        "pydotcompute.ring_kernels._cython.fast_spsc",
-        "pydotcompute/ring_kernels/_cython/fast_spsc.pyx",
+        "pydotcompute.ring_kernels._native.fast_spsc",
+        "pydotcompute/ring_kernels/_native/fast_spsc.pyx",
     ),
     (
-        "pydotcompute.ring_kernels._cython.fast_message",
-        "pydotcompute/ring_kernels/_cython/fast_message.pyx",
+        "pydotcompute.ring_kernels._native.fast_message",
+        "pydotcompute/ring_kernels/_native/fast_message.pyx",
     ),
     (
-        "pydotcompute.ring_kernels._cython.fast_telemetry",
-        "pydotcompute/ring_kernels/_cython/fast_telemetry.pyx",
+        "pydotcompute.ring_kernels._native.fast_telemetry",
+        "pydotcompute/ring_kernels/_native/fast_telemetry.pyx",
     ),
     (
-        "pydotcompute.ring_kernels._cython.fast_queue_core",
-        "pydotcompute/ring_kernels/_cython/fast_queue_core.pyx",
+        "pydotcompute.ring_kernels._native.fast_queue_core",
+        "pydotcompute/ring_kernels/_native/fast_queue_core.pyx",
     ),
 )
 

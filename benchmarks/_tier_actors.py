@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from pydotcompute import message
-from pydotcompute.ring_kernels._cython import SharedByteRing
+from pydotcompute.ring_kernels._native import SharedByteRing
 from pydotcompute.ring_kernels.message import message_decoder
 
 

@@ -51,7 +51,8 @@ from _tier_actors import (
     raw_ring_echo,
 )
 
-from pydotcompute.ring_kernels import _cython, _spsc_py
+from pydotcompute.ring_kernels import _native as _cython
+from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
 from pydotcompute.ring_kernels.cython_kernel import CythonKernelConfig, CythonRingKernel
 from pydotcompute.ring_kernels.message import message_decoder
 from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue

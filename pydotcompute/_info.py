@@ -84,7 +84,7 @@ def _collect_config() -> dict[str, Any]:
             "extra": extra,
         }
     try:
-        from .ring_kernels._cython import is_cython_available
+        from .ring_kernels._native import is_cython_available
 
         cython_ext: bool | None = is_cython_available()
     except ImportError:

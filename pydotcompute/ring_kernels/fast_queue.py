@@ -22,8 +22,8 @@ Design notes:
   ``asyncio.Queue``, the loop of the first wait is kept: on Python 3.11 looking up the
   running loop costs as much as making the waiter future, twice per round trip.
 - The calls every message makes (``_append``, ``_pop``, ``_park_getter``) and the state they
-  touch are the queue's core, compiled (``_cython/fast_queue_core.pyx``) or its Python twin
-  (``_queue_core_py``); this class adds everything else. Compiled, an append plus a pop
+  touch are the queue's core, compiled (``_native/fast_queue_core.pyx``) or its Python twin
+  (``_native.queue_core_py``); this class adds everything else. Compiled, an append plus a pop
   costs about half as much.
 - Hot-path shape (the runtime and ``KernelContext`` call ``_offer``/``_pop`` directly):
   "open, with room" is one comparison, ``_count < _limit`` (``_limit`` is the capacity,
@@ -59,11 +59,11 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from . import _queue_core_py
-from ._cython import queue_extension
-from ._queue_core_py import BAND_OF as _BAND_OF
-from ._queue_core_py import NO_BANDS as _NO_BANDS
-from ._queue_core_py import wake_one as _wake_one
+from ._native import queue_core_py as _queue_core_py
+from ._native import queue_extension
+from ._native.queue_core_py import BAND_OF as _BAND_OF
+from ._native.queue_core_py import NO_BANDS as _NO_BANDS
+from ._native.queue_core_py import wake_one as _wake_one
 from .message import frame_priority, get_buffer_registry, release_frame
 
 _buffers = get_buffer_registry()

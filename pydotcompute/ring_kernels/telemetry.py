@@ -7,7 +7,7 @@ Design notes:
   12.5% of the true value.
   Its bucket list is allocated on the first record so an idle actor stays small.
 - Tier-1 actors time each message with a `LatencyRecorder`: the compiled one
-  (``_cython/fast_telemetry.pyx``) reads the clock and bins the latency in C, one call per
+  (``_native/fast_telemetry.pyx``) reads the clock and bins the latency in C, one call per
   message; its Python twin `PyLatencyRecorder` buffers latencies and bins them with NumPy
   every ``FOLD_AT``. Either is drained into the record (`_fold`) before anything reads a
   latency statistic, so the statistics stay exact: total, min, max and the histogram are
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cython import telemetry_extension
+from ._native import telemetry_extension
 
 __all__ = (
     "GPUInfo",

@@ -341,7 +341,7 @@ def check_wheels(folder: Path) -> list[str]:
 
 
 def extensions_built() -> list[str]:
-    folder = ROOT / "pydotcompute" / "ring_kernels" / "_cython"
+    folder = ROOT / "pydotcompute" / "ring_kernels" / "_native"
     return sorted(p.name.split(".")[0] for p in folder.glob("*.so"))
 
 
@@ -773,9 +773,9 @@ def step_smoke(figures: dict[str, Any], opts: argparse.Namespace) -> int:
         except Exception as exc:
             figures["nvidia_smi"] = f"unavailable: {type(exc).__name__}"
     try:
-        from pydotcompute.ring_kernels import _cython
+        from pydotcompute.ring_kernels import _native
 
-        figures["cython_extensions"] = _cython.extension_import_error() or "loaded"
+        figures["cython_extensions"] = _native.extension_import_error() or "loaded"
     except Exception as exc:
         raise StepFailed(f"pydotcompute does not import ({type(exc).__name__}: {exc})") from exc
     flush_result()

@@ -34,7 +34,8 @@ from pydotcompute.exceptions import (
     RingCorruptedError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels import _cython, _spsc_py
+from pydotcompute.ring_kernels import _native as _cython
+from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
 from pydotcompute.ring_kernels.cython_kernel import (
     CythonKernelConfig,
     CythonKernelState,

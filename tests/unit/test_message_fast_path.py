@@ -16,7 +16,7 @@ import pytest
 
 from pydotcompute import message
 from pydotcompute.exceptions import MessageSerializationError
-from pydotcompute.ring_kernels._cython import message_extension
+from pydotcompute.ring_kernels._native import message_extension
 from pydotcompute.ring_kernels.message import RingKernelMessage, deserialize_message
 from pydotcompute.ring_kernels.message.ids import ID_SOURCE, next_id_bytes
 

@@ -2,7 +2,7 @@
 
 Both implementations are tested in every run (the extension when it is built); the suite
 also runs once more with ``PYDOTCOMPUTE_PUREPYTHON=1``, which changes what
-``pydotcompute.ring_kernels._cython`` exports.
+``pydotcompute.ring_kernels._native`` exports.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from pydotcompute.exceptions import (
     QueueError,
     RingCorruptedError,
 )
-from pydotcompute.ring_kernels import _cython, _spsc_py
+from pydotcompute.ring_kernels import _native as _cython
+from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
 
 
 def _extension() -> Any:
     try:
-        return importlib.import_module("pydotcompute.ring_kernels._cython.fast_spsc")
+        return importlib.import_module("pydotcompute.ring_kernels._native.fast_spsc")
     except ImportError:
         return None
 
@@ -88,7 +89,7 @@ def test_selection_follows_the_environment() -> None:
 
 def test_purepython_env_forces_the_twin() -> None:
     code = (
-        "import pydotcompute.ring_kernels._cython as c;"
+        "import pydotcompute.ring_kernels._native as c;"
         "print(c.CYTHON_AVAILABLE, c.IMPLEMENTATION, c.SharedByteRing.implementation)"
     )
     env = {**os.environ, "PYDOTCOMPUTE_PUREPYTHON": "1"}
@@ -644,7 +645,7 @@ def test_segment_created_in_a_process_is_removed_by_its_tracker_on_crash(tmp_pat
     script = tmp_path / "crash.py"
     script.write_text(
         "import os, sys\n"
-        "from pydotcompute.ring_kernels._cython import SharedByteRing\n"
+        "from pydotcompute.ring_kernels._native import SharedByteRing\n"
         "r = SharedByteRing(4096)\n"
         "print(r.name, flush=True)\n"
         "os.kill(os.getpid(), 9)\n"

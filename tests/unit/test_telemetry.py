@@ -15,7 +15,7 @@ from foundation_helpers import Req, doubler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydotcompute.ring_kernels._cython import telemetry_extension
+from pydotcompute.ring_kernels._native import telemetry_extension
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
 from pydotcompute.ring_kernels.telemetry import (
     _FOLD_AT,

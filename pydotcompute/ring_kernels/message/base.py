@@ -34,7 +34,7 @@ import msgspec
 import numpy as np
 
 from ...exceptions import MessageDeserializationError
-from .._cython import message_extension
+from .._native import message_extension
 from . import layout
 from .codec import (
     DIRECT_ENCODERS,

@@ -38,7 +38,7 @@ from ...exceptions import (
     MessageSerializationError,
     TypeValidationError,
 )
-from .._cython import message_extension
+from .._native import message_extension
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
 
 __all__ = (

@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Callable
 
-from .._cython import message_extension
+from .._native import message_extension
 
 __all__ = ("ID_SOURCE", "IdSource", "new_message_id", "next_id_bytes", "uuid_from_bytes")
 

@@ -29,9 +29,9 @@ from ....exceptions import (
     MessageDeserializationError,
     QueueClosedError,
 )
-from ... import _cython
-from ..._cython import SharedByteRing
-from ..._spsc_py import SharedSegment
+from ... import _native
+from ..._native import SharedByteRing
+from ..._native.spsc_py import SharedSegment
 from ...message import RingKernelMessage, message_decoder, stamp_reply
 from ...telemetry import LatencyRecorder, SharedLatencyBlock
 from .framing import (
@@ -180,7 +180,7 @@ class ProcessKernelContext:
     @property
     def using_cython(self) -> bool:
         """True when the compiled ring is in use in this process."""
-        return _cython.is_cython_available()
+        return _native.is_cython_available()
 
     def _closed(self) -> QueueClosedError:
         if self._gone:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
-from ... import _cython
+from ... import _native
 from ...states import KernelState
 from .child import ProcessKernelContext
 from .config import ProcessKernelConfig
@@ -43,7 +43,7 @@ def is_process_kernel_compiled() -> bool:
     The process tier also works on the pure-Python twin (slower); this says whether the
     fast path is there (public name: ``is_cython_kernel_available``).
     """
-    return _cython.is_cython_available()
+    return _native.is_cython_available()
 
 
 class _StateNames(type):

@@ -84,9 +84,9 @@ from ....exceptions import (
     RingCorruptedError,
     TypeValidationError,
 )
-from ... import _cython
-from ..._cython import FastLock, SharedByteRing
-from ..._spsc_py import SharedSegment
+from ... import _native
+from ..._native import FastLock, SharedByteRing
+from ..._native.spsc_py import SharedSegment
 from ...message import message_decoder
 from ...states import KernelState
 from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
@@ -351,7 +351,7 @@ class ProcessWorker(TierWorker):
     @property
     def using_cython(self) -> bool:
         """True when the compiled ring is in use (else the pure-Python twin)."""
-        return _cython.is_cython_available()
+        return _native.is_cython_available()
 
     @property
     def pid(self) -> int | None:
@@ -1180,7 +1180,7 @@ class ProcessWorker(TierWorker):
             "error": repr(self._error) if self._error is not None else None,
             "pid": self.pid,
             "exit_code": self._exit_code,
-            "implementation": _cython.IMPLEMENTATION,
+            "implementation": _native.IMPLEMENTATION,
             "uptime_seconds": self._uptime(),
             "unprocessed": len(self._unprocessed),
             "pending_replies": len(self._pending_out),
@@ -1204,5 +1204,5 @@ class ProcessWorker(TierWorker):
         failure = f" failed: {self._error!r}" if self._error is not None else ""
         return (
             f"<{type(self).__name__} {self._kernel_id!r} {self._state.name} pid={self.pid} "
-            f"({_cython.IMPLEMENTATION}){failure}>"
+            f"({_native.IMPLEMENTATION}){failure}>"
         )

@@ -2,7 +2,7 @@
 # cython: initializedcheck=False, always_allow_keywords=False
 """Compiled SPSC rings: ``FastSPSCQueue`` (in-process objects) and ``SharedByteRing``.
 
-The pure-Python twin ``pydotcompute/ring_kernels/_spsc_py.py`` documents the shared-ring
+The pure-Python twin ``pydotcompute/ring_kernels/_native/spsc_py.py`` documents the shared-ring
 layout, the commit protocol and the parking (Dekker) argument; this file implements exactly
 the same bytes and semantics. Here the ordering is explicit: the producer fills the record,
 then publishes ``tail`` with a C11 release store; the consumer loads ``tail`` with an
@@ -39,7 +39,7 @@ from threading import TIMEOUT_MAX as _TIMEOUT_MAX
 from time import monotonic as _monotonic
 
 from pydotcompute.exceptions import InvalidConfigurationError, QueueClosedError
-from pydotcompute.ring_kernels import _spsc_py as _twin
+from pydotcompute.ring_kernels._native import spsc_py as _twin
 
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(

@@ -1,5 +1,5 @@
 """The hot core of `FastMessageQueue` in pure Python: the twin of the compiled
-``_cython/fast_queue_core.pyx``, used when that extension is not built or
+``_native/fast_queue_core.pyx``, used when that extension is not built or
 ``PYDOTCOMPUTE_PUREPYTHON=1`` is set.
 
 Design notes:

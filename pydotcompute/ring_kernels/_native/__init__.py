@@ -1,7 +1,7 @@
 """The compiled extensions, when built: the SPSC rings (``fast_spsc``, else its pure-Python
 twin), the messages' fast paths (``fast_message``, else Python code in the message package),
 the actors' latency recorder (``fast_telemetry``, else `telemetry.PyLatencyRecorder`) and the
-tier-1 queues' hot core (``fast_queue_core``, else ``_queue_core_py.QueueCore``).
+tier-1 queues' hot core (``fast_queue_core``, else ``_native.queue_core_py.QueueCore``).
 
 Both implementations expose the same names (`FastLock`, `FastSPSCQueue`,
 `SharedByteRing`, `SharedSegment`) with the same semantics and the same
@@ -35,16 +35,16 @@ _import_error: str | None = None
 CYTHON_AVAILABLE: bool
 
 if TYPE_CHECKING:  # both implementations have the twin's signatures
-    from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
+    from .spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 elif _FORCED_PURE:
-    from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
+    from .spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 
     _import_error = "disabled by PYDOTCOMPUTE_PUREPYTHON"
 else:
     try:
         from .fast_spsc import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
     except ImportError as exc:  # not built (no compiler at install time)
-        from .._spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
+        from .spsc_py import FastLock, FastSPSCQueue, SharedByteRing, SharedSegment
 
         _import_error = f"{exc} (build it with: python setup_cython.py build_ext --inplace)"
 

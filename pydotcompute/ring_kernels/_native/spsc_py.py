@@ -1,6 +1,6 @@
 """Pure-Python twin of the ``fast_spsc`` extension: same names, same semantics, same bytes.
 
-``pydotcompute.ring_kernels._cython`` imports the compiled extension when it is built and
+``pydotcompute.ring_kernels._native`` imports the compiled extension when it is built and
 this module otherwise (or when ``PYDOTCOMPUTE_PUREPYTHON=1``). Both define:
 
 - `FastSPSCQueue`: a bounded in-process object ring for one producer and one
@@ -65,7 +65,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from ..exceptions import (
+from ...exceptions import (
     InvalidConfigurationError,
     QueueClosedError,
     RingCorruptedError,

@@ -2,7 +2,7 @@
 """The compiled hot core of `FastMessageQueue`: what every tier-1 message touches.
 
 Design notes:
-- Same attributes, methods and results as ``_queue_core_py.QueueCore``, used when this
+- Same attributes, methods and results as ``_native.queue_core_py.QueueCore``, used when this
   extension is not built. `FastMessageQueue` subclasses whichever core is in use and
   supplies the hooks (``_band_of``, ``_not_a_message``, ``_closed_error``) that only
   unusual items and closed queues reach; they are called as Python methods.
