@@ -17,7 +17,6 @@ Design notes:
 from __future__ import annotations
 
 import enum
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from ..exceptions import (
     TypeValidationError,
 )
 from .message import stamp_reply  # correlates a reply to the request being handled
+from .tiers.contract import check_actor_kind
 
 __all__ = (
     "KernelBase",
@@ -101,11 +101,7 @@ def check_actor(kernel_id: str, kernel_func: object, runs: str, advice: str = ""
             f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
             f"got {type(kernel_func).__name__}"
         )
-    if inspect.iscoroutinefunction(kernel_func) or inspect.isasyncgenfunction(kernel_func):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r}: {runs}, but "
-            f"{getattr(kernel_func, '__qualname__', kernel_func)!r} is async{advice}"
-        )
+    check_actor_kind(kernel_id, "", kernel_func, "sync", runs=runs, advice=advice)
 
 
 def check_type(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
