@@ -1212,3 +1212,61 @@ async def scenario_restarts_account_for_every_message(case: TierCase) -> None:
         assert _seqs(left) == []
         assert tel.messages_dropped == 10, tel.messages_dropped
         assert (tel.restarts, tel.error_count) == (10, 10)
+
+
+# --- handing back: one close-out for every ending ---------------------------------------------
+
+
+async def _undelivered_figures(rt: Any, kid: str) -> tuple[int, int]:
+    """``(messages handed back, drops counted as undelivered)`` of kernel ``kid``."""
+    refresh = getattr(rt, "refresh_telemetry", None)
+    tel = (await refresh(kid)) if refresh is not None else rt.get_telemetry(kid)
+    return len(rt.get_kernel(kid).undelivered), tel.drop_reasons().get("undelivered", 0)
+
+
+async def scenario_handed_back_counted_as_undelivered(case: TierCase) -> None:
+    """Whatever ends a kernel (its actor fails, its actor returns, terminate), each message
+    it hands back is counted once as a drop of reason ``undelivered``, the reason the
+    metrics report for messages left at terminate or failure."""
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        # the actor raises on the first message, holding some, with more queued behind
+        await _launch(rt, case, "failed", activate=False, queue_size=64)
+        await rt.send("failed", Job(seq=0, payload="boom"))
+        for i in range(1, 20):
+            await rt.send("failed", Job(seq=i))
+        await rt.activate("failed")
+        deadline = time.monotonic() + BOUND_S
+        while rt.get_kernel_state("failed") is not KernelState.FAILED:
+            assert time.monotonic() < deadline, "the kernel did not fail"
+            await asyncio.sleep(0.02)
+        await rt.terminate("failed")
+        handed, counted = await _undelivered_figures(rt, "failed")
+        assert handed > 0
+        assert counted == handed, (counted, handed)
+
+        # the actor returns by itself while messages wait for it
+        await rt.launch(
+            "returned",
+            _returning_actor(case),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(queue_size=64),
+        )
+        await rt.activate("returned")
+        await rt.send("returned", Job(seq=0, payload="return:0.2"))
+        for i in range(1, 10):
+            await rt.send("returned", Job(seq=i))
+        while rt.get_kernel_state("returned") is not KernelState.TERMINATED:
+            assert time.monotonic() < deadline, "the kernel did not end"
+            await asyncio.sleep(0.02)
+        handed, counted = await _undelivered_figures(rt, "returned")
+        assert handed == 9, handed
+        assert counted == handed, (counted, handed)
+
+        # terminate of a kernel that never ran
+        await _launch(rt, case, "idle", activate=False, queue_size=64)
+        for i in range(5):
+            await rt.send("idle", Job(seq=i))
+        assert _seqs(await rt.terminate("idle")) == list(range(5))
+        assert await _undelivered_figures(rt, "idle") == (5, 5)

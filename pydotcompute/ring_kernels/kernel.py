@@ -61,7 +61,7 @@ import copy
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from ..decorators.validators import (
     check_message,
@@ -201,21 +201,26 @@ class RingKernel:
         "telemetry",
     )
 
-    #: The kernel-to-kernel protocol, public name first, with the older private name a
-    #: subclass may still override: `__init_subclass__` keeps each pair one method.
-    _PROTOCOL_ALIASES: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("accept", "_accept"),
-        ("accept_nowait", "_accept_nowait"),
-    )
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Keep the kernel-to-kernel protocol one method under two names: a subclass that
+        overrides `accept`/`accept_nowait` is also reached through the older private
+        names (``_accept``/``_accept_nowait``), and one written against those is reached
+        through the public protocol."""
         super().__init_subclass__(**kwargs)
         own = cls.__dict__
-        for public, old in cls._PROTOCOL_ALIASES:
-            if old in own and public not in own:
-                setattr(cls, public, own[old])
-            elif public in own and old not in own:
-                setattr(cls, old, own[public])
+        if "_accept" in own and "accept" not in own:
+            older = own["_accept"]
+
+            async def accept(self: Any, msg: Any, timeout: float | None = None) -> None:
+                await older(self, msg, timeout)
+
+            setattr(cls, "accept", accept)  # noqa: B010 (mypy refuses assigning a method)
+        elif "accept" in own and "_accept" not in own:
+            setattr(cls, "_accept", own["accept"])  # noqa: B010
+        if "_accept_nowait" in own and "accept_nowait" not in own:
+            setattr(cls, "accept_nowait", own["_accept_nowait"])  # noqa: B010
+        elif "accept_nowait" in own and "_accept_nowait" not in own:
+            setattr(cls, "_accept_nowait", own["accept_nowait"])  # noqa: B010
 
     def __init__(
         self,
