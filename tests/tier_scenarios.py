@@ -1270,3 +1270,20 @@ async def scenario_handed_back_counted_as_undelivered(case: TierCase) -> None:
             await rt.send("idle", Job(seq=i))
         assert _seqs(await rt.terminate("idle")) == list(range(5))
         assert await _undelivered_figures(rt, "idle") == (5, 5)
+
+
+async def scenario_reply_nobody_waits_for_counted_as_lost(case: TierCase) -> None:
+    """A reply whose ``send_and_receive`` caller gave up is counted once, with reason
+    ``reply_lost``, on every tier."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case)
+        with pytest.raises(QueueTimeoutError):
+            await rt.send_and_receive("k", Job(seq=0, payload="sleep:0.3"), timeout=0.05)
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=BOUND_S)).seq == 1
+        deadline = time.monotonic() + BOUND_S
+        while await _dropped(rt, "k") < 1:
+            assert time.monotonic() < deadline, "the late reply was never counted"
+            await asyncio.sleep(0.02)
+        refresh = getattr(rt, "refresh_telemetry", None)
+        tel = (await refresh("k")) if refresh is not None else rt.get_telemetry("k")
+        assert tel.drop_reasons() == {"reply_lost": 1}, tel.drop_reasons()

@@ -280,8 +280,7 @@ class KernelContext:
     def _count_lost_reply(self) -> None:
         """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
         downstream refused it, or its send was cancelled): counted as dropped."""
-        self._outbox.count_dropped(1)
-        self._kernel.telemetry.record_drop(reason="reply_lost")
+        self._kernel.count_lost_reply()
 
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""

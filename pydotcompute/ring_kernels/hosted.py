@@ -219,7 +219,7 @@ class HostedKernel(RingKernel):
                 return
             except MessageDeserializationError as exc:  # serialize=True: one bad frame
                 self.telemetry.record_error(exc)
-                self._count_dropped(1)
+                self._count_dropped(1, "undecodable")
                 logger.warning(
                     "kernel %r: dropped a message that does not decode: %s", self.kernel_id, exc
                 )
@@ -336,7 +336,7 @@ class HostedKernel(RingKernel):
         self.telemetry.record_error(exc)
         if self._timed:
             self.telemetry.messages_processed -= 1
-        self._count_dropped(1)
+        self._count_dropped(1, "undecodable")
         fut = self._waiters.pop(exc.correlation_id, None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
@@ -347,7 +347,7 @@ class HostedKernel(RingKernel):
         recorded, its caller (when the reply says which request it answers) told; logged
         the first time only, the later ones are counted (`telemetry().error_count`)."""
         self.telemetry.record_error(exc)
-        self._count_dropped(1)
+        self._count_dropped(1, "undecodable")
         fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
@@ -360,10 +360,10 @@ class HostedKernel(RingKernel):
                 exc,
             )
 
-    def _count_dropped(self, n: int) -> None:
+    def _count_dropped(self, n: int, reason: str | None = None) -> None:
         if self._outbox is not None:
             self._outbox.count_dropped(n)
-        self.telemetry.record_drop(n)
+        self.telemetry.record_drop(n, reason)
 
     async def _deliver(self, reply: Any, *, final: bool) -> None:
         """Hand a reply to its caller, the connected kernel or the outbox.
@@ -380,7 +380,7 @@ class HostedKernel(RingKernel):
                 if not fut.done():
                     fut.set_result(reply)
                 else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_dropped(1)
+                    self.count_lost_reply()
                 return
         target = self._forward
         if target is not None:
@@ -391,7 +391,7 @@ class HostedKernel(RingKernel):
                     await target.accept(reply, None)
             except (QueueFullError, KernelStateError) as exc:
                 # a full reject-policy kernel (or one that is stopping) downstream
-                self._count_dropped(1)
+                self.count_lost_reply()
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,

@@ -544,6 +544,14 @@ class RingKernel:
         if log is not None:
             logger.warning(log, self.kernel_id, n)
 
+    def count_lost_reply(self) -> None:
+        """A reply that got nowhere (its caller gave up, or the kernel it was forwarded to
+        refused it): counted as dropped, reason ``reply_lost``, on the outbox and in
+        telemetry. Every tier counts such replies through it."""
+        if self._outbox is not None:
+            self._outbox.count_dropped(1)
+        self.telemetry.record_drop(reason="reply_lost")
+
     def close_replies(self, error: BaseException) -> None:
         """Close the reply side: readers drain what is there, then get ``error``. A tier
         with its own reply channel overrides it."""

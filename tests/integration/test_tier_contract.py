@@ -170,3 +170,7 @@ async def test_restarts_account_for_every_message(case: sc.TierCase) -> None:
 
 async def test_handed_back_counted_as_undelivered(case: sc.TierCase) -> None:
     await sc.scenario_handed_back_counted_as_undelivered(case)
+
+
+async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None:
+    await sc.scenario_reply_nobody_waits_for_counted_as_lost(case)
