@@ -174,3 +174,7 @@ async def test_handed_back_counted_as_undelivered(case: sc.TierCase) -> None:
 
 async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None:
     await sc.scenario_reply_nobody_waits_for_counted_as_lost(case)
+
+
+async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> None:
+    await sc.scenario_returned_actor_hands_back_as_undelivered(case)
