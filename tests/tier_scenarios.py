@@ -1212,3 +1212,89 @@ async def scenario_restarts_account_for_every_message(case: TierCase) -> None:
         assert _seqs(left) == []
         assert tel.messages_dropped == 10, tel.messages_dropped
         assert (tel.restarts, tel.error_count) == (10, 10)
+
+
+# --- handing back: one close-out for every ending ---------------------------------------------
+
+
+async def _undelivered_figures(rt: Any, kid: str) -> tuple[int, int]:
+    """``(messages handed back, drops counted as undelivered)`` of kernel ``kid``."""
+    refresh = getattr(rt, "refresh_telemetry", None)
+    tel = (await refresh(kid)) if refresh is not None else rt.get_telemetry(kid)
+    return len(rt.get_kernel(kid).undelivered), tel.drop_reasons().get("undelivered", 0)
+
+
+#: Tiers whose actor cannot end by itself (a device handler runs until terminated).
+NEVER_RETURNS = frozenset({"gpu"})
+
+
+async def scenario_handed_back_counted_as_undelivered(case: TierCase) -> None:
+    """Whether its actor fails or it is terminated, each message a kernel hands back is
+    counted once as a drop of reason ``undelivered``, the reason the metrics report for
+    messages left at terminate or failure."""
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        # the actor raises on the first message, holding some, with more queued behind
+        await _launch(rt, case, "failed", activate=False, queue_size=64)
+        await rt.send("failed", Job(seq=0, payload="boom"))
+        for i in range(1, 20):
+            await rt.send("failed", Job(seq=i))
+        await rt.activate("failed")
+        deadline = time.monotonic() + BOUND_S
+        while rt.get_kernel_state("failed") is not KernelState.FAILED:
+            assert time.monotonic() < deadline, "the kernel did not fail"
+            await asyncio.sleep(0.02)
+        await rt.terminate("failed")
+        handed, counted = await _undelivered_figures(rt, "failed")
+        assert handed > 0
+        assert counted == handed, (counted, handed)
+
+        # terminate of a kernel that never ran
+        await _launch(rt, case, "idle", activate=False, queue_size=64)
+        for i in range(5):
+            await rt.send("idle", Job(seq=i))
+        assert _seqs(await rt.terminate("idle")) == list(range(5))
+        assert await _undelivered_figures(rt, "idle") == (5, 5)
+
+
+async def scenario_returned_actor_hands_back_as_undelivered(case: TierCase) -> None:
+    """An actor that returns by itself while messages wait for it: each is handed back
+    and counted once as a drop of reason ``undelivered``."""
+    if case.name in NEVER_RETURNS:
+        return
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch(
+            "returned",
+            _returning_actor(case),
+            input_type=Job,
+            output_type=Done,
+            tier=case.name,
+            **case.opts(queue_size=64),
+        )
+        await rt.activate("returned")
+        await rt.send("returned", Job(seq=0, payload="return:0.2"))
+        for i in range(1, 10):
+            await rt.send("returned", Job(seq=i))
+        deadline = time.monotonic() + BOUND_S
+        while rt.get_kernel_state("returned") is not KernelState.TERMINATED:
+            assert time.monotonic() < deadline, "the kernel did not end"
+            await asyncio.sleep(0.02)
+        handed, counted = await _undelivered_figures(rt, "returned")
+        assert handed == 9, handed
+        assert counted == handed, (counted, handed)
+
+
+async def scenario_reply_nobody_waits_for_counted_as_lost(case: TierCase) -> None:
+    """A reply whose ``send_and_receive`` caller gave up is counted once, with reason
+    ``reply_lost``, on every tier."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case)
+        with pytest.raises(QueueTimeoutError):
+            await rt.send_and_receive("k", Job(seq=0, payload="sleep:0.3"), timeout=0.05)
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=BOUND_S)).seq == 1
+        deadline = time.monotonic() + BOUND_S
+        while await _dropped(rt, "k") < 1:
+            assert time.monotonic() < deadline, "the late reply was never counted"
+            await asyncio.sleep(0.02)
+        refresh = getattr(rt, "refresh_telemetry", None)
+        tel = (await refresh("k")) if refresh is not None else rt.get_telemetry("k")
+        assert tel.drop_reasons() == {"reply_lost": 1}, tel.drop_reasons()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from ..exceptions import InvalidConfigurationError
 from ..ring_kernels.registry import register_ring_kernel
+from ..ring_kernels.tiers.contract import actor_kind
 from .validators import (
     check_block_size,
     check_grid_size,
@@ -171,7 +171,7 @@ def ring_kernel(
                 f"ring kernel {kid!r}: backend must be one of {BACKENDS}, got {backend!r}"
             )
         chosen_tier = tier or ("gpu" if backend == "cuda" else "asyncio")
-        if chosen_tier == "asyncio" and not inspect.iscoroutinefunction(fn):
+        if chosen_tier == "asyncio" and actor_kind(fn) != "async":
             raise InvalidConfigurationError(
                 f"ring kernel {kid!r} must be an 'async def' function taking a KernelContext "
                 f"on the asyncio tier, got {fn!r}"

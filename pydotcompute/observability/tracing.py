@@ -168,8 +168,8 @@ def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> t
     class TracedContext(base):  # type: ignore[valid-type,misc]
         __slots__ = ("_span",)
 
-        def __init__(self, kernel: RingKernel) -> None:
-            super().__init__(kernel)
+        def __init__(self, kernel: RingKernel, *args: Any) -> None:
+            super().__init__(kernel, *args)
             self._span: Any = no_span
 
         def _end(self) -> None:

@@ -1,7 +1,11 @@
 """`KernelContext`: what a tier-1 actor function receives (its inbox, outbox and flags).
 
-The context is the kernel's friend: it holds the kernel's queues directly so that
-``ctx.receive``/``ctx.send`` cost one call each on the hot path.
+The context holds what ``ctx.receive``/``ctx.send`` read on every message in its own
+slots, so that each costs one call on the hot path and reads no attribute of the kernel:
+the queues, the reply waiters and the runtime's lookup are bound at construction; the
+deactivation gate, the forward target and the stopping flag are pushed to it by the
+kernel when they change (`KernelContext.kernel_changed`). The kernel reads back the
+message in hand through `take_unfinished`, `message_done` and `forget_current`.
 """
 
 from __future__ import annotations
@@ -41,24 +45,37 @@ class KernelContext:
 
     __slots__ = (
         "_current",
+        "_forward",
+        "_gate",
         "_handling",
         "_inbox",
         "_kernel",
+        "_lookup",
         "_outbox",
         "_rec",
         "_reply_for",
         "_reply_t",
         "_sends_left",
+        "_stopping",
         "_tel",
+        "_waiters",
         "kernel_id",
     )
 
-    def __init__(self, kernel: RingKernel) -> None:
+    def __init__(self, kernel: RingKernel, telemetry: RingKernelTelemetry | None = None) -> None:
+        """Bind the context to its (launched) ``kernel``; ``telemetry``: the record this
+        actor counts into (a pool replica's own), by default the kernel's."""
         self._kernel = kernel
         self.kernel_id = kernel.kernel_id
-        self._inbox: FastMessageQueue[Any] = kernel._inbox  # type: ignore[assignment]
-        self._outbox: FastMessageQueue[Any] = kernel._outbox  # type: ignore[assignment]
-        self._tel: RingKernelTelemetry | None = kernel.telemetry if kernel._timed else None
+        self._inbox: FastMessageQueue[Any] = kernel.inbox  # type: ignore[assignment]
+        self._outbox: FastMessageQueue[Any] = kernel.outbox  # type: ignore[assignment]
+        self._waiters = kernel.reply_waiters  # the kernel's own dict (emptied in place)
+        self._lookup = kernel.lookup
+        self._gate: asyncio.Future[None] | None = None
+        self._forward: RingKernel | None = kernel.forwards_to
+        self._stopping = kernel.stopping
+        tel = kernel.telemetry if telemetry is None else telemetry
+        self._tel: RingKernelTelemetry | None = tel if kernel.telemetry_enabled else None
         # times each message, from ``receive`` taking it to the next ``receive``
         self._rec = None if self._tel is None else self._tel.latency_recorder
         self._current: Any = None
@@ -75,17 +92,16 @@ class KernelContext:
     @property
     def should_terminate(self) -> bool:
         """True once termination was requested and the inbox is drained."""
-        k = self._kernel
-        return k._stopping and not self._inbox._count
+        return self._stopping and not self._inbox._count
 
     @property
     def is_active(self) -> bool:
         """True while messages are being delivered (not deactivated, not stopping)."""
-        return self._kernel._state is KernelState.ACTIVE
+        return self._kernel.state is KernelState.ACTIVE
 
     @property
     def state(self) -> KernelState:
-        return self._kernel._state
+        return self._kernel.state
 
     @property
     def current_message(self) -> Any:
@@ -94,7 +110,7 @@ class KernelContext:
 
     async def wait_active(self) -> None:
         """Wait until the kernel is active (returns at once if it is, or if stopping)."""
-        gate = self._kernel._gate
+        gate = self._gate
         if gate is not None:
             await asyncio.shield(gate)
 
@@ -112,8 +128,7 @@ class KernelContext:
         """
         rec = self._rec
         self._handling = False
-        k = self._kernel
-        if k._gate is not None:
+        if self._gate is not None:
             if rec is not None:  # the previous message's time ends before any wait
                 rec.idle()
             await self.wait_active()
@@ -141,7 +156,7 @@ class KernelContext:
                 break
             except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
                 self._skip(exc)
-        if k._gate is not None:  # deactivated while we waited: hold the message
+        if self._gate is not None:  # deactivated while we waited: hold the message
             if rec is not None:
                 rec.idle()
             await self.wait_active()
@@ -215,7 +230,7 @@ class KernelContext:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        waiters = k._waiters
+        waiters = self._waiters
         if waiters:
             fut = waiters.pop(getattr(msg, "correlation_id", None), None)
             if fut is not None:
@@ -224,10 +239,10 @@ class KernelContext:
                 else:  # its caller timed out or was cancelled: nobody reads it
                     self._count_lost_reply()
                 return True
-        target = k._forward
+        target = self._forward
         if target is not None:
             try:
-                await target._accept(msg, timeout)
+                await target.accept(msg, timeout)
             except (QueueFullError, KernelStateError):
                 # a reject-policy kernel downstream refused it, or that kernel stopped:
                 # the reply is counted as dropped and the actor told
@@ -252,7 +267,7 @@ class KernelContext:
         try:
             return await out.put(msg, timeout=timeout)
         except asyncio.CancelledError:
-            if k._stopping and not out.closed:
+            if self._stopping and not out.closed:
                 # terminate's grace period ran out while the outbox was full: the reply
                 # exists, so it stays readable (beyond the bound) and the message it
                 # answers counts as handled, not as undelivered as well
@@ -265,23 +280,23 @@ class KernelContext:
     def _count_lost_reply(self) -> None:
         """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
         downstream refused it, or its send was cancelled): counted as dropped."""
-        self._outbox.count_dropped(1)
-        self._kernel.telemetry.record_drop(reason="reply_lost")
+        self._kernel.count_lost_reply()
 
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        k = self._kernel
-        if k._waiters:
-            fut = k._waiters.pop(getattr(msg, "correlation_id", None), None)
+        waiters = self._waiters
+        if waiters:
+            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
             if fut is not None:
                 if not fut.done():
                     fut.set_result(msg)
                 else:  # its caller timed out or was cancelled: nobody reads it
                     self._count_lost_reply()
                 return True
-        if k._forward is not None:
-            k._forward._accept_nowait(msg)
+        target = self._forward
+        if target is not None:
+            target.accept_nowait(msg)
             return True
         return self._outbox.put_nowait(msg)
 
@@ -292,18 +307,50 @@ class KernelContext:
         if not self._sends_left:
             self._sends_left = SEND_YIELD_EVERY
             await asyncio.sleep(0)
-        runtime = self._kernel._runtime
-        if runtime is None:
+        lookup = self._lookup
+        if lookup is None:
             raise KernelStateError(
                 self.kernel_id,
-                self._kernel._state,
+                self._kernel.state,
                 "send_to",
                 "the kernel is not managed by a RingKernelRuntime",
             )
         if self._tel is not None:
             self._tel.messages_sent += 1
-        await runtime._kernel(kernel_id)._accept(msg, timeout)
+        await lookup(kernel_id).accept(msg, timeout)
         return True
+
+    # -- the kernel's side (called by the kernel, not by actors) --------------------------
+
+    def kernel_changed(
+        self, gate: asyncio.Future[None] | None, forward: RingKernel | None, stopping: bool
+    ) -> None:
+        """Take the kernel's new deactivation gate, forward target and stopping flag."""
+        self._gate = gate
+        self._forward = forward
+        self._stopping = stopping
+
+    def take_unfinished(self) -> list[Any]:
+        """The message the actor was handling (taken, and it has not asked for the next
+        one) as a one-item list, else ``[]``; it stops counting as processed. Used when the
+        actor was cancelled or raised on it."""
+        if not self._handling or self._current is None:
+            return []
+        self._handling = False
+        if self._tel is not None:
+            self._tel.messages_processed -= 1
+        return [self._current]
+
+    def message_done(self) -> None:
+        """The actor finished the message in hand (it returned, or asked for the next)."""
+        self._handling = False
+
+    def forget_current(self) -> None:
+        """The actor restarts: no message in hand, and the one it raised on is not timed."""
+        self._current = None
+        self._handling = False
+        if self._rec is not None:
+            self._rec.cancel()
 
 
 class DecodingContext(KernelContext):

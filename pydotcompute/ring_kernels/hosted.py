@@ -159,13 +159,13 @@ class HostedKernel(RingKernel):
                 "messages"
             )
 
-    async def _accept(self, msg: Any, timeout: float | None) -> None:
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
         self._check_size(msg)
-        await super()._accept(msg, timeout)
+        await super().accept(msg, timeout)
 
-    def _accept_nowait(self, msg: Any) -> None:
+    def accept_nowait(self, msg: Any) -> None:
         self._check_size(msg)
-        super()._accept_nowait(msg)
+        super().accept_nowait(msg)
 
     async def activate(self) -> None:
         self._check("activate")
@@ -219,7 +219,7 @@ class HostedKernel(RingKernel):
                 return
             except MessageDeserializationError as exc:  # serialize=True: one bad frame
                 self.telemetry.record_error(exc)
-                self._count_dropped(1)
+                self._count_dropped(1, "undecodable")
                 logger.warning(
                     "kernel %r: dropped a message that does not decode: %s", self.kernel_id, exc
                 )
@@ -336,7 +336,7 @@ class HostedKernel(RingKernel):
         self.telemetry.record_error(exc)
         if self._timed:
             self.telemetry.messages_processed -= 1
-        self._count_dropped(1)
+        self._count_dropped(1, "undecodable")
         fut = self._waiters.pop(exc.correlation_id, None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
@@ -347,7 +347,7 @@ class HostedKernel(RingKernel):
         recorded, its caller (when the reply says which request it answers) told; logged
         the first time only, the later ones are counted (`telemetry().error_count`)."""
         self.telemetry.record_error(exc)
-        self._count_dropped(1)
+        self._count_dropped(1, "undecodable")
         fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
@@ -360,10 +360,10 @@ class HostedKernel(RingKernel):
                 exc,
             )
 
-    def _count_dropped(self, n: int) -> None:
+    def _count_dropped(self, n: int, reason: str | None = None) -> None:
         if self._outbox is not None:
             self._outbox.count_dropped(n)
-        self.telemetry.record_drop(n)
+        self.telemetry.record_drop(n, reason)
 
     async def _deliver(self, reply: Any, *, final: bool) -> None:
         """Hand a reply to its caller, the connected kernel or the outbox.
@@ -380,7 +380,7 @@ class HostedKernel(RingKernel):
                 if not fut.done():
                     fut.set_result(reply)
                 else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_dropped(1)
+                    self.count_lost_reply()
                 return
         target = self._forward
         if target is not None:
@@ -391,7 +391,7 @@ class HostedKernel(RingKernel):
                     await target.accept(reply, None)
             except (QueueFullError, KernelStateError) as exc:
                 # a full reject-policy kernel (or one that is stopping) downstream
-                self._count_dropped(1)
+                self.count_lost_reply()
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
@@ -421,15 +421,8 @@ class HostedKernel(RingKernel):
 
     async def terminate(self, timeout: float | None = None) -> list[Any]:
         """Drain the inbox into the worker, stop it gracefully, deliver every reply."""
-        self._check("terminate")
-        if timeout is None:
-            timeout = self.config.drain_timeout
         failed = self._state is KernelState.FAILED
-        self._state = KernelState.TERMINATING
-        self._stopping = True
-        if self._inbox is not None:
-            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
-        self._open_gate()
+        timeout = self._begin_terminating((), timeout)  # no actor task runs on the loop
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pump = self._pump
@@ -530,10 +523,7 @@ class HostedKernel(RingKernel):
             await asyncio.to_thread(worker.stop, 1.0)
             for reply in worker.drain_replies():  # produced before the failure
                 await self._deliver_final(reply)
-        lost = self._take_undelivered() + self._take_held()
-        if lost:
-            self.undelivered[mark:mark] = lost
-            self._count_dropped(len(lost))
+        self.hand_back(self._take_undelivered() + self._take_held(), at=mark)
 
     async def _worker_returned(self) -> None:
         """The actor function returned by itself: the kernel ends as a tier-1 kernel whose
@@ -549,16 +539,11 @@ class HostedKernel(RingKernel):
             await asyncio.to_thread(worker.stop, 1.0)
             for reply in worker.drain_replies():  # sent before it returned
                 await self._deliver_final(reply)
-        lost = self._take_undelivered() + self._take_held()
-        if lost:
-            self.undelivered.extend(lost)
-            self._count_dropped(len(lost))
-            logger.warning(
-                "kernel %r: its actor function returned with %d message(s) it never took "
-                "(counted as dropped)",
-                self.kernel_id,
-                len(lost),
-            )
+        self.hand_back(
+            self._take_undelivered() + self._take_held(),
+            log="kernel %r: its actor function returned with %d message(s) it never took "
+            "(counted as dropped)",
+        )
         if not self._stopping:  # (a terminate that began meanwhile closes the kernel)
             self._finished()
 

@@ -41,6 +41,16 @@ Design notes:
   ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
   coroutine around the actor function rather than a done-callback: failures are handled in
   the same step the actor raised in, before any other task can send to a dead actor.
+- Every guarantee is written once. `close_out` (drain, count, hand back, record) ends a
+  kernel for every reason (failure, an actor that returned, terminate) on every tier, and
+  `hand_back` is the one way a message becomes undelivered. One supervision loop serves
+  each actor task, a pool's replicas included (`_supervise`). Kernels forward to each
+  other through the public `accept`/`accept_nowait`, and reach the runtime only through
+  the `lookup` and `on_failed` callables it hands them.
+- The context holds what ``ctx.receive``/``ctx.send`` read on every message (queues,
+  waiters, gate, forward target, stopping flag) in its own slots: bound at construction,
+  and pushed to it by the kernel when they change (`_sync_contexts`), so the hot path
+  reads no attribute of the kernel.
 """
 
 from __future__ import annotations
@@ -166,16 +176,20 @@ class RingKernel:
     __slots__ = (
         "_abandoned",
         "_ctx",
+        "_ctxs",
         "_direct",
         "_forward",
         "_func",
         "_gate",
         "_inbox",
+        "_lookup",
+        "_on_failed",
         "_outbox",
         "_runtime",
         "_state",
         "_stopping",
         "_task",
+        "_tasks",
         "_timed",
         "_undelivered",
         "_waiters",
@@ -187,6 +201,27 @@ class RingKernel:
         "telemetry",
     )
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Keep the kernel-to-kernel protocol one method under two names: a subclass that
+        overrides `accept`/`accept_nowait` is also reached through the older private
+        names (``_accept``/``_accept_nowait``), and one written against those is reached
+        through the public protocol."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        if "_accept" in own and "accept" not in own:
+            older = own["_accept"]
+
+            async def accept(self: Any, msg: Any, timeout: float | None = None) -> None:
+                await older(self, msg, timeout)
+
+            setattr(cls, "accept", accept)  # noqa: B010 (mypy refuses assigning a method)
+        elif "accept" in own and "_accept" not in own:
+            setattr(cls, "_accept", own["accept"])  # noqa: B010
+        if "_accept_nowait" in own and "accept_nowait" not in own:
+            setattr(cls, "accept_nowait", own["_accept_nowait"])  # noqa: B010
+        elif "accept_nowait" in own and "_accept_nowait" not in own:
+            setattr(cls, "_accept_nowait", own["accept_nowait"])  # noqa: B010
+
     def __init__(
         self,
         kernel_id: str,
@@ -197,6 +232,8 @@ class RingKernel:
         output_type: type | None = None,
         runtime: RingKernelRuntime | None = None,
         enable_telemetry: bool = True,
+        lookup: Callable[[str], RingKernel] | None = None,
+        on_failed: Callable[[RingKernel], None] | None = None,
     ) -> None:
         if config is None:
             config = RingKernelConfig(kernel_id=kernel_id)
@@ -218,12 +255,20 @@ class RingKernel:
         self.output_type = output_type
         self._func = kernel_func
         self._runtime = runtime
+        # what the kernel needs of its runtime: other kernels by id, and a word when it fails
+        if runtime is not None:
+            lookup = lookup or runtime.get_kernel
+            on_failed = on_failed or runtime.kernel_failed
+        self._lookup = lookup
+        self._on_failed = on_failed
         self._timed = enable_telemetry
         self._state = KernelState.CREATED
         self._inbox: FastMessageQueue[Any] | None = None
         self._outbox: FastMessageQueue[Any] | None = None
-        self._ctx: KernelContext | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._ctx: KernelContext | None = None  # the first of `_ctxs`
+        self._ctxs: list[KernelContext] = []  # one per actor task (a pool has several)
+        self._task: asyncio.Task[None] | None = None  # the first of `_tasks`
+        self._tasks: list[asyncio.Task[None]] = []
         self._gate: asyncio.Future[None] | None = None
         self._stopping = False
         self._waiters: dict[Any, asyncio.Future[Any]] = {}
@@ -263,33 +308,53 @@ class RingKernel:
         return self._outbox
 
     @property
+    def telemetry_enabled(self) -> bool:
+        """Whether the actor's messages are counted and timed (``enable_telemetry``)."""
+        return self._timed
+
+    @property
+    def stopping(self) -> bool:
+        """True once the kernel takes no more messages (terminating, or its actor returned)."""
+        return self._stopping
+
+    @property
+    def reply_waiters(self) -> dict[Any, Any]:
+        """The callers awaiting a correlated reply, by the ``correlation_id`` it will carry
+        (read-only: register through `expect_reply`). Whoever delivers the kernel's replies
+        (its context, the hosting bridge) pops a caller from it and completes its future."""
+        return self._waiters
+
+    @property
+    def lookup(self) -> Callable[[str], RingKernel] | None:
+        """Another kernel of the same runtime by id (raising ``KernelNotFoundError``), or
+        None for a kernel outside any runtime."""
+        return self._lookup
+
+    @property
     def is_idle(self) -> bool:
         """True when this kernel cannot make progress without a new message (read-only).
 
-        An ACTIVE kernel is idle when its inbox is empty and its actor is parked in
-        ``ctx.receive()`` (or has returned); a kernel in any other state is idle because
+        An ACTIVE kernel is idle when its inbox is empty and each of its actors is parked
+        in ``ctx.receive()`` (or has returned); a kernel in any other state is idle because
         nothing is delivered to it. Used by ``pydotcompute.testing.wait_until_idle``; tiers
         that run the actor elsewhere override it.
         """
         if self._state is not KernelState.ACTIVE:
             return True
         inbox = self._inbox
-        if inbox is None or inbox._count:
+        if inbox is None or len(inbox):
             return False
-        task = self._task
-        if task is None:  # the actor runs elsewhere (a hosted tier that does not say)
+        if not self._tasks:  # the actor runs elsewhere (a hosted tier that does not say)
             return False
-        if task.done():
-            return True
+        live = sum(1 for t in self._tasks if not t.done())
         getters = inbox._getters
-        if getters is None or not getters:
-            return False
-        return any(not fut.done() for fut in getters)
+        parked = 0 if not getters else sum(1 for fut in getters if not fut.done())
+        return parked >= live
 
     def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task`` runs this kernel's actor (on the runtime's loop): the runtime
         refuses, in such a task, calls that wait for every actor to finish."""
-        return task is self._task
+        return task in self._tasks
 
     def __repr__(self) -> str:
         return f"<RingKernel {self.kernel_id!r} {self._state.name}>"
@@ -317,6 +382,19 @@ class RingKernel:
         result: FastMessageQueue[Any] = queue
         return result
 
+    def _context_class(self) -> type[KernelContext]:
+        """The class of the actor's context: plain or decoding, traced under a tracing
+        runtime."""
+        ctx_class: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
+        tracer = getattr(self._runtime, "tracer", None)
+        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
+            ctx_class = tracer.context_class(ctx_class)
+        return ctx_class
+
+    def _make_contexts(self) -> list[KernelContext]:
+        """One context per actor task (a pool makes one per replica)."""
+        return [self._context_class()(self)]
+
     async def launch(self) -> None:
         """Phase 1: allocate the queues (CREATED -> LAUNCHED).
 
@@ -331,32 +409,42 @@ class RingKernel:
             )
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
-        ctx_class: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
-        tracer = getattr(self._runtime, "tracer", None)
-        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
-            ctx_class = tracer.context_class(ctx_class)
-        self._ctx = ctx_class(self)
+        self._ctxs = self._make_contexts()
+        self._ctx = self._ctxs[0]
         self._state = KernelState.LAUNCHED
 
+    def _actor_name(self, index: int) -> str:
+        """How logs and task names call actor ``index`` (a pool's replicas: ``id[i]``)."""
+        return self.kernel_id if len(self._ctxs) == 1 else f"{self.kernel_id}[{index}]"
+
     async def activate(self) -> None:
-        """Phase 2: start the actor task (LAUNCHED -> ACTIVE)."""
+        """Phase 2: start the actor task, one per replica (LAUNCHED -> ACTIVE)."""
         self._check("activate")
         self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
-        coro = self._supervise()
+        loop = asyncio.get_running_loop()
         try:
-            self._task = asyncio.get_running_loop().create_task(
-                coro, name=f"pydotcompute:{self.kernel_id}"
-            )
-        except BaseException:  # a task factory that refused: nothing started
-            coro.close()
+            for i in range(len(self._ctxs)):
+                coro = self._supervise(i)
+                try:
+                    task = loop.create_task(coro, name=f"pydotcompute:{self._actor_name(i)}")
+                except BaseException:
+                    coro.close()
+                    raise
+                self._tasks.append(task)
+        except BaseException:  # a task factory that refused: stop what started
+            for task in self._tasks:
+                task.cancel()
+            self._tasks = []
             self._state = KernelState.LAUNCHED
             raise
+        self._task = self._tasks[0] if self._tasks else None
 
     async def deactivate(self) -> None:
         """Pause delivery (ACTIVE -> DEACTIVATED); queued messages stay queued."""
         self._check("deactivate")
         self._gate = asyncio.get_running_loop().create_future()
         self._state = KernelState.DEACTIVATED
+        self._sync_contexts()
 
     async def reactivate(self) -> None:
         """Resume delivery (DEACTIVATED -> ACTIVE)."""
@@ -366,13 +454,26 @@ class RingKernel:
 
     def _open_gate(self) -> None:
         gate, self._gate = self._gate, None
+        self._sync_contexts()
         if gate is not None and not gate.done():
             gate.set_result(None)
 
+    def _sync_contexts(self) -> None:
+        """Hand the actors' contexts what they read on every message and the kernel
+        changes: the deactivation gate, the forward target, the stopping flag."""
+        for ctx in self._ctxs:
+            ctx.kernel_changed(self._gate, self._forward, self._stopping)
+
+    def _stop_intake(self) -> None:
+        """Take no more messages: new sends are refused, actors see ``should_terminate``
+        once the inbox is drained."""
+        self._stopping = True
+        self._sync_contexts()
+
     def _begin_terminating(self, actor_tasks: Collection[Any], timeout: float | None) -> float:
-        """The first steps of `terminate` for kernels whose actors are tasks on the loop:
-        refuse an actor awaiting its own termination (before anything changes: the kernel
-        keeps running), then stop intake and wake the actors. Returns the grace period."""
+        """The first steps of every `terminate`: refuse an actor awaiting its own
+        termination (before anything changes: the kernel keeps running), then stop intake
+        and wake the actors. Returns the grace period."""
         self._check("terminate")
         current = asyncio.current_task()
         if current is not None and current in actor_tasks:
@@ -383,7 +484,7 @@ class RingKernel:
                 "an actor cannot await its own termination; return from the actor function instead",
             )
         self._state = KernelState.TERMINATING
-        self._stopping = True
+        self._stop_intake()
         if self._inbox is not None:
             self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
         self._open_gate()
@@ -399,92 +500,205 @@ class RingKernel:
         the next one), first in the list and no longer counted as processed. The outbox
         stays readable until drained.
         """
-        timeout = self._begin_terminating((self._task,), timeout)
-        task = self._task
-        if task is not None and not task.done():
-            _, pending = await asyncio.wait({task}, timeout=timeout)
-            if pending:
+        timeout = self._begin_terminating(self._tasks, timeout)
+        running = {t for t in self._tasks if not t.done()}
+        if running:
+            _, pending = await asyncio.wait(running, timeout=timeout)
+            for task in pending:
                 task.cancel()
+            for task in pending:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        # the message the actor held when it was cancelled, or raised on while draining
+        # the messages the actors held when cancelled, or raised on while draining
         return self._finish_termination(self._cut_off())
 
     def _cut_off(self) -> list[Any]:
-        """The message the actor was handling when it was cancelled, if any (``[]`` when it
-        was between messages, or finished handling after all): it was never processed, so
-        it stops counting as processed and is reported with the undelivered ones."""
-        ctx = self._ctx
-        if ctx is None or not ctx._handling or ctx._current is None:
-            return []
-        ctx._handling = False
-        if ctx._tel is not None:
-            ctx._tel.messages_processed -= 1
-        return [ctx._current]
+        """The messages the actors were handling when they were cancelled, if any: never
+        processed, so they stop counting as processed and are reported with the
+        undelivered ones (see `KernelContext.take_unfinished`)."""
+        out: list[Any] = []
+        for ctx in self._ctxs:
+            out += ctx.take_unfinished()
+        return out
+
+    # -- closing the books (every tier) ---------------------------------------------------
+
+    def hand_back(
+        self, messages: list[Any], *, at: int | None = None, log: str | None = None
+    ) -> None:
+        """Account, once, for messages this kernel will never deliver: kept in
+        `undelivered` (inserted at index ``at``, default the end: older leftovers go
+        first), counted as dropped on the inbox's statistics and in telemetry (reason
+        ``undelivered``), and logged as a warning with ``log`` (a %-format taking the
+        kernel id and the count) when given. Every tier hands messages back through it."""
+        if not messages:
+            return
+        n = len(messages)
+        if at is None:
+            self.undelivered.extend(messages)
+        else:
+            self.undelivered[at:at] = messages
+        self.telemetry.record_drop(n, "undelivered")
+        if self._inbox is not None:
+            self._inbox.count_dropped(n)
+        if log is not None:
+            logger.warning(log, self.kernel_id, n)
+
+    def count_lost_reply(self) -> None:
+        """A reply that got nowhere (its caller gave up, or the kernel it was forwarded to
+        refused it): counted as dropped, reason ``reply_lost``, on the outbox and in
+        telemetry. Every tier counts such replies through it."""
+        if self._outbox is not None:
+            self._outbox.count_dropped(1)
+        self.telemetry.record_drop(reason="reply_lost")
+
+    def close_replies(self, error: BaseException) -> None:
+        """Close the reply side: readers drain what is there, then get ``error``. A tier
+        with its own reply channel overrides it."""
+        if self._outbox is not None:
+            self._outbox.close(error)
+
+    def close_out(
+        self,
+        send_error: BaseException,
+        receive_error: BaseException | None = None,
+        left: list[Any] | None = None,
+        *,
+        log: str | None = None,
+    ) -> list[Any]:
+        """Close the kernel's books, the same way for every ending (a failure, an actor
+        that returned, terminate) on every tier: intake closes with ``send_error``; the
+        inbox is drained; ``left`` (what the actor side still held, oldest first) and then
+        the drained messages are handed back (`hand_back`, logged with ``log``); callers
+        awaiting a correlated reply get ``send_error``; the reply side closes with
+        ``receive_error`` (default ``send_error``). Returns the messages handed back.
+        The state is the caller's to set."""
+        out = [] if left is None else left
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.close(send_error)
+            out += inbox.drain()
+        self.hand_back(out, log=log)
+        self._fail_waiters(send_error)
+        self.close_replies(send_error if receive_error is None else receive_error)
+        return out
 
     def _finish_termination(self, left: list[Any]) -> list[Any]:
-        """Close out a terminate: ``left`` (messages a worker never took) plus whatever is
-        still in the inbox are returned, kept in ``undelivered`` and counted as dropped; the
-        queues close, waiting callers get a "terminated" error, and the state becomes
-        TERMINATED. Shared by every tier's ``terminate``.
-        """
-        stop_error = KernelStateError(
-            self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
-        )
-        if self._inbox is not None:
-            left += self._inbox.drain()
-            self._inbox.count_dropped(len(left))
-            self._inbox.close(stop_error)
-        if left:
-            self.undelivered.extend(left)
-            self.telemetry.record_drop(len(left), "undelivered")
-            logger.warning(
-                "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+        """Close out a terminate: ``left`` (messages an actor never finished) plus whatever
+        is still in the inbox are returned and handed back; waiting callers get a
+        "terminated" error, and the state becomes TERMINATED. Shared by every tier's
+        ``terminate``."""
+        left = self.close_out(
+            KernelStateError(
+                self.kernel_id, KernelState.TERMINATED, "send to", "it was terminated"
+            ),
+            KernelStateError(
                 self.kernel_id,
-                len(left),
-            )
-        self._fail_waiters(stop_error)
-        if self._outbox is not None:
-            self._outbox.close(
-                KernelStateError(
-                    self.kernel_id,
-                    KernelState.TERMINATED,
-                    "receive from",
-                    "it was terminated and its outbox is drained",
-                )
-            )
+                KernelState.TERMINATED,
+                "receive from",
+                "it was terminated and its outbox is drained",
+            ),
+            left,
+            log="kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+        )
         self._state = KernelState.TERMINATED
         return left
 
-    # -- the actor task -----------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        """The actor raised with no restart left (or its tier failed): FAILED, everything
+        queued handed back, everyone waiting told why, and the runtime told."""
+        self.error = exc
+        self._state = KernelState.FAILED
+        logger.error("kernel %r failed: %r", self.kernel_id, exc)
+        err = KernelFailedError(self.kernel_id, exc)
+        err.__cause__ = exc
+        self.close_out(err)
+        if self._on_failed is not None:
+            self._on_failed(self)
 
-    async def _supervise(self) -> None:
+    def _finished(self) -> None:
+        """The actor function returned on its own: no more deliveries."""
+        self._stop_intake()
+        self.close_out(
+            KernelStateError(
+                self.kernel_id, KernelState.TERMINATED, "send to", "its actor function returned"
+            ),
+            KernelStateError(
+                self.kernel_id,
+                KernelState.TERMINATED,
+                "receive from",
+                "its actor function returned and its outbox is drained",
+            ),
+            log="kernel %r returned with %d queued message(s) (counted as dropped)",
+        )
+        self._state = KernelState.TERMINATED
+
+    def _fail_request(self, request: Any, exc: BaseException, note: str) -> None:
+        """The actor raised on ``request`` and restarts: its correlated caller learns why."""
+        if request is None or not self._waiters:
+            return
+        fut = self._waiters.pop(getattr(request, "message_id", None), None)
+        if fut is not None and not fut.done():
+            err = KernelFailedError(
+                self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
+            )
+            err.__cause__ = exc
+            fut.set_exception(err)
+
+    def _fail_waiters(self, err: BaseException) -> None:
+        # emptied in place: the contexts hold this very dict
+        waiters = list(self._waiters.values())
+        self._waiters.clear()
+        self._abandoned = None
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+
+    # -- the actor tasks: one supervision loop -------------------------------------------
+
+    def _replica_telemetry(self, index: int) -> RingKernelTelemetry | None:
+        """Actor ``index``'s own telemetry record when it has one besides the kernel's (a
+        pool's replica), else None."""
+        return None
+
+    async def _supervise(self, index: int) -> None:
+        """Run actor ``index`` under the restart policy (its own restart budget)."""
         intensity = self.restart_intensity()
         log = restart_log()
+        own = self._replica_telemetry(index)
         try:
-            await self._supervise_loop(intensity, log)
+            await self._supervise_loop(index, intensity, log)
         finally:
-            self._log_restarts_left(log, self.kernel_id, self.telemetry.restarts)
+            total = (own or self.telemetry).restarts
+            self._log_restarts_left(log, self._actor_name(index), total)
 
-    async def _supervise_loop(self, intensity: RestartIntensity, log: BurstLog) -> None:
+    async def _supervise_loop(self, index: int, intensity: RestartIntensity, log: BurstLog) -> None:
+        ctx = self._ctxs[index]
+        own = self._replica_telemetry(index)
         taken_at_restart: int | None = None
         while True:
-            ctx = self._ctx
-            assert ctx is not None
             try:
                 await self._func(ctx)
             except QueueClosedError:
-                ctx._handling = False  # it asked for the next message: the last one is done
-                if self._stopping:
+                ctx.message_done()  # it asked for the next message: the last one is done
+                if self._stopping or self._state is KernelState.FAILED:
                     return
                 self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
                 return
             except asyncio.CancelledError:
+                if self._state is KernelState.FAILED:  # another replica failed the kernel
+                    self.hand_back(ctx.take_unfinished())
+                    return
                 if self._stopping:
                     return
                 raise
             except Exception as exc:
+                if self._state is KernelState.FAILED:  # woken by another replica's failure
+                    self.hand_back(ctx.take_unfinished())
+                    return
                 self.telemetry.record_error(exc)
+                if own is not None:
+                    own.record_error(exc)
                 if self._stopping:  # the message it raised on is handed back by terminate
                     self.error = exc
                     logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
@@ -492,36 +706,34 @@ class RingKernel:
                 pause = self._restart_pause(intensity, taken_at_restart)
                 if pause is not None:
                     self.telemetry.restarts += 1
-                    note = self._restart_note(intensity, self.telemetry.restarts)
-                    self._log_restart(log, self.kernel_id, exc, note)
-                    self._fail_request(ctx._current, exc, note)
-                    if self._cut_off():  # the message it raised on: dropped, and counted
+                    if own is not None:
+                        own.restarts += 1
+                    note = self._restart_note(intensity, (own or self.telemetry).restarts)
+                    self._log_restart(log, self._actor_name(index), exc, note)
+                    self._fail_request(ctx.current_message, exc, note)
+                    if ctx.take_unfinished():  # the message it raised on: dropped, and counted
                         self.telemetry.record_drop(reason="actor_failed")
                         if self._inbox is not None:
                             self._inbox.count_dropped(1)
-                    ctx._current = None
-                    ctx._handling = False
-                    if ctx._rec is not None:  # the message it raised on is not timed
-                        ctx._rec.cancel()
+                    ctx.forget_current()
                     if pause and not await self._backoff(pause):
                         return
                     taken_at_restart = self._taken()
                     continue
-                cut = self._cut_off()  # the message it raised on comes back first
-                if cut:
-                    self.undelivered.extend(cut)
-                    self.telemetry.record_drop(len(cut), "undelivered")
-                    if self._inbox is not None:
-                        self._inbox.count_dropped(len(cut))
+                self.hand_back(ctx.take_unfinished())  # the message it raised on goes first
                 self._fail(exc)
                 return
             else:
-                ctx._handling = False  # returning finishes the message it held
+                ctx.message_done()  # returning finishes the message it held
                 if not self._stopping:
-                    self._finished()
+                    self._actor_returned(index)
                 return
 
-    # -- supervision helpers (shared with the pool's replicas) ---------------------------
+    def _actor_returned(self, index: int) -> None:
+        """Actor ``index`` returned on its own (not asked to stop): the kernel ends."""
+        self._finished()
+
+    # -- supervision helpers ------------------------------------------------------------
 
     def restart_intensity(self) -> RestartIntensity:
         """A fresh restart budget from the config (one per actor, or per replica)."""
@@ -578,75 +790,6 @@ class RingKernel:
                 total,
             )
 
-    def _fail(self, exc: BaseException) -> None:
-        """The actor raised with no restart left: FAILED, and everyone waiting learns why."""
-        self.error = exc
-        self._state = KernelState.FAILED
-        logger.error("kernel %r failed: %r", self.kernel_id, exc)
-        err = KernelFailedError(self.kernel_id, exc)
-        err.__cause__ = exc
-        if self._inbox is not None:
-            self._inbox.close(err)
-            left = self._inbox.drain()
-            if left:
-                self._inbox.count_dropped(len(left))
-                self.undelivered.extend(left)
-                self.telemetry.record_drop(len(left), "undelivered")
-        self._fail_waiters(err)
-        if self._outbox is not None:
-            self._outbox.close(err)
-        if self._runtime is not None:
-            self._runtime._on_kernel_failed(self)
-
-    def _finished(self) -> None:
-        """The actor function returned on its own: no more deliveries."""
-        err = KernelStateError(
-            self.kernel_id, KernelState.TERMINATED, "send to", "its actor function returned"
-        )
-        self._stopping = True
-        if self._inbox is not None:
-            self._inbox.close(err)
-            left = self._inbox.drain()
-            if left:
-                self._inbox.count_dropped(len(left))
-                self.undelivered.extend(left)
-                self.telemetry.record_drop(len(left), "undelivered")
-                logger.warning(
-                    "kernel %r returned with %d queued message(s) (counted as dropped)",
-                    self.kernel_id,
-                    len(left),
-                )
-        self._fail_waiters(err)
-        if self._outbox is not None:
-            self._outbox.close(
-                KernelStateError(
-                    self.kernel_id,
-                    KernelState.TERMINATED,
-                    "receive from",
-                    "its actor function returned and its outbox is drained",
-                )
-            )
-        self._state = KernelState.TERMINATED
-
-    def _fail_request(self, request: Any, exc: BaseException, note: str) -> None:
-        """The actor raised on ``request`` and restarts: its correlated caller learns why."""
-        if request is None or not self._waiters:
-            return
-        fut = self._waiters.pop(getattr(request, "message_id", None), None)
-        if fut is not None and not fut.done():
-            err = KernelFailedError(
-                self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
-            )
-            err.__cause__ = exc
-            fut.set_exception(err)
-
-    def _fail_waiters(self, err: BaseException) -> None:
-        waiters, self._waiters = self._waiters, {}
-        self._abandoned = None
-        for fut in waiters.values():
-            if not fut.done():
-                fut.set_exception(err)
-
     # -- messaging ----------------------------------------------------------------------
 
     def _refuse(self, operation: str) -> BaseException:
@@ -662,47 +805,52 @@ class RingKernel:
             check_message(msg, in_t, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
-        """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy.
+        """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy: the
+        path of every send that is not the runtime's fast path, and how kernels hand
+        messages to each other (``connect``, ``ctx.send_to``). A tier overrides it (with
+        `accept_nowait`) where its intake differs.
 
         Raises:
             TypeValidationError: not the kernel's ``input_type``.
             KernelStateError: the kernel is terminating, terminated or failed.
             QueueFullError / QueueTimeoutError: ``reject`` backpressure / the ``timeout``.
         """
-        await self._accept(msg, timeout)
-
-    def accept_nowait(self, msg: Any) -> None:
-        """Like `accept` but a full inbox raises ``QueueFullError`` at once."""
-        self._accept_nowait(msg)
-
-    def forward_to(self, target: RingKernel | None) -> None:
-        """Send everything the actor sends on into ``target``'s inbox (None: the outbox)."""
-        self._forward = target
-
-    @property
-    def forwards_to(self) -> RingKernel | None:
-        """The kernel this one forwards into, or None."""
-        return self._forward
-
-    async def _accept(self, msg: Any, timeout: float | None) -> None:
-        """Validate and enqueue ``msg`` into the inbox (the path of every send)."""
         self._validate_in(msg)
         inbox = self._inbox
-        if inbox is None or inbox._closed or self._stopping:
+        if inbox is not None and not self._stopping and inbox._offer(msg):
+            return  # open, with room: appended
+        if inbox is None or inbox.closed or self._stopping:
             raise self._refuse("send to")
-        if inbox._offer(msg):  # room (it is open): appended
-            return
         try:
             await inbox.put(msg, timeout=timeout)
         except QueueClosedError:
             raise self._refuse("send to") from None
 
-    def _accept_nowait(self, msg: Any) -> None:
+    def accept_nowait(self, msg: Any) -> None:
+        """Like `accept` but a full inbox raises ``QueueFullError`` at once."""
         self._validate_in(msg)
         inbox = self._inbox
-        if inbox is None or inbox._closed or self._stopping:
+        if inbox is None or inbox.closed or self._stopping:
             raise self._refuse("send to")
         inbox.put_nowait(msg)
+
+    # the protocol's older names (a subclass that overrides one of a pair gets it under
+    # both names: see `__init_subclass__`)
+    async def _accept(self, msg: Any, timeout: float | None) -> None:
+        await self.accept(msg, timeout)
+
+    def _accept_nowait(self, msg: Any) -> None:
+        self.accept_nowait(msg)
+
+    def forward_to(self, target: RingKernel | None) -> None:
+        """Send everything the actor sends on into ``target``'s inbox (None: the outbox)."""
+        self._forward = target
+        self._sync_contexts()
+
+    @property
+    def forwards_to(self) -> RingKernel | None:
+        """The kernel this one forwards into, or None."""
+        return self._forward
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Put ``msg`` in the inbox (waits under ``block`` backpressure).
@@ -721,12 +869,12 @@ class RingKernel:
             and inbox._offer(msg)  # open, with room: appended
         ):
             return True
-        await self._accept(msg, timeout)
+        await self.accept(msg, timeout)
         return True
 
     def send_nowait(self, msg: Any) -> bool:
         """Put ``msg`` in the inbox or raise (``QueueFullError``, state errors)."""
-        self._accept_nowait(msg)
+        self.accept_nowait(msg)
         return True
 
     async def receive(self, timeout: float | None = None) -> Any:
@@ -863,7 +1011,7 @@ class RingKernel:
             # cancellation that lands as the reply arrives, and a caller looping on
             # send_and_receive would then never stop
             async with asyncio.timeout(timeout):
-                await self._accept(msg, None)
+                await self.accept(msg, None)
                 accepted = True
                 return await fut
         except TimeoutError:

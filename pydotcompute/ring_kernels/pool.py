@@ -48,13 +48,10 @@ from ..exceptions import (
     KernelStateError,
     MessageDeserializationError,
     MessageRejectedError,
-    QueueClosedError,
 )
 from .context import KernelContext
 from .hosted import HostedKernel
-from .kernel import RingKernel, restart_log
-from .states import KernelState
-from .supervision import BurstLog, RestartIntensity
+from .kernel import RingKernel
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker
 
@@ -101,18 +98,20 @@ def _replica_name(kernel_id: str, index: int) -> str:
 class AsyncioPoolKernel(RingKernel):
     """N actor tasks on the runtime's loop sharing one inbox and one outbox.
 
+    The lifecycle, the supervision loop and the accounting are `RingKernel`'s, which runs
+    one task per context: a pool only makes N contexts, counts returns, and stops the
+    other replicas when one fails it.
+
     Telemetry: each replica's context counts into a record of its own
     (`replica_telemetry()`); the pool's `telemetry` adds them up whenever it is read
     through `runtime.get_telemetry` (or after `refresh_telemetry()`).
     """
 
     EXTRA_OPTIONS = frozenset({REPLICAS_OPTION})
-    __slots__ = ("_ctxs", "_replica_tels", "_returned", "_tasks")
+    __slots__ = ("_replica_tels", "_returned")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._ctxs: list[KernelContext] = []
-        self._tasks: list[asyncio.Task[None]] = []
         self._replica_tels: list[RingKernelTelemetry] = []
         self._returned = 0
 
@@ -121,44 +120,15 @@ class AsyncioPoolKernel(RingKernel):
         """How many copies of the actor serve this id."""
         return _replicas_of(self)
 
-    async def launch(self) -> None:
-        await super().launch()
-        first = self._ctx
-        assert first is not None
-        ctx_class = type(first)  # the plain or the decoding context, as a single kernel
-        self._ctxs = [first] + [ctx_class(self) for _ in range(self.replicas - 1)]
+    def _make_contexts(self) -> list[KernelContext]:
+        ctx_class = self._context_class()  # plain or decoding, as a single kernel's
         self._replica_tels = [
             RingKernelTelemetry(_replica_name(self.kernel_id, i)) for i in range(self.replicas)
         ]
-        if self._timed:
-            for ctx, tel in zip(self._ctxs, self._replica_tels, strict=True):
-                ctx._tel = tel
-                ctx._rec = tel.latency_recorder
+        return [ctx_class(self, tel) for tel in self._replica_tels]
 
-    async def activate(self) -> None:
-        """Start every replica's task (LAUNCHED -> ACTIVE)."""
-        self._check("activate")
-        self._state = KernelState.ACTIVE
-        loop = asyncio.get_running_loop()
-        try:
-            for i, ctx in enumerate(self._ctxs):
-                coro = self._supervise_replica(i, ctx)
-                try:
-                    task = loop.create_task(coro, name=f"pydotcompute:{self.kernel_id}[{i}]")
-                except BaseException:
-                    coro.close()
-                    raise
-                self._tasks.append(task)
-        except BaseException:  # a task factory that refused: stop what started
-            for task in self._tasks:
-                task.cancel()
-            self._tasks = []
-            self._state = KernelState.LAUNCHED
-            raise
-        self._task = self._tasks[0]
-
-    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
-        return task in self._tasks
+    def _replica_telemetry(self, index: int) -> RingKernelTelemetry | None:
+        return self._replica_tels[index]
 
     def refresh_telemetry(self) -> None:
         """Fold the replicas' counts into the pool's telemetry."""
@@ -173,132 +143,16 @@ class AsyncioPoolKernel(RingKernel):
         """One telemetry record per replica (processed, sent, latency, errors, restarts)."""
         return list(self._replica_tels)
 
-    @property
-    def is_idle(self) -> bool:
-        if self._state is not KernelState.ACTIVE:
-            return True
-        inbox = self._inbox
-        if inbox is None or len(inbox):
-            return False
-        live = sum(1 for t in self._tasks if not t.done())
-        getters = inbox._getters
-        parked = 0 if not getters else sum(1 for fut in getters if not fut.done())
-        return parked >= live
+    def _actor_returned(self, index: int) -> None:
+        self._returned += 1
+        if self._returned >= len(self._ctxs):
+            self._finished()  # the last replica returned on its own
 
-    async def terminate(self, timeout: float | None = None) -> list[Any]:
-        """Stop every replica, draining the inbox; what none finished is handed back."""
-        timeout = self._begin_terminating(self._tasks, timeout)
-        running = {t for t in self._tasks if not t.done()}
-        if running:
-            _, pending = await asyncio.wait(running, timeout=timeout)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        cut: list[Any] = []
-        for i in range(len(self._ctxs)):
-            cut += self._cut_off_replica(i)
-        return self._finish_termination(cut)
-
-    def _cut_off(self) -> list[Any]:
-        out: list[Any] = []
-        for i in range(len(self._ctxs)):
-            out += self._cut_off_replica(i)
-        return out
-
-    def _cut_off_replica(self, index: int) -> list[Any]:
-        """The message replica `index` was handling when it stopped, if any (see
-        `RingKernel._cut_off`)."""
-        ctx = self._ctxs[index]
-        if not ctx._handling or ctx._current is None:
-            return []
-        ctx._handling = False
-        if ctx._tel is not None:
-            ctx._tel.messages_processed -= 1
-        return [ctx._current]
-
-    def _hand_back(self, messages: list[Any]) -> None:
-        if messages:
-            self.undelivered.extend(messages)
-            self.telemetry.record_drop(len(messages))
-            if self._inbox is not None:
-                self._inbox.count_dropped(len(messages))
-
-    async def _supervise_replica(self, index: int, ctx: KernelContext) -> None:
-        """`RingKernel._supervise` for one replica: restarts count per replica; a replica
-        that fails with no restart left fails the pool, and the others stop."""
-        intensity = self.restart_intensity()
-        log = restart_log()
-        try:
-            await self._supervise_replica_loop(index, ctx, intensity, log)
-        finally:
-            name = _replica_name(self.kernel_id, index)
-            self._log_restarts_left(log, name, self._replica_tels[index].restarts)
-
-    async def _supervise_replica_loop(
-        self, index: int, ctx: KernelContext, intensity: RestartIntensity, log: BurstLog
-    ) -> None:
-        taken_at_restart: int | None = None
-        tel = self._replica_tels[index]
-        while True:
-            try:
-                await self._func(ctx)
-            except QueueClosedError:
-                ctx._handling = False
-                if self._stopping or self._state is KernelState.FAILED:
-                    return
-                self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
-                return
-            except asyncio.CancelledError:
-                if self._state is KernelState.FAILED:  # another replica failed the pool
-                    self._hand_back(self._cut_off_replica(index))
-                    return
-                if self._stopping:
-                    return
-                raise
-            except Exception as exc:
-                if self._state is KernelState.FAILED:  # woken by another replica's failure
-                    self._hand_back(self._cut_off_replica(index))
-                    return
-                self.telemetry.record_error(exc)
-                tel.record_error(exc)
-                if self._stopping:
-                    self.error = exc
-                    logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
-                    return
-                pause = self._restart_pause(intensity, taken_at_restart)
-                if pause is not None:
-                    tel.restarts += 1
-                    self.telemetry.restarts += 1
-                    note = self._restart_note(intensity, tel.restarts)
-                    self._log_restart(log, _replica_name(self.kernel_id, index), exc, note)
-                    self._fail_request(ctx._current, exc, note)
-                    if self._cut_off_replica(index):  # the message it raised on: dropped
-                        self.telemetry.record_drop()
-                        if self._inbox is not None:
-                            self._inbox.count_dropped(1)
-                    ctx._current = None
-                    ctx._handling = False
-                    if ctx._rec is not None:  # the message it raised on is not timed
-                        ctx._rec.cancel()
-                    if pause and not await self._backoff(pause):
-                        return
-                    taken_at_restart = self._taken()
-                    continue
-                self._hand_back(self._cut_off_replica(index))  # first in `undelivered`
-                self._fail(exc)
-                self._stop_others(index)
-                return
-            else:
-                ctx._handling = False
-                self._returned += 1
-                if not self._stopping and self._returned >= len(self._ctxs):
-                    self._finished()  # the last replica returned on its own
-                return
-
-    def _stop_others(self, index: int) -> None:
-        me = self._tasks[index] if index < len(self._tasks) else None
+    def _fail(self, exc: BaseException) -> None:
+        """One replica fails the pool as one kernel: the others stop, and what each held
+        is handed back (their supervision loops see FAILED)."""
+        super()._fail(exc)
+        me = asyncio.current_task()
         for task in self._tasks:
             if task is not me and not task.done():
                 task.cancel()

@@ -582,8 +582,11 @@ class RingKernelRuntime:
     def get_loop_info(self) -> dict[str, Any]:
         return _get_loop_info()
 
-    def _on_kernel_failed(self, kernel: RingKernel) -> None:
+    def kernel_failed(self, kernel: RingKernel) -> None:
+        """Record that ``kernel`` failed (its kernels call it: their ``on_failed``)."""
         self._failures.append((kernel.kernel_id, kernel.error))
+
+    _on_kernel_failed = kernel_failed  # the older name
 
     # -- scopes -------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -139,6 +139,16 @@ class LatencyHistogram:
             out[k] = seen
             k += 1
         return out
+
+    def add_counts(self, pairs: Iterable[tuple[int, int]], count: int) -> None:
+        """Add ``count`` latencies given as ``(bucket, count)`` pairs (the form of
+        `bucket_counts`): how histograms merge."""
+        b = self._buckets
+        if b is None:
+            b = self._buckets = [0] * _BUCKETS
+        for i, c in pairs:
+            b[i] += c
+        self.count += count
 
     def reset(self) -> None:
         self._buckets = None
@@ -458,12 +468,7 @@ class RingKernelTelemetry:
         h: LatencyHistogram = _hist_slot.__get__(self)
         if lo < _min_slot.__get__(self) or not h.count:
             _min_slot.__set__(self, lo)
-        b = h._buckets
-        if b is None:
-            b = h._buckets = [0] * _BUCKETS
-        for i, c in pairs:
-            b[i] += c
-        h.count += n
+        h.add_counts(pairs, n)
 
     def latency_summary(self) -> tuple[int, int, int, int, list[tuple[int, int]]]:
         """This record's latency statistics in the form `merge_summary` takes."""
@@ -532,16 +537,8 @@ class RingKernelTelemetry:
         hist = LatencyHistogram()
         timed = [p for p in parts if p.histogram.count]
         for p in timed:
-            src = p.histogram._buckets
-            if src is None:
-                continue
-            if hist._buckets is None:
-                hist._buckets = [0] * _BUCKETS
-            dst = hist._buckets
-            for i, c in enumerate(src):
-                if c:
-                    dst[i] += c
-            hist.count += p.histogram.count
+            part = p.histogram
+            hist.add_counts(part.bucket_counts(), part.count)
         self.histogram = hist
         self.total_latency_ns = sum(p.total_latency_ns for p in timed)
         self.max_latency_ns = max((p.max_latency_ns for p in timed), default=0)

@@ -166,3 +166,15 @@ async def test_restarts_account_for_every_message(case: sc.TierCase) -> None:
     if case.name not in sc.RESTART_TIERS:
         pytest.skip(f"the {case.name} tier refuses restart='on_failure' at launch")
     await sc.scenario_restarts_account_for_every_message(case)
+
+
+async def test_handed_back_counted_as_undelivered(case: sc.TierCase) -> None:
+    await sc.scenario_handed_back_counted_as_undelivered(case)
+
+
+async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None:
+    await sc.scenario_reply_nobody_waits_for_counted_as_lost(case)
+
+
+async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> None:
+    await sc.scenario_returned_actor_hands_back_as_undelivered(case)

@@ -629,7 +629,7 @@ async def test_a_reply_cut_off_by_the_grace_period_is_counted(
         target = RingKernel("target", echo, config=RingKernelConfig("target", input_queue_size=1))
         kernels.append(target)
         await target.launch()
-        k._forward = target
+        k.forward_to(target)
     await k.activate()
     for i in range(3):
         await k.send(Req(x=i))

@@ -15,12 +15,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ...exceptions import InvalidConfigurationError, TypeValidationError
-from .contract import ActorKind, TierWorker
+from ...exceptions import InvalidConfigurationError
+from .contract import ActorKind, TierWorker, actor_kind, check_actor_kind
 
 __all__ = (
     "ActorKind",
     "TierWorker",
+    "actor_kind",
     "canonical_tier",
     "check_actor_kind",
     "register_tier",
@@ -79,34 +80,3 @@ def tier_class(tier: str) -> Any:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
-
-
-def check_actor_kind(kernel_id: str, tier: str, func: Any, kind: str | None) -> None:
-    """Refuse, at launch, an actor of the kind tier `tier` does not run.
-
-    `kind` is the tier's `ACTOR_KIND`: `"async"` (coroutine functions), `"sync"` (plain
-    functions) or None (not checked). Only plain functions and methods are judged; other
-    callables (a class instance with `__call__`) pass, and fail on first use if wrong.
-    """
-    import functools
-    import inspect
-
-    if kind is None or not callable(func):
-        return
-    target = func
-    while isinstance(target, functools.partial):
-        target = target.func
-    is_async = inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
-    plain = inspect.isfunction(target) or inspect.ismethod(target)
-    name = getattr(target, "__qualname__", repr(target))
-    if kind == "async" and plain and not is_async:
-        raise TypeValidationError(
-            f"kernel {kernel_id!r}: the {tier} tier runs async functions (async def actor"
-            f"(ctx)), but {name!r} is a plain function; make it async, or launch it with "
-            "tier='thread' or tier='process'"
-        )
-    if kind == "sync" and is_async:
-        raise TypeValidationError(
-            f"kernel {kernel_id!r}: the {tier} tier runs plain functions, but {name!r} is "
-            "async; make it a plain def, or launch it on the asyncio tier"
-        )

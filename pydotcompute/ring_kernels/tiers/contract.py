@@ -33,10 +33,14 @@ Design notes:
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-__all__ = ("ActorKind", "TierWorker")
+from ...exceptions import TypeValidationError
+
+__all__ = ("ActorKind", "TierWorker", "actor_kind", "check_actor_kind")
 
 ActorKind = Literal["async", "sync"]
 
@@ -182,3 +186,69 @@ class TierWorker(abc.ABC):
     @abc.abstractmethod
     def failure(self) -> BaseException | None:
         """Why the actor failed (its exception, or the death of its process), or None."""
+
+
+# -- the actor kind: the one check --------------------------------------------------------
+
+
+def actor_kind(func: Any) -> ActorKind | None:
+    """What kind of actor ``func`` is: ``"async"`` (a coroutine or async generator
+    function), ``"sync"`` (a plain function or method), or None for another callable (a
+    class instance with ``__call__``: judged on first use). ``functools.partial`` is seen
+    through."""
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target):
+        return "async"
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        return "sync"
+    return None
+
+
+def check_actor_kind(
+    kernel_id: str,
+    tier: str,
+    func: Any,
+    kind: str | None,
+    *,
+    runs: str | None = None,
+    advice: str | None = None,
+) -> None:
+    """Refuse, at launch, an actor of the kind tier ``tier`` does not run: the one
+    actor-kind check of every tier (the runtime, the Ray tier and the standalone kernels
+    call it).
+
+    Args:
+        kernel_id: The kernel, for the message.
+        tier: The tier's name, for the message.
+        func: The actor.
+        kind: The tier's ``ACTOR_KIND``: ``"async"``, ``"sync"``, or None (not checked).
+        runs: What the tier runs, replacing "the {tier} tier runs ..." in the message.
+        advice: What to do instead, replacing the default advice.
+
+    Raises:
+        TypeValidationError: ``func`` is async on a ``"sync"`` tier, or a plain function on
+            an ``"async"`` tier (other callables pass, and fail on first use if wrong).
+    """
+    if kind is None or not callable(func):
+        return
+    found = actor_kind(func)
+    if found is None or found == kind:
+        return
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    name = getattr(target, "__qualname__", repr(target))
+    if kind == "async":
+        what = runs or f"the {tier} tier runs async functions (async def actor(ctx))"
+        todo = "; make it async, or launch it with tier='thread' or tier='process'"
+        found_as = "a plain function"
+    else:
+        what = runs or f"the {tier} tier runs plain functions"
+        todo = "; make it a plain def, or launch it on the asyncio tier"
+        found_as = "async"
+    raise TypeValidationError(
+        f"kernel {kernel_id!r}: {what}, but {name!r} is {found_as}"
+        f"{todo if advice is None else advice}"
+    )

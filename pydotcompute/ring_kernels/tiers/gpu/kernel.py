@@ -739,7 +739,7 @@ class GPURingKernel(RingKernel):
                     if not fut.done():
                         fut.set_result(out_t.from_records(recs[k : k + 1])[0])
                     else:  # its caller timed out or was cancelled: nobody reads it
-                        tel.record_drop(1)
+                        self.count_lost_reply()
             recs = recs[keep]
         if not len(recs):
             return
@@ -768,7 +768,7 @@ class GPURingKernel(RingKernel):
         while backlog:
             reply = backlog.popleft()
             if target is None:
-                self.telemetry.record_drop(1)
+                self.count_lost_reply()
                 continue
             try:
                 target.accept_nowait(reply)
@@ -784,7 +784,7 @@ class GPURingKernel(RingKernel):
             )
 
     def _refused_downstream(self, target: RingKernel, exc: BaseException) -> None:
-        self.telemetry.record_drop(1)
+        self.count_lost_reply()
         self._drop_log.event(
             "kernel %r: a reply forwarded to %r was dropped: %s",
             self.kernel_id,
