@@ -1,9 +1,9 @@
 """Ring kernels beyond one machine.
 
-`RingKernelRuntime().launch(..., tier="ray")` places a `@ring_kernel` actor in a Ray actor;
-`driver.py` is the machinery behind that tier, `ray.py` keeps the older
-`RayRingKernelRuntime` as a compatibility name. Importing this package does not import
-Ray; Ray loads on the first Ray launch (`pip install "pydotcompute[ray]"`).
+`RingKernelRuntime().launch(..., tier="ray")` places a `@ring_kernel` actor in a Ray actor
+(the tier lives in `pydotcompute.ring_kernels.tiers.ray`); `ray.py` is the public entry
+point, with `RayRingKernelRuntime`. Importing this package does not import Ray; Ray loads
+on the first Ray launch (`pip install "pydotcompute[ray]"`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ __all__ = ("RayKernel", "RayRingKernelRuntime", "is_ray_available")
 
 
 def __getattr__(name: str) -> Any:
-    # lazy: `ring_kernels/tiers/ray.py` imports `driver.py` from this package, and `ray.py`
-    # imports that tier; importing `ray.py` here would make the two packages a cycle
+    # lazy: the Ray tier imports the runtime, which importing this package must not load
     if name in __all__:
         from . import ray
 

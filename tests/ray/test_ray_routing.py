@@ -37,7 +37,7 @@ async def test_connect_forwards_actor_to_actor_in_order(ray_runtime):
     # the driver never pulled anything out of the first stage: the actors talked directly
     source = ray_runtime.get_kernel("rt_double")
     assert source.buffered == 0
-    assert source.handle._fetch is None
+    assert not source.fetching
     tel = await ray_runtime.refresh_telemetry("rt_double")
     assert tel.messages_sent == 500
     assert tel.queue_depth == 0

@@ -78,8 +78,7 @@ async def test_placement_option_reaches_ray_and_id_is_reusable() -> None:
         kernel = await rt.launch(
             "k", sc.echo_async, input_type=sc.Job, tier="ray", num_cpus=0, resources={"pdc_slot": 1}
         )
-        assert kernel.handle is not None
-        assert kernel.handle.ray_options["resources"] == {"pdc_slot": 1}
+        assert kernel.ray_options["resources"] == {"pdc_slot": 1}
         await rt.activate("k")
         assert (await rt.send_and_receive("k", sc.Job(seq=7), timeout=10)).seq == 7
         await rt.terminate("k")

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from pydotcompute import KernelState
-from pydotcompute.distributed._wire import pack_error, unpack_error
+from pydotcompute.ring_kernels.tiers.ray.wire import pack_error, unpack_error
 from pydotcompute.exceptions import (
     KernelFailedError,
     KernelNotFoundError,

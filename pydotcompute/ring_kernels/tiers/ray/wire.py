@@ -19,8 +19,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from .. import exceptions as _exc
-from ..ring_kernels.states import KernelState
+from .... import exceptions as _exc
+from ...states import KernelState
 
 __all__ = ("PackedError", "pack_cause", "pack_error", "state_from_name", "unpack_error")
 

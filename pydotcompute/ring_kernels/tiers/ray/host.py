@@ -2,7 +2,7 @@
 
 Each ring kernel placed on a Ray cluster lives in its own Ray actor (`KernelHost`),
 which runs an ordinary tier-1 `RingKernelRuntime` on an event loop of its own, in a
-thread of the actor process. The driver-side runtime (``pydotcompute.distributed.ray``)
+thread of the actor process. The driver's side (`RayTierKernel`, ``kernel.py``)
 calls the methods below; Ray runs them on the actor's thread pool (a threaded actor, so a
 long-poll ``fetch`` or ``watch`` never blocks a ``push``) and each hands its work to the
 kernel's loop.
@@ -17,7 +17,7 @@ Design notes:
   sends while the previous batch is in flight into the next ``push`` (one call in flight
   per peer keeps the order), and pushes back on the actor once ``limit`` messages wait.
 - Every method answers a value or ``(value, packed_error)`` (see ``_wire``): expected
-  failures are data, so the driver can rebuild the exact pydotcompute error. The hot
+  failures are data, so the driver can rebuild the exact pydotcompute error (``wire.py``). The hot
   methods (``push``, ``request``, ``fetch``) answer a bare value on success: a tuple costs
   Ray more to carry than bytes, an int or a list.
 - One file for the whole actor side (peer stand-ins, the in-actor runtime, the loop-side
@@ -38,7 +38,7 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..exceptions import (
+from ....exceptions import (
     KernelNotFoundError,
     KernelStateError,
     PyDotComputeError,
@@ -46,36 +46,23 @@ from ..exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from ..ring_kernels._loop import create_optimized_loop
-from ..ring_kernels.kernel import RingKernel
-from ..ring_kernels.message import RingKernelMessage, deserialize_message
-from ..ring_kernels.runtime import RingKernelRuntime
-from ..ring_kernels.states import KernelState
-from ._wire import PackedError, pack_cause, pack_error, unpack_error
+from ..._loop import create_optimized_loop
+from ...kernel import RingKernel
+from ...message import RingKernelMessage, deserialize_message
+from ...runtime import RingKernelRuntime
+from ...states import KernelState
+from .session import actor_name, errors, ray_module
+from .wire import PackedError, pack_cause, pack_error, unpack_error
 
 if TYPE_CHECKING:
-    from ..ring_kernels.config import RingKernelConfig
+    from ...config import RingKernelConfig
 
-__all__ = ("KernelHost", "RemotePeer", "actor_name")
+__all__ = ("KernelHost", "RemotePeer")
 
 logger = logging.getLogger("pydotcompute")
 
 Answer = tuple[Any, PackedError | None]
 _T = TypeVar("_T")
-
-
-def actor_name(prefix: str, kernel_id: str) -> str:
-    """The Ray actor name of ``kernel_id`` in the runtime whose names start with ``prefix``."""
-    return f"{prefix}{kernel_id}"
-
-
-def _ray() -> Any:
-    return importlib.import_module("ray")
-
-
-def _ray_actor_error() -> type[BaseException]:
-    err: type[BaseException] = importlib.import_module("ray.exceptions").RayActorError
-    return err
 
 
 def _register_message_type(cls: type | None) -> None:
@@ -103,7 +90,7 @@ class RemotePeer:
     def __init__(self, kernel_id: str, handle: Any, *, limit: int, max_batch: int) -> None:
         self.kernel_id = kernel_id
         self.input_type: type | None = None
-        self._handle = handle
+        self.handle = handle
         self._push = handle.push
         self._limit = max(1, limit)
         self._max_batch = max(1, max_batch)
@@ -189,7 +176,7 @@ class RemotePeer:
                 try:
                     answer = await self._push.remote(batch)
                     accepted, err = (answer, None) if type(answer) is int else answer
-                except _ray_actor_error() as exc:
+                except errors().actor as exc:
                     accepted, err = 0, None
                     self._set_error(
                         KernelStateError(
@@ -258,25 +245,25 @@ class _ReplyWaiter:
     the reply needs no further turn of the loop.
     """
 
-    __slots__ = ("_cf", "key")
+    __slots__ = ("future", "key")
 
     def __init__(self, cf: concurrent.futures.Future[Any]) -> None:
-        self._cf = cf
+        self.future = cf  # what the Ray thread blocks on
         self.key: Any = None  # the correlation key the kernel gave it (`expect_reply`)
 
     def done(self) -> bool:
-        return self._cf.done()
+        return self.future.done()
 
     def set_result(self, msg: Any) -> None:
-        if not self._cf.done():
-            self._cf.set_result(msg)
+        if not self.future.done():
+            self.future.set_result(msg)
 
     def set_exception(self, exc: BaseException) -> None:
-        if not self._cf.done():
-            self._cf.set_exception(exc)
+        if not self.future.done():
+            self.future.set_exception(exc)
 
     def cancel(self) -> bool:
-        return self._cf.cancel()
+        return self.future.cancel()
 
 
 class _KernelCore:
@@ -312,7 +299,13 @@ class _KernelCore:
         self._peers: dict[str, RemotePeer] = {}
         self._forward: RemotePeer | None = None
 
-    def _require(self, operation: str) -> RingKernel:
+    @property
+    def kernel(self) -> RingKernel | None:
+        """The tier-1 kernel (None before `launch`)."""
+        return self._kernel
+
+    def require(self, operation: str) -> RingKernel:
+        """The tier-1 kernel, or `KernelStateError` when it was not launched yet."""
         if self._kernel is None:
             raise KernelStateError(
                 self._kernel_id, KernelState.CREATED, operation, "launch it first"
@@ -326,7 +319,7 @@ class _KernelCore:
             return peer
         if not isinstance(kernel_id, str):
             raise KernelNotFoundError(repr(kernel_id), [self._kernel_id], where="Ray runtime")
-        ray = _ray()
+        ray = ray_module()
         try:
             handle = ray.get_actor(actor_name(self._prefix, kernel_id))
         except ValueError:
@@ -345,7 +338,7 @@ class _KernelCore:
 
     def _known_ids(self) -> list[str]:
         try:
-            names = _ray().util.list_named_actors()
+            names = ray_module().util.list_named_actors()
         except Exception:
             return [self._kernel_id]
         n = len(self._prefix)
@@ -397,7 +390,7 @@ class _KernelCore:
 
     async def transition(self, operation: str) -> Answer:
         try:
-            kernel = self._require(operation)
+            kernel = self.require(operation)
             await getattr(kernel, operation)()
             if operation == "activate":
                 self._watch_task(kernel)
@@ -407,7 +400,7 @@ class _KernelCore:
 
     async def terminate(self, timeout: float | None) -> Answer:
         try:
-            kernel = self._require("terminate")
+            kernel = self.require("terminate")
             assert self._runtime is not None
             failed = kernel.state is KernelState.FAILED
             left = await self._runtime.terminate(self._kernel_id, timeout)
@@ -439,9 +432,9 @@ class _KernelCore:
 
     async def connect(self, target_id: str, handle: Any) -> Answer:
         try:
-            kernel = self._require("connect")
+            kernel = self.require("connect")
             peer = self._peers.get(target_id)
-            if peer is None or peer._handle != handle:
+            if peer is None or peer.handle != handle:
                 peer = self._add_peer(target_id, handle)
             kernel.forward_to(peer)  # type: ignore[arg-type]
             self._forward = peer
@@ -462,7 +455,7 @@ class _KernelCore:
     async def push(self, batch: list[bytes], timeout: float | None) -> Any:
         accepted = 0
         try:
-            kernel = self._require("send to")
+            kernel = self.require("send to")
             accept = kernel.accept
             for data in batch:
                 await accept(deserialize_message(data), timeout)
@@ -479,7 +472,7 @@ class _KernelCore:
         timeout: float | None,
     ) -> None:
         """Loop thread: register the waiter and enqueue; slow path when the inbox is full."""
-        cf = waiter._cf
+        cf = waiter.future
         inbox = kernel.inbox
         if inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize:
             task = asyncio.get_running_loop().create_task(kernel.send_and_receive(msg, timeout))
@@ -496,7 +489,7 @@ class _KernelCore:
     async def fetch(self, n: int, wait: float | None) -> Any:
         items: list[Any] = []
         try:
-            kernel = self._require("receive from")
+            kernel = self.require("receive from")
             out = kernel.outbox
             assert out is not None
             if len(out):
@@ -611,7 +604,7 @@ class KernelHost:
         return self._run(self._core.watch())
 
     def state(self) -> Answer:
-        kernel = self._core._kernel
+        kernel = self._core.kernel
         return (kernel.state.name if kernel is not None else "CREATED"), None
 
     # -- routing --------------------------------------------------------------------------
@@ -641,7 +634,7 @@ class KernelHost:
         """
         try:
             msg = deserialize_message(data)
-            kernel = self._core._require("send to")
+            kernel = self._core.require("send to")
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()

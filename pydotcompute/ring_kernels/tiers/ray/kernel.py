@@ -1,0 +1,1197 @@
+"""The Ray tier's kernel: one ring kernel running in a Ray actor, driven from the loop.
+
+`RingKernelRuntime().launch(kernel_id, fn, tier="ray", num_cpus=1)` builds a
+`RayTierKernel`: it creates a Ray actor (`host.KernelHost`) that hosts an ordinary
+asyncio-tier kernel, and moves messages to and from it in batches. The runtime keeps the
+registry, routing and ordered shutdown; this class is the mechanism on the driver's side.
+
+Design notes:
+- A kernel-level tier (like the GPU tier), not a `TierWorker` behind the hosting bridge:
+  the runtime inside the Ray actor already applies the policy (accounting, correlation,
+  backpressure, supervision) on its queues, and this class batches across the network. A
+  bridge on the driver would add a second set of queues, a second bound and a second copy
+  of every message in flight.
+- Sends coalesce with no added delay: one ``push`` call in flight per kernel, and whatever
+  is sent while it flies leaves together in the next call (Nagle without the timer). One
+  call in flight also keeps the order of messages, which Ray does not promise for threaded
+  actors. ``send`` waits for its batch's answer (so it raises the actor's refusal);
+  ``send_nowait`` does not, and a refusal is raised by the next send and kept in
+  ``undelivered``.
+- Receives prefetch: one ``fetch`` call brings back up to ``prefetch`` replies; later
+  receives are served from the driver-side buffer. A fetch a caller gave up on (timeout,
+  cancellation) still lands in the buffer; replies are never dropped.
+- ``send_and_receive`` is one Ray call (the actor correlates the reply).
+- Pipelines go actor to actor: `forward_to` hands the source actor the target's handle; the
+  driver never relays kernel-to-kernel traffic. So a Ray kernel forwards only into Ray
+  kernels of the same session; a mixed pipeline is refused at ``connect``.
+- Faults: a ``watch`` call stays parked in every actor. When the actor dies, that call and
+  every other call in flight fail; the kernel becomes FAILED with the Ray error as its
+  cause and every waiting caller gets `KernelFailedError`. With ``restart="on_failure"``
+  the actor is created with Ray's ``max_restarts``; when Ray brings it back, the kernel is
+  launched in it again and returned to its previous state (`_restore`).
+- Ray loads when the first kernel launches (`session.ray_module`), never on import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from typing import Any, ClassVar
+
+from ....decorators.validators import check_message, validate_config
+from ....exceptions import (
+    InvalidConfigurationError,
+    KernelFailedError,
+    KernelStateError,
+    QueueFullError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
+from ...config import RingKernelConfig
+from ...kernel import KernelFunc
+from ...message import RingKernelMessage, deserialize_message
+from ...states import KernelState
+from ...telemetry import RingKernelTelemetry
+from .. import check_actor_kind, tier_class
+from .host import KernelHost
+from .session import RAY_ACTOR_OPTIONS, RaySession, errors, ray_module, reason, session_for
+from .wire import unpack_cause, unpack_error
+
+__all__ = ("RayTierKernel",)
+
+logger = logging.getLogger("pydotcompute")
+
+_RUNNING = (KernelState.LAUNCHED, KernelState.ACTIVE, KernelState.DEACTIVATED)
+_ENDED = (KernelState.TERMINATED, KernelState.FAILED)
+_REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
+
+_HOST_CLASS: Any = None
+
+
+def _host_class() -> Any:
+    """``ray.remote(KernelHost)``, built once per process."""
+    global _HOST_CLASS
+    if _HOST_CLASS is None:
+        _HOST_CLASS = ray_module().remote(KernelHost)
+    return _HOST_CLASS
+
+
+def _min_timeout(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _limit(max_restarts: int | None) -> str:
+    return "no limit" if max_restarts is None else str(max_restarts)
+
+
+def _never_activated(kernel_id: str, operation: str) -> KernelStateError:
+    """Waiting on a kernel that was never activated: no reply can come (said at once)."""
+    return KernelStateError(
+        kernel_id,
+        KernelState.LAUNCHED,
+        operation,
+        "activate it first: a kernel that was never activated runs no actor, so no reply can come",
+    )
+
+
+class _Batch:
+    """Messages that will cross in one ``push`` call."""
+
+    __slots__ = ("accepted", "done", "error", "items", "nowait", "sent", "timeout", "unwaited")
+
+    def __init__(self, timeout: float | None) -> None:
+        self.items: list[bytes] = []
+        self.timeout = timeout
+        self.sent = False
+        self.unwaited = False
+        self.nowait: set[int] = set()  # indices of items whose sender does not wait
+        self.accepted: int | None = None
+        self.error: BaseException | None = None
+        self.done: asyncio.Future[None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrivals:
+    """The inbox counter the runtime reads: messages the actor accepted from the driver."""
+
+    total_enqueued: int
+
+
+class _Buffered:
+    """The driver-side reply buffer as the runtime sees an outbox (`len`, `clear`)."""
+
+    __slots__ = ("_kernel",)
+
+    def __init__(self, kernel: RayTierKernel) -> None:
+        self._kernel = kernel
+
+    def __len__(self) -> int:
+        return self._kernel.buffered
+
+    def clear(self) -> int:
+        return self._kernel.drop_buffered()
+
+
+class _Depth:
+    """The inbox as the runtime sees it: in flight on the driver plus queued in the actor
+    (as last reported by its telemetry)."""
+
+    __slots__ = ("_kernel",)
+
+    def __init__(self, kernel: RayTierKernel) -> None:
+        self._kernel = kernel
+
+    def __len__(self) -> int:
+        kernel = self._kernel
+        return kernel.pending + max(kernel.telemetry.queue_depth, 0)
+
+    def statistics(self) -> Arrivals:
+        return Arrivals(self._kernel.accepted)
+
+
+class RayTierKernel:
+    """A ring kernel running in a Ray actor, with the interface the runtime drives.
+
+    Attributes:
+        kernel_id: The kernel's id.
+        config: The `RingKernelConfig` it was launched with.
+        input_type: The message class `send` accepts (None: any `@message`).
+        output_type: The message class the actor sends.
+        error: Why the kernel FAILED (the actor's exception, or the Ray error when the
+            actor died).
+        restarts: How many times Ray restarted the actor.
+        telemetry: The last snapshot fetched from the actor, plus the driver's own counts
+            of refused messages, errors and restarts.
+    """
+
+    #: Checked in `launch`, against the tier inside the actor (asyncio: async functions).
+    ACTOR_KIND: ClassVar[str | None] = None
+    #: Ray restarts the actor (`max_restarts`) and the kernel is launched in it again.
+    SUPPORTS_RESTART: ClassVar[bool] = True
+    EXTRA_OPTIONS: ClassVar[frozenset[str]] = RAY_ACTOR_OPTIONS | frozenset(
+        {"ray_options", "check_resources", "actor_tier"}
+    )
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: KernelFunc | None,
+        *,
+        config: RingKernelConfig,
+        input_type: type | None = None,
+        output_type: type | None = None,
+        runtime: Any = None,
+        enable_telemetry: bool = True,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.config = config
+        self.input_type = input_type
+        self.output_type = output_type
+        self.error: BaseException | None = None
+        self.restarts = 0
+        self.telemetry = RingKernelTelemetry(kernel_id)
+        self._func = kernel_func
+        self._runtime = runtime
+        self._session = session_for(runtime, enable_telemetry=enable_telemetry)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = KernelState.CREATED
+        self._actor: Any = None
+        self._actor_name = ""
+        self._ray_options: dict[str, Any] = {}
+        self._undelivered: list[Any] = []
+        self._accepted = 0
+        # outbound
+        self._batches: deque[_Batch] = deque()
+        self._queued = 0
+        self._pump: asyncio.Task[None] | None = None
+        self._async_error: BaseException | None = None
+        # inbound
+        self._replies: deque[Any] = deque()
+        self._fetch: asyncio.Task[None] | None = None
+        self._fetch_error: BaseException | None = None
+        self._end_error: BaseException | None = None
+        # control
+        self._watch: asyncio.Task[None] | None = None
+        self._restoring: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
+        self._setup: asyncio.Task[None] | None = None
+        self._forward: RayTierKernel | None = None
+        self._dead = False
+        self._released = False
+        self._inbox = _Depth(self)
+        self._outbox = _Buffered(self)
+
+    def __repr__(self) -> str:
+        return f"<RayTierKernel {self.kernel_id!r} {self._state.name} actor={self._actor_name!r}>"
+
+    # -- what the runtime reads ---------------------------------------------------------
+
+    @property
+    def session(self) -> RaySession:
+        """The `RaySession` this kernel runs in (shared by its runtime's Ray kernels)."""
+        return self._session
+
+    @property
+    def handle(self) -> RayTierKernel | None:
+        """This kernel once launched (None before): older code read the Ray handle here."""
+        return self if self._actor is not None else None
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (`ray.kill(kernel.actor)` simulates a lost node)."""
+        self._require("use")
+        return self._actor
+
+    @property
+    def actor_name(self) -> str:
+        """The Ray actor's name (unique per session)."""
+        self._require("use")
+        return self._actor_name
+
+    @property
+    def ray_options(self) -> dict[str, Any]:
+        """The `ActorClass.options(...)` the actor was created with."""
+        self._require("use")
+        return self._ray_options
+
+    @property
+    def pending(self) -> int:
+        """Messages sent from the driver and not yet acknowledged by the actor."""
+        return self._queued
+
+    @property
+    def accepted(self) -> int:
+        """Messages the actor accepted from the driver so far."""
+        return self._accepted
+
+    @property
+    def buffered(self) -> int:
+        """Replies already fetched to the driver and not yet received."""
+        return len(self._replies)
+
+    @property
+    def fetching(self) -> bool:
+        """True while a fetch of replies is on its way from the actor."""
+        return self._fetch is not None
+
+    def drop_buffered(self) -> int:
+        """Drop the replies fetched to the driver and not yet received; how many."""
+        n = len(self._replies)
+        self._replies.clear()
+        return n
+
+    @property
+    def setup(self) -> asyncio.Task[None] | None:
+        """The last `connect`/`disconnect` on its way to the actor (await it to wait until
+        the actor applied it), or None."""
+        return self._setup
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    @property
+    def is_active(self) -> bool:
+        return self._state is KernelState.ACTIVE
+
+    @property
+    def undelivered(self) -> list[Any]:
+        """Messages sent but never processed (left in the inbox at terminate, refused on
+        their way, or in the actor when it failed)."""
+        return self._undelivered
+
+    @property
+    def inbox(self) -> _Depth:
+        return self._inbox
+
+    @property
+    def outbox(self) -> _Buffered:
+        return self._outbox
+
+    @property
+    def is_idle(self) -> bool:
+        return False
+
+    def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
+        """Never: the actor runs in a Ray actor, not in a task of the driver's loop."""
+        del task
+        return False
+
+    def _require(self, operation: str) -> None:
+        if self._actor is None:
+            raise KernelStateError(
+                self.kernel_id, KernelState.CREATED, operation, "launch it first"
+            )
+
+    def _refuse(self, operation: str) -> BaseException:
+        if self._state is KernelState.FAILED:
+            return self._failed_error()
+        return KernelStateError(self.kernel_id, self._state, operation)
+
+    def _failed_error(self) -> BaseException:
+        if isinstance(self._end_error, KernelFailedError):
+            return self._end_error
+        err = KernelFailedError(self.kernel_id, self.error)
+        err.__cause__ = self.error
+        return err
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        assert loop is not None, "launched kernels have a loop"
+        return loop
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def launch(self) -> None:
+        """Create the Ray actor and launch the kernel in it (LAUNCHED).
+
+        Ray placement options (`RAY_ACTOR_OPTIONS`, here or in ``@ring_kernel(...)``),
+        ``ray_options`` and the session's ``actor_options`` go to the actor; a kernel on
+        the GPU tier inside the actor asks for ``num_gpus=1`` unless told otherwise.
+        The kernel function and its message classes must be importable by the Ray
+        workers.
+
+        Raises:
+            InvalidConfigurationError: a bad option, resources the cluster does not have
+                (with ``check_resources``), or an actor that could not start.
+        """
+        if self._actor is not None:
+            raise KernelStateError(self.kernel_id, self._state, "launch", "it is launched")
+        extra = dict(self.config.extra)
+        ray_options = extra.pop("ray_options", None)
+        check_resources = extra.pop("check_resources", True)
+        named = extra.pop("actor_tier", None)
+        actor_tier = named or "asyncio"
+        if actor_tier == "ray":
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: actor_tier='ray' would nest a Ray actor in a Ray "
+                "actor; choose the tier inside the actor: 'asyncio', 'thread' or 'process'"
+            )
+        inner = tier_class(actor_tier)
+        kind = getattr(inner, "ACTOR_KIND", None)
+        check_actor_kind(self.kernel_id, named or "ray", self._func, kind)
+        session = self._session
+        actor_opts = session.options_for(self.kernel_id, extra, ray_options)
+        config = dataclasses.replace(self.config, tier=actor_tier, extra={})
+        validate_config(config)
+        self.config = config
+        if actor_tier in ("gpu", "cuda") and "num_gpus" not in actor_opts:
+            actor_opts["num_gpus"] = 1
+        self._loop = asyncio.get_running_loop()
+        session.start()
+        if check_resources:
+            session.check_resources(self.kernel_id, actor_opts)
+        self._actor = await self._create_actor(config, extra, actor_opts)
+        self._state = KernelState.LAUNCHED
+        self._start_watch()
+
+    async def _create_actor(
+        self, config: RingKernelConfig, options: dict[str, Any], actor_opts: dict[str, Any]
+    ) -> Any:
+        session = self._session
+        name = session.actor_name(self.kernel_id)
+        restartable = config.restart == "on_failure"
+        settings = {
+            "enable_telemetry": session.enable_telemetry,
+            "max_batch": session.max_batch,
+            "peer_limit": config.output_queue_size,
+        }
+        try:
+            actor = (
+                _host_class()
+                .options(
+                    name=name,
+                    # Ray counts over the actor's whole life; -1: no limit
+                    max_restarts=(-1 if config.max_restarts is None else config.max_restarts)
+                    if restartable
+                    else 0,
+                    max_task_retries=0,
+                    **actor_opts,
+                )
+                .remote(
+                    self.kernel_id,
+                    self._func,
+                    self.input_type,
+                    self.output_type,
+                    config,
+                    options,
+                    session.name_prefix,
+                    settings,
+                )
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: Ray refused the actor: {exc}"
+            ) from exc
+        except Exception as exc:  # pickling the function or a message class
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: cannot ship {self._func!r} to Ray: {exc}; define "
+                "the kernel function and its message classes at module level in an "
+                "importable module"
+            ) from exc
+        try:
+            _, err = await actor.launch.remote()
+        except errors().actor as exc:
+            with contextlib.suppress(Exception):
+                ray_module().kill(actor)
+            module = getattr(self._func, "__module__", "?")
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: its Ray actor could not start ({reason(exc)}); "
+                f"every Ray worker must be able to import {module!r} (install it on each "
+                "node or ship it with runtime_env={'py_modules': [...]} or "
+                "{'working_dir': ...})"
+            ) from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ray_module().kill(actor)
+            raise
+        if err is not None:
+            with contextlib.suppress(Exception):
+                ray_module().kill(actor)
+            raise unpack_error(err)
+        self._actor_name = name
+        self._ray_options = actor_opts
+        return actor
+
+    async def _lifecycle(self, operation: str) -> None:
+        self._require(operation)
+        await self._settle()
+        if self._state is KernelState.FAILED and self._dead:
+            raise self._failed_error()
+        try:
+            state, err = await getattr(self._actor, operation).remote()
+        except errors().actor as exc:
+            raise self._lost(exc, operation) from exc
+        if err is not None:
+            raise unpack_error(err)
+        if self._state not in _ENDED and self._stopping is None:
+            self._state = KernelState[state]
+
+    async def activate(self) -> None:
+        """Start processing (LAUNCHED -> ACTIVE)."""
+        await self._lifecycle("activate")
+
+    async def deactivate(self) -> None:
+        """Pause delivery; queued messages are kept (ACTIVE -> DEACTIVATED)."""
+        await self._lifecycle("deactivate")
+
+    async def reactivate(self) -> None:
+        """Resume delivery (DEACTIVATED -> ACTIVE)."""
+        await self._lifecycle("reactivate")
+
+    async def terminate(self, timeout: float | None = None) -> list[Any]:
+        """Drain and stop the actor, then release it; returns the messages not processed.
+
+        Messages still waiting on the driver are sent first; the actor drains its inbox
+        (``timeout`` seconds, default ``config.drain_timeout``); the replies left in its
+        outbox come back to the driver and stay receivable. What could not be processed is
+        also kept in `undelivered` and counted as dropped.
+        """
+        self._require("terminate")
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+            return []
+        if self._state is KernelState.TERMINATED:
+            raise KernelStateError(
+                self.kernel_id, self._state, "terminate", "it is already terminated"
+            )
+        stopping = self._stopping = self._running_loop().create_future()
+        self._state = KernelState.TERMINATING
+        left: list[Any] = []
+        try:
+            if self._restoring is not None:
+                await asyncio.wait({self._restoring})
+            grace = self.config.drain_timeout if timeout is None else timeout
+            await self._flush_quietly(grace)
+            alive = not self._dead
+            if alive:
+                left = await self._terminate_remote(timeout)
+            # a push the actor could not take (its inbox full, its outbox unread) ends
+            # with the actor's terminate: wait for its answer, so that what it refused is
+            # accounted for before terminate returns
+            await self._flush_quietly(5.0)
+            if left:
+                self._undelivered.extend(left)
+                self.telemetry.record_drop(len(left))
+                logger.warning(
+                    "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
+                    self.kernel_id,
+                    len(left),
+                )
+            if alive:
+                # the actor's last counts (its restarts, errors, drops) before it goes:
+                # telemetry read after terminate must not be the last periodic snapshot
+                await self._final_telemetry()
+            if not isinstance(self._end_error, KernelStateError):
+                self._end_error = KernelStateError(
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
+                    "it was terminated and its outbox is drained",
+                )
+        finally:
+            self._state = KernelState.TERMINATED
+            await self.release()
+            self._stopping = None
+            stopping.set_result(None)
+        return left
+
+    async def _terminate_remote(self, timeout: float | None) -> list[Any]:
+        try:
+            value, err = await self._actor.terminate.remote(timeout)
+        except errors().actor as exc:
+            self.error = self.error or exc
+            self.telemetry.record_error(exc)
+            logger.error("kernel %r: its Ray actor died while terminating: %s", self.kernel_id, exc)
+            return []
+        if err is not None:
+            error = unpack_error(err)
+            if getattr(error, "state", None) is KernelState.TERMINATED:
+                return []  # its function had returned already
+            raise error
+        left_b, rest_b, _state, forward_dropped = value
+        if self._fetch is not None:  # replies it took came out of the outbox before these
+            await asyncio.wait({self._fetch}, timeout=5.0)
+        self._replies.extend(deserialize_message(b) for b in rest_b)
+        if forward_dropped:
+            self.telemetry.record_drop(forward_dropped)
+        return [deserialize_message(b) for b in left_b]
+
+    async def _final_telemetry(self) -> None:
+        """Fetch the telemetry from the actor once more (bounded: 5 s); a failure leaves
+        the last snapshot, with a warning."""
+        try:
+            async with asyncio.timeout(5.0):
+                tel, _ = await self._actor.telemetry.remote()
+        except Exception as exc:
+            logger.warning("kernel %r: final telemetry not fetched: %r", self.kernel_id, exc)
+            return
+        self._merge_telemetry(tel)
+
+    async def release(self) -> None:
+        """Stop the driver-side tasks and kill the Ray actor (idempotent; no drain: use
+        `terminate` for a graceful stop)."""
+        for task in (self._watch, self._fetch, self._restoring, self._setup):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # (our own cancellation still propagates)
+        self._watch = self._fetch = self._restoring = self._setup = None
+        if not self._released and self._actor is not None:
+            self._released = True
+            with contextlib.suppress(Exception):
+                ray_module().kill(self._actor, no_restart=True)
+
+    # -- messages in ----------------------------------------------------------------------
+
+    def _encode(self, msg: Any) -> bytes:
+        state = self._state
+        if state is not KernelState.ACTIVE and state not in _RUNNING:
+            if state is KernelState.CREATED:
+                self._require("send to")
+            raise self._refuse("send to")
+        in_t = self.input_type
+        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+            check_message(msg, in_t, self.kernel_id, "expects")
+        if not isinstance(msg, RingKernelMessage):
+            raise TypeValidationError(
+                f"kernel {self.kernel_id!r} runs in a Ray actor, so its messages cross as "
+                f"MessagePack and must be @message objects; got {type(msg).__name__}"
+            )
+        return msg.serialize()
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Deliver ``msg`` to the inbox in the Ray actor; waits until the actor took it
+        (messages sent meanwhile by other callers share the same Ray call).
+
+        Raises:
+            TypeValidationError: ``msg`` is not the kernel's ``input_type``.
+            KernelStateError: the kernel is terminating or terminated.
+            KernelFailedError: the kernel failed or its actor died.
+            QueueFullError / QueueTimeoutError: backpressure ``reject`` / a ``timeout``.
+        """
+        data = self._encode(msg)
+        if self._async_error is not None:
+            self._raise_async_error()
+        if self._setup is not None:
+            await self._settle()
+        if self._queued >= self.config.input_queue_size:
+            await self._room(timeout)
+        await self._wait_parts(self._enqueue([data], timeout, True))
+        return True
+
+    def send_nowait(self, msg: Any) -> bool:
+        """Queue ``msg`` without waiting for the actor; it leaves with the next Ray call.
+
+        If the actor later refuses it, the error is raised by the next send and the
+        message is kept in `undelivered`.
+
+        Raises:
+            QueueFullError: ``input_queue_size`` messages are already in flight.
+        """
+        data = self._encode(msg)
+        self._raise_async_error()
+        if self._queued >= self.config.input_queue_size:
+            raise QueueFullError(
+                f"{self._queued} messages to kernel {self.kernel_id!r} are already in flight "
+                "to its Ray actor (its input_queue_size); use send() to wait for room"
+            )
+        self._enqueue([data], None, False)
+        return True
+
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+        """What a forwarding kernel calls on its target (as `send`)."""
+        await self.send(msg, timeout)
+
+    def accept_nowait(self, msg: Any) -> None:
+        """What a forwarding kernel calls on its target (as `send_nowait`)."""
+        self.send_nowait(msg)
+
+    # the names a forwarding kernel of another tier calls on its target
+    _accept = accept
+    _accept_nowait = accept_nowait
+
+    async def send_batch(self, msgs: Any, timeout: float | None = None) -> int:
+        """Send many messages in as few Ray calls as possible (``max_batch`` per call).
+
+        Returns how many were accepted (all of them, or it raises the refusal; the
+        accepted prefix stays delivered and the rest is kept in `undelivered`).
+        """
+        encode = self._encode
+        datas = [encode(m) for m in msgs]
+        if not datas:
+            return 0
+        self._raise_async_error()
+        await self._settle()
+        await self._wait_parts(self._enqueue(datas, timeout, True))
+        return len(datas)
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far has reached the actor; raises the refusal
+        of a ``send_nowait`` message, if any."""
+        if self._batches:
+            last = self._batches[-1]
+            await self._wait_parts([(last, 0)])
+        self._raise_async_error()
+
+    def _enqueue(
+        self, datas: list[bytes], timeout: float | None, waited: bool
+    ) -> list[tuple[_Batch, int]]:
+        """Append encoded messages to the outgoing batches; start the pump."""
+        parts: list[tuple[_Batch, int]] = []
+        batches = self._batches
+        max_batch = self._session.max_batch
+        i, n = 0, len(datas)
+        while i < n:
+            b = batches[-1] if batches else None
+            if b is None or b.sent or len(b.items) >= max_batch:
+                b = _Batch(timeout)
+                batches.append(b)
+            else:
+                b.timeout = _min_timeout(b.timeout, timeout)
+            take = min(max_batch - len(b.items), n - i)
+            if take == 1:
+                b.items.append(datas[i])
+            else:
+                b.items.extend(datas[i : i + take])
+            i += take
+            if not waited:
+                b.unwaited = True
+                b.nowait.update(range(len(b.items) - take, len(b.items)))
+            parts.append((b, len(b.items)))
+        self._queued += n
+        if self._pump is None:
+            self._pump = self._running_loop().create_task(self._run_pump())
+        return parts
+
+    async def _run_pump(self) -> None:
+        """Push the batches one Ray call at a time (the order is kept)."""
+        batches = self._batches
+        push = self._actor.push
+        try:
+            while batches:
+                if self._restoring is not None:
+                    await asyncio.wait({self._restoring})
+                b = batches[0]
+                b.sent = True
+                err: BaseException | None
+                try:
+                    if b.timeout is None:
+                        answer = await push.remote(b.items)
+                    else:
+                        answer = await push.remote(b.items, b.timeout)
+                    if type(answer) is int:
+                        accepted, err = answer, None
+                    else:
+                        accepted, err = answer[0], unpack_error(answer[1])
+                except errors().actor as exc:
+                    accepted, err = 0, self._lost(exc, "send to")
+                except Exception as exc:
+                    accepted, err = 0, exc
+                batches.popleft()
+                self._queued -= len(b.items)
+                self._accepted += accepted
+                b.accepted = accepted
+                b.error = err
+                if accepted < len(b.items):
+                    unwaited = sum(1 for i in b.nowait if i >= accepted)
+                    self._refused(b.items[accepted:], err, unwaited)
+                    if b.unwaited and self._async_error is None:
+                        self._async_error = err
+                if b.done is not None and not b.done.done():
+                    b.done.set_result(None)
+        finally:
+            self._pump = None
+
+    def _refused(self, items: list[bytes], err: BaseException | None, unwaited: int) -> None:
+        """Keep refused messages in `undelivered`; count as dropped those whose sender
+        was not told (`send_nowait`): a send that raised accepted nothing."""
+        msgs: list[Any] = []
+        for data in items:
+            try:
+                msgs.append(deserialize_message(data))
+            except Exception:
+                msgs.append(data)
+        self._undelivered.extend(msgs)
+        if unwaited:
+            self.telemetry.record_drop(unwaited)
+        logger.warning(
+            "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
+            self.kernel_id,
+            len(msgs),
+            err,
+        )
+
+    async def _wait_parts(self, parts: list[tuple[_Batch, int]]) -> None:
+        for b, end in parts:
+            if b.accepted is None:
+                if b.done is None:
+                    b.done = self._running_loop().create_future()
+                await asyncio.shield(b.done)
+            if b.accepted is not None and b.accepted < end:
+                assert b.error is not None
+                raise b.error
+
+    def _raise_async_error(self) -> None:
+        err = self._async_error
+        if err is not None:
+            self._async_error = None
+            raise err
+
+    async def _room(self, timeout: float | None) -> None:
+        """Driver-side backpressure: wait while ``input_queue_size`` messages are in flight."""
+        limit = self.config.input_queue_size
+        if self._queued < limit:
+            return
+        loop = self._running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._queued >= limit and self._batches:
+            head = self._batches[0]
+            if head.done is None:
+                head.done = loop.create_future()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise QueueTimeoutError(
+                    f"timed out after {timeout}s: {self._queued} messages to kernel "
+                    f"{self.kernel_id!r} are still in flight to its Ray actor"
+                )
+            await asyncio.wait({head.done}, timeout=remaining)
+
+    async def _settle(self) -> None:
+        """Wait for a pending connect and an ongoing restart before talking to the actor."""
+        if self._setup is not None:
+            setup, self._setup = self._setup, None
+            await setup
+        if self._restoring is not None:
+            await asyncio.wait({self._restoring})
+
+    async def _flush_quietly(self, timeout: float | None = None) -> None:
+        """Wait (up to `timeout` seconds) until every batch so far has been answered.
+
+        Bounded because the actor may be unable to take a batch until it is terminated
+        (a full inbox behind an actor blocked on a full, unread outbox).
+        """
+        if self._batches:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._wait_parts([(self._batches[-1], 0)]), timeout)
+        self._async_error = None
+
+    # -- messages out ---------------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Any:
+        """The next reply, waiting up to ``timeout`` seconds.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time (a ``TimeoutError``).
+            KernelFailedError: the actor raised or died (after its replies were drained).
+            KernelStateError: the kernel was terminated and its outbox is drained.
+        """
+        self._require("receive from")
+        replies = self._replies
+        if not replies:
+            if self._state is KernelState.LAUNCHED:
+                raise _never_activated(self.kernel_id, "receive from")
+            await self._wait_replies(timeout, 1)
+        msg = replies.popleft()
+        if not replies and self._fetch is None and self._session.read_ahead:
+            self._read_ahead()
+        return msg
+
+    def receive_nowait(self) -> Any:
+        """The next reply already on the driver, or None (starts a fetch in the background)."""
+        self._require("receive from")
+        if self._replies:
+            return self._replies.popleft()
+        if self._fetch_error is not None:
+            err, self._fetch_error = self._fetch_error, None
+            raise err
+        if self._end_error is not None and self._stopping is None:
+            raise self._end_error
+        if self._fetch is None and self._stopping is None and self._restoring is None:
+            self._fetch = self._running_loop().create_task(
+                self._fetch_replies(self._session.prefetch, None)
+            )
+        return None
+
+    async def receive_batch(self, max_count: int = 1024, timeout: float | None = None) -> list[Any]:
+        """Up to ``max_count`` replies: waits (up to ``timeout``) for the first, then takes
+        what has arrived. Returns an empty list when the timeout passes first."""
+        self._require("receive from")
+        replies = self._replies
+        if not replies:
+            try:
+                await self._wait_replies(timeout, max_count)
+            except QueueTimeoutError:
+                return []
+        if len(replies) <= max_count:
+            out = list(replies)
+            replies.clear()
+            if self._fetch is None and self._session.read_ahead:
+                self._read_ahead()
+            return out
+        return [replies.popleft() for _ in range(max_count)]
+
+    async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send ``msg`` and wait for the reply correlated with it, in one Ray call.
+
+        Concurrent callers each get their own reply; earlier sends reach the actor first.
+        """
+        self._require("send_and_receive to")
+        if self._state is KernelState.LAUNCHED:
+            raise _never_activated(self.kernel_id, "send_and_receive to")
+        data = self._encode(msg)
+        if self._batches or self._setup is not None or self._restoring is not None:
+            await self.flush()
+            await self._settle()
+        request = self._actor.request
+        try:
+            if timeout is None:
+                answer = await request.remote(data)
+            else:
+                # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
+                # cancellation that lands as the answer arrives
+                async with asyncio.timeout(timeout + _REPLY_GRACE_S):
+                    answer = await request.remote(data, timeout)
+        except errors().actor as exc:
+            raise self._lost(exc, "send to") from exc
+        except TimeoutError:
+            raise QueueTimeoutError(
+                f"no reply from kernel {self.kernel_id!r} within {timeout}s: its Ray actor "
+                "did not answer"
+            ) from None
+        if type(answer) is bytes:
+            return deserialize_message(answer)
+        raise unpack_error(answer[1])
+
+    def _read_ahead(self) -> None:
+        """Park a fetch in the actor so the next reply travels back as soon as it exists.
+
+        Started when a receive empties the driver's buffer, so the reply to the next
+        ``send`` comes back without waiting for the next ``receive`` call; at most
+        ``prefetch`` replies wait on the driver beyond what was asked for.
+        """
+        if (
+            self._fetch is None
+            and self._state in _RUNNING
+            and self._stopping is None
+            and self._restoring is None
+            and self._end_error is None
+        ):
+            self._fetch = self._running_loop().create_task(
+                self._fetch_replies(self._session.prefetch, None, background=True)
+            )
+
+    async def _fetch_replies(self, n: int, wait: float | None, *, background: bool = False) -> None:
+        """One ``fetch`` call: replies go to the buffer, a terminal error to ``_end_error``.
+
+        A transient error (a reply that cannot be encoded, a restarting actor) is kept for
+        the next receiver, unless nobody asked for this fetch (``background``).
+        """
+        fetch = self._actor.fetch
+        try:
+            answer = await (fetch.remote(n) if wait is None else fetch.remote(n, wait))
+            items, packed = (answer, None) if type(answer) is list else answer
+            if items:
+                self._replies.extend(deserialize_message(b) for b in items)
+            if packed is not None:
+                err = unpack_error(packed)
+                if isinstance(err, KernelStateError):
+                    self._end_error = err  # closed and drained: terminated or failed
+                elif not background:
+                    self._fetch_error = err
+                else:
+                    logger.warning(
+                        "kernel %r: a reply could not be fetched: %s", self.kernel_id, err
+                    )
+        except errors().actor as exc:
+            err = self._lost(exc, "receive from")
+            if self._state is not KernelState.FAILED and not background:
+                self._fetch_error = err
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not background:
+                self._fetch_error = exc
+        finally:
+            self._fetch = None
+
+    async def _wait_replies(self, timeout: float | None, n: int) -> None:
+        """Return once a reply is buffered; raise the kernel's end or a timeout."""
+        loop = self._running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._replies:
+            if self._fetch_error is not None:
+                err, self._fetch_error = self._fetch_error, None
+                raise err
+            waiting: asyncio.Future[Any] | None = self._stopping or self._restoring
+            if waiting is None:
+                if self._end_error is not None:
+                    raise self._end_error
+                if self._setup is not None:
+                    await self._settle()
+                    continue
+                waiting = self._fetch
+                if waiting is None:
+                    wait = None if deadline is None else max(0.0, deadline - loop.time())
+                    waiting = self._fetch = loop.create_task(
+                        self._fetch_replies(max(n, self._session.prefetch), wait)
+                    )
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise QueueTimeoutError(
+                    f"no message from kernel {self.kernel_id!r} within {timeout}s"
+                )
+            done, _ = await asyncio.wait({waiting}, timeout=remaining)
+            if not done and not self._replies:
+                raise QueueTimeoutError(
+                    f"no message from kernel {self.kernel_id!r} within {timeout}s"
+                )
+
+    # -- routing --------------------------------------------------------------------------
+
+    def forward_to(self, target: Any) -> None:
+        """Forward this kernel's output into `target`'s actor (actor to actor), or stop
+        (None). The change reaches the actor before any later call to it (`setup`).
+
+        Raises:
+            InvalidConfigurationError: `target` is not a Ray-tier kernel of the same session.
+        """
+        self._require("connect")
+        if target is None:
+            self._forward = None
+            ended = self._state in _ENDED
+            self._setup = None if ended else self._remote_setup(self._actor.disconnect.remote())
+            return
+        if not isinstance(target, RayTierKernel) or target.session is not self._session:
+            raise InvalidConfigurationError(
+                f"cannot connect {self.kernel_id!r} -> "
+                f"{getattr(target, 'kernel_id', target)!r}: a kernel on the ray tier forwards "
+                "only into another ray-tier kernel of the same runtime; launch the target "
+                "with tier='ray', or receive from the source and send to the target yourself"
+            )
+        if self._state in _ENDED or self._stopping is not None:
+            raise self._refuse("connect")
+        self._forward = target
+        self._setup = self._remote_setup(self._actor.connect.remote(target.kernel_id, target.actor))
+
+    @property
+    def forwards_to(self) -> RayTierKernel | None:
+        return self._forward
+
+    def _remote_setup(self, ref: Any) -> asyncio.Task[None]:
+        previous = self._setup
+
+        async def apply() -> None:
+            if previous is not None:
+                await previous
+            try:
+                _, err = await ref
+            except errors().actor as exc:
+                raise self._lost(exc, "connect") from exc
+            if err is not None:
+                raise unpack_error(err)
+
+        return self._running_loop().create_task(apply())
+
+    # -- telemetry ------------------------------------------------------------------------
+
+    async def fetch_telemetry(self) -> RingKernelTelemetry:
+        """Fetch the telemetry from the actor (one Ray call) and merge it."""
+        if self._actor is not None and not self._released and not self._dead:
+            try:
+                tel, _ = await self._actor.telemetry.remote()
+            except errors().actor as exc:
+                raise self._lost(exc, "read telemetry of") from exc
+            self._merge_telemetry(tel)
+        return self.telemetry
+
+    def refresh_telemetry(self, timeout: float = 5.0) -> RingKernelTelemetry:
+        """`fetch_telemetry` for synchronous callers (the runtime's `get_telemetry`): waits,
+        blocking the caller up to `timeout` seconds; on any Ray error the last snapshot is
+        returned unchanged, with a warning."""
+        if self._actor is not None and not self._released and not self._dead:
+            try:
+                tel, _ = ray_module().get(self._actor.telemetry.remote(), timeout=timeout)
+            except Exception as exc:
+                logger.warning("kernel %r: telemetry not refreshed: %r", self.kernel_id, exc)
+            else:
+                self._merge_telemetry(tel)
+        return self.telemetry
+
+    def _merge_telemetry(self, tel: RingKernelTelemetry | None) -> None:
+        if tel is not None:
+            local = self.telemetry
+            tel.start_time = time.monotonic() - tel.uptime_seconds
+            tel.messages_dropped = max(tel.messages_dropped, local.messages_dropped)
+            tel.restarts += self.restarts  # in-actor restarts + Ray restarts
+            if local.error_count > tel.error_count:
+                tel.error_count, tel.last_error = local.error_count, local.last_error
+            self.telemetry = tel
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        self._watch = self._running_loop().create_task(
+            self._watch_actor(), name=f"pydotcompute:ray-watch:{self.kernel_id}"
+        )
+
+    async def _watch_actor(self) -> None:
+        """Wait in the actor until the kernel ends; notice the actor dying."""
+        try:
+            value, _ = await self._actor.watch.remote()
+        except errors().actor as exc:
+            if self._stopping is None and self._state is not KernelState.TERMINATED:
+                self._lost(exc, "use")
+            return
+        if self._stopping is not None or self._state in _ENDED:
+            return
+        if not isinstance(value, tuple):
+            return
+        state, cause = value
+        if state == "FAILED":
+            self._mark_failed(unpack_cause(cause), dead=False)
+        elif state == "TERMINATED":
+            self._state = KernelState.TERMINATED  # its actor function returned on its own
+
+    def _lost(self, exc: BaseException, operation: str) -> BaseException:
+        """The actor is gone: restart it or mark FAILED; returns the caller's error."""
+        if self._released or self._state is KernelState.TERMINATED:
+            err: BaseException = KernelStateError(
+                self.kernel_id, KernelState.TERMINATED, operation, "it was terminated"
+            )
+            err.__cause__ = exc
+            return err
+        cfg = self.config
+        restartable = cfg.restart == "on_failure" and (
+            cfg.max_restarts is None or self.restarts < cfg.max_restarts
+        )
+        if restartable and isinstance(exc, errors().unavailable) and self._stopping is None:
+            if self._restoring is None:
+                self._restoring = self._running_loop().create_task(self._restore(exc))
+            err = KernelStateError(
+                self.kernel_id,
+                "RESTARTING",
+                operation,
+                f"its Ray actor stopped ({type(exc).__name__}) and Ray is restarting it "
+                f"(restart {self.restarts + 1} of {_limit(cfg.max_restarts)}); messages in "
+                "flight were lost, send them again",
+            )
+            err.__cause__ = exc
+            return err
+        self._mark_failed(exc, dead=True)
+        return self._failed_error()
+
+    def _mark_failed(self, cause: BaseException | None, *, dead: bool) -> None:
+        if self._state is KernelState.FAILED:
+            return
+        self._state = KernelState.FAILED
+        self._dead = self._dead or dead
+        self.error = cause
+        self.telemetry.record_error(cause or "failed")
+        if self._runtime is not None:  # the runtime's failure log (`get_summary`)
+            self._runtime._on_kernel_failed(self)
+        if dead:
+            err = KernelFailedError(self.kernel_id, cause)
+            BaseException.__init__(
+                err,
+                f"cannot use kernel {self.kernel_id!r}: it is FAILED; its Ray actor died "
+                f"({reason(cause) if cause else 'no reason given'}); launch it again, or "
+                "launch it with restart='on_failure' to let Ray restart it",
+            )
+            err.__cause__ = cause
+            self._end_error = err
+            logger.error("kernel %r failed: its Ray actor died: %s", self.kernel_id, cause)
+        else:
+            logger.error("kernel %r failed: %r", self.kernel_id, cause)
+
+    async def _restore(self, cause: BaseException) -> None:
+        """Wait for Ray to restart the actor, launch the kernel there, resume its state.
+
+        Ray refuses calls while the actor is restarting (``ActorUnavailableError``), so the
+        restore call is retried until ``restart_timeout`` seconds have passed.
+        """
+        loop = self._running_loop()
+        deadline = loop.time() + self._session.restart_timeout
+        delay = 0.05
+        try:
+            while True:
+                target = self._forward
+                forward = None
+                if target is not None and target.state not in _ENDED:
+                    forward = (target.kernel_id, target.actor)
+                try:
+                    value, err = await self._actor.restore.remote(self._state.name, forward)
+                    break
+                except errors().unavailable as exc:
+                    if loop.time() >= deadline:
+                        self._mark_failed(exc, dead=True)
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                except errors().actor as exc:
+                    self._mark_failed(exc, dead=True)
+                    return
+        finally:
+            self._restoring = None
+        if err is not None:
+            self._mark_failed(unpack_error(err), dead=False)
+            return
+        if value == "restored":
+            self.restarts += 1
+            self.telemetry.restarts = self.restarts
+            self.telemetry.record_error(cause)
+            logger.warning(
+                "kernel %r: Ray restarted its actor; restart %d of %s",
+                self.kernel_id,
+                self.restarts,
+                _limit(self.config.max_restarts),
+            )
+        if self._stopping is None and self._state not in _ENDED:
+            self._start_watch()
