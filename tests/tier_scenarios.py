@@ -118,7 +118,7 @@ class TierCase:
 
 
 #: Tiers that honour ``restart="on_failure"``; the others refuse it at launch.
-RESTARTS = frozenset({"asyncio"})
+RESTARTS = frozenset({"asyncio", "ray"})
 
 ASYNCIO = TierCase("asyncio", echo_async, plain_def_actor)
 THREAD = TierCase("thread", echo_sync, echo_async)

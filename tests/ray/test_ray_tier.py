@@ -1,8 +1,7 @@
-"""The tier contract's scenarios on the `"ray"` tier of `RingKernelRuntime`.
+"""What is particular to the `"ray"` tier of `RingKernelRuntime`: placement options,
+resources, pipelines between Ray kernels, mixed pipelines refused.
 
-The same scenarios as `test_ray_tier_contract.py` (which drives them through the
-compatibility class `RayRingKernelRuntime`), launched with `tier="ray"` on the ordinary
-runtime; plus what is particular to the tier: placement options, mixed pipelines.
+The shared scenarios of the tier contract run in `test_ray_tier_contract.py`.
 """
 
 from __future__ import annotations
@@ -16,47 +15,7 @@ from pydotcompute.exceptions import InvalidConfigurationError
 from pydotcompute.ring_kernels import KernelState
 from tests import tier_scenarios as sc
 
-RAY = sc.TierCase("ray", sc.echo_async, sc.plain_def_actor)
-
-
-async def test_receive_on_launched_kernel() -> None:
-    await sc.scenario_receive_on_launched_kernel(RAY)
-
-
-async def test_abandoned_replies_do_not_wedge() -> None:
-    await sc.scenario_abandoned_replies_do_not_wedge(RAY)
-
-
-async def test_terminate_with_unread_replies() -> None:
-    await sc.scenario_terminate_with_unread_replies(RAY)
-
-
-async def test_drop_oldest_counted() -> None:
-    await sc.scenario_drop_oldest_counted(RAY)
-
-
-async def test_wrong_actor_kind_refused() -> None:
-    await sc.scenario_wrong_actor_kind_refused(RAY)
-
-
-async def test_cancel_send_and_receive_loops() -> None:
-    await sc.scenario_cancel_send_and_receive_loops(RAY)
-
-
-async def test_failure_reports_each_message_once() -> None:
-    await sc.scenario_failure_reports_each_message_once(RAY)
-
-
-async def test_message_in_hand_at_grace_end() -> None:
-    await sc.scenario_message_in_hand_at_grace_end(RAY)
-
-
-async def test_oversized_message() -> None:
-    await sc.scenario_oversized_message(RAY)
-
-
-async def test_bad_field_is_not_a_poison_pill() -> None:
-    await sc.scenario_bad_field_is_not_a_poison_pill(RAY, serialize=True)
+pytestmark = pytest.mark.ray
 
 
 async def test_pipeline_exactly_once() -> None:
@@ -100,11 +59,3 @@ async def test_mixed_pipeline_refused_at_connect() -> None:
         await rt.launch("b", sc.echo_async, input_type=sc.Done, output_type=sc.Done)
         with pytest.raises(InvalidConfigurationError, match=r"forwards only into another ray"):
             rt.connect("a", "b")
-
-
-async def test_same_request_object_twice() -> None:
-    await sc.scenario_same_request_object_twice(RAY)
-
-
-async def test_restarts_account_for_every_message() -> None:
-    await sc.scenario_restarts_account_for_every_message(RAY)

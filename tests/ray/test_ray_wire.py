@@ -8,13 +8,13 @@ import threading
 import pytest
 
 from pydotcompute import KernelState
-from pydotcompute.ring_kernels.tiers.ray.wire import pack_error, unpack_error
 from pydotcompute.exceptions import (
     KernelFailedError,
     KernelNotFoundError,
     KernelStateError,
     QueueFullError,
 )
+from pydotcompute.ring_kernels.tiers.ray.wire import pack_error, unpack_error
 
 pytestmark = pytest.mark.ray
 
