@@ -54,6 +54,8 @@ GAPS = {
     "pipeline_exactly_once": "messages in flight between actors at shutdown are not all counted",
     "actor_returns_by_itself": "an actor that returns by itself: the driver does not see the "
     "kernel TERMINATED at once, nor hand back what it held",
+    "returned_actor_hands_back_as_undelivered": "an actor that returns by itself: what it "
+    "held stays in the Ray actor instead of being handed back to the driver",
     "cut_off_in_send_to_full_kernel": "messages in the inbox of a never-activated Ray kernel "
     "are not handed back at terminate",
     "control_message_overtakes_blocked_senders": "the driver pushes in send order, one call "
@@ -240,3 +242,15 @@ async def test_unordered_shutdown_counts_drops_in_one_line(case: sc.TierCase) ->
 
 async def test_restarts_account_for_every_message(case: sc.TierCase) -> None:
     await sc.scenario_restarts_account_for_every_message(case)
+
+
+async def test_handed_back_counted_as_undelivered(case: sc.TierCase) -> None:
+    await sc.scenario_handed_back_counted_as_undelivered(case)
+
+
+async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None:
+    await sc.scenario_reply_nobody_waits_for_counted_as_lost(case)
+
+
+async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> None:
+    await sc.scenario_returned_actor_hands_back_as_undelivered(case)

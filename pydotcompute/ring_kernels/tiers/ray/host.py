@@ -229,7 +229,9 @@ class _HostRuntime(RingKernelRuntime):
         super().__init__(enable_telemetry=enable_telemetry)
         self._host = host
 
-    def _kernel(self, kernel_id: str) -> RingKernel:
+    def get_kernel(self, kernel_id: str) -> RingKernel:
+        """A kernel of this actor, or the stand-in of one in another actor (what
+        ``ctx.send_to`` reaches through the kernel's ``lookup``)."""
         kernel = self._kernels.get(kernel_id) if isinstance(kernel_id, str) else None
         if kernel is not None:
             return kernel

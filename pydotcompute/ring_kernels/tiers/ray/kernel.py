@@ -118,13 +118,6 @@ class _Batch:
         self.done: asyncio.Future[None] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Arrivals:
-    """The inbox counter the runtime reads: messages the actor accepted from the driver."""
-
-    total_enqueued: int
-
-
 class _Buffered:
     """The driver-side reply buffer as the runtime sees an outbox (`len`, `clear`)."""
 
@@ -152,9 +145,6 @@ class _Depth:
     def __len__(self) -> int:
         kernel = self._kernel
         return kernel.pending + max(kernel.telemetry.queue_depth, 0)
-
-    def statistics(self) -> Arrivals:
-        return Arrivals(self._kernel.accepted)
 
 
 class RayTierKernel:
@@ -270,6 +260,10 @@ class RayTierKernel:
     @property
     def accepted(self) -> int:
         """Messages the actor accepted from the driver so far."""
+        return self._accepted
+
+    def messages_received(self) -> int:
+        """Telemetry's ``messages_received``: messages the actor accepted from the driver."""
         return self._accepted
 
     @property
@@ -520,7 +514,7 @@ class RayTierKernel:
             await self._flush_quietly(5.0)
             if left:
                 self._undelivered.extend(left)
-                self.telemetry.record_drop(len(left))
+                self.telemetry.record_drop(len(left), "undelivered")
                 logger.warning(
                     "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
                     self.kernel_id,
@@ -562,7 +556,7 @@ class RayTierKernel:
             await asyncio.wait({self._fetch}, timeout=5.0)
         self._replies.extend(deserialize_message(b) for b in rest_b)
         if forward_dropped:
-            self.telemetry.record_drop(forward_dropped)
+            self.telemetry.record_drop(forward_dropped, "backpressure")
         return [deserialize_message(b) for b in left_b]
 
     async def _final_telemetry(self) -> None:
@@ -761,7 +755,7 @@ class RayTierKernel:
                 msgs.append(data)
         self._undelivered.extend(msgs)
         if unwaited:
-            self.telemetry.record_drop(unwaited)
+            self.telemetry.record_drop(unwaited, "backpressure")
         logger.warning(
             "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
             self.kernel_id,
@@ -1070,6 +1064,11 @@ class RayTierKernel:
             local = self.telemetry
             tel.start_time = time.monotonic() - tel.uptime_seconds
             tel.messages_dropped = max(tel.messages_dropped, local.messages_dropped)
+            if local.drops_by_reason:  # counted on both sides: the larger count of each
+                mine = tel.drops_by_reason or {}
+                for why, n in local.drops_by_reason.items():
+                    mine[why] = max(mine.get(why, 0), n)
+                tel.drops_by_reason = mine
             tel.restarts += self.restarts  # in-actor restarts + Ray restarts
             if local.error_count > tel.error_count:
                 tel.error_count, tel.last_error = local.error_count, local.last_error
@@ -1136,7 +1135,7 @@ class RayTierKernel:
         self.error = cause
         self.telemetry.record_error(cause or "failed")
         if self._runtime is not None:  # the runtime's failure log (`get_summary`)
-            self._runtime._on_kernel_failed(self)
+            self._runtime.kernel_failed(self)
         if dead:
             err = KernelFailedError(self.kernel_id, cause)
             BaseException.__init__(
