@@ -47,6 +47,8 @@ Design notes:
   each actor task, a pool's replicas included (`_supervise`). Kernels forward to each
   other through the public `accept`/`accept_nowait`, and reach the runtime only through
   the `lookup` and `on_failed` callables it hands them.
+- A tier whose actor runs elsewhere (the GPU's device) does not override the verbs or
+  `_fail`: it adds its steps through the `_place_*` hooks (no-ops here), written once.
 - The context holds what ``ctx.receive``/``ctx.send`` read on every message (queues,
   waiters, gate, forward target, stopping flag) in its own slots: bound at construction,
   and pushed to it by the kernel when they change (`_sync_contexts`), so the hot path
@@ -407,10 +409,11 @@ class RingKernel:
                 f"kernel {self.kernel_id!r}: serialize=True needs use_fast_queue=True (the "
                 "exact-priority MessageQueue stores message objects, not bytes)"
             )
+        await self._place_launch()
         self._inbox = self._make_queue(self.config.input_queue_size, True)
         self._outbox = self._make_queue(self.config.output_queue_size, False)
         self._ctxs = self._make_contexts()
-        self._ctx = self._ctxs[0]
+        self._ctx = self._ctxs[0] if self._ctxs else None
         self._state = KernelState.LAUNCHED
 
     def _actor_name(self, index: int) -> str:
@@ -420,6 +423,7 @@ class RingKernel:
     async def activate(self) -> None:
         """Phase 2: start the actor task, one per replica (LAUNCHED -> ACTIVE)."""
         self._check("activate")
+        await self._place_set_active(True, "activate")
         self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
         loop = asyncio.get_running_loop()
         try:
@@ -442,6 +446,7 @@ class RingKernel:
     async def deactivate(self) -> None:
         """Pause delivery (ACTIVE -> DEACTIVATED); queued messages stay queued."""
         self._check("deactivate")
+        await self._place_set_active(False, "deactivate")
         self._gate = asyncio.get_running_loop().create_future()
         self._state = KernelState.DEACTIVATED
         self._sync_contexts()
@@ -449,6 +454,7 @@ class RingKernel:
     async def reactivate(self) -> None:
         """Resume delivery (DEACTIVATED -> ACTIVE)."""
         self._check("reactivate")
+        await self._place_set_active(True, "reactivate")
         self._state = KernelState.ACTIVE
         self._open_gate()
 
@@ -500,6 +506,7 @@ class RingKernel:
         the next one), first in the list and no longer counted as processed. The outbox
         stays readable until drained.
         """
+        was = self._state
         timeout = self._begin_terminating(self._tasks, timeout)
         running = {t for t in self._tasks if not t.done()}
         if running:
@@ -510,7 +517,11 @@ class RingKernel:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         # the messages the actors held when cancelled, or raised on while draining
-        return self._finish_termination(self._cut_off())
+        left = self._cut_off()
+        held = await self._place_stop(was, timeout)
+        if held is None:  # the place could not be stopped: the kernel was failed instead
+            return []
+        return self._finish_termination(left + held)
 
     def _cut_off(self) -> list[Any]:
         """The messages the actors were handling when they were cancelled, if any: never
@@ -607,12 +618,13 @@ class RingKernel:
     def _fail(self, exc: BaseException) -> None:
         """The actor raised with no restart left (or its tier failed): FAILED, everything
         queued handed back, everyone waiting told why, and the runtime told."""
+        held = self._place_failed(exc)
         self.error = exc
         self._state = KernelState.FAILED
         logger.error("kernel %r failed: %r", self.kernel_id, exc)
         err = KernelFailedError(self.kernel_id, exc)
         err.__cause__ = exc
-        self.close_out(err)
+        self.close_out(err, left=held)
         if self._on_failed is not None:
             self._on_failed(self)
 
@@ -1033,6 +1045,31 @@ class RingKernel:
         read from the inbox's own counters: nothing is counted per message for it."""
         inbox = self._inbox
         return 0 if inbox is None else inbox.statistics().total_enqueued
+
+    # -- the tier's side of each verb (no-ops here: the actor runs on this loop) ----------
+    #
+    # A tier whose actor runs elsewhere (a device, a process) overrides these instead of the
+    # verbs: the checks, states, hand-back and accounting stay the verbs' own.
+
+    async def _place_launch(self) -> None:
+        """`launch`'s tier step, before the queues are made: start the place where the
+        actor runs. Raising leaves the kernel CREATED."""
+
+    async def _place_set_active(self, active: bool, operation: str) -> None:
+        """`activate`/`reactivate` (``active`` True) and `deactivate`'s tier step, before
+        the state changes: let the place take messages, or stop it taking any."""
+
+    async def _place_stop(self, was: KernelState, grace: float) -> list[Any] | None:
+        """`terminate`'s tier step, once intake is closed and the actor tasks ended: stop
+        the place (``was``: the state before terminate; ``grace``: the drain period) and
+        return what it still held, oldest first, to hand back. None: it could not be
+        stopped and failed the kernel instead, which stays FAILED."""
+        return []
+
+    def _place_failed(self, exc: BaseException) -> list[Any]:
+        """`_fail`'s tier step, before the books close: tell the place to stop, and return
+        the messages it held that will never be delivered (handed back before the inbox's)."""
+        return []
 
 
 @contextlib.asynccontextmanager

@@ -242,6 +242,30 @@ async def test_a_kernel_that_exits_on_its_own_is_reported_failed(rt: RingKernelR
     assert k.state is KernelState.TERMINATED
 
 
+async def test_requests_left_in_the_ring_of_a_failed_kernel_are_counted_once(
+    rt: RingKernelRuntime,
+) -> None:
+    """A kernel that exits with requests in its ring hands them back first, and they are
+    counted as dropped once, alike in telemetry and on the inbox's statistics."""
+    k = await launch_gpu(rt, "quit", suite.add_handler, Add, Sum)
+    rings = k._rings
+    assert rings is not None
+    rings.set_word(layout.ACTIVE, 0)  # the device stops taking messages; the host still sends
+    await suite.wait_for(lambda: rings.word(layout.ACTIVE_ACK) == 0)
+    for i in range(3):
+        await rt.send("quit", Add(a=float(i), b=0.0))
+    assert rings.in_flight() == 3  # published straight into the ring, never taken
+    rings.set_word(layout.TERMINATE, 1)  # as if it crashed
+    await suite.wait_for(lambda: k.state is KernelState.FAILED)
+    assert [m.a for m in k.undelivered] == [0.0, 1.0, 2.0]
+    assert rt.get_telemetry("quit").messages_dropped == 3
+    assert k.inbox is not None
+    assert k.inbox.statistics().total_dropped == 3
+    assert await rt.terminate("quit") == []  # handed back once, at the failure
+    assert rt.get_telemetry("quit").messages_dropped == 3
+    assert k.inbox.statistics().total_dropped == 3
+
+
 # --- capacity ----------------------------------------------------------------------------------
 
 #: Rings far smaller than the message count: a scenario that sends everything before it reads

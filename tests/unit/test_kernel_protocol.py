@@ -80,6 +80,92 @@ async def test_terminate_and_failure_close_out_through_close_replies() -> None:
     assert seen == ["KernelFailedError", "KernelStateError"]
 
 
+# -- a tier's own steps in the shared verbs -------------------------------------------------
+
+
+class _Placed(RingKernel):
+    """A tier whose actor runs elsewhere: it overrides only the `_place_*` hooks, holding
+    ``held`` messages of its own (as a device ring would)."""
+
+    __slots__ = ("calls", "held", "stop_fails")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[Any] = []
+        self.held: list[Any] = []
+        self.stop_fails = False
+
+    async def _place_launch(self) -> None:
+        self.calls.append(("launch", self.state, self.inbox is None))
+
+    async def _place_set_active(self, active: bool, operation: str) -> None:
+        self.calls.append((operation, active, self.state))
+
+    async def _place_stop(self, was: KernelState, grace: float) -> list[Any] | None:
+        self.calls.append(("stop", was, grace, self.stopping))
+        if self.stop_fails:
+            self._fail(TimeoutError("the place did not stop"))
+            return None
+        held, self.held = self.held, []
+        return held
+
+    def _place_failed(self, exc: BaseException) -> list[Any]:
+        self.calls.append(("failed", type(exc).__name__))
+        held, self.held = self.held, []
+        return held
+
+
+async def test_verbs_call_the_tier_steps_before_changing_state() -> None:
+    k = _Placed("k", doubler, input_type=Req)
+    await k.launch()
+    await k.activate()
+    await k.deactivate()
+    await k.reactivate()
+    k.held = [Req(x=1)]
+    await k.send(Req(x=2))
+    await k.deactivate()  # the queued message stays queued until terminate
+    left = await k.terminate(timeout=0.5)
+    assert k.calls == [
+        ("launch", KernelState.CREATED, True),  # before the queues are made
+        ("activate", True, KernelState.LAUNCHED),
+        ("deactivate", False, KernelState.ACTIVE),
+        ("reactivate", True, KernelState.DEACTIVATED),
+        ("deactivate", False, KernelState.ACTIVE),
+        ("stop", KernelState.DEACTIVATED, 0.5, True),  # intake already closed
+    ]
+    assert [m.x for m in left] == [1]  # what the place held (the queued one was drained)
+    assert [m.x for m in k.undelivered] == [1]
+    assert k.telemetry.messages_dropped == 1
+    assert k.state is KernelState.TERMINATED
+
+
+async def test_failure_hands_back_what_the_place_held_first() -> None:
+    k = _Placed("k", crash_on_negative, input_type=Req)
+    await k.launch()
+    for i in (-1, 2, 3):
+        await k.send(Req(x=i))
+    k.held = [Req(x=1)]
+    await k.activate()
+    await until(lambda: k.state is KernelState.FAILED, "failed")
+    assert k.calls[-1] == ("failed", "ValueError")
+    # the message it raised on, then what the place held, then what was queued
+    assert [m.x for m in k.undelivered] == [-1, 1, 2, 3]
+    assert k.inbox is not None
+    assert k.inbox.statistics().total_dropped == 4
+    assert k.state is KernelState.FAILED
+    assert await k.terminate() == []  # handed back once, at the failure
+    assert k.state is KernelState.TERMINATED
+
+
+async def test_a_place_that_cannot_stop_leaves_the_kernel_failed() -> None:
+    k = _Placed("k", doubler, input_type=Req)
+    await k.launch()
+    k.stop_fails = True
+    assert await k.terminate() == []
+    assert k.state is KernelState.FAILED
+    assert isinstance(k.error, TimeoutError)
+
+
 # -- what the kernel needs of its runtime -----------------------------------------------------
 
 

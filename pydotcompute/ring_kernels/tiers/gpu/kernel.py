@@ -66,14 +66,17 @@ actor), cooperative launch of many blocks (needs grid sync, and the simulator ru
 one after another), device-side queues in global memory with cudaMemcpy per message (a
 driver call per message is what the persistent kernel exists to avoid).
 
-Policy comes from `RingKernel`: `_check` guards every verb, `_fail` hands back what was
-staged and tells callers and the runtime, `_finish_termination` closes a terminate out. This
-class adds only the device's side of each step (the ring's leftovers, the control block,
-the reply buffer). Drops are counted when the host sees them: the staging queue's
-``drop_oldest`` drops as it makes them, a reply the device discarded (``outbox_full="drop"``)
-when the host reads the device's counter, a rejected message or a reply nobody waits for
-when it is collected. The reply buffer holds records, not objects, so `receive_records`
-costs no message object; it is why `receive` is this class's own.
+Policy comes from `RingKernel`: its verbs (`launch`, `activate`, `deactivate`,
+`reactivate`, `terminate`) and `_fail` check, change states, hand back and account; this
+class only supplies their device steps through the `_place_*` hooks (start the kernel, flip
+``ACTIVE``, drain and set TERMINATE, give back the ring's leftovers) and `close_replies`
+for its reply buffer. Kernels reach it through the public `accept`/`accept_nowait`. Drops
+are counted as they happen: the staging queue's ``drop_oldest`` drops as it makes them, a
+reply the device discarded (``outbox_full="drop"``) when the host reads the device's
+counter, a rejected message or a reply nobody waits for when it is collected
+(`count_lost_reply`). The reply buffer holds records, not objects, so `receive_records`
+costs no message object; it is why `receive` is this class's own (the outbox the shared
+`launch` makes carries no reply; its statistics count the lost ones, as on every tier).
 """
 
 from __future__ import annotations
@@ -184,6 +187,9 @@ class GPURingKernel(RingKernel):
             config = RingKernelConfig(kernel_id=kernel_id)
         config.tier = "gpu"
         config.backend = "cuda"
+        # the staging queue holds message objects (records are made as they are published)
+        config.serialize = False
+        config.use_fast_queue = True
         opts, in_dt, out_dt = check_spec(
             kernel_id,
             kernel_func,
@@ -333,10 +339,13 @@ class GPURingKernel(RingKernel):
 
     # -- lifecycle: the device's side of each verb ---------------------------------------
 
-    async def launch(self) -> None:
-        """Phase 1: allocate the rings and state, compile, and start the persistent kernel.
+    def _make_contexts(self) -> list[Any]:
+        """None: no Python actor runs on the loop (the handler runs on the device)."""
+        return []
 
-        The kernel runs from here on but holds messages until `activate`.
+    async def _place_launch(self) -> None:
+        """`launch`'s device step: allocate the rings and state, compile, and start the
+        persistent kernel, which holds messages until `activate`; then start the pump.
 
         Raises:
             BackendNotAvailableError: no GPU (and the simulator is off), or no CuPy/NVRTC
@@ -344,7 +353,6 @@ class GPURingKernel(RingKernel):
             KernelCompilationError: the handler does not compile.
             CUDAError: the kernel did not start within ``terminate_timeout``.
         """
-        self._check("launch")
         from .resources import DeviceActor
 
         opts, cfg = self.options, self.config
@@ -390,39 +398,19 @@ class GPURingKernel(RingKernel):
             dev.release()  # kept alive instead if the kernel may still run
             self._dev = self._rings = None
             raise
-        inbox: FastMessageQueue[Any] = FastMessageQueue(
-            cfg.input_queue_size, kernel_id=self.kernel_id, backpressure=cfg.backpressure_strategy
-        )
-        inbox.on_drop = self.telemetry.record_backpressure_drop  # counted as it drops
-        self._inbox = inbox
         self._live = Liveness(time.monotonic())
-        self._state = KernelState.LAUNCHED
+        # the pump takes what is staged once the staging queue exists (made next, by launch)
         self._pump_task = asyncio.get_running_loop().create_task(
             self._pump(), name=f"pydotcompute:{self.kernel_id}"
         )
 
-    async def activate(self) -> None:
-        """Phase 2: let the kernel take messages (LAUNCHED -> ACTIVE); waits for its ack."""
-        self._check("activate")
-        await self._set_active(1, "activate")
-        self._state = KernelState.ACTIVE
-
-    async def deactivate(self) -> None:
-        """Pause (ACTIVE -> DEACTIVATED). Once this returns the kernel takes no message;
-        queued ones stay in the ring."""
-        self._check("deactivate")
-        await self._set_active(0, "deactivate")
-        self._state = KernelState.DEACTIVATED
-
-    async def reactivate(self) -> None:
-        """Resume (DEACTIVATED -> ACTIVE)."""
-        self._check("reactivate")
-        await self._set_active(1, "reactivate")
-        self._state = KernelState.ACTIVE
-
-    async def _set_active(self, value: int, operation: str) -> None:
-        assert self._rings is not None
-        self._rings.set_word(L.ACTIVE, value)
+    async def _place_set_active(self, active: bool, operation: str) -> None:
+        """The device step of `activate`/`deactivate`/`reactivate`: flip ``ACTIVE`` and
+        wait for the kernel's acknowledgement (once deactivated, it takes no message)."""
+        r = self._rings
+        assert r is not None
+        value = int(active)
+        r.set_word(L.ACTIVE, value)
         self._kick()
         await self._await_word(L.ACTIVE_ACK, value, operation)
 
@@ -437,7 +425,7 @@ class GPURingKernel(RingKernel):
         while r.word(index) != value:
             if dev.finished():
                 err = dev.failure() or RuntimeError("the persistent kernel exited on its own")
-                self._fail(err)
+                self._device_failed(err)
                 raise KernelFailedError(self.kernel_id, err) from err
             if time.monotonic() > deadline:
                 if operation == "start":
@@ -449,45 +437,35 @@ class GPURingKernel(RingKernel):
                 err = TimeoutError(
                     f"the GPU kernel did not acknowledge {operation} within {timeout}s"
                 )
-                self._fail(err)
+                self._device_failed(err)
                 raise KernelFailedError(self.kernel_id, err) from err
             await asyncio.sleep(delay)
             delay = min(delay * 2 or 1e-5, 2e-3)
 
-    async def terminate(self, timeout: float | None = None) -> list[Any]:
-        """Drain, stop the kernel and wait for its acknowledgement; returns what was left.
-
-        An active (or deactivated) kernel first processes what is queued, for up to
-        ``timeout`` seconds (default ``config.drain_timeout``); messages still unprocessed
-        then are returned, kept in ``undelivered`` and counted as dropped. Replies stay
-        receivable until drained; the final state is kept in ``final_state``.
+    async def _place_stop(self, was: KernelState, grace: float) -> list[Any] | None:
+        """`terminate`'s device step: an active (or deactivated) kernel first processes
+        what is queued, for up to ``grace`` seconds; then TERMINATE is set and the kernel's
+        acknowledgement awaited. Returns the requests it never took; the final state is
+        kept in ``final_state``.
 
         Raises:
             KernelStateError: the kernel did not acknowledge termination within
                 ``terminate_timeout`` (it is then FAILED, and its memory is kept alive
                 because a hung kernel may still use it).
         """
-        self._check("terminate")
-        if timeout is None:
-            timeout = self.config.drain_timeout
-        prev = self._state
-        self._state = KernelState.TERMINATING
-        self._stopping = True
-        if self._inbox is not None:
-            self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
         dev, r = self._dev, self._rings
         hung: KernelStateError | None = None
         if dev is not None and r is not None:
-            if prev in (KernelState.ACTIVE, KernelState.DEACTIVATED):
+            if was in (KernelState.ACTIVE, KernelState.DEACTIVATED):
                 r.set_word(L.ACTIVE, 1)
                 self._kick()
-                await self._drain(timeout)
+                await self._drain(grace)
             r.set_word(L.TERMINATE, 1)
             tt = self.options.terminate_timeout
             if await self._wait_finished(tt):
                 failure = dev.failure()
                 if failure is not None:
-                    self._fail(failure)
+                    self._device_failed(failure)
                 self._collect(None)
             else:
                 hung = KernelStateError(
@@ -510,21 +488,12 @@ class GPURingKernel(RingKernel):
         if hung is not None:
             if r is not None and r.in_flight():  # a hung kernel may still read them
                 self.telemetry.record_drop(r.in_flight(), "lost")
-            self._fail(TimeoutError(str(hung)))
-            if prev is not KernelState.FAILED:
+            self._device_failed(TimeoutError(str(hung)))
+            if was is not KernelState.FAILED:
                 raise hung
             logger.error("kernel %r: %s", self.kernel_id, hung)
-            return []
-        left = self._finish_termination(self._ring_leftovers())
-        self._close_replies(
-            KernelStateError(
-                self.kernel_id,
-                KernelState.TERMINATED,
-                "receive from",
-                "it was terminated and its outbox is drained",
-            )
-        )
-        return left
+            return None
+        return self._ring_leftovers()
 
     async def _drain(self, seconds: float) -> None:
         """Wait until every staged and published request was handled and replied."""
@@ -564,34 +533,31 @@ class GPURingKernel(RingKernel):
             return []
         return list(self.input_type.from_records(recs))  # type: ignore[union-attr]
 
-    def _fail(self, exc: BaseException) -> None:
-        """The kernel faulted, hung or exited: `RingKernel._fail` (FAILED, staged messages
-        handed back, callers and the runtime told) plus the device's side: the kernel is told
-        to leave its loop, the requests it never took come back first, the reply buffer
-        closes and the pump stops."""
-        if self._state in (KernelState.FAILED, KernelState.TERMINATED):
-            return
+    def _device_failed(self, exc: BaseException) -> None:
+        """The kernel faulted, hung or exited: it fails (`RingKernel._fail`), unless it
+        already failed or terminated (the first failure is the one reported)."""
+        if self._state not in (KernelState.FAILED, KernelState.TERMINATED):
+            self._fail(exc)
+
+    def _place_failed(self, exc: BaseException) -> list[Any]:
+        """`_fail`'s device step: the kernel is told to leave its loop and the pump stops;
+        the requests a stopped kernel never took are returned, to be handed back before
+        the staged ones (a live kernel may still read its ring: nothing is taken from it)."""
         dev, r = self._dev, self._rings
-        # a kernel that stopped leaves its ring to the host; a live one may still read it
         lost = self._ring_leftovers() if dev is not None and dev.finished() else []
         if r is not None:
             r.set_word(L.TERMINATE, 1)  # a live kernel leaves its loop
-        mark = len(self.undelivered)
-        super()._fail(exc)
         self.telemetry.last_error = f"{type(exc).__name__}: {exc}"
-        if lost:
-            self.undelivered[mark:mark] = lost  # older than what was staged
-            self.telemetry.record_drop(len(lost), "undelivered")
-        err = KernelFailedError(self.kernel_id, exc)
-        err.__cause__ = exc
-        self._close_replies(err)
         self._pump_stop = True
         self._kick()
+        return lost
 
-    def _close_replies(self, err: BaseException) -> None:
-        """No reply will come any more: receivers drain the buffer, then get ``err``."""
+    def close_replies(self, error: BaseException) -> None:
+        """No reply will come any more: receivers drain the reply buffer, then get
+        ``error`` (the first one given is kept)."""
+        super().close_replies(error)
         if self._replies_closed is None:
-            self._replies_closed = err
+            self._replies_closed = error
         self._wake_all(self._recv_waiters)
         self._wake_all(self._space_waiters)
 
@@ -679,7 +645,7 @@ class GPURingKernel(RingKernel):
                     self._wake = None
                 last = time.monotonic()
         except Exception as exc:  # a bug or a device error: report it, never die silently
-            self._fail(exc)
+            self._device_failed(exc)
 
     def _poll(self) -> bool:
         """One pass: collect replies, refill the ring from the staging queue."""
@@ -811,13 +777,14 @@ class GPURingKernel(RingKernel):
         if now - self._last_health >= 0.01:  # a driver call on a GPU: not on every pass
             self._last_health = now
             if not self._stopping and dev.finished():
-                self._fail(dev.failure() or RuntimeError("the persistent kernel exited on its own"))
+                err = dev.failure() or RuntimeError("the persistent kernel exited on its own")
+                self._device_failed(err)
                 return
         wd = self.options.watchdog_timeout
         pending = r.in_flight()
         if wd is not None and pending and r.word(L.ACTIVE) and live.stalled_for(now) > wd:
             text = live.describe(self.kernel_id, wd, pending, r.word(L.PROCESSED), now)
-            self._fail(TimeoutError(text))
+            self._device_failed(TimeoutError(text))
 
     # -- sending: straight into the ring when nothing is staged ahead ---------------------
 
@@ -827,7 +794,7 @@ class GPURingKernel(RingKernel):
             raise self._refuse("send to")
         return inbox, r
 
-    async def _accept(self, msg: Any, timeout: float | None) -> None:
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg``; publish it now when nothing is staged ahead of it, else stage."""
         self._validate_in(msg)
         inbox, r = self._sendable()
@@ -841,7 +808,8 @@ class GPURingKernel(RingKernel):
                 raise self._refuse("send to") from None
         self._kick()
 
-    def _accept_nowait(self, msg: Any) -> None:
+    def accept_nowait(self, msg: Any) -> None:
+        """Like `accept`, but a full staging queue raises ``QueueFullError`` at once."""
         self._validate_in(msg)
         inbox, r = self._sendable()
         if not len(inbox) and self._room(r) > 0:

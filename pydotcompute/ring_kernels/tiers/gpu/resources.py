@@ -280,7 +280,7 @@ def terminate_running_kernels(timeout: float = 2.0) -> list[str]:
         The names of the kernels still running after ``timeout`` seconds.
     """
     with _live_lock:
-        actors = [a for a in _running if a._started and not a._released]
+        actors = [a for a in _running if a.holds_memory]
     for actor in actors:
         try:
             ctl = actor.host["ctl"]
@@ -642,6 +642,12 @@ class DeviceActor:
             raise CUDAError(f"{self.name}: launching the persistent kernel failed: {exc}") from exc
 
     # -- liveness ------------------------------------------------------------------------
+
+    @property
+    def holds_memory(self) -> bool:
+        """True from the kernel's start until its memory is released: a kernel that may
+        still run and read its control block."""
+        return self._started and not self._released
 
     def finished(self) -> bool:
         """True once the kernel is no longer running (ended cleanly or not)."""

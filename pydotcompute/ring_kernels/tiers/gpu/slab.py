@@ -114,7 +114,9 @@ class _Slab:
         self.chunks: list[tuple[Any, Any, Arena]] = []  # (backing, device view, arena)
         self.lock = threading.Lock()
 
-    def _new_chunk(self, nbytes: int) -> None:
+    def add_chunk(self, nbytes: int) -> None:
+        """Allocate one more chunk of ``nbytes`` (hold `lock`; never while GPU actors run:
+        allocating may synchronize the device)."""
         if self.simulator:
             backing: Any = np.zeros(nbytes, np.uint8)
             dev: Any = backing
@@ -145,7 +147,7 @@ class _Slab:
                     "before the first GPU actor starts: PYDOTCOMPUTE_GPU_SLAB_MB=<MiB> or "
                     "pydotcompute.ring_kernels.tiers.gpu.reserve_gpu_memory(...)"
                 )
-            self._new_chunk(max(chunk_bytes, -(-nbytes // ALIGN) * ALIGN))
+            self.add_chunk(max(chunk_bytes, -(-nbytes // ALIGN) * ALIGN))
             off = self.chunks[-1][2].alloc(nbytes)
             assert off is not None
             return self._carve(len(self.chunks) - 1, off, nbytes, dtype)
@@ -185,7 +187,7 @@ class MemorySlabs:
             have = slab.stats()["bytes_free"]
             if want > have:
                 with slab.lock:
-                    slab._new_chunk(-(-(want - have) // ALIGN) * ALIGN)
+                    slab.add_chunk(-(-(want - have) // ALIGN) * ALIGN)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {"mapped": self.mapped.stats(), "device": self.device.stats()}
