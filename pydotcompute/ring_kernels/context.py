@@ -92,7 +92,7 @@ class KernelContext:
     @property
     def should_terminate(self) -> bool:
         """True once termination was requested and the inbox is drained."""
-        return self._stopping and not self._inbox._count
+        return self._stopping and not self._inbox.qsize
 
     @property
     def is_active(self) -> bool:
@@ -135,23 +135,23 @@ class KernelContext:
         inbox = self._inbox
         while True:
             try:
-                if inbox._count:
-                    msg = inbox._pop()
+                if inbox.qsize:
+                    msg = inbox.take()
                 else:
                     if rec is not None:
                         rec.idle()
                     if timeout is not None:
-                        msg = await inbox._get_slow(timeout)
+                        msg = await inbox.take_within(timeout)
                     else:
                         while True:  # ``inbox.get()`` inlined: one frame less to resume
-                            fut = inbox._park_getter()
+                            fut = inbox.park_getter()
                             try:
                                 await fut
                             except BaseException:
-                                inbox._unpark_getter(fut)
+                                inbox.unpark_getter(fut)
                                 raise
-                            if inbox._count:
-                                msg = inbox._pop()
+                            if inbox.qsize:
+                                msg = inbox.take()
                                 break
                 break
             except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
@@ -262,7 +262,7 @@ class KernelContext:
                 raise
             return True
         out = self._outbox
-        if out._offer(msg):  # open, with room: appended
+        if out.offer(msg):  # open, with room: appended
             return True
         try:
             return await out.put(msg, timeout=timeout)

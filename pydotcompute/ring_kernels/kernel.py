@@ -347,9 +347,7 @@ class RingKernel:
         if not self._tasks:  # the actor runs elsewhere (a hosted tier that does not say)
             return False
         live = sum(1 for t in self._tasks if not t.done())
-        getters = inbox._getters
-        parked = 0 if not getters else sum(1 for fut in getters if not fut.done())
-        return parked >= live
+        return inbox.parked_getters >= live
 
     def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task`` runs this kernel's actor (on the runtime's loop): the runtime
@@ -817,7 +815,7 @@ class RingKernel:
         """
         self._validate_in(msg)
         inbox = self._inbox
-        if inbox is not None and not self._stopping and inbox._offer(msg):
+        if inbox is not None and not self._stopping and inbox.offer(msg):
             return  # open, with room: appended
         if inbox is None or inbox.closed or self._stopping:
             raise self._refuse("send to")
@@ -866,7 +864,7 @@ class RingKernel:
             and (in_t is None or type(msg) is in_t)
             and inbox is not None
             and not self._stopping
-            and inbox._offer(msg)  # open, with room: appended
+            and inbox.offer(msg)  # open, with room: appended
         ):
             return True
         await self.accept(msg, timeout)
@@ -889,21 +887,21 @@ class RingKernel:
         out = self._outbox
         if out is None:
             raise self._refuse("receive from")
-        if out._count:
-            return out._pop()
+        if out.qsize:
+            return out.take()
         if self._state is KernelState.LAUNCHED:
             raise self._not_active("receive from")
         if timeout is not None:
-            return await out._get_slow(timeout)
+            return await out.take_within(timeout)
         while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
-            fut = out._park_getter()
+            fut = out.park_getter()
             try:
                 await fut
             except BaseException:
-                out._unpark_getter(fut)
+                out.unpark_getter(fut)
                 raise
-            if out._count:
-                return out._pop()
+            if out.qsize:
+                return out.take()
 
     def _not_active(self, operation: str) -> KernelStateError:
         return KernelStateError(
