@@ -230,15 +230,8 @@ class KernelContext:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_lost_reply()
-                return True
+        if self._waiters and k.hand_to_caller(msg):  # a caller's reply: delivered
+            return True
         target = self._forward
         if target is not None:
             try:
@@ -285,15 +278,8 @@ class KernelContext:
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_lost_reply()
-                return True
+        if self._waiters and self._kernel.hand_to_caller(msg):  # a caller's reply: delivered
+            return True
         target = self._forward
         if target is not None:
             target.accept_nowait(msg)

@@ -550,6 +550,20 @@ class RingKernel:
             self._outbox.count_dropped(1)
         self.telemetry.record_drop(reason="reply_lost")
 
+    def hand_to_caller(self, reply: Any) -> bool:
+        """Complete the caller awaiting ``reply`` (registered in `reply_waiters` under its
+        ``correlation_id``). True when the reply was a caller's: delivered, or counted as
+        lost when that caller already gave up (timed out, cancelled); False when no caller
+        waits for it and it goes on to the forward target or the outbox."""
+        fut = self._waiters.pop(getattr(reply, "correlation_id", None), None)
+        if fut is None:
+            return False
+        if not fut.done():
+            fut.set_result(reply)
+        else:  # its caller timed out or was cancelled: nobody reads it
+            self.count_lost_reply()
+        return True
+
     def close_replies(self, error: BaseException) -> None:
         """Close the reply side: readers drain what is there, then get ``error``. A tier
         with its own reply channel overrides it."""
