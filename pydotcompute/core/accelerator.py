@@ -282,17 +282,16 @@ class Accelerator:
     _instance: ClassVar[Accelerator | None] = None
     _instance_lock: ClassVar[threading.Lock] = threading.Lock()
 
+    # one lock for the one instance (a class attribute: a fresh instance after
+    # ``_reset_for_tests`` shares it); nothing is probed until an attribute asks
+    _lock: ClassVar[threading.RLock] = threading.RLock()
+    _probed: bool = False
+
     def __new__(cls) -> Accelerator:
         with cls._instance_lock:
             if cls._instance is None:
-                inst = super().__new__(cls)
-                inst._lock = threading.RLock()
-                inst._probed = False
-                cls._instance = inst
+                cls._instance = super().__new__(cls)
             return cls._instance
-
-    _lock: threading.RLock
-    _probed: bool
 
     def _probe(self) -> None:
         with self._lock:

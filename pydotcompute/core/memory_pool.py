@@ -311,6 +311,11 @@ class MemoryPool:
         if cupy is not None:
             cupy.get_default_memory_pool().set_limit(size=limit or 0)
 
+    def set_backend(self, backend: Backend | str | None) -> None:
+        """Use ``backend`` for device blocks acquired without one (``None``: the
+        accelerator's backend, resolved at each acquire)."""
+        self._backend_spec = backend
+
     def _cupy(self) -> Any:
         """CuPy, when it is already imported and drives a GPU; else ``None``."""
         if "cupy" not in sys.modules:
@@ -621,7 +626,7 @@ def configure_memory_pool(
         )
     pool = get_memory_pool()
     if backend is not None:
-        pool._backend_spec = backend
+        pool.set_backend(backend)
     if initial_size_mb:
         pool.initial_size_mb = initial_size_mb
     if limit is not None:

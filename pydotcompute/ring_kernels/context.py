@@ -92,7 +92,7 @@ class KernelContext:
     @property
     def should_terminate(self) -> bool:
         """True once termination was requested and the inbox is drained."""
-        return self._stopping and not self._inbox._count
+        return self._stopping and not self._inbox.qsize
 
     @property
     def is_active(self) -> bool:
@@ -135,23 +135,23 @@ class KernelContext:
         inbox = self._inbox
         while True:
             try:
-                if inbox._count:
-                    msg = inbox._pop()
+                if inbox.qsize:
+                    msg = inbox.take()
                 else:
                     if rec is not None:
                         rec.idle()
                     if timeout is not None:
-                        msg = await inbox._get_slow(timeout)
+                        msg = await inbox.take_within(timeout)
                     else:
                         while True:  # ``inbox.get()`` inlined: one frame less to resume
-                            fut = inbox._park_getter()
+                            fut = inbox.park_getter()
                             try:
                                 await fut
                             except BaseException:
-                                inbox._unpark_getter(fut)
+                                inbox.unpark_getter(fut)
                                 raise
-                            if inbox._count:
-                                msg = inbox._pop()
+                            if inbox.qsize:
+                                msg = inbox.take()
                                 break
                 break
             except MessageDeserializationError as exc:  # only a serialize=True inbox decodes
@@ -230,15 +230,8 @@ class KernelContext:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_lost_reply()
-                return True
+        if self._waiters and k.hand_to_caller(msg):  # a caller's reply: delivered
+            return True
         target = self._forward
         if target is not None:
             try:
@@ -262,7 +255,7 @@ class KernelContext:
                 raise
             return True
         out = self._outbox
-        if out._offer(msg):  # open, with room: appended
+        if out.offer(msg):  # open, with room: appended
             return True
         try:
             return await out.put(msg, timeout=timeout)
@@ -285,15 +278,8 @@ class KernelContext:
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(getattr(msg, "correlation_id", None), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(msg)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self._count_lost_reply()
-                return True
+        if self._waiters and self._kernel.hand_to_caller(msg):  # a caller's reply: delivered
+            return True
         target = self._forward
         if target is not None:
             target.accept_nowait(msg)

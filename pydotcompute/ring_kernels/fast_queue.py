@@ -9,7 +9,7 @@ Design notes:
   next put, then re-checks. Handing the item straight to the waiter was rejected because a
   getter cancelled after the hand-off would lose the message.
 - Blocked putters are admitted by priority band, FIFO within a band: each parks at the end
-  of its band's stretch of the ``_putters`` deque, which stays sorted, so ``_pop`` still
+  of its band's stretch of the ``_putters`` deque, which stays sorted, so ``take`` still
   wakes the deque's head (the core is unchanged, and a put that finds room does no extra
   work). The place is found from both ends at once (at most the shorter stretch is
   walked; O(1) for one band). One deque per band in the core was rejected: every pop
@@ -21,17 +21,17 @@ Design notes:
 - Not thread-safe: one event loop owns a queue (other tiers have their own queues). As with
   ``asyncio.Queue``, the loop of the first wait is kept: on Python 3.11 looking up the
   running loop costs as much as making the waiter future, twice per round trip.
-- The calls every message makes (``_append``, ``_pop``, ``_park_getter``) and the state they
+- The calls every message makes (``_append``, ``take``, ``park_getter``) and the state they
   touch are the queue's core, compiled (``_native/fast_queue_core.pyx``) or its Python twin
   (``_native.queue_core_py``); this class adds everything else. Compiled, an append plus a pop
   costs about half as much.
-- Hot-path shape (the runtime and ``KernelContext`` call ``_offer``/``_pop`` directly):
-  "open, with room" is one comparison, ``_count < _limit`` (``_limit`` is the capacity,
-  ``sys.maxsize`` when unbounded, 0 once closed), which ``_offer`` makes before it
-  appends; ``total_enqueued`` is derived from the
+- Hot-path shape (the runtime and ``KernelContext`` call ``offer``/``take`` directly, after
+  testing ``qsize``): "open, with room" is one comparison, ``_count < _limit`` (``_limit``
+  is the capacity, ``sys.maxsize`` when unbounded, 0 once closed), which ``offer`` makes
+  before it appends; ``total_enqueued`` is derived from the
   other counters instead of counted; an idle queue shares one empty band tuple. Callers
-  that wait inline (the actor's ``receive``) park with ``_park_getter`` and clean up with
-  ``_unpark_getter``, so a wake-up resumes one coroutine frame less. A reusable waiter
+  that wait inline (the actor's ``receive``) park with ``park_getter`` and clean up with
+  ``unpark_getter``, so a wake-up resumes one coroutine frame less. A reusable waiter
   future per queue was rejected: an asyncio future cannot be re-armed once done, and a
   hand-rolled awaitable would lose the C task's fast path for futures.
 - ``serialize=True`` stores each message's bytes. Bytes put as they are (a frame made
@@ -154,12 +154,21 @@ def _priority_of(item: object) -> int:
 
 def _discard(items: Iterable[Any]) -> None:
     """Messages thrown away unread: frames among them give back the arrays they pinned."""
-    if not _buffers._entries:  # nothing pinned: no frame can hold a reference
+    if not len(_buffers):  # nothing pinned: no frame can hold a reference
         return
     for item in items:
         if type(item) is bytes:
             release_frame(item)
 
+
+#: (public name, older private name) of the calls the actor's inlined paths make
+_HOP_NAMES: tuple[tuple[str, str], ...] = (
+    ("offer", "_offer"),
+    ("take", "_pop"),
+    ("park_getter", "_park_getter"),
+    ("unpark_getter", "_unpark_getter"),
+    ("take_within", "_get_slow"),
+)
 
 _core = queue_extension()
 if TYPE_CHECKING:  # both cores have the twin's attributes and signatures
@@ -201,6 +210,18 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         "kernel_id",
         "on_drop",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Keep each per-hop call one method under two names: a subclass that overrides
+        the public name (``take``) is also reached through the older private one
+        (``_pop``), and one written against the private name through the public one."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        for public, older in _HOP_NAMES:
+            if older in own and public not in own:
+                setattr(cls, public, own[older])
+            elif public in own and older not in own:
+                setattr(cls, older, own[public])
 
     def __init__(
         self,
@@ -261,9 +282,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
     def maxsize(self) -> int:
         return self._maxsize
 
-    @property
-    def qsize(self) -> int:
-        return self._count
+    # ``qsize`` (how many are queued) is the core's: the hot paths test it per message
 
     @property
     def empty(self) -> bool:
@@ -283,6 +302,12 @@ class FastMessageQueue(_QueueCore, Generic[T]):
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def parked_getters(self) -> int:
+        """How many getters wait on this empty queue (parked, not yet woken or cancelled)."""
+        getters = self._getters
+        return 0 if not getters else sum(1 for fut in getters if not fut.done())
 
     # -- internals ----------------------------------------------------------------------
 
@@ -355,7 +380,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             QueueFullError: the queue is full and the strategy is ``block`` or ``reject``.
             QueueClosedError: the queue is closed.
         """
-        if self._offer(item):  # open, with room: appended
+        if self.offer(item):  # open, with room: appended
             return True
         if self._closed:
             raise self._closed_error()
@@ -375,7 +400,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         priority band of their item (a SYSTEM or HIGH message overtakes blocked NORMAL
         ones), FIFO within a band; a put that finds room goes in at once.
         """
-        if self._offer(item):  # open, with room: appended
+        if self.offer(item):  # open, with room: appended
             return True
         if self._closed:
             raise self._closed_error()
@@ -442,7 +467,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
     def get_nowait(self) -> T | None:
         """Dequeue the next message, or None when empty (raises if closed and drained)."""
         if self._count:
-            return self._pop()  # type: ignore[no-any-return]
+            return self.take()  # type: ignore[no-any-return]
         if self._closed:
             raise self._closed_error()
         return None
@@ -455,24 +480,32 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             QueueClosedError: the queue was closed and is drained (or the close reason).
         """
         if self._count:
-            return self._pop()  # type: ignore[no-any-return]
+            return self.take()  # type: ignore[no-any-return]
         if timeout is not None:
-            return await self._get_slow(timeout)
-        while True:  # ``_get_slow(None)``, inlined: one coroutine frame less per wake-up
-            fut = self._park_getter()
+            return await self.take_within(timeout)
+        while True:  # ``take_within(None)``, inlined: one coroutine frame less per wake-up
+            fut = self.park_getter()
             try:
                 await fut
             except BaseException:
-                self._unpark_getter(fut)
+                self.unpark_getter(fut)
                 raise
             if self._count:
-                return self._pop()
+                return self.take()  # type: ignore[no-any-return]
 
-    def _unpark_getter(self, fut: asyncio.Future[None]) -> None:
-        """Clean up a wait that was abandoned (cancelled, say); a wake-up it got moves on."""
+    def unpark_getter(self, fut: asyncio.Future[None]) -> None:
+        """Clean up a wait from `park_getter` that was abandoned (its await raised:
+        cancelled, say); a wake-up it got moves on to the next getter."""
         _forget(self._getters, fut, self._count > 0)  # type: ignore[arg-type]
 
-    async def _get_slow(self, timeout: float | None) -> T:
+    async def take_within(self, timeout: float | None) -> T:
+        """Wait up to ``timeout`` seconds (None: without limit) for a message and take it:
+        `get` once the queue was found empty.
+
+        Raises:
+            QueueTimeoutError: nothing arrived in time.
+            QueueClosedError: the queue was closed and is drained (or the close reason).
+        """
         loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._count:
@@ -495,13 +528,17 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             except BaseException:
                 _forget(self._getters, fut, self._count > 0)
                 raise
-        return self._pop()  # type: ignore[no-any-return]
+        return self.take()  # type: ignore[no-any-return]
+
+    # the older names of the calls the actor's inlined paths make
+    _unpark_getter = unpark_getter
+    _get_slow = take_within
 
     def get_batch(self, max_count: int) -> list[T]:
         """Dequeue up to ``max_count`` messages in priority order without waiting."""
         out: list[T] = []
         while self._count and len(out) < max_count:
-            out.append(self._pop())
+            out.append(self.take())
         return out
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -349,9 +349,7 @@ class RingKernel:
         if not self._tasks:  # the actor runs elsewhere (a hosted tier that does not say)
             return False
         live = sum(1 for t in self._tasks if not t.done())
-        getters = inbox._getters
-        parked = 0 if not getters else sum(1 for fut in getters if not fut.done())
-        return parked >= live
+        return inbox.parked_getters >= live
 
     def is_actor_task(self, task: asyncio.Task[Any]) -> bool:
         """Whether ``task`` runs this kernel's actor (on the runtime's loop): the runtime
@@ -562,6 +560,20 @@ class RingKernel:
         if self._outbox is not None:
             self._outbox.count_dropped(1)
         self.telemetry.record_drop(reason="reply_lost")
+
+    def hand_to_caller(self, reply: Any) -> bool:
+        """Complete the caller awaiting ``reply`` (registered in `reply_waiters` under its
+        ``correlation_id``). True when the reply was a caller's: delivered, or counted as
+        lost when that caller already gave up (timed out, cancelled); False when no caller
+        waits for it and it goes on to the forward target or the outbox."""
+        fut = self._waiters.pop(getattr(reply, "correlation_id", None), None)
+        if fut is None:
+            return False
+        if not fut.done():
+            fut.set_result(reply)
+        else:  # its caller timed out or was cancelled: nobody reads it
+            self.count_lost_reply()
+        return True
 
     def close_replies(self, error: BaseException) -> None:
         """Close the reply side: readers drain what is there, then get ``error``. A tier
@@ -829,7 +841,7 @@ class RingKernel:
         """
         self._validate_in(msg)
         inbox = self._inbox
-        if inbox is not None and not self._stopping and inbox._offer(msg):
+        if inbox is not None and not self._stopping and inbox.offer(msg):
             return  # open, with room: appended
         if inbox is None or inbox.closed or self._stopping:
             raise self._refuse("send to")
@@ -878,7 +890,7 @@ class RingKernel:
             and (in_t is None or type(msg) is in_t)
             and inbox is not None
             and not self._stopping
-            and inbox._offer(msg)  # open, with room: appended
+            and inbox.offer(msg)  # open, with room: appended
         ):
             return True
         await self.accept(msg, timeout)
@@ -901,21 +913,21 @@ class RingKernel:
         out = self._outbox
         if out is None:
             raise self._refuse("receive from")
-        if out._count:
-            return out._pop()
+        if out.qsize:
+            return out.take()
         if self._state is KernelState.LAUNCHED:
             raise self._not_active("receive from")
         if timeout is not None:
-            return await out._get_slow(timeout)
+            return await out.take_within(timeout)
         while True:  # ``out.get()`` inlined: the caller's wake-up resumes one frame less
-            fut = out._park_getter()
+            fut = out.park_getter()
             try:
                 await fut
             except BaseException:
-                out._unpark_getter(fut)
+                out.unpark_getter(fut)
                 raise
-            if out._count:
-                return out._pop()
+            if out.qsize:
+                return out.take()
 
     def _not_active(self, operation: str) -> KernelStateError:
         return KernelStateError(

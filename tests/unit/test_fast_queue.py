@@ -754,3 +754,96 @@ def test_put_overflow_keeps_an_item_readable_past_the_bound_and_the_close() -> N
     assert [q.get_nowait(), q.get_nowait()] == ["a", "b"]
     with pytest.raises(QueueClosedError):
         q.get_nowait()
+
+
+# --- the per-hop calls the actor's inlined paths make on a queue ---
+
+
+def test_offer_appends_only_into_an_open_queue_with_room() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(2)
+    assert q.offer("a")
+    assert q.offer("b")
+    assert q.qsize == 2
+    assert not q.offer("c")  # full: nothing appended, nothing raised
+    assert q.qsize == 2
+    assert q.take() == "a"
+    q.close()
+    assert not q.offer("d")  # closed: refused the same way
+    assert (q.qsize, q.take(), q.qsize) == (1, "b", 0)
+
+
+def test_take_serves_by_band_then_fifo_and_counts_the_dequeue() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(0)
+    for p in (10, 250, 100, 250):
+        q.offer(_Prioritized(p))
+    assert [q.take().priority for _ in range(q.qsize)] == [250, 250, 100, 10]
+    stats = q.statistics()
+    assert (stats.current_size, stats.total_dequeued) == (0, 4)
+
+
+async def test_a_parked_getter_is_woken_by_the_next_put() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(4)
+    fut = q.park_getter()
+    assert q.parked_getters == 1
+    assert not fut.done()
+    q.put_nowait("x")
+    await asyncio.wait_for(fut, 5.0)
+    assert q.parked_getters == 0
+    assert q.qsize == 1
+    assert q.take() == "x"
+
+
+async def test_an_abandoned_wait_passes_its_wake_up_to_the_next_getter() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(4)
+    first, second = q.park_getter(), q.park_getter()
+    assert q.parked_getters == 2
+    q.put_nowait("x")  # wakes the first
+    assert first.done()
+    assert not second.done()
+    q.unpark_getter(first)  # its owner gave up: the message must not be stranded
+    assert second.done()
+    assert q.parked_getters == 0
+
+
+async def test_park_getter_on_a_closed_drained_queue_raises_the_close_reason() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(4)
+    reason = RuntimeError("actor failed")
+    q.close(reason)
+    with pytest.raises(RuntimeError, match="actor failed"):
+        q.park_getter()
+
+
+async def test_take_within_waits_for_a_message_or_times_out() -> None:
+    q: FastMessageQueue[Any] = FastMessageQueue(4)
+    with pytest.raises(QueueTimeoutError):
+        await q.take_within(0.01)
+    assert q.parked_getters == 0  # the expired wait left nothing behind
+    asyncio.get_running_loop().call_soon(q.put_nowait, "late")
+    assert await q.take_within(5.0) == "late"
+
+
+async def test_a_subclass_overriding_one_name_of_a_hop_is_reached_through_both() -> None:
+    """`MessageQueue` replaces the core's dequeue under its older private name: the public
+    `take` (what the inlined paths call) serves exact priority order too; a subclass
+    written against the public name is what `get` reaches."""
+    from pydotcompute.ring_kernels.queue import MessageQueue
+
+    mq: MessageQueue[Any] = MessageQueue(0)
+    for p in (199, 200, 10):
+        mq.put_nowait(_Prioritized(p))
+    assert [mq.take().priority for _ in range(3)] == [200, 199, 10]
+
+    taken: list[Any] = []
+
+    class Recording(FastMessageQueue[Any]):
+        def take(self) -> Any:
+            item = super().take()
+            taken.append(item)
+            return item
+
+    q = Recording(4)
+    q.put_nowait("a")
+    q.put_nowait("b")
+    assert q.get_nowait() == "a"
+    assert await q.get() == "b"
+    assert taken == ["a", "b"]

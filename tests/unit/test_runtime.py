@@ -493,6 +493,31 @@ async def test_send_and_receive_with_100_concurrent_callers(rt: RingKernelRuntim
     assert rt.receive_nowait("sq") is None
 
 
+async def test_ctx_send_nowait_answers_its_caller_or_counts_the_reply_lost(
+    rt: RingKernelRuntime,
+) -> None:
+    """A reply sent with ``ctx.send_nowait`` reaches the ``send_and_receive`` caller that
+    waits for it; one whose caller already gave up is counted once as ``reply_lost``."""
+    release = asyncio.Event()
+
+    async def nowait_doubler(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            if msg.x < 0:
+                await release.wait()
+            ctx.send_nowait(Resp(y=msg.x * 2))
+
+    await quick(rt, "nw", func=nowait_doubler)
+    assert (await rt.send_and_receive("nw", Req(x=4), timeout=10)).y == 8
+    with pytest.raises(QueueTimeoutError):
+        await rt.send_and_receive("nw", Req(x=-1), timeout=0.01)
+    release.set()
+    assert (await rt.send_and_receive("nw", Req(x=5), timeout=10)).y == 10
+    tel = rt.get_telemetry("nw")
+    assert tel.drop_reasons() == {"reply_lost": 1}
+    assert rt.receive_nowait("nw") is None  # the late reply went nowhere else
+
+
 async def test_send_and_receive_mixed_with_plain_sends(rt: RingKernelRuntime) -> None:
     await quick(rt)
     plain = [rt.send("compute", Req(x=100 + i)) for i in range(5)]

@@ -10,7 +10,10 @@ Design notes:
   (not overridden) and calls that function directly for it: no attribute lookup, no bound
   method per message.
 - The counters are C integers behind ``public`` attributes, so the queue's Python methods
-  and the actor's inlined fast paths read and write them as before. The band of a valid
+  read and write them as before; the actor's inlined fast paths read the count as
+  ``qsize``, a C getter like ``_count``'s. The per-hop calls are public (``offer``,
+  ``take``, ``park_getter``); ``_offer``, ``_pop`` and ``_park_getter`` are the same
+  methods under their older names. The band of a valid
   priority is computed (224+, 160+, 64+, else LOW) instead of looked up; anything else
   (no ``priority``, not an exact int in 0..255) takes the hook, which keeps the Python
   table's answers.
@@ -111,8 +114,17 @@ cdef class QueueCore:
             else:
                 fut.set_result(None)
 
-    def _offer(self, item):
-        """`_append` when the queue is open with room (True), else nothing (False)."""
+    @property
+    def qsize(self):
+        """How many messages are queued (read-only; the hot paths test it per message)."""
+        return self._count
+
+    def offer(self, item):
+        """Enqueue ``item`` when the queue is open with room (True), else do nothing (False).
+
+        The non-waiting half of a put: the caller applies backpressure and close rules
+        when this returns False.
+        """
         if self._count < self._limit:
             if self._own_append:
                 self._append_c(item)
@@ -120,6 +132,8 @@ cdef class QueueCore:
                 self._append(item)
             return True
         return False
+
+    _offer = offer
 
     def _new_band(self, Py_ssize_t band):
         bands = self._bands
@@ -129,9 +143,9 @@ cdef class QueueCore:
         bands[band] = d
         return d
 
-    def _pop(self):
-        """Dequeue the first item of the highest non-empty band (the caller knows one is
-        non-empty), wake one putter, and decode a frame of a serializing queue."""
+    def take(self):
+        """Dequeue the first item of the highest non-empty band (the caller checked
+        `qsize`), wake one putter, and decode a frame of a serializing queue."""
         b = self._bands
         item = _deque_popleft(b[0] or b[1] or b[2] or b[3])
         self._count -= 1
@@ -147,12 +161,14 @@ cdef class QueueCore:
             return self._decode(item)
         return item
 
-    def _park_getter(self):
+    _pop = take
+
+    def park_getter(self):
         """The empty queue's next wait: a future the next put (or ``close``) completes.
 
         Raises the close reason instead when the queue is closed. Callers that wait
-        inline (the actor's ``receive``) await the future, call ``_unpark_getter`` if
-        that await raises, and re-check ``_count`` when it returns.
+        inline (the actor's ``receive``) await the future, call ``unpark_getter`` if
+        that await raises, and re-check `qsize` when it returns.
         """
         if self._closed:
             raise self._closed_error()
@@ -165,6 +181,8 @@ cdef class QueueCore:
             getters = self._getters = deque()
         _deque_append(getters, fut)
         return fut
+
+    _park_getter = park_getter
 
     def _bind_loop(self):
         """The running loop, which owns this queue from its first wait on (as with

@@ -4,11 +4,14 @@
 
 Design notes:
 - The core holds what every message touches (the bands, the count and limit, the waiters,
-  the decoder, the owning loop) and the calls of every hop: ``_append`` (and ``_offer``,
-  which appends only when there is room), ``_pop`` and ``_park_getter``. Everything else
-  (backpressure, close, statistics, timeouts) lives in `FastMessageQueue`, which
-  subclasses whichever core is in use and supplies the hooks below; the two cores have the
-  same attributes, methods and results.
+  the decoder, the owning loop) and the calls of every hop: ``_append`` (and ``offer``,
+  which appends only when there is room), ``take`` and ``park_getter``, with ``qsize``
+  the count they keep. Everything else (backpressure, close, statistics, timeouts) lives
+  in `FastMessageQueue`, which subclasses whichever core is in use and supplies the hooks
+  below; the two cores have the same attributes, methods and results.
+- The per-hop calls are public because the actor's inlined fast paths (``KernelContext``,
+  ``RingKernel``) make them on other objects; the older private spellings (``_offer``,
+  ``_pop``, ``_park_getter``) are the same functions under a second name, not wrappers.
 - The priority band table lives here so the queue module and this twin share one table;
   the compiled core computes the same bands arithmetically (a test compares all 256).
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ("BAND_OF", "NO_BANDS", "QueueCore", "wake_one")
 
@@ -73,6 +76,13 @@ class QueueCore:
     _putters: deque[asyncio.Future[None]] | None
     _serialize: bool
 
+    if TYPE_CHECKING:  # at run time, the ``_count`` slot itself (set after the class)
+
+        @property
+        def qsize(self) -> int:
+            """How many messages are queued (read-only; the hot paths test it per message)."""
+            return self._count
+
     # -- hooks (FastMessageQueue) -------------------------------------------------------
 
     def _band_of(self, item: Any) -> int:
@@ -116,12 +126,18 @@ class QueueCore:
             else:
                 fut.set_result(None)
 
-    def _offer(self, item: Any) -> bool:
-        """`_append` when the queue is open with room (True), else nothing (False)."""
+    def offer(self, item: Any) -> bool:
+        """Enqueue ``item`` when the queue is open with room (True), else do nothing (False).
+
+        The non-waiting half of a put: the caller applies backpressure and close rules
+        when this returns False.
+        """
         if self._count < self._limit:
             self._append(item)
             return True
         return False
+
+    _offer = offer
 
     def _new_band(self, band: int) -> deque[Any]:
         bands = self._bands
@@ -131,9 +147,9 @@ class QueueCore:
         bands[band] = d
         return d
 
-    def _pop(self) -> Any:
-        """Dequeue the first item of the highest non-empty band (the caller knows one is
-        non-empty), wake one putter, and decode a frame of a serializing queue."""
+    def take(self) -> Any:
+        """Dequeue the first item of the highest non-empty band (the caller checked
+        `qsize`), wake one putter, and decode a frame of a serializing queue."""
         b = self._bands
         item = (b[0] or b[1] or b[2] or b[3]).popleft()  # type: ignore[union-attr]
         self._count -= 1
@@ -149,12 +165,14 @@ class QueueCore:
             return self._decode(item)
         return item
 
-    def _park_getter(self) -> asyncio.Future[None]:
+    _pop = take
+
+    def park_getter(self) -> asyncio.Future[None]:
         """The empty queue's next wait: a future the next put (or ``close``) completes.
 
         Raises the close reason instead when the queue is closed. Callers that wait
-        inline (the actor's ``receive``) await the future, call ``_unpark_getter`` if
-        that await raises, and re-check ``_count`` when it returns.
+        inline (the actor's ``receive``) await the future, call ``unpark_getter`` if
+        that await raises, and re-check `qsize` when it returns.
         """
         if self._closed:
             raise self._closed_error()
@@ -168,8 +186,15 @@ class QueueCore:
         getters.append(fut)
         return fut
 
+    _park_getter = park_getter
+
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which owns this queue from its first wait on (as with
         ``asyncio.Queue``; a wait from another loop then raises ``RuntimeError``)."""
         loop = self._loop = _get_running_loop()
         return loop
+
+
+# ``qsize`` is the ``_count`` slot's own descriptor under a public name: reading it costs
+# what reading ``_count`` does, where a property would add a Python call per message
+setattr(QueueCore, "qsize", vars(QueueCore)["_count"])  # noqa: B010
