@@ -380,13 +380,17 @@ class Backend(ABC):
     # --- helpers for subclasses -------------------------------------------------------------
 
     @staticmethod
-    def _kernel_name(kernel: Any) -> str:
+    def kernel_name(kernel: Any) -> str:
+        """The name a launch of ``kernel`` is recorded under (its ``name``, ``__name__``, or
+        the name of the Python function a compiled kernel wraps)."""
         for attr in ("name", "__name__"):
             value = getattr(kernel, attr, None)
             if isinstance(value, str):
                 return value
         py_func = getattr(kernel, "py_func", None)
         return getattr(py_func, "__name__", type(kernel).__name__)
+
+    _kernel_name = kernel_name  # the name subclasses have used
 
     @staticmethod
     def _now() -> float:

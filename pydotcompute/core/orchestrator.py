@@ -407,7 +407,7 @@ class ComputeOrchestrator:
             if isinstance(kernel_or_name, str)
             else kernel_or_name
         )
-        name = kernel_or_name if isinstance(kernel_or_name, str) else self.backend._kernel_name(fn)
+        name = kernel_or_name if isinstance(kernel_or_name, str) else self.backend.kernel_name(fn)
         cfg = self._as_config(config)
         stream = cfg.stream if cfg.stream is not None else self._current_stream
         backend = self.backend
