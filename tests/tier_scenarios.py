@@ -1358,7 +1358,8 @@ async def scenario_broadcast_accounted_at_terminate(case: TierCase) -> None:
         assert len(plain) == len(set(plain)), f"reported twice: {sorted(plain)}"
         assert ends.count(1000) == urgent, (ends.count(1000), urgent)
         assert ends.count(2000) == late, (ends.count(2000), late)
-        assert 2000 in left, "the LOW copies were still queued: handed back"
+        if _replicas(rt) > 1:  # (one actor: a plain send, whose hand-back is the tier's)
+            assert 2000 in left, "the LOW copies were still queued: handed back"
         dropped = await _dropped(rt, "k")
         assert dropped >= len(left)
         assert len(read) + dropped == 60 + urgent + late, (len(read), dropped, urgent, late)
