@@ -613,3 +613,38 @@ async def test_broadcast_refusals(case: sc.TierCase) -> None:
         await rt.terminate("p")
         with pytest.raises(KernelStateError):
             await rt.broadcast("p", Work(seq=1))
+
+
+async def test_asyncio_copy_kept_for_a_busy_replica_is_handed_back() -> None:
+    """On the asyncio tier a copy taken by the replica that already had one is kept for
+    the busy replica owed it: taken by it next, or handed back by terminate, once."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, ASYNCIO_POOL)
+        busy = asyncio.create_task(rt.send_and_receive("p", Work(seq=0, pause=5), timeout=20))
+        await asyncio.sleep(0.05)  # one replica is busy for a long time
+        assert await rt.broadcast("p", Work(seq=999)) == 2
+        first = await rt.receive("p", timeout=10)  # the free replica answers its copy
+        assert first.seq == 999
+        await asyncio.sleep(0.05)
+        assert rt.receive_nowait("p") is None  # the other copy waits for the busy replica
+        assert not rt.get_kernel("p").is_idle
+        left = [m.seq for m in await rt.terminate("p", timeout=0.05)]
+        with contextlib.suppress(KernelStateError):
+            await busy
+        assert sorted(left) == [0, 999], left
+        assert rt.get_telemetry("p").messages_dropped == 2
+        assert sum(t.messages_processed for t in rt.get_replica_telemetry("p")) == 1
+
+
+async def test_asyncio_copy_kept_for_a_busy_replica_is_taken_next() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, ASYNCIO_POOL)
+        await rt.send("p", Work(seq=0, pause=0.3))
+        await asyncio.sleep(0.05)
+        for i in range(1, 10):
+            await rt.send("p", Work(seq=i, priority=100))
+        assert await rt.broadcast("p", Work(seq=999, priority=120)) == 2
+        seen = _by_worker([await rt.receive("p", timeout=10) for _ in range(12)])
+        slow = next(seqs for seqs in seen.values() if seqs[0] == 0)
+        assert slow[1] == 999, slow  # the copy kept for it comes next
+        assert all(seqs.count(999) == 1 for seqs in seen.values()), seen
