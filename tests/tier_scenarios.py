@@ -1298,3 +1298,68 @@ async def scenario_reply_nobody_waits_for_counted_as_lost(case: TierCase) -> Non
         refresh = getattr(rt, "refresh_telemetry", None)
         tel = (await refresh("k")) if refresh is not None else rt.get_telemetry("k")
         assert tel.drop_reasons() == {"reply_lost": 1}, tel.drop_reasons()
+
+
+# --- broadcast: every replica of a pool gets its own copy ------------------------------------
+
+
+def _replicas(rt: Any, kid: str = "k") -> int:
+    """How many replicas serve ``kid`` (1 for a kernel that is not a pool)."""
+    return int(getattr(rt.get_kernel(kid), "replicas", 1))
+
+
+async def scenario_broadcast_reaches_every_replica(case: TierCase) -> None:
+    """``runtime.broadcast`` gives each replica of a pool its own copy (a fresh
+    ``message_id`` each, so every reply correlates), taken exactly once; on a kernel that
+    is not a pool it is a send (1 reached). A HIGH broadcast is taken ahead of the queued
+    NORMAL messages (the kernel may hold one it took before); a pool's replies come in
+    completion order, so the order each replica saw is checked in ``test_pool.py``."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=64)
+        n = _replicas(rt)
+        for r in range(3):
+            assert await rt.broadcast("k", Job(seq=1000 + r), timeout=BOUND_S) == n
+        replies = [await rt.receive("k", timeout=BOUND_S) for _ in range(3 * n)]
+        assert sorted(_seqs(replies)) == sorted([1000, 1001, 1002] * n)
+        assert len({r.correlation_id for r in replies}) == 3 * n, "copies share an id"
+        if n > 1:  # each replica took one copy of each broadcast
+            per = rt.get_replica_telemetry("k")
+            assert [t.messages_processed for t in per] == [3] * n, per
+        # ahead of ordinary traffic, by band
+        await rt.deactivate("k")
+        for i in range(20):
+            await rt.send("k", Job(seq=i))
+        assert await rt.broadcast("k", Job(seq=999, priority=200)) == n
+        await rt.reactivate("k")
+        got = [(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(20 + n)]
+        assert sorted(got) == sorted([*range(20), *[999] * n]), got
+        if n == 1:
+            assert got.index(999) <= 1, f"the broadcast waited behind NORMAL messages: {got}"
+        assert rt.receive_nowait("k") is None
+        assert await _dropped(rt, "k") == 0
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def scenario_broadcast_accounted_at_terminate(case: TierCase) -> None:
+    """Each copy of a broadcast ends exactly once, like any message: its reply is read, it
+    is handed back by ``terminate`` (a LOW broadcast still queued), or it is counted as
+    dropped."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=256)
+        for i in range(60):
+            await rt.send("k", Job(seq=i, payload="sleep:0.01"))
+        urgent = await rt.broadcast("k", Job(seq=1000, priority=200))
+        late = await rt.broadcast("k", Job(seq=2000, priority=10))
+        await asyncio.sleep(0.05)
+        left = _seqs(await rt.terminate("k", timeout=0.05))
+        read = _read_all(rt, "k")
+        ends = read + left
+        plain = [s for s in ends if s < 1000]
+        assert len(plain) == len(set(plain)), f"reported twice: {sorted(plain)}"
+        assert ends.count(1000) == urgent, (ends.count(1000), urgent)
+        assert ends.count(2000) == late, (ends.count(2000), late)
+        if _replicas(rt) > 1:  # (one actor: a plain send, whose hand-back is the tier's)
+            assert 2000 in left, "the LOW copies were still queued: handed back"
+        dropped = await _dropped(rt, "k")
+        assert dropped >= len(left)
+        assert len(read) + dropped == 60 + urgent + late, (len(read), dropped, urgent, late)

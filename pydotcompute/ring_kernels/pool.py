@@ -28,12 +28,27 @@ Design notes:
 - Each member of a hosted pool gets `ceil(bridge_queue_size / N)` slots, so the pool as a
   whole holds about `bridge_queue_size` messages its actors have not taken, as a single
   kernel does, and a late high-priority message waits behind at most that many.
+- Broadcast (`runtime.broadcast`): one copy per running replica, each with a fresh
+  `message_id`, enters the pool's one inbox in the message's band (all at once: the first
+  copy waits for room, the others follow it beyond the bound). Copies go through the inbox,
+  not a side channel, so the bounds, the band order, the drain at terminate and the
+  accounting are the inbox's. A side queue per replica was rejected: it would need its
+  own bound, and its own hand-back at every ending.
+  - hosted tiers: each copy is addressed to one member; the pump hands it to that member
+    only (waiting, if it is full, as for any message).
+  - asyncio tier: replicas take from the shared inbox, so a copy goes to whichever replica
+    has not had one of that broadcast; a replica that takes a copy it already had passes
+    it to a replica still waiting for one (kept aside for a busy replica, which takes it
+    before anything of a lower band; put back for a parked one). A replica that already
+    has its copy holds back while a parked replica still waits for one, so copies are
+    rarely put back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import threading
@@ -48,10 +63,17 @@ from ..exceptions import (
     KernelStateError,
     MessageDeserializationError,
     MessageRejectedError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+    TypeValidationError,
 )
-from .context import KernelContext
+from .context import DecodingContext, KernelContext
+from .fast_queue import BackpressureStrategy, get_priority_band
 from .hosted import HostedKernel
 from .kernel import RingKernel
+from .message import new_message_id
+from .states import KernelState
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker
 
@@ -92,7 +114,174 @@ def _replica_name(kernel_id: str, index: int) -> str:
     return f"{kernel_id}[{index}]"
 
 
+# --- broadcast: what every tier's pool shares --------------------------------------------------
+
+#: Longest a replica that already has its copy of a broadcast holds back (seconds), while a
+#: parked replica still waits for one, before it takes from the inbox anyway.
+HOLD_BACK_S = 0.02
+
+
+def _copies(kernel_id: str, msg: Any, n: int) -> list[Any]:
+    """``n`` copies of ``msg``, each with a fresh ``message_id`` (replies correlate)."""
+    if not hasattr(msg, "message_id"):
+        raise TypeValidationError(
+            f"kernel {kernel_id!r}: a broadcast to a pool sends each replica its own copy "
+            f"with a fresh message_id; got a {type(msg).__name__}, which has none. "
+            "Broadcast an @message instance"
+        )
+    out = []
+    for _ in range(n):
+        try:
+            dup = copy.copy(msg)
+            dup.message_id = new_message_id()
+        except (AttributeError, TypeError) as exc:
+            raise TypeValidationError(
+                f"kernel {kernel_id!r}: a broadcast to a pool sends each replica its own copy "
+                f"with a fresh message_id, and this {type(msg).__name__} cannot be copied "
+                f"that way ({exc}); broadcast an @message instance"
+            ) from None
+        out.append(dup)
+    return out
+
+
+async def _enqueue_copies(kernel: RingKernel, copies: list[Any], timeout: float | None) -> None:
+    """Put a broadcast's copies in ``kernel``'s inbox, all at once.
+
+    The first copy goes through `RingKernel.accept` (type, size and state checks, the
+    backpressure policy, ``timeout``); the others follow it in the same step, beyond the
+    bound if need be, so no replica takes from the inbox between two copies. Under
+    ``reject`` the inbox must have room for every copy, or none is put.
+    """
+    inbox = kernel.inbox
+    n = len(copies)
+    if (
+        inbox is not None
+        and n > 1
+        and inbox.backpressure is BackpressureStrategy.REJECT
+        and inbox.maxsize
+        and not inbox.closed
+        and not kernel.stopping
+        and len(inbox) + n > inbox.maxsize
+    ):
+        raise QueueFullError(
+            f"kernel {kernel.kernel_id!r}: a broadcast needs room for {n} copies (one per "
+            f"replica) and the inbox has {max(0, inbox.maxsize - len(inbox))} free of "
+            f"{inbox.maxsize} under backpressure 'reject'; nothing was sent. Broadcast once "
+            "the inbox has room, raise queue_size, or choose backpressure='block'"
+        )
+    await kernel.accept(copies[0], timeout)
+    assert inbox is not None  # accept refuses a kernel without one
+    for dup in copies[1:]:
+        inbox.put_overflow(dup)
+
+
+def _band(msg: Any) -> int:
+    priority = getattr(msg, "priority", 128)
+    return int(get_priority_band(priority if type(priority) is int else 128))
+
+
 # --- asyncio tier ------------------------------------------------------------------------------
+
+
+class _Round:
+    """One broadcast to an asyncio pool: the replicas still owed a copy, and how many of
+    its copies are still in the inbox."""
+
+    __slots__ = ("in_inbox", "owed")
+
+    def __init__(self, owed: set[int], in_inbox: int) -> None:
+        self.owed = owed
+        self.in_inbox = in_inbox
+
+
+_REPLICA_CONTEXTS: dict[type, type] = {}
+
+
+def _replica_context_class(base: type[KernelContext]) -> type[KernelContext]:
+    """``base`` (the plain or decoding context) as a pool replica's context: it takes its
+    copy of each broadcast once (see `AsyncioPoolKernel`). One class per base."""
+    made = _REPLICA_CONTEXTS.get(base)
+    if made is not None:
+        return cast("type[KernelContext]", made)
+    base_receive = base.receive
+
+    class ReplicaContext(base):  # type: ignore[valid-type,misc]
+        __slots__ = ("_assigned", "_index", "_pool", "waiting")
+
+        def __init__(
+            self, kernel: AsyncioPoolKernel, telemetry: RingKernelTelemetry, index: int
+        ) -> None:
+            super().__init__(kernel, telemetry)
+            self._pool = kernel
+            self._index = index
+            #: broadcast copies passed to this replica by another one, oldest first
+            self._assigned: deque[Any] = deque()
+            #: True while inside the inbox's receive (parked, or about to take a message)
+            self.waiting = False
+
+        async def receive(self, timeout: float | None = None) -> Any:
+            pool = self._pool
+            loop_time = asyncio.get_running_loop().time
+            deadline = None if timeout is None else loop_time() + timeout
+            patient = True  # holds back while others make progress, not longer
+            while True:
+                if self._assigned or pool.broadcast_pending:
+                    if self.state is KernelState.DEACTIVATED:
+                        await self.wait_active()  # copies are held like any message
+                    first = pool.assigned_first(self._assigned)
+                    if first is not None:
+                        return self.deliver(first)
+                    if patient and pool.must_hold_back(self._index):
+                        patient = await pool.changed(HOLD_BACK_S)
+                        continue
+                left = None if deadline is None else max(0.0, deadline - loop_time())
+                self.waiting = True
+                try:
+                    msg = await base_receive(self, left)
+                except (QueueClosedError, QueueTimeoutError):
+                    if self._assigned:  # a copy passed to it goes before the end
+                        return self.deliver(self._assigned.popleft())
+                    raise
+                finally:
+                    self.waiting = False
+                    pool.notify()
+                round_ = pool.took(msg)
+                if round_ is None or pool.claim(round_, self._index):
+                    return msg
+                # a copy of a broadcast this replica already had: not its message
+                self.take_unfinished()
+                self.forget_current()
+                if pool.pass_on(round_, msg):
+                    await asyncio.sleep(0)  # a parked replica takes it back first
+
+        def deliver(self, msg: Any) -> Any:
+            """Hand the actor ``msg`` (a copy passed to it) as ``receive`` hands a message
+            from the inbox: the previous one finished, this one counted and timed."""
+            self.message_done()
+            self._current = msg  # type: ignore[misc]
+            self._handling = True  # type: ignore[misc]
+            rec = self._rec
+            if rec is not None:
+                rec.took()
+                self._tel.messages_processed += 1
+            return msg
+
+        def take_assigned(self) -> list[Any]:
+            """The copies passed to it that it never took (emptied)."""
+            out = list(self._assigned)
+            self._assigned.clear()
+            return out
+
+        def assign(self, msg: Any) -> None:
+            self._assigned.append(msg)
+
+        @property
+        def has_assigned(self) -> bool:
+            return bool(self._assigned)
+
+    ReplicaContext.__name__ = ReplicaContext.__qualname__ = f"Replica{base.__name__}"
+    _REPLICA_CONTEXTS[base] = ReplicaContext
+    return ReplicaContext
 
 
 class AsyncioPoolKernel(RingKernel):
@@ -105,15 +294,27 @@ class AsyncioPoolKernel(RingKernel):
     Telemetry: each replica's context counts into a record of its own
     (`replica_telemetry()`); the pool's `telemetry` adds them up whenever it is read
     through `runtime.get_telemetry` (or after `refresh_telemetry()`).
+
+    Broadcast: the copies of a broadcast are interchangeable; the first replica that
+    takes one without having had one of that broadcast keeps it (`claim`). One that takes
+    a copy it already had passes it on (`pass_on`): kept aside for a replica that is busy
+    (taken at its next receive, before anything of a lower band), put back in the inbox
+    when only parked replicas are still owed one. Copies kept aside are handed back by
+    every ending, as the inbox's messages are.
     """
 
     EXTRA_OPTIONS = frozenset({REPLICAS_OPTION})
-    __slots__ = ("_replica_tels", "_returned")
+    __slots__ = ("_changed", "_copy_of", "_ended", "_replica_tels", "_returned", "_rounds")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._replica_tels: list[RingKernelTelemetry] = []
         self._returned = 0
+        self._ended: set[int] = set()  # replicas whose actor returned by itself
+        # copies in the inbox -> their broadcast, and the broadcasts with copies there
+        self._copy_of: dict[Any, _Round] = {}
+        self._rounds: list[_Round] = []
+        self._changed: asyncio.Future[None] | None = None  # replicas holding back wait on it
 
     @property
     def replicas(self) -> int:
@@ -121,11 +322,15 @@ class AsyncioPoolKernel(RingKernel):
         return _replicas_of(self)
 
     def _make_contexts(self) -> list[KernelContext]:
-        ctx_class = self._context_class()  # plain or decoding, as a single kernel's
+        base: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
+        ctx_class: Any = _replica_context_class(base)
+        tracer = getattr(self._runtime, "tracer", None)
+        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
+            ctx_class = tracer.context_class(ctx_class)
         self._replica_tels = [
             RingKernelTelemetry(_replica_name(self.kernel_id, i)) for i in range(self.replicas)
         ]
-        return [ctx_class(self, tel) for tel in self._replica_tels]
+        return [ctx_class(self, tel, i) for i, tel in enumerate(self._replica_tels)]
 
     def _replica_telemetry(self, index: int) -> RingKernelTelemetry | None:
         return self._replica_tels[index]
@@ -144,9 +349,21 @@ class AsyncioPoolKernel(RingKernel):
         return list(self._replica_tels)
 
     def _actor_returned(self, index: int) -> None:
+        self._ended.add(index)
         self._returned += 1
         if self._returned >= len(self._ctxs):
             self._finished()  # the last replica returned on its own
+            return
+        # its share of pending broadcasts is owed no more; copies passed to it come back
+        for round_ in self._rounds:
+            round_.owed.discard(index)
+        ctx: Any = self._ctxs[index]
+        self.hand_back(
+            ctx.take_assigned(),
+            log="kernel %r: a replica returned with %d broadcast cop(ies) it never took "
+            "(counted as dropped)",
+        )
+        self.notify()
 
     def _fail(self, exc: BaseException) -> None:
         """One replica fails the pool as one kernel: the others stop, and what each held
@@ -156,6 +373,164 @@ class AsyncioPoolKernel(RingKernel):
         for task in self._tasks:
             if task is not me and not task.done():
                 task.cancel()
+
+    def close_out(
+        self,
+        send_error: BaseException,
+        receive_error: BaseException | None = None,
+        left: list[Any] | None = None,
+        *,
+        log: str | None = None,
+    ) -> list[Any]:
+        """As `RingKernel.close_out`; broadcast copies kept aside for a replica that never
+        took them are handed back after what the actors held."""
+        out = [] if left is None else left
+        for ctx in self._ctxs:
+            out += cast("Any", ctx).take_assigned()
+        self._copy_of.clear()
+        self._rounds.clear()
+        self.notify()
+        return super().close_out(send_error, receive_error, out, log=log)
+
+    @property
+    def is_idle(self) -> bool:
+        if any(cast("Any", ctx).has_assigned for ctx in self._ctxs):
+            return False
+        return super().is_idle
+
+    # -- broadcast ----------------------------------------------------------------------
+
+    @property
+    def running_replicas(self) -> int:
+        """Replicas whose actor has not returned by itself (a broadcast reaches these)."""
+        return self.replicas - len(self._ended)
+
+    async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
+        """Put a copy of ``msg`` for each running replica in the inbox (see
+        `RingKernelRuntime.broadcast`); returns how many copies were put."""
+        self._validate_in(msg)
+        live = [i for i in range(self.replicas) if i not in self._ended]
+        if not live or self._stopping or self._inbox is None:
+            raise self._refuse("broadcast to")
+        copies = _copies(self.kernel_id, msg, len(live))
+        round_ = _Round(set(live), len(copies))
+        copy_of = self._copy_of
+        for dup in copies:
+            copy_of[dup.message_id] = round_
+        self._rounds.append(round_)
+        try:
+            await _enqueue_copies(self, copies, timeout)
+        except BaseException:
+            for dup in copies:
+                copy_of.pop(dup.message_id, None)
+            with contextlib.suppress(ValueError):
+                self._rounds.remove(round_)
+            raise
+        return len(copies)
+
+    @property
+    def broadcast_pending(self) -> bool:
+        """Whether copies of a broadcast are still in the inbox."""
+        return bool(self._rounds)
+
+    def took(self, msg: Any) -> _Round | None:
+        """A replica took ``msg`` from the inbox: its broadcast if it is a copy, else None."""
+        copy_of = self._copy_of
+        if not copy_of:
+            return None
+        round_ = copy_of.pop(getattr(msg, "message_id", None), None)
+        if round_ is not None:
+            round_.in_inbox -= 1
+            if not round_.in_inbox:
+                with contextlib.suppress(ValueError):
+                    self._rounds.remove(round_)
+            self.notify()
+        return round_
+
+    def claim(self, round_: _Round, index: int) -> bool:
+        """Replica ``index`` took a copy of ``round_``: True when it is owed one (it keeps
+        it)."""
+        if index in round_.owed:
+            round_.owed.discard(index)
+            return True
+        return False
+
+    def pass_on(self, round_: _Round, msg: Any) -> bool:
+        """A copy taken by a replica that already had one goes to a replica still owed
+        one: aside for a busy one, or back in the inbox when only parked ones are left
+        (True: the caller lets them run first). With none owed (they ended), it is handed
+        back."""
+        ctxs: list[Any] = self._ctxs
+        owed = sorted(round_.owed)
+        if not owed:
+            self.hand_back(
+                [msg],
+                log="kernel %r: %d broadcast cop(ies) for a replica that has ended "
+                "(counted as dropped)",
+            )
+            return False
+        inbox = self._inbox
+        busy = [i for i in owed if not ctxs[i].waiting]
+        if busy or inbox is None or inbox.closed:
+            target = (busy or owed)[0]
+            round_.owed.discard(target)
+            ctxs[target].assign(msg)
+            self.notify()
+            return False
+        self._copy_of[msg.message_id] = round_
+        round_.in_inbox += 1
+        if round_.in_inbox == 1:
+            self._rounds.append(round_)
+        inbox.put_overflow(msg)
+        return True
+
+    def assigned_first(self, assigned: deque[Any]) -> Any:
+        """The head of a replica's kept-aside copies when it goes before the inbox's next
+        message (its band is as high or higher), else None."""
+        if not assigned:
+            return None
+        inbox = self._inbox
+        if inbox is not None and len(inbox):
+            band = _band(assigned[0])
+            for higher, count in enumerate(inbox.statistics().band_counts):
+                if count:
+                    if higher < band:
+                        return None
+                    break
+        return assigned.popleft()
+
+    def must_hold_back(self, index: int) -> bool:
+        """Whether replica ``index``, which has its copy of a broadcast whose copies are
+        still in the inbox, should let a parked replica owed one take it first."""
+        inbox = self._inbox
+        ctxs: list[Any] = self._ctxs
+        if inbox is None or not len(inbox):
+            if not any(ctx.waiting for ctx in ctxs):
+                # nothing queued and nobody holds one it took: copies counted as still in
+                # the inbox were dropped by backpressure (and counted there)
+                self._copy_of.clear()
+                self._rounds.clear()
+            return False
+        for round_ in self._rounds:
+            if index not in round_.owed and any(ctxs[i].waiting for i in round_.owed):
+                return True
+        return False
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait until a replica takes a message or stops waiting; False when ``timeout``
+        seconds passed first."""
+        fut = self._changed
+        if fut is None or fut.done():
+            fut = self._changed = asyncio.get_running_loop().create_future()
+        done, _ = await asyncio.wait([fut], timeout=timeout)
+        return bool(done)
+
+    def notify(self) -> None:
+        fut = self._changed
+        if fut is not None:
+            self._changed = None
+            if not fut.done():
+                fut.set_result(None)
 
 
 # --- hosted tiers ------------------------------------------------------------------------------
@@ -202,6 +577,13 @@ class PoolWorker(TierWorker):
         # been given but never took, waiting to go to the members still running
         self._ended: set[int] = set()
         self._backlog: deque[Any] = deque()
+        # broadcast copies: message id -> the member it is for (until offered); the ids of
+        # the copies each member was given lately (its leftovers are among them); copies
+        # whose member ended before taking them (handed back by `take_undelivered`)
+        self._addressed: dict[Any, int] = {}
+        recent = (room or 64) + 2
+        self._copy_ids: list[deque[Any]] = [deque(maxlen=recent) for _ in range(n)]
+        self._orphans: list[Any] = []
 
     # -- limits -------------------------------------------------------------------------
 
@@ -267,6 +649,10 @@ class PoolWorker(TierWorker):
         members = self.members
         if self._backlog and not self._flush_backlog():
             return False  # what an ended member never took goes first
+        if self._addressed:
+            member = self._addressed.pop(getattr(msg, "message_id", None), None)
+            if member is not None:
+                return self._offer_copy(member, msg)
         if self._ended:
             return self._offer_live(msg)
         if len(members) == 1:
@@ -304,6 +690,41 @@ class PoolWorker(TierWorker):
                 return True
         return False
 
+    # -- broadcast ----------------------------------------------------------------------
+
+    def live_members(self) -> list[int]:
+        """The members whose actor has not ended by itself."""
+        return [i for i in range(len(self.members)) if i not in self._ended]
+
+    def address(self, msg: Any, member: int) -> None:
+        """Have `offer` hand ``msg`` (a broadcast copy) to ``member`` only."""
+        self._addressed[msg.message_id] = member
+
+    def unaddress(self, msg: Any) -> None:
+        """Forget the address of ``msg`` (its broadcast was not sent)."""
+        self._addressed.pop(msg.message_id, None)
+
+    def _offer_copy(self, i: int, msg: Any) -> bool:
+        """`offer` of a copy addressed to member ``i``: False while that member is full.
+        A copy for a member that has ended is kept for `take_undelivered`."""
+        if i in self._ended:
+            self._orphans.append(msg)
+            return True
+        try:
+            ok = self.members[i].offer(msg)
+        except KernelFailedError:
+            self._addressed[msg.message_id] = i
+            raise
+        except KernelStateError:  # its actor returned: `poll_reply` will notice
+            self._orphans.append(msg)
+            return True
+        if ok:
+            self.offered[i] += 1
+            self._copy_ids[i].append(msg.message_id)
+            return True
+        self._addressed[msg.message_id] = i
+        return False
+
     def _offer_live(self, msg: Any) -> bool:
         """`offer` once a member has ended: to the least busy member still running.
 
@@ -337,7 +758,12 @@ class PoolWorker(TierWorker):
         except KernelStateError:  # not quite ended yet: handed back at stop instead
             return
         self.returned[i] += len(got)
-        self._backlog.extend(got)
+        copies = self._copy_ids[i]
+        for msg in got:  # a broadcast copy was for this member only
+            if copies and getattr(msg, "message_id", None) in copies:
+                self._orphans.append(msg)
+            else:
+                self._backlog.append(msg)
         self._flush_backlog()
         for callback in self._writable:  # the runtime may offer again
             callback()
@@ -464,14 +890,16 @@ class PoolWorker(TierWorker):
 
     def take_undelivered(self) -> list[Any]:
         """The failed member's leftovers first (the message it raised on leads), then what
-        members that ended by themselves never took, then the other members' in member
-        order; each member's own order is kept."""
+        members that ended by themselves never took (broadcast copies for them first),
+        then the other members' in member order; each member's own order is kept."""
         order = list(range(len(self.members)))
         failed = self._failed_index()
         out: list[Any] = []
         if failed is not None:
             order.remove(failed)
             out += self._take_member(failed)
+        out += self._orphans
+        self._orphans.clear()
         out += self._backlog  # older than what the running members still hold
         self._backlog.clear()
         for i in order:
@@ -550,6 +978,32 @@ class HostedPoolKernel(HostedKernel):
         each = max(1, math.ceil(bridge / n))
         make = super()._make_worker  # (zero-argument super() fails in a comprehension)
         return PoolWorker(self.kernel_id, [make(each) for _ in range(n)], room=each)
+
+    @property
+    def running_replicas(self) -> int:
+        """Replicas whose actor has not returned by itself (a broadcast reaches these)."""
+        worker: Any = self._worker
+        return self.replicas if worker is None else len(worker.live_members())
+
+    async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
+        """Put a copy of ``msg`` for each running replica in the inbox, each addressed to
+        its replica (see `RingKernelRuntime.broadcast`); returns how many were put."""
+        self._validate_in(msg)
+        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
+        worker: Any = self._worker
+        live = [] if worker is None else worker.live_members()
+        if not live or self._stopping:
+            raise self._refuse("broadcast to")
+        copies = _copies(self.kernel_id, msg, len(live))
+        for dup, member in zip(copies, live, strict=True):
+            worker.address(dup, member)
+        try:
+            await _enqueue_copies(self, copies, timeout)
+        except BaseException:
+            for dup in copies:
+                worker.unaddress(dup)
+            raise
+        return len(copies)
 
     def replica_telemetry(self) -> list[RingKernelTelemetry]:
         """One telemetry record per replica (processed, sent, errors); empty before launch.

@@ -463,6 +463,48 @@ class RingKernelRuntime:
         """
         return await self._kernel(kernel_id).send_and_receive(msg, timeout)
 
+    async def broadcast(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> int:
+        """Send every replica of a pool (``launch(..., replicas=N)``) its own copy of ``msg``.
+
+        Each running replica gets one copy, with a fresh ``message_id`` (so its reply
+        correlates), and takes it exactly once. The copies enter the pool's inbox in
+        ``msg``'s priority band, all at once: a HIGH or SYSTEM broadcast reaches each
+        replica before the queued messages of lower bands it has not taken (on the thread
+        and process tiers, behind at most the few messages already handed to that
+        replica). Each copy then ends as any message does: its reply goes where replies
+        go, or it is handed back by ``terminate``, or counted as dropped. On a kernel that
+        is not a pool this is `send` (and returns 1).
+
+        Args:
+            kernel_id: The pool (or kernel).
+            msg: An ``@message`` instance of the kernel's ``input_type``.
+            timeout: Under ``block`` backpressure, how long to wait for room for the first
+                copy (the others follow it at once, beyond the bound if need be); under
+                ``reject`` the inbox must have room for every copy.
+
+        Returns:
+            How many replicas it reached: one per replica still running (a replica whose
+            actor function returned is skipped).
+
+        Raises:
+            KernelNotFoundError: unknown id.
+            TypeValidationError: ``msg`` is not the kernel's ``input_type``, or cannot be
+                copied with a fresh ``message_id``.
+            KernelStateError / KernelFailedError: the kernel does not take messages.
+            QueueFullError / QueueTimeoutError: ``reject`` without room for every copy /
+                ``timeout`` passed with the inbox full. Nothing was sent.
+            InvalidConfigurationError: ``timeout`` is not a finite number >= 0 or None.
+        """
+        kernel = self.get_kernel(kernel_id)
+        if timeout is not None:
+            timeout = self._checked_timeout(timeout)
+        fan_out = getattr(kernel, "broadcast", None)
+        if fan_out is None:  # one actor: a plain send
+            await self.send(kernel_id, msg, timeout=timeout)
+            return 1
+        reached: int = await fan_out(msg, timeout)
+        return reached
+
     def connect(self, source_id: str, target_id: str) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
 

@@ -25,9 +25,12 @@ from pydotcompute import RingKernelRuntime, message, ring_kernel
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
+    KernelNotFoundError,
     KernelStateError,
     QueueClosedError,
+    QueueFullError,
     QueueTimeoutError,
+    TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState, RingKernel
 from pydotcompute.ring_kernels.registry import unregister_ring_kernel
@@ -455,3 +458,193 @@ async def test_wait_until_idle_waits_for_every_replica(pool_case: sc.TierCase) -
 
 async def test_pool_routes_around_a_returned_replica(case: sc.TierCase) -> None:
     await sc.scenario_pool_routes_around_a_returned_replica(case)
+
+
+# --- broadcast: every replica gets its own copy ---------------------------------------------
+
+
+async def test_broadcast_reaches_every_replica(case: sc.TierCase) -> None:
+    await sc.scenario_broadcast_reaches_every_replica(case)
+
+
+async def test_broadcast_accounted_at_terminate(case: sc.TierCase) -> None:
+    await sc.scenario_broadcast_accounted_at_terminate(case)
+
+
+def _by_worker(replies: list[Any]) -> dict[str, list[int]]:
+    """The seqs each replica answered, in the order it answered them."""
+    seen: dict[str, list[int]] = {}
+    for r in replies:
+        seen.setdefault(r.worker, []).append(r.seq)
+    return seen
+
+
+async def test_broadcast_goes_ahead_of_queued_normal_messages(case: sc.TierCase) -> None:
+    """Each replica, busy with one message while NORMAL ones queue up, takes its copy of a
+    HIGH broadcast next (hosted tiers: behind at most the message already handed to it
+    and the one the bridge holds)."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        hosted = case.name != "asyncio"
+        await _launch_who(rt, case, **({"bridge_queue_size": 2} if hosted else {}))
+        for i in range(2):
+            await rt.send("p", Work(seq=i, pause=0.3))
+        await asyncio.sleep(0.1)  # each replica holds one
+        for i in range(2, 30):
+            await rt.send("p", Work(seq=i))
+        assert await rt.broadcast("p", Work(seq=999, priority=200)) == 2
+        seen = _by_worker([await rt.receive("p", timeout=10) for _ in range(32)])
+        assert len(seen) == 2, seen
+        allowed = 3 if hosted else 1
+        for worker, seqs in seen.items():
+            assert seqs.count(999) == 1, (worker, seqs)
+            assert seqs.index(999) <= allowed, (worker, seqs)
+        assert sorted(s for seqs in seen.values() for s in seqs if s != 999) == list(range(30))
+
+
+async def test_broadcast_to_an_idle_pool_many_times(case: sc.TierCase) -> None:
+    """Back-to-back broadcasts to idle replicas with a fast handler: each replica answers
+    each broadcast once, and no copy is put back into the inbox more than needed."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, case)
+        rounds = 40
+        for r in range(rounds):
+            assert await rt.broadcast("p", Work(seq=r)) == 2
+            if r % 10 == 9:
+                await asyncio.sleep(0.01)  # let them go idle again
+        seen = _by_worker([await rt.receive("p", timeout=10) for _ in range(2 * rounds)])
+        assert len(seen) == 2, seen
+        for worker, seqs in seen.items():
+            assert sorted(seqs) == list(range(rounds)), (worker, seqs)
+        assert rt.receive_nowait("p") is None
+        tel = rt.get_telemetry("p")
+        assert tel.messages_dropped == 0
+        assert tel.messages_processed == 2 * rounds
+
+
+async def test_broadcast_skips_a_replica_that_returned(case: sc.TierCase) -> None:
+    """A replica whose actor function returned is not counted as reached and gets no
+    copy; the running one still does."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch(
+            "k",
+            sc._returning_actor(case),
+            input_type=sc.Job,
+            output_type=sc.Done,
+            tier=case.name,
+            **case.opts(queue_size=64),
+        )
+        await rt.activate("k")
+        kernel: Any = rt.get_kernel("k")
+        assert kernel.running_replicas == 2
+        await rt.send("k", sc.Job(seq=0, payload="return:0"))
+        deadline = time.monotonic() + BOUND_S
+        while kernel.running_replicas != 1:
+            assert time.monotonic() < deadline, "the returned replica was never noticed"
+            await asyncio.sleep(0.01)
+        assert await rt.broadcast("k", sc.Job(seq=7), timeout=10) == 1
+        assert (await rt.receive("k", timeout=10)).seq == 7
+        assert (await rt.send_and_receive("k", sc.Job(seq=8), timeout=10)).seq == 8
+        assert rt.receive_nowait("k") is None
+        assert rt.get_telemetry("k").messages_dropped == 0
+        assert await rt.terminate("k") == []
+
+
+async def test_broadcast_replies_correlate(case: sc.TierCase) -> None:
+    """Each copy has its own message_id, so a reply names the copy it answers; the
+    original message is not sent itself."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, case)
+        msg = Work(seq=5)
+        assert await rt.broadcast("p", msg) == 2
+        replies = [await rt.receive("p", timeout=10) for _ in range(2)]
+        ids = {r.correlation_id for r in replies}
+        assert len(ids) == 2
+        assert msg.message_id not in ids
+
+
+async def test_broadcast_into_a_connected_pool_forwards_each_reply(case: sc.TierCase) -> None:
+    """Replies to a broadcast go where the pool's replies go: into the kernel it is
+    connected to."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, case)
+        await rt.launch("back", relay_who, input_type=Who, output_type=Who)
+        await rt.activate("back")
+        rt.connect("p", "back")
+        assert await rt.broadcast("p", Work(seq=3)) == 2
+        got = [await rt.receive("back", timeout=10) for _ in range(2)]
+        assert [r.seq for r in got] == [3, 3]
+        assert len({r.worker for r in got}) == 2
+        assert rt.receive_nowait("p") is None
+
+
+async def test_broadcast_honours_backpressure(case: sc.TierCase) -> None:
+    """``reject`` needs room for every copy (nothing is sent otherwise); ``block`` waits
+    for room for the first copy up to ``timeout``."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, case, "r", queue_size=4, backpressure="reject")
+        await rt.deactivate("r")
+        for i in range(3):
+            await rt.send("r", Work(seq=i))
+        with pytest.raises(QueueFullError, match="room for 2 copies"):
+            await rt.broadcast("r", Work(seq=9))
+        assert len(rt.get_kernel("r").inbox) == 3  # nothing of it went in
+        await _launch_who(rt, case, "b", queue_size=2)
+        await rt.deactivate("b")
+        for i in range(2):
+            await rt.send("b", Work(seq=i))
+        with pytest.raises(QueueTimeoutError):
+            await rt.broadcast("b", Work(seq=9), timeout=0.05)
+        assert len(rt.get_kernel("b").inbox) == 2
+        await rt.reactivate("b")
+        assert await rt.broadcast("b", Work(seq=9), timeout=10) == 2
+        seqs = sorted([(await rt.receive("b", timeout=10)).seq for _ in range(4)])
+        assert seqs == [0, 1, 9, 9]
+
+
+async def test_broadcast_refusals(case: sc.TierCase) -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, case)
+        with pytest.raises(TypeValidationError):
+            await rt.broadcast("p", sc.Job(seq=1))  # not the pool's input_type
+        with pytest.raises(InvalidConfigurationError, match="timeout"):
+            await rt.broadcast("p", Work(seq=1), timeout=float("nan"))
+        with pytest.raises(KernelNotFoundError):
+            await rt.broadcast("nope", Work(seq=1))
+        await rt.terminate("p")
+        with pytest.raises(KernelStateError):
+            await rt.broadcast("p", Work(seq=1))
+
+
+async def test_asyncio_copy_kept_for_a_busy_replica_is_handed_back() -> None:
+    """On the asyncio tier a copy taken by the replica that already had one is kept for
+    the busy replica owed it: taken by it next, or handed back by terminate, once."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, ASYNCIO_POOL)
+        busy = asyncio.create_task(rt.send_and_receive("p", Work(seq=0, pause=5), timeout=20))
+        await asyncio.sleep(0.05)  # one replica is busy for a long time
+        assert await rt.broadcast("p", Work(seq=999)) == 2
+        first = await rt.receive("p", timeout=10)  # the free replica answers its copy
+        assert first.seq == 999
+        await asyncio.sleep(0.05)
+        assert rt.receive_nowait("p") is None  # the other copy waits for the busy replica
+        assert not rt.get_kernel("p").is_idle
+        left = [m.seq for m in await rt.terminate("p", timeout=0.05)]
+        with contextlib.suppress(KernelStateError):
+            await busy
+        assert sorted(left) == [0, 999], left
+        assert rt.get_telemetry("p").messages_dropped == 2
+        assert sum(t.messages_processed for t in rt.get_replica_telemetry("p")) == 1
+
+
+async def test_asyncio_copy_kept_for_a_busy_replica_is_taken_next() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _launch_who(rt, ASYNCIO_POOL)
+        await rt.send("p", Work(seq=0, pause=0.3))
+        await asyncio.sleep(0.05)
+        for i in range(1, 10):
+            await rt.send("p", Work(seq=i, priority=100))
+        assert await rt.broadcast("p", Work(seq=999, priority=120)) == 2
+        seen = _by_worker([await rt.receive("p", timeout=10) for _ in range(12)])
+        slow = next(seqs for seqs in seen.values() if seqs[0] == 0)
+        assert slow[1] == 999, slow  # the copy kept for it comes next
+        assert all(seqs.count(999) == 1 for seqs in seen.values()), seen

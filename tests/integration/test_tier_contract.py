@@ -178,3 +178,11 @@ async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None
 
 async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> None:
     await sc.scenario_returned_actor_hands_back_as_undelivered(case)
+
+
+async def test_broadcast_reaches_every_replica(case: sc.TierCase) -> None:
+    await sc.scenario_broadcast_reaches_every_replica(case)
+
+
+async def test_broadcast_accounted_at_terminate(case: sc.TierCase) -> None:
+    await sc.scenario_broadcast_accounted_at_terminate(case)

@@ -316,7 +316,7 @@ def test_enums() -> None:
             "start shutdown is_active kernel_ids launch activate deactivate reactivate "
             "terminate send receive send_and_receive get_kernel_state get_telemetry "
             "get_all_telemetry get_summary get_loop_info kernel_scope send_nowait "
-            "terminate_all connect __aenter__ __aexit__",
+            "terminate_all connect broadcast __aenter__ __aexit__",
         ),
         (
             rk.RingKernelTelemetry,
