@@ -195,7 +195,7 @@ def _families(rows: list[_Row], gpu: bool) -> Iterator[Metric]:
 
 
 def _utilization(info: Any) -> float:
-    return float(info.utilization_gpu) / 100.0
+    return float(info.utilization_gpu)  # already a fraction
 
 
 def _gpu_families() -> Iterator[Metric]:

@@ -123,7 +123,8 @@ class AsyncioPoolKernel(RingKernel):
     def _make_contexts(self) -> list[KernelContext]:
         ctx_class = self._context_class()  # plain or decoding, as a single kernel's
         self._replica_tels = [
-            RingKernelTelemetry(_replica_name(self.kernel_id, i)) for i in range(self.replicas)
+            RingKernelTelemetry(_replica_name(self.kernel_id, i), live=True)
+            for i in range(self.replicas)
         ]
         return [ctx_class(self, tel) for tel in self._replica_tels]
 
