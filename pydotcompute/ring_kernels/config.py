@@ -40,10 +40,9 @@ class RingKernelConfig:
         extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
 
     Raises:
-        InvalidConfigurationError: a field is out of range (a ``ValueError``; sizes below
-            1, as PyDotCompute 0.2 also refused, and the runtime's upper bounds: block
-            1..1024, queues 1..2**24).
-        TypeValidationError: a field has the wrong type (a ``TypeError``).
+        InvalidConfigurationError: a field is out of range or not of its type (a
+            ``ValueError``): sizes below 1, as PyDotCompute 0.2 also refused, and the
+            runtime's own bounds (block 1..1024, queues 1..2**24, ints that are ints).
     """
 
     kernel_id: str

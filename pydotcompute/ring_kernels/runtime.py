@@ -549,8 +549,8 @@ class RingKernelRuntime:
             return None
 
     def get_counters(self, kernel_id: str) -> RingKernelTelemetry:
-        """A kernel's telemetry record, kept whatever ``enable_telemetry`` says (without it
-        the counters are kept and latencies are not timed).
+        """A kernel's telemetry record, kept whatever ``enable_telemetry`` says (without
+        it, arrivals, drops and errors are still counted; processing is not timed).
 
         Raises:
             KernelNotFoundError: unknown id (the text lists the known ids).

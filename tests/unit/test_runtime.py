@@ -73,12 +73,14 @@ async def test_a_shut_down_runtime_can_start_again() -> None:
     await rt.launch("k", doubler)
     assert await rt.shutdown() == {}
     assert await rt.shutdown() == {}  # idempotent
-    assert rt.kernel_ids == [] and rt.terminated_ids == ["k"]
+    assert rt.kernel_ids == []
+    assert rt.terminated_ids == ["k"]
     assert not rt.is_active
     assert await rt.start() is rt
     assert rt.is_active
     await rt.launch("k", doubler)  # the terminated kernel is forgotten
-    assert rt.kernel_ids == ["k"] and rt.terminated_ids == []
+    assert rt.kernel_ids == ["k"]
+    assert rt.terminated_ids == []
     await rt.shutdown()
 
 
