@@ -638,7 +638,7 @@ class RingKernelRuntime:
                 (``pip install "pydotcompute[observability]"``).
             InvalidConfigurationError: the address cannot be bound, or metrics are already
                 served at another one.
-            KernelStateError: the runtime was shut down.
+            KernelStateError: the runtime was shut down (and not started again).
         """
         from ..observability.metrics import serve_metrics
 
@@ -646,7 +646,7 @@ class RingKernelRuntime:
             server = self._metrics
             if self._closed or server is False:
                 raise KernelStateError(
-                    "<runtime>", "SHUT DOWN", "serve metrics for", "create a new runtime"
+                    "<runtime>", "SHUT DOWN", "serve metrics for", "await runtime.start() first"
                 )
             if server is None:
                 server = self._metrics = serve_metrics(self, port, host, loop=self._loop)

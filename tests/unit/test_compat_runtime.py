@@ -21,6 +21,7 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelAlreadyExistsError,
     KernelNotFoundError,
+    KernelStateError,
     MessageDeserializationError,
     QueueFullError,
     TypeValidationError,
@@ -379,3 +380,19 @@ def test_a_config_checks_the_runtime_bounds_when_made() -> None:
         RingKernelConfig("k", grid_size=2.0)  # type: ignore[arg-type]
     cfg = RingKernelConfig("k", grid_size=4, block_size=1024, input_queue_size=1)
     assert dataclasses.replace(cfg, grid_size=2).grid_size == 2
+
+
+async def test_a_restarted_runtime_serves_metrics_again() -> None:
+    pytest.importorskip("prometheus_client")
+    rt = RingKernelRuntime()
+    await rt.start()
+    rt.serve_metrics(port=0)
+    await rt.shutdown()
+    with pytest.raises(KernelStateError, match=r"SHUT DOWN; await runtime.start\(\) first"):
+        rt.serve_metrics(port=0)
+    await rt.start()
+    try:
+        _host, port = rt.serve_metrics(port=0)
+        assert port > 0
+    finally:
+        await rt.shutdown()

@@ -439,8 +439,9 @@ async def test_telemetry_can_be_switched_off() -> None:
         await runtime.launch("k", doubler, input_type=Req)
         await runtime.activate("k")
         await runtime.send_and_receive("k", Req(x=1), timeout=5)
-        assert runtime.get_telemetry("k").messages_processed == 0
-        assert runtime.get_telemetry("k").histogram.count == 0
+        assert runtime.get_telemetry("k") is None  # as in 0.2
+        assert runtime.get_counters("k").messages_processed == 0
+        assert runtime.get_counters("k").histogram.count == 0
 
 
 # --- the collector ---------------------------------------------------------------------
