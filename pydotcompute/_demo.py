@@ -39,7 +39,7 @@ async def _main() -> None:
             await runtime.receive("demo_compute")
         dt = time.perf_counter() - t0
         print(f"{n} request/response round trips: {dt / n * 1e6:.1f} us each")
-        tel = runtime.get_telemetry("demo_compute")
+        tel = runtime.get_counters("demo_compute")
         print(
             f"telemetry: processed={tel.messages_processed} "
             f"p50={tel.p50_latency_ns / 1000:.1f} us p99={tel.p99_latency_ns / 1000:.1f} us"

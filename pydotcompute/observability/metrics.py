@@ -103,7 +103,7 @@ def _snapshot(runtime: RingKernelRuntime) -> list[_Row]:
     for kid in runtime.kernel_ids:
         try:
             kernel = runtime.get_kernel(kid)
-            tel = runtime.get_telemetry(kid)
+            tel = runtime.get_counters(kid)
         except KernelNotFoundError:  # removed meanwhile
             continue
         tier = canonical_tier(str(kernel.config.tier))
@@ -195,7 +195,7 @@ def _families(rows: list[_Row], gpu: bool) -> Iterator[Metric]:
 
 
 def _utilization(info: Any) -> float:
-    return float(info.utilization_gpu) / 100.0
+    return float(info.utilization_gpu)  # already a fraction
 
 
 def _gpu_families() -> Iterator[Metric]:

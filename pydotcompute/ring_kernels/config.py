@@ -1,10 +1,16 @@
-"""`RingKernelConfig`: how a ring kernel is built (checked by
-`decorators.validators.check_kernel_config` at launch)."""
+"""`RingKernelConfig`: how a ring kernel is built.
+
+Design note: a config is checked when it is made (``__post_init__``, as in PyDotCompute
+0.2, which raised ``ValueError`` there) and again at launch, since fields may be assigned
+in between; the check has a fast path for valid configs, so making one stays cheap.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..decorators.validators import check_kernel_config
 
 __all__ = ("RingKernelConfig",)
 
@@ -32,6 +38,11 @@ class RingKernelConfig:
         tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
         drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
         extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
+
+    Raises:
+        InvalidConfigurationError: a field is out of range or not of its type (a
+            ``ValueError``): sizes below 1, as PyDotCompute 0.2 also refused, and the
+            runtime's own bounds (block 1..1024, queues 1..2**24, ints that are ints).
     """
 
     kernel_id: str
@@ -51,3 +62,6 @@ class RingKernelConfig:
     tier: str = "asyncio"
     drain_timeout: float = 5.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_kernel_config(self)

@@ -277,7 +277,7 @@ class RingKernel:
         # keys of abandoned requests, oldest first (made on first use)
         self._abandoned: deque[Any] | None = None
         self._forward: RingKernel | None = None
-        self.telemetry = RingKernelTelemetry(kernel_id)
+        self.telemetry = RingKernelTelemetry(kernel_id, live=True)
         self.error: BaseException | None = None
         self._undelivered: list[Any] | None = None  # made on first use
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)

@@ -328,7 +328,8 @@ class AsyncioPoolKernel(RingKernel):
         if tracer is not None:  # a tracing runtime: its kind of context (see observability)
             ctx_class = tracer.context_class(ctx_class)
         self._replica_tels = [
-            RingKernelTelemetry(_replica_name(self.kernel_id, i)) for i in range(self.replicas)
+            RingKernelTelemetry(_replica_name(self.kernel_id, i), live=True)
+            for i in range(self.replicas)
         ]
         return [ctx_class(self, tel, i) for i, tel in enumerate(self._replica_tels)]
 

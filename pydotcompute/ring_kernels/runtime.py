@@ -19,6 +19,9 @@ Design notes:
   refused what the head had already made). It reports what it could not deliver.
 - Shutdown and ``terminate_all`` refuse to run inside an actor's own task: they would
   wait for that actor to finish, which waits for them.
+- ``terminate`` takes the id out of ``kernel_ids`` (PyDotCompute 0.2's contract: the id
+  can be launched again) but parks the kernel until ``remove``: its unread replies stay
+  receivable and ``get_kernel``/``get_telemetry`` still answer for it.
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class RingKernelRuntime:
     Args:
         enable_telemetry: Time every message (one clock read each, binned into a latency
             histogram in C by `telemetry.LatencyRecorder`, or in NumPy batches without the
-            compiled extension).
+            compiled extension). With False, as in PyDotCompute 0.2, `get_telemetry`
+            returns None, `get_all_telemetry` ``{}`` and `get_summary` zero totals; the
+            counters the kernels keep anyway are read with `get_counters`.
         use_uvloop: Informational: uvloop is chosen when the loop is created (importing
             pydotcompute installs its policy; ``pydotcompute.run`` uses its loop factory).
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
@@ -97,6 +102,8 @@ class RingKernelRuntime:
         tracing: bool = False,
     ) -> None:
         self._kernels: dict[str, RingKernel] = {}
+        # terminated through this runtime: out of `kernel_ids`, still readable (`remove`)
+        self._parked: dict[str, RingKernel] = {}
         self._telemetry = TelemetryCollector()
         self.enable_telemetry = enable_telemetry
         self.use_uvloop = use_uvloop
@@ -120,9 +127,11 @@ class RingKernelRuntime:
     # -- lifecycle of the runtime -------------------------------------------------------
 
     async def start(self) -> RingKernelRuntime:
-        """Bind to the running loop (idempotent)."""
+        """Bind to the running loop (idempotent); after `shutdown`, start again."""
         if self._closed:
-            raise KernelStateError("<runtime>", "SHUT DOWN", "start", "create a new runtime")
+            self._closed = False
+            with self._metrics_lock:
+                self._metrics = None
         if not self._active:
             self._loop = asyncio.get_running_loop()
             if self.use_eager_tasks:
@@ -143,7 +152,15 @@ class RingKernelRuntime:
 
     @property
     def kernel_ids(self) -> list[str]:
+        """The ids of the kernels launched and not terminated through this runtime."""
         return list(self._kernels)
+
+    @property
+    def terminated_ids(self) -> list[str]:
+        """The ids `terminate` or `shutdown` took out of `kernel_ids` and `remove` has not
+        forgotten: their kernels still answer `receive`, `get_kernel` and
+        `get_telemetry`; launching one of these ids again forgets the old kernel."""
+        return list(self._parked)
 
     def __contains__(self, kernel_id: object) -> bool:
         return kernel_id in self._kernels
@@ -157,6 +174,8 @@ class RingKernelRuntime:
         With ``ordered`` (the default) pipelines stop head to tail along ``connect``
         edges: sources first, then each stage once every stage feeding it has drained
         into it (see `terminate_all`). ``ordered=False`` terminates every kernel at once.
+        Afterwards `kernel_ids` is empty (every kernel is in `terminated_ids`, readable
+        until `remove`) and the runtime can be `start`ed again.
 
         Returns:
             kernel id -> number of messages that could not be delivered (kept in
@@ -175,6 +194,8 @@ class RingKernelRuntime:
             report = await self.terminate_all(timeout=timeout, ordered=ordered)
         finally:
             await self._stop_metrics()
+        for kid in list(self._kernels):
+            self._park(kid)
         self._active = False
         self._closed = True
         return report
@@ -186,7 +207,8 @@ class RingKernelRuntime:
         every kernel forwarding into it is TERMINATED (a cycle is broken at the kernel of
         the cycle launched first); kernels of one wave stop in parallel. ``timeout``
         bounds the whole call: each wave's grace period is what is left of it. Without
-        ``ordered``, every kernel is terminated at once.
+        ``ordered``, every kernel is terminated at once. Terminated kernels move from
+        `kernel_ids` to `terminated_ids`, as with `terminate`.
 
         Raises:
             KernelStateError: called from inside an actor (see `shutdown`).
@@ -215,7 +237,14 @@ class RingKernelRuntime:
                     report[k.kernel_id] = -1
                 elif k.undelivered:  # what terminate returned, and what a failure left
                     report[k.kernel_id] = len(k.undelivered)
+        for kid, k in list(self._kernels.items()):
+            if k.state is KernelState.TERMINATED:
+                self._park(kid)
         return report
+
+    def _park(self, kernel_id: str) -> None:
+        """Move a kernel from `kernel_ids` to `terminated_ids`."""
+        self._parked[kernel_id] = self._kernels.pop(kernel_id)
 
     async def _stop(self, kernel: RingKernel, timeout: float) -> None:
         """Terminate ``kernel``; a runtime.terminate() already under way is waited for,
@@ -256,6 +285,9 @@ class RingKernelRuntime:
         try:
             return self._kernels[kernel_id]
         except KeyError:
+            parked = self._parked.get(kernel_id)
+            if parked is not None:
+                return parked
             raise KernelNotFoundError(kernel_id, self._kernels, where=self.RUNTIME_NAME) from None
         except TypeError:
             raise KernelNotFoundError(
@@ -263,7 +295,8 @@ class RingKernelRuntime:
             ) from None
 
     def get_kernel(self, kernel_id: str) -> RingKernel:
-        """The kernel object (for introspection: state, telemetry, undelivered)."""
+        """The kernel object (for introspection: state, telemetry, undelivered); a
+        terminated one too, until `remove`."""
         return self._kernel(kernel_id)
 
     def get_kernel_state(self, kernel_id: str) -> KernelState:
@@ -291,6 +324,9 @@ class RingKernelRuntime:
         in completion order, not FIFO across replicas) on the asyncio, thread and process
         tiers; other tiers refuse it.
 
+        An id in `terminated_ids` can be launched again: the terminated kernel is
+        forgotten first, as `remove` does.
+
         Raises:
             KernelAlreadyExistsError: ``kernel_id`` is already launched in this runtime.
             KernelNotFoundError: no function given and none registered under the id.
@@ -306,6 +342,8 @@ class RingKernelRuntime:
                 f"(state {self._kernels[kernel_id].state.name}); terminate it first or "
                 "choose another kernel_id"
             )
+        if kernel_id in self._parked:
+            self.remove(kernel_id)
         registered: dict[str, Any] = {}
         if kernel_func is None:
             spec = get_registered_kernel(kernel_id)
@@ -365,6 +403,11 @@ class RingKernelRuntime:
     async def terminate(self, kernel_id: str, timeout: float | None = None) -> list[Any]:
         """Terminate one kernel, draining gracefully; returns its undelivered messages.
 
+        ``timeout`` defaults to the kernel's ``drain_timeout`` (5 s unless configured).
+        Once TERMINATED the id leaves `kernel_ids` (and ``in``/``len``) for
+        `terminated_ids`: `receive` still reads its unread replies, `get_kernel` and
+        `get_telemetry` still answer, until `remove` or a new launch of the id.
+
         Raises:
             InvalidConfigurationError: ``timeout`` is not None or a finite number >= 0.
         """
@@ -382,14 +425,18 @@ class RingKernelRuntime:
         done = asyncio.get_running_loop().create_future()
         self._terminating.setdefault(kernel_id, done)
         try:
-            return await kernel.terminate(timeout=timeout)
+            left = await kernel.terminate(timeout=timeout)
         finally:
             if self._terminating.get(kernel_id) is done:
                 del self._terminating[kernel_id]
             done.set_result(None)
+        if self._kernels.get(kernel_id) is kernel and kernel.state is KernelState.TERMINATED:
+            self._park(kernel_id)
+        return left
 
     def remove(self, kernel_id: str) -> None:
-        """Forget a TERMINATED kernel so its id can be launched again.
+        """Forget a TERMINATED kernel (one in `terminated_ids`, or whose actor ended by
+        itself).
 
         Replies still unread in its outbox are dropped with it, with a warning that says
         how many (``ArrayMessage`` frames release the arrays they pinned).
@@ -403,7 +450,10 @@ class RingKernelRuntime:
             logger.warning(
                 "kernel %r removed with %d unread replies; they are dropped", kernel_id, unread
             )
-        del self._kernels[kernel_id]
+        if self._parked.get(kernel_id) is kernel:
+            del self._parked[kernel_id]
+        else:
+            del self._kernels[kernel_id]
 
     # -- messaging ----------------------------------------------------------------------
 
@@ -529,7 +579,24 @@ class RingKernelRuntime:
 
     # -- telemetry ----------------------------------------------------------------------
 
-    def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
+    def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry | None:
+        """A kernel's telemetry (a terminated one's too, until `remove`), or None for an
+        unknown id or when the runtime was made with ``enable_telemetry=False`` (as in
+        PyDotCompute 0.2). `get_counters` is the strict form."""
+        if not self.enable_telemetry:
+            return None
+        try:
+            return self.get_counters(kernel_id)
+        except KernelNotFoundError:
+            return None
+
+    def get_counters(self, kernel_id: str) -> RingKernelTelemetry:
+        """A kernel's telemetry record, kept whatever ``enable_telemetry`` says (without
+        it, arrivals, drops and errors are still counted; processing is not timed).
+
+        Raises:
+            KernelNotFoundError: unknown id (the text lists the known ids).
+        """
         kernel = self._kernel(kernel_id)
         refresh = getattr(kernel, "refresh_telemetry", None)
         if refresh is not None:  # first: a tier may replace its telemetry object
@@ -551,21 +618,39 @@ class RingKernelRuntime:
         is the pool as a whole. A kernel that is not a pool gives a one-item list holding
         its own telemetry.
         """
-        tel = self.get_telemetry(kernel_id)
-        per = getattr(self._kernels[kernel_id], "replica_telemetry", None)
+        tel = self.get_counters(kernel_id)
+        per = getattr(self._kernel(kernel_id), "replica_telemetry", None)
         if per is None:
             return [tel]
         replicas: list[RingKernelTelemetry] = per()
         return replicas
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
-        return {kid: self.get_telemetry(kid) for kid in self._kernels}
+        """`get_telemetry` of every id in `kernel_ids` (``{}`` without telemetry)."""
+        if not self.enable_telemetry:
+            return {}
+        return {kid: self.get_counters(kid) for kid in self._kernels}
 
     def get_summary(self) -> dict[str, Any]:
-        """Totals across kernels, uptime and GPU utilization (None without NVML)."""
+        """Totals across kernels, uptime and GPU utilization (a fraction 0..1; None
+        without NVML).
+
+        ``kernel_count`` and ``active_kernels`` count `kernel_ids`; the message totals
+        also count the kernels in `terminated_ids` (what they dropped at terminate).
+
+        With ``enable_telemetry=False`` only ``kernel_count`` and zero totals (as in
+        PyDotCompute 0.2).
+        """
         from .telemetry import get_gpu_monitor
 
-        tels = self.get_all_telemetry().values()
+        if not self.enable_telemetry:
+            return {
+                "kernel_count": len(self._kernels),
+                "total_messages_processed": 0,
+                "total_messages_dropped": 0,
+                "total_errors": 0,
+            }
+        tels = [self.get_counters(kid) for kid in [*self._kernels, *self._parked]]
         mon = get_gpu_monitor()
         util = mon.get_utilization(0) if mon.is_available and mon.device_count else None
         return {
@@ -595,7 +680,7 @@ class RingKernelRuntime:
                 (``pip install "pydotcompute[observability]"``).
             InvalidConfigurationError: the address cannot be bound, or metrics are already
                 served at another one.
-            KernelStateError: the runtime was shut down.
+            KernelStateError: the runtime was shut down (and not started again).
         """
         from ..observability.metrics import serve_metrics
 
@@ -603,7 +688,7 @@ class RingKernelRuntime:
             server = self._metrics
             if self._closed or server is False:
                 raise KernelStateError(
-                    "<runtime>", "SHUT DOWN", "serve metrics for", "create a new runtime"
+                    "<runtime>", "SHUT DOWN", "serve metrics for", "await runtime.start() first"
                 )
             if server is None:
                 server = self._metrics = serve_metrics(self, port, host, loop=self._loop)

@@ -13,8 +13,13 @@ Design notes:
   latency statistic, so the statistics stay exact: total, min, max and the histogram are
   read through properties that fold first. ``record_latency`` buffers the same way.
 - ``GPUMonitor`` imports ``pynvml`` (from the ``nvidia-ml-py`` package) only when first
-  used; with no library, driver or GPU it reports ``is_available = False`` and returns
-  empty results instead of raising.
+  used; with no library, driver or GPU it reports ``is_available = False`` and its queries
+  return PyDotCompute 0.2's placeholders (name ``"N/A"``, zeros), or None with
+  ``strict=True``: a zero reads like an idle GPU, so code that must tell "no data" apart
+  asks strictly or checks ``is_available``.
+- ``uptime_seconds`` is a stored number on a record built by hand (0.2's contract: it
+  changes only when assigned) and a live clock on the records the runtime keeps
+  (``live=True``), whose throughput must follow time without anyone assigning it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -399,6 +404,8 @@ class RingKernelTelemetry:
     # not constructor arguments (`uptime_seconds` sets the clock), so that
     # `dataclasses.replace` calls `__init__` with the arguments it takes
     start_time: float = field(default_factory=time.monotonic, init=False)
+    # the stored uptime of a record built by hand; None: a live clock (`live=True`)
+    _uptime: float | None = field(default=0.0, init=False, repr=False, compare=False)
     histogram: LatencyHistogram = field(default_factory=LatencyHistogram, init=False, repr=False)
 
     def __init__(
@@ -416,11 +423,15 @@ class RingKernelTelemetry:
         *,
         messages_sent: int = 0,
         restarts: int = 0,
+        live: bool = False,
     ) -> None:
-        """Start the counters (all zero by default) and the uptime clock.
+        """Start the counters (all zero by default).
 
-        The positional order is the one older code passes; `uptime_seconds` says how long
-        the kernel has already been up (the clock starts that far back).
+        The positional order is the one older code passes. By default `uptime_seconds` is
+        stored as given and changes only when assigned (as in PyDotCompute 0.2), so
+        `throughput` is ``messages_processed / uptime_seconds`` exactly. With ``live=True``
+        (the records the runtime keeps) it is a clock instead, started `uptime_seconds`
+        back.
         """
         self._pending = []
         self.latency_recorder = LatencyRecorder()
@@ -439,6 +450,7 @@ class RingKernelTelemetry:
         self.messages_received = 0
         self.drops_by_reason = None
         self.start_time = time.monotonic() - float(uptime_seconds)
+        self._uptime = None if live else float(uptime_seconds)
 
     def record_message(self, latency_ns: int) -> None:
         """Count one processed message that took ``latency_ns``."""
@@ -512,10 +524,11 @@ class RingKernelTelemetry:
         self.last_error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
     def reset(self) -> None:
-        """Zero every counter and restart the uptime clock."""
+        """Zero every counter: a stored `uptime_seconds` becomes 0.0, a live clock starts
+        again."""
         kid = self.kernel_id
         pending, recorder = self._pending, self.latency_recorder
-        self.__init__(kid)  # type: ignore[misc]
+        self.__init__(kid, live=self.live)  # type: ignore[misc]
         # the same list and recorder: an actor's hot path may hold them
         pending.clear()
         recorder.clear()
@@ -545,19 +558,41 @@ class RingKernelTelemetry:
         self.min_latency_ns = min((p.min_latency_ns for p in timed), default=0)
 
     @property
+    def live(self) -> bool:
+        """True when `uptime_seconds` is a running clock (the runtime's records), False
+        when it is a stored number."""
+        return self._uptime is None
+
+    @property
     def uptime_seconds(self) -> float:
-        """Seconds since the telemetry started (or was reset); settable."""
-        return time.monotonic() - self.start_time
+        """How long the kernel has been up, in seconds.
+
+        A stored number (0.0 unless given or assigned, as in PyDotCompute 0.2), or on a
+        `live` record the seconds since `start_time`. Assigning stores the value: the
+        record is no longer live (`live_uptime_seconds` still reads the clock).
+        """
+        up = self._uptime
+        return time.monotonic() - self.start_time if up is None else up
 
     @uptime_seconds.setter
     def uptime_seconds(self, seconds: float) -> None:
-        # moves the start of the clock: it keeps counting from `seconds`
-        self.start_time = time.monotonic() - float(seconds)
+        self._uptime = float(seconds)
+
+    @property
+    def live_uptime_seconds(self) -> float:
+        """Seconds since `start_time` (since the record was made, or reset), whether or
+        not `uptime_seconds` is stored."""
+        return time.monotonic() - self.start_time
 
     @property
     def avg_latency_ns(self) -> float:
+        """Mean latency: total over the timed messages, or over `messages_processed` when
+        none was timed (a record built from totals, as PyDotCompute 0.2 computed it)."""
         timed = self.histogram.count
-        return self.total_latency_ns / timed if timed else 0.0
+        if timed:
+            return self.total_latency_ns / timed
+        n = self.messages_processed
+        return self.total_latency_ns / n if n > 0 else 0.0
 
     @property
     def avg_latency_ms(self) -> float:
@@ -565,7 +600,7 @@ class RingKernelTelemetry:
 
     @property
     def throughput(self) -> float:
-        """Messages processed per second of uptime."""
+        """Messages processed per second of `uptime_seconds` (0.0 with no uptime)."""
         up = self.uptime_seconds
         return self.messages_processed / up if up > 0 else 0.0
 
@@ -592,6 +627,7 @@ class RingKernelTelemetry:
             "max_latency_ns": self.max_latency_ns,
             "min_latency_ns": self.min_latency_ns,
             "avg_latency_ns": self.avg_latency_ns,
+            "avg_latency_ms": self.avg_latency_ms,
             "p50_latency_ns": self.p50_latency_ns,
             "p95_latency_ns": self.p95_latency_ns,
             "p99_latency_ns": self.p99_latency_ns,
@@ -641,12 +677,13 @@ for _name, _slot in (
 # --- GPU telemetry ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class GPUInfo:
     """One GPU as NVML sees it.
 
-    Memory is in bytes, utilization in percent, temperature in degrees Celsius, power in
-    watts; a reading the board does not support is None.
+    Memory is in bytes, the utilizations are fractions 0..1 (as in PyDotCompute 0.2; the
+    ``*_percent`` properties give percent), temperature in degrees Celsius, power in watts;
+    a reading the board does not support is None.
     """
 
     index: int
@@ -664,8 +701,29 @@ class GPUInfo:
 
     @property
     def memory_utilization(self) -> float:
-        """Used memory as a percentage of the total (0.0 when the total is unknown)."""
-        return 100.0 * self.memory_used / self.memory_total if self.memory_total else 0.0
+        """Used memory as a fraction 0..1 of the total (0.0 when the total is unknown)."""
+        return self.memory_used / self.memory_total if self.memory_total else 0.0
+
+    @property
+    def memory_utilization_percent(self) -> float:
+        """`memory_utilization` in percent."""
+        return 100.0 * self.memory_utilization
+
+    @property
+    def utilization_gpu_percent(self) -> float:
+        """`utilization_gpu` in percent (NVML's own unit)."""
+        return 100.0 * self.utilization_gpu
+
+    @property
+    def utilization_memory_percent(self) -> float:
+        """`utilization_memory` in percent (NVML's own unit)."""
+        return 100.0 * self.utilization_memory
+
+    @classmethod
+    def placeholder(cls, index: int = 0) -> GPUInfo:
+        """What a query answers when NVML cannot: name ``"N/A"``, no uuid, every number 0
+        (PyDotCompute 0.2's placeholder; ``strict=True`` queries return None instead)."""
+        return cls(index, "N/A", "", 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
     @property
     def total_memory(self) -> int:
@@ -691,8 +749,11 @@ class GPUInfo:
 class GPUMonitor:
     """Reads GPU utilization, memory, power and temperature through NVML.
 
-    ``nvidia-ml-py`` is imported on first use; without it (or without a driver or GPU)
-    ``is_available`` is False and queries return None / empty lists.
+    ``nvidia-ml-py`` is imported on first use. Without it (or without a driver or GPU),
+    or when NVML fails, ``is_available`` is False and ``unavailable_reason`` says why;
+    the queries then answer as PyDotCompute 0.2 did (`GPUInfo.placeholder`, 0.0, zeros),
+    or None when called with ``strict=True``. After `shutdown` the monitor stays
+    unavailable until `initialize` is called.
     """
 
     def __init__(self) -> None:
@@ -701,6 +762,12 @@ class GPUMonitor:
         self._available = False
         self._reason = "not probed yet"
         self._lock = threading.Lock()
+
+    def initialize(self) -> bool:
+        """Start NVML (again, after `shutdown`); returns `is_available`."""
+        with self._lock:
+            self._initialized = False
+        return self._init()
 
     def _init(self) -> bool:
         with self._lock:
@@ -745,7 +812,27 @@ class GPUMonitor:
             raise IndexError(f"GPU index {index} out of range (have {self.device_count})")
         return self._nvml.nvmlDeviceGetHandleByIndex(index)
 
-    def get_gpu_info(self, index: int = 0) -> GPUInfo | None:
+    @overload
+    def get_gpu_info(self, index: int = 0, *, strict: Literal[False] = False) -> GPUInfo: ...
+    @overload
+    def get_gpu_info(self, index: int = 0, *, strict: bool) -> GPUInfo | None: ...
+
+    def get_gpu_info(self, index: int = 0, *, strict: bool = False) -> GPUInfo | None:
+        """GPU ``index`` as NVML reports it.
+
+        Without NVML, for an index NVML does not know, or when NVML fails, the
+        `GPUInfo.placeholder` (PyDotCompute 0.2). With ``strict=True``: None without NVML,
+        ``IndexError`` for an index out of range, and NVML's own errors propagate.
+        """
+        if strict:
+            return self._read_info(index)
+        try:
+            info = self._read_info(index)
+        except Exception:  # NVMLError (a lost GPU, a reset), an index NVML does not know
+            info = None
+        return GPUInfo.placeholder(index) if info is None else info
+
+    def _read_info(self, index: int) -> GPUInfo | None:
         h = self._handle(index)
         if h is None:
             return None
@@ -781,8 +868,8 @@ class GPUMonitor:
             memory_total=int(mem.total),
             memory_used=int(mem.used),
             memory_free=int(mem.free),
-            utilization_gpu=float(util.gpu),
-            utilization_memory=float(util.memory),
+            utilization_gpu=float(util.gpu) / 100.0,
+            utilization_memory=float(util.memory) / 100.0,
             temperature=temp,
             power_usage=power,
             power_limit=limit,
@@ -790,33 +877,53 @@ class GPUMonitor:
         )
 
     def get_all_gpu_info(self) -> list[GPUInfo]:
-        return [i for i in (self.get_gpu_info(k) for k in range(self.device_count)) if i]
+        """Every GPU NVML sees (empty without NVML)."""
+        infos = (self.get_gpu_info(k, strict=True) for k in range(self.device_count))
+        return [i for i in infos if i is not None]
 
-    def get_utilization(self, index: int = 0) -> float | None:
-        """GPU utilization in percent, or None without NVML."""
-        info = self.get_gpu_info(index)
+    @overload
+    def get_utilization(self, index: int = 0, *, strict: Literal[False] = False) -> float: ...
+    @overload
+    def get_utilization(self, index: int = 0, *, strict: bool) -> float | None: ...
+
+    def get_utilization(self, index: int = 0, *, strict: bool = False) -> float | None:
+        """GPU utilization as a fraction 0..1: 0.0 without NVML, or None with
+        ``strict=True`` (see `get_gpu_info`)."""
+        info = self.get_gpu_info(index, strict=strict)
         return None if info is None else info.utilization_gpu
 
-    def get_memory_info(self, index: int = 0) -> dict[str, int] | None:
-        info = self.get_gpu_info(index)
+    @overload
+    def get_memory_info(
+        self, index: int = 0, *, strict: Literal[False] = False
+    ) -> dict[str, int]: ...
+    @overload
+    def get_memory_info(self, index: int = 0, *, strict: bool) -> dict[str, int] | None: ...
+
+    def get_memory_info(self, index: int = 0, *, strict: bool = False) -> dict[str, int] | None:
+        """``{"used", "free", "total"}`` in bytes: zeros without NVML, or None with
+        ``strict=True`` (see `get_gpu_info`)."""
+        info = self.get_gpu_info(index, strict=strict)
         if info is None:
             return None
-        return {"total": info.memory_total, "used": info.memory_used, "free": info.memory_free}
+        return {"used": info.memory_used, "free": info.memory_free, "total": info.memory_total}
 
     def __repr__(self) -> str:
         if not self._init():
-            return f"<GPUMonitor available=False reason={self._reason!r}>"
+            return f"<GPUMonitor available=False devices=0 reason={self._reason!r}>"
         return f"<GPUMonitor available=True devices={self.device_count}>"
 
     def shutdown(self) -> None:
+        """Shut NVML down; the monitor is unavailable until `initialize` (idempotent)."""
         with self._lock:
             if self._available and self._nvml is not None:
                 try:
                     self._nvml.nvmlShutdown()
                 except Exception:  # already shut down
                     pass
-            self._initialized = False
+            self._initialized = True  # stays unavailable: `initialize` starts NVML again
             self._available = False
+            self._nvml = None
+            self._reason = "NVML was shut down (call initialize() to start it again)"
 
 
 _monitor: GPUMonitor | None = None
@@ -872,7 +979,12 @@ class TelemetryCollector:
         return self.get(kernel_id)
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
-        """The same as `all`."""
+        """The same as `all`, after storing the collector's uptime as each record's
+        `uptime_seconds` (as PyDotCompute 0.2 does; `live` records keep their clock)."""
+        up = time.monotonic() - self.start_time
+        for t in self._kernels.values():
+            if not t.live:
+                t.uptime_seconds = up
         return self.all()
 
     def get_summary(self) -> dict[str, Any]:
@@ -883,6 +995,8 @@ class TelemetryCollector:
         return f"<TelemetryCollector kernels={len(self._kernels)}>"
 
     def summary(self, *, gpu: bool = True) -> dict[str, Any]:
+        """Totals across kernels, the collector's uptime and GPU 0's utilization (a
+        fraction 0..1; None without NVML)."""
         ks = self._kernels.values()
         util = None
         if gpu:

@@ -376,7 +376,7 @@ class ScriptedKernel:
 
     @property
     def telemetry(self) -> RingKernelTelemetry:
-        return self.runtime.get_telemetry(self.kernel_id)
+        return self.runtime.get_counters(self.kernel_id)
 
     # -- driving -----------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Small programs written the PyDotCompute 0.2 way run unchanged, each in its own interpreter.
 
 One program per module of the compute toolkit (decorators and validators, orchestrator,
-memory pool, compilation cache, unified buffer, backends, accelerator). Each prints ``ok``
-as its last line; any assertion or exception fails the test with the program's output.
+memory pool, compilation cache, unified buffer, backends, accelerator) and of the actor
+runtime (telemetry, messages, runtime, queue, lifecycle). Each prints ``ok`` as its last
+line; any assertion or exception fails the test with the program's output.
 """
 
 from __future__ import annotations
@@ -218,6 +219,142 @@ PROGRAMS = {
         assert "devices=" in repr(acc)
         props = DeviceProperties(0, DeviceType.CPU, "cpu", compute_capability=None)
         assert props.compute_capability_str == "N/A"
+        print("ok")
+    """,
+    "telemetry": """
+        from pydotcompute.ring_kernels.telemetry import (
+            GPUInfo, GPUMonitor, RingKernelTelemetry, TelemetryCollector,
+        )
+
+        t = RingKernelTelemetry(kernel_id="worker", messages_processed=100,
+                                total_latency_ns=10_000_000, uptime_seconds=10.0)
+        assert t.throughput == 10.0
+        assert t.avg_latency_ns == 100_000.0 and t.avg_latency_ms == 0.1
+        d = t.to_dict()
+        assert d["avg_latency_ms"] == 0.1 and d["throughput"] == 10.0
+        t.reset()
+        assert t.uptime_seconds == 0.0 and t.throughput == 0.0
+
+        collector = TelemetryCollector()
+        collector.register_kernel("worker").record_message(1000)
+        assert collector.get_summary()["total_messages_processed"] == 1
+        assert "worker" in collector.get_all_telemetry()
+
+        gpu = GPUInfo(0, "GPU", "GPU-0", 100, 25, 75, 0.5, 0.1, 40.0, 50.0, 300.0)
+        assert gpu.memory_utilization == 0.25
+        gpu.utilization_gpu = 0.75
+
+        monitor = GPUMonitor()
+        info = monitor.get_gpu_info(0)
+        if not monitor.is_available:
+            assert info.name == "N/A" and info.memory_total == 0
+            assert monitor.get_utilization(0) == 0.0
+            assert monitor.get_memory_info(0) == {"used": 0, "free": 0, "total": 0}
+        assert "available=" in repr(monitor) and "devices=" in repr(monitor)
+        monitor.shutdown()
+        assert not monitor.is_available
+        print("ok")
+    """,
+    "messages": """
+        from pydotcompute.ring_kernels.message import (
+            RingKernelMessage, deserialize_message, message,
+        )
+
+        ping = RingKernelMessage(priority=200)
+        data = ping.serialize()
+        back = RingKernelMessage.deserialize(data)
+        assert back.priority == 200 and back.message_id == ping.message_id
+        assert deserialize_message(data).message_id == ping.message_id
+
+        @message
+        class Reading:
+            value: float = 0.0
+
+        r = Reading(value=1.5, priority=10)
+        assert Reading.deserialize(r.serialize()).value == 1.5
+        print("ok")
+    """,
+    "runtime": """
+        import asyncio
+
+        from pydotcompute import RingKernelRuntime, message
+
+
+        @message
+        class Job:
+            n: int = 0
+
+
+        async def square(ctx):
+            while not ctx.should_terminate:
+                job = await ctx.receive()
+                await ctx.send(Job(n=job.n * job.n))
+
+
+        async def main():
+            runtime = RingKernelRuntime(enable_telemetry=False)
+            await runtime.start()
+            await runtime.launch("sq", square, input_type=Job, output_type=Job)
+            await runtime.activate("sq")
+            await runtime.send("sq", Job(n=3))
+            assert (await runtime.receive("sq", timeout=10)).n == 9
+            assert runtime.get_telemetry("sq") is None
+            assert runtime.get_all_telemetry() == {}
+            assert runtime.get_telemetry("unknown") is None
+            await runtime.terminate("sq", timeout=5.0)
+            assert "sq" not in runtime.kernel_ids
+            await runtime.launch("sq", square, input_type=Job, output_type=Job)
+            await runtime.shutdown()
+            assert runtime.kernel_ids == []
+            await runtime.start()
+            await runtime.launch("sq", square, input_type=Job, output_type=Job)
+            await runtime.activate("sq")
+            await runtime.send("sq", Job(n=4))
+            assert (await runtime.receive("sq", timeout=10)).n == 16
+            await runtime.shutdown()
+
+
+        asyncio.run(main())
+        print("ok")
+    """,
+    "queue": """
+        import asyncio
+
+        from pydotcompute.ring_kernels.queue import BackpressureStrategy, MessageQueue
+        from pydotcompute.exceptions import QueueFullError
+
+
+        async def main():
+            q = MessageQueue(maxsize=2, backpressure=BackpressureStrategy.DROP_OLDEST)
+            for i in range(3):
+                await q.put(i)
+            assert len(q) == 2
+            strict = MessageQueue(maxsize=1, backpressure=BackpressureStrategy.REJECT)
+            assert strict.put_nowait("a")
+            try:
+                strict.put_nowait("b")
+            except QueueFullError:
+                pass
+            else:
+                raise AssertionError("a full reject queue must refuse")
+
+
+        asyncio.run(main())
+        print("ok")
+    """,
+    "lifecycle": """
+        from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernelConfig
+
+        config = RingKernelConfig(kernel_id="k", grid_size=2, block_size=128)
+        assert config.input_queue_size >= 1
+        for field in ("grid_size", "block_size", "input_queue_size", "output_queue_size"):
+            try:
+                RingKernelConfig(kernel_id="k", **{field: 0})
+            except ValueError as exc:
+                assert field in str(exc)
+            else:
+                raise AssertionError(f"{field}=0 must be refused")
+        assert KernelState.ACTIVE != KernelState.TERMINATED
         print("ok")
     """,
 }

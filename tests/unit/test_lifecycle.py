@@ -205,7 +205,10 @@ def test_config_defaults_match_the_api() -> None:
     ],
 )
 def test_bad_config_is_refused_at_construction(field: str, value: Any, match: str) -> None:
-    cfg = RingKernelConfig("k", **{field: value})
+    with pytest.raises(InvalidConfigurationError, match=match):
+        RingKernelConfig("k", **{field: value})
+    cfg = RingKernelConfig("k")
+    setattr(cfg, field, value)  # assigned after construction: the kernel refuses it
     with pytest.raises(InvalidConfigurationError, match=match):
         RingKernel("k", doubler, config=cfg)
 

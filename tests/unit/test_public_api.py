@@ -743,7 +743,7 @@ collector = TelemetryCollector()
 collector.register_kernel("worker").record_message(1000)
 assert collector.get_summary()["total_messages_processed"] == 1
 gpu = GPUInfo(0, "GPU", "GPU-0", 100, 25, 75, 1.0, 2.0, 40, 50.0, 300.0)
-assert gpu.memory_utilization == 25.0
+assert gpu.memory_utilization == 0.25
 
 pool = MemoryPool(0, 64)
 stats = pool.get_stats()

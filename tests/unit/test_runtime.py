@@ -67,15 +67,21 @@ async def test_start_is_idempotent_and_launch_starts_it() -> None:
     await rt.shutdown()
 
 
-async def test_a_shut_down_runtime_cannot_restart() -> None:
+async def test_a_shut_down_runtime_can_start_again() -> None:
     rt = RingKernelRuntime()
     await rt.start()
+    await rt.launch("k", doubler)
     assert await rt.shutdown() == {}
     assert await rt.shutdown() == {}  # idempotent
-    with pytest.raises(KernelStateError, match="create a new runtime"):
-        await rt.start()
-    with pytest.raises(KernelStateError, match="create a new runtime"):
-        await rt.launch("late", doubler)
+    assert rt.kernel_ids == []
+    assert rt.terminated_ids == ["k"]
+    assert not rt.is_active
+    assert await rt.start() is rt
+    assert rt.is_active
+    await rt.launch("k", doubler)  # the terminated kernel is forgotten
+    assert rt.kernel_ids == ["k"]
+    assert rt.terminated_ids == []
+    await rt.shutdown()
 
 
 async def test_kernel_ids_contains_and_len(rt: RingKernelRuntime) -> None:
@@ -328,7 +334,7 @@ LOOKUPS = {
     "receive_nowait": lambda rt: rt.receive_nowait("nope"),
     "send_and_receive": lambda rt: rt.send_and_receive("nope", Req(x=1)),
     "get_kernel_state": lambda rt: rt.get_kernel_state("nope"),
-    "get_telemetry": lambda rt: rt.get_telemetry("nope"),
+    "get_counters": lambda rt: rt.get_counters("nope"),
     "connect": lambda rt: rt.connect("alpha", "nope"),
     "remove": lambda rt: rt.remove("nope"),
 }

@@ -73,7 +73,9 @@ def _bad_priority(value: object) -> ValueError:
     )
 
 
-class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
+class RingKernelMessage(
+    msgspec.Struct, kw_only=True, array_like=True, tag=f"{__name__}.RingKernelMessage"
+):
     """Base class of every message; `@message` classes are Struct subclasses of it.
 
     Attributes:

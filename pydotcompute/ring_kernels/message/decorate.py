@@ -269,6 +269,10 @@ def array_message(cls: type[_T] | None = None, /) -> Any:
     return _make_message_class(cls, ArrayMessage)
 
 
+# the base class carries its own tag (`base.py`): a message of the header alone is a message
+register_message_type(RingKernelMessage)
+
+
 # --- which classes the cycle collector may skip ----------------------------------------------
 
 #: Field types that hold no reference to another object a program could change.

@@ -187,7 +187,7 @@ class RayTierKernel:
         self.output_type = output_type
         self.error: BaseException | None = None
         self.restarts = 0
-        self.telemetry = RingKernelTelemetry(kernel_id)
+        self.telemetry = RingKernelTelemetry(kernel_id, live=True)
         self._func = kernel_func
         self._runtime = runtime
         self._session = session_for(runtime, enable_telemetry=enable_telemetry)

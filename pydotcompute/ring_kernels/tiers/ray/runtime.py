@@ -107,7 +107,7 @@ class RayRingKernelRuntime(RingKernelRuntime):
         try:
             return await super().shutdown(timeout, ordered=ordered)
         finally:
-            for kid in self.kernel_ids:
+            for kid in [*self.kernel_ids, *self.terminated_ids]:
                 await self.get_kernel(kid).release()
             self.session.close()
 
@@ -199,8 +199,9 @@ class RayRingKernelRuntime(RingKernelRuntime):
 
     # -- telemetry -------------------------------------------------------------------------
 
-    def get_telemetry(self, kernel_id: str) -> RingKernelTelemetry:
-        """The kernel's telemetry as last fetched (see `refresh_telemetry`); no Ray call."""
+    def get_counters(self, kernel_id: str) -> RingKernelTelemetry:
+        """The kernel's telemetry as last fetched (see `refresh_telemetry`); no Ray call
+        (`get_telemetry` reads it through this)."""
         tel: RingKernelTelemetry = self.get_kernel(kernel_id).telemetry
         tel.queue_depth = max(tel.queue_depth, 0)
         return tel
