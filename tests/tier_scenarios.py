@@ -1376,3 +1376,31 @@ async def scenario_broadcast_accounted_at_terminate(case: TierCase) -> None:
         dropped = await _dropped(rt, "k")
         assert dropped >= len(left)
         assert len(read) + dropped == 60 + urgent + late, (len(read), dropped, urgent, late)
+
+
+# --- the bridge's direct path ---
+
+
+async def scenario_direct_and_queued_sends_keep_order(case: TierCase) -> None:
+    """Sends that find nothing queued (handed straight to where the actor runs) and sends
+    that queue behind others keep their order, and each is counted received once."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=512)
+        for i in range(20):  # one at a time: nothing is ever queued ahead
+            reply = await rt.send_and_receive("k", Job(seq=i), timeout=BOUND_S)
+            assert reply.seq == i
+        burst = list(range(100, 400))
+        for i in burst:  # a burst: the first go straight through, the rest queue, and
+            # room frees up (a slow actor) while sends keep coming
+            await rt.send("k", Job(seq=i, payload="sleep:0.0005"))
+            if i % 8 == 0:
+                await asyncio.sleep(0.001)
+        got = [(await rt.receive("k", timeout=BOUND_S)).seq for _ in burst]
+        assert got == burst, f"out of order: {got}"
+        for i in range(1000, 1010):  # and straight through again once drained
+            await rt.send("k", Job(seq=i))
+            assert (await rt.receive("k", timeout=BOUND_S)).seq == i
+        refresh = getattr(rt, "refresh_telemetry", None)  # (Ray caches it)
+        tel = await refresh("k") if refresh is not None else rt.get_telemetry("k")
+        assert tel.messages_received == 20 + len(burst) + 10, tel.messages_received
+        assert await _dropped(rt, "k") == 0

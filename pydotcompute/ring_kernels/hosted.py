@@ -25,6 +25,16 @@ Design notes:
 - The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
   ``ctx.send`` does: a worker that replies faster than they are delivered would
   otherwise keep it running without a break.
+- The direct path: the two tasks are the slow path. A `send` that finds the inbox empty,
+  nothing held by the pump and room in the worker offers straight to the worker (the
+  order of a band cannot change: nothing is queued ahead of it). The callback that learns
+  a reply is ready (the loop's watcher, or one ``call_soon_threadsafe`` per burst from the
+  worker's thread) polls and delivers what completes without waiting: a caller's future,
+  room in the outbox or in a connected kernel. The first reply that would have to wait
+  (and any error) goes to ``_ready``, which the collector empties first, so order holds.
+- A worker thread wakes the loop only when the loop waits: the readable waker schedules
+  one callback until that callback has run, and the writable waker fires only while the
+  pump announced it waits for room (it re-offers after announcing, so no wake-up is lost).
 
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
@@ -35,6 +45,7 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
@@ -61,6 +72,15 @@ logger = logging.getLogger("pydotcompute")
 _POLL_S = 0.05
 
 
+class _Raised:
+    """An error the reply callback met while polling, left for the collector to report."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class HostedKernel(RingKernel):
     """A ring kernel whose actor runs in a `TierWorker`; subclasses build the worker
     in `_make_worker`."""
@@ -71,15 +91,20 @@ class HostedKernel(RingKernel):
 
     __slots__ = (
         "_bridge",
+        "_budget",
+        "_collecting",
         "_collector",
         "_drop_log",
+        "_handed_direct",
         "_held",
         "_held_counted",
         "_pump",
         "_readable",
+        "_ready",
         "_reply_in_hand",
         "_undecodable_seen",
         "_unwatch",
+        "_want_room",
         "_worker",
         "_writable",
     )
@@ -92,6 +117,13 @@ class HostedKernel(RingKernel):
         self._held: Any = None
         self._held_counted = False
         self._reply_in_hand: list[Any] = []  # the reply the collector is delivering
+        # replies (or errors, as `_Raised`) the reply callback polled but could not
+        # deliver without waiting: the collector takes these before polling the worker
+        self._ready: collections.deque[Any] = collections.deque()
+        self._handed_direct = 0  # messages `send` offered straight to the worker
+        self._want_room = False  # the pump waits for the worker to take a message
+        self._collecting = True  # the collector is delivering (not parked)
+        self._budget = SEND_YIELD_EVERY  # replies the callback may deliver this loop turn
         self._pump: asyncio.Task[None] | None = None
         self._collector: asyncio.Task[None] | None = None
         self._readable: asyncio.Event | None = None
@@ -161,24 +193,80 @@ class HostedKernel(RingKernel):
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         self._check_size(msg)
-        await super().accept(msg, timeout)
+        self._validate_in(msg)
+        if not self._hand_over(msg):
+            await super().accept(msg, timeout)
 
     def accept_nowait(self, msg: Any) -> None:
         self._check_size(msg)
-        super().accept_nowait(msg)
+        self._validate_in(msg)
+        if not self._hand_over(msg):
+            super().accept_nowait(msg)
+
+    async def send(self, msg: Any, timeout: float | None = None) -> bool:
+        """Put ``msg`` in the inbox, or straight into the worker when nothing is queued
+        ahead of it (see `accept`)."""
+        await self.accept(msg, timeout)
+        return True
+
+    def _hand_over(self, msg: Any) -> bool:
+        """The direct path: offer ``msg`` (validated) to the worker when the inbox is
+        empty, the pump holds nothing and the kernel runs ungated; False (nothing done)
+        when the message must take the inbox. Errors are left to the inbox path, whose
+        pump reports them as it always did."""
+        if (
+            self._state is not KernelState.ACTIVE
+            or self._stopping
+            or self._gate is not None
+            or self._held is not None
+            or self.config.serialize
+        ):
+            return False
+        inbox = self._inbox
+        worker = self._worker
+        if inbox is None or worker is None or len(inbox):
+            return False
+        try:
+            if not worker.offer(msg):
+                return False
+        except Exception:
+            return False
+        self._handed_direct += 1
+        if self._timed:
+            self.telemetry.messages_processed += 1
+        return True
+
+    def messages_received(self) -> int:
+        """Messages accepted so far: through the inbox, and offered straight to the worker."""
+        return super().messages_received() + self._handed_direct
 
     async def activate(self) -> None:
         self._check("activate")
         loop = asyncio.get_running_loop()
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
-        readable, writable = self._readable, self._writable
+        writable = self._writable
+
+        drain = self._drain_ready_replies
+        scheduled = [False]  # a drain is queued on the loop and has not run yet
+
+        def drain_on_loop() -> None:
+            scheduled[0] = False  # before polling: a reply after this schedules again
+            drain()
 
         def wake_readable() -> None:
+            # one call_soon_threadsafe per burst: replies that arrive before the queued
+            # drain runs are polled by it
+            if scheduled[0]:
+                return
+            scheduled[0] = True
             with contextlib.suppress(RuntimeError):  # loop closed during teardown
-                loop.call_soon_threadsafe(readable.set)
+                loop.call_soon_threadsafe(drain_on_loop)
 
         def wake_writable() -> None:
+            if not self._want_room:  # nobody waits for room: no wake-up
+                return
+            self._want_room = False
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(writable.set)
 
@@ -186,7 +274,7 @@ class HostedKernel(RingKernel):
         assert worker is not None
         worker.on_writable(wake_writable)
         await asyncio.to_thread(worker.start)
-        self._unwatch = worker.watch(loop, readable.set)
+        self._unwatch = worker.watch(loop, drain)
         if self._unwatch is None:
             self._unwatch = worker.on_readable(wake_readable)
         self._state = KernelState.ACTIVE
@@ -245,10 +333,17 @@ class HostedKernel(RingKernel):
                     break
                 if ok:
                     break
-                writable.clear()
+                if not self._want_room:
+                    # announce, then offer once more: room freed in between is seen
+                    # either by that offer or by the waker (which then fires)
+                    writable.clear()
+                    self._want_room = True
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_POLL_S):
                         await writable.wait()
+                self._want_room = False
+            self._want_room = False
             self._held = None
             self._held_counted = False
 
@@ -288,7 +383,7 @@ class HostedKernel(RingKernel):
                 turn = SEND_YIELD_EVERY
                 await asyncio.sleep(0)
             try:
-                reply = worker.poll_reply()
+                reply = self._next_reply(worker)
             except MessageRejectedError as exc:
                 self._rejected(exc)
                 continue
@@ -309,9 +404,14 @@ class HostedKernel(RingKernel):
                 return
             if reply is None:
                 readable.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_POLL_S):
-                        await readable.wait()
+                self._collecting = False  # replies that arrive now: the callback's
+                while not readable.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_POLL_S):
+                            await readable.wait()
+                    if not readable.is_set():  # the safety poll: as if a wake-up came
+                        self._drain_ready_replies()
+                self._collecting = True
                 continue
             self._reply_in_hand.append(reply)
             try:
@@ -330,6 +430,122 @@ class HostedKernel(RingKernel):
                 logger.error("kernel %r: a reply failed while terminating: %r", self.kernel_id, exc)
             else:
                 self._reply_in_hand.clear()
+
+    def _next_reply(self, worker: TierWorker) -> Any:
+        """What the reply callback left first (raising the error it met), then the
+        worker's next reply (`TierWorker.poll_reply`)."""
+        ready = self._ready
+        if ready:
+            reply = ready.popleft()
+            if type(reply) is _Raised:
+                raise reply.error
+            return reply
+        return worker.poll_reply()
+
+    def _drain_ready_replies(self) -> None:
+        """On the loop, when a reply may be ready: deliver every reply that completes
+        without waiting (a caller's future, room downstream or in the outbox). The first
+        that would wait, or an error the collector must report, goes to ``_ready`` and
+        the collector is woken; while anything is there, or the collector holds a reply,
+        the collector alone delivers, so replies keep their order."""
+        readable = self._readable
+        worker = self._worker
+        if self._unwatch is None or worker is None or readable is None:
+            return  # not watching any more (stopped, failed): the collector finishes
+        ready = self._ready
+        if ready or self._reply_in_hand or self._collecting:
+            readable.set()
+            return
+        # other tasks run between every `SEND_YIELD_EVERY` replies delivered, as a tier-1
+        # actor's ``ctx.send`` yields: past the budget, `_refill` goes on next loop turn
+        budget = self._budget
+        if budget <= 0:
+            return
+        try:
+            while self._drain_one(worker, ready, readable):
+                budget -= 1
+                if budget <= 0:
+                    asyncio.get_running_loop().call_soon(self._refill)
+                    return
+        finally:
+            self._budget = budget
+
+    def _refill(self) -> None:
+        """Next loop turn: a new budget, and the drain goes on where it stopped."""
+        self._budget = SEND_YIELD_EVERY
+        self._drain_ready_replies()
+
+    def _drain_one(self, worker: TierWorker, ready: Any, readable: asyncio.Event) -> bool:
+        """Poll and deliver one reply; False when there is none, or the collector must
+        take over (the reply or the error is in ``ready``)."""
+        try:
+            reply = worker.poll_reply()
+        except MessageRejectedError as exc:
+            self._rejected(exc)
+            return True
+        except MessageDeserializationError as exc:
+            self._undecodable_reply(exc)
+            return True
+        except Exception as exc:  # stopped, failed, a fault: the collector reports it
+            ready.append(_Raised(exc))
+            readable.set()
+            return False
+        if reply is None:
+            return False
+        if not self._deliver_now(reply):
+            ready.append(reply)
+            readable.set()
+            return False
+        return True
+
+    def _deliver_now(self, reply: Any) -> bool:
+        """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
+        for `_deliver`."""
+        waiters = self._waiters
+        if waiters:
+            fut = waiters.pop(getattr(reply, "correlation_id", None), None)
+            if fut is not None:
+                if self._timed:
+                    self.telemetry.messages_sent += 1
+                if not fut.done():
+                    fut.set_result(reply)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self.count_lost_reply()
+                return True
+        target = self._forward
+        if target is not None:
+            try:
+                target.accept_nowait(reply)
+            except KernelStateError as exc:  # stopping downstream: as `_deliver` counts it
+                if self._timed:
+                    self.telemetry.messages_sent += 1
+                self.count_lost_reply()
+                self._drop_log.event(
+                    "kernel %r: a reply forwarded to %r was dropped: %s",
+                    self.kernel_id,
+                    target.kernel_id,
+                    exc,
+                )
+                return True
+            except Exception:  # full (wait or count per its policy), or wrong: `_deliver`
+                return False
+        else:
+            out = self._outbox
+            offer = getattr(out, "offer", None)
+            try:
+                if offer is None or not offer(reply):
+                    return False
+            except Exception:  # a value the outbox refuses: `_deliver` fails the kernel
+                return False
+        if self._timed:
+            self.telemetry.messages_sent += 1
+        return True
+
+    def _take_ready(self) -> list[Any]:
+        """The replies the callback left for the collector (errors dropped: the caller
+        reporting the end reports those)."""
+        ready, self._ready = self._ready, collections.deque()
+        return [r for r in ready if type(r) is not _Raised]
 
     def _rejected(self, exc: MessageRejectedError) -> None:
         """The tier could not decode one message: counted as dropped, its caller told."""
@@ -414,7 +630,13 @@ class HostedKernel(RingKernel):
         if self._state is not KernelState.ACTIVE:
             return True
         inbox = self._inbox
-        if inbox is None or len(inbox) or self._held is not None or self._reply_in_hand:
+        if (
+            inbox is None
+            or len(inbox)
+            or self._held is not None
+            or self._reply_in_hand
+            or self._ready
+        ):
             return False
         worker = self._worker
         return worker is not None and worker.is_idle
@@ -462,6 +684,7 @@ class HostedKernel(RingKernel):
         """After the worker stopped: deliver every reply it still holds (and the one the
         collector was holding), then take back what it did not finish."""
         replies, self._reply_in_hand = self._reply_in_hand, []
+        replies += self._take_ready()
         worker = self._worker
         if worker is not None:
             replies += worker.drain_replies()
@@ -521,7 +744,7 @@ class HostedKernel(RingKernel):
         worker = self._worker
         if worker is not None:
             await asyncio.to_thread(worker.stop, 1.0)
-            for reply in worker.drain_replies():  # produced before the failure
+            for reply in self._take_ready() + worker.drain_replies():  # before the failure
                 await self._deliver_final(reply)
         self.hand_back(self._take_undelivered() + self._take_held(), at=mark)
 
@@ -537,7 +760,7 @@ class HostedKernel(RingKernel):
         worker = self._worker
         if worker is not None:
             await asyncio.to_thread(worker.stop, 1.0)
-            for reply in worker.drain_replies():  # sent before it returned
+            for reply in self._take_ready() + worker.drain_replies():  # sent before it returned
                 await self._deliver_final(reply)
         self.hand_back(
             self._take_undelivered() + self._take_held(),

@@ -186,3 +186,7 @@ async def test_broadcast_reaches_every_replica(case: sc.TierCase) -> None:
 
 async def test_broadcast_accounted_at_terminate(case: sc.TierCase) -> None:
     await sc.scenario_broadcast_accounted_at_terminate(case)
+
+
+async def test_direct_and_queued_sends_keep_order(case: sc.TierCase) -> None:
+    await sc.scenario_direct_and_queued_sends_keep_order(case)

@@ -1,0 +1,253 @@
+"""The hosting bridge (tiers 2 and 3 through the runtime) against the floors of its mechanism.
+
+One process, contenders interleaved in rounds (this kind of machine's wake-up latency drifts
+with load, so only ratios taken within one round mean anything):
+
+- ``thread floor``: an asyncio loop hands a message to a worker thread (``SimpleQueue``),
+  which answers by ``loop.call_soon_threadsafe(fut.set_result, reply)``: the least a loop
+  and a thread can do per round trip.
+- ``tier="thread"``: the same echo actor launched in the runtime, ``send_and_receive``.
+- ``socketpair floor``: an asyncio loop and a bare child interpreter echoing over a
+  ``socketpair`` (``loop.sock_sendall`` / ``loop.sock_recv``), the message encoded and the
+  reply decoded in the parent: a wake-up each way.
+- ``tier="process"``: the echo actor in the runtime, ``send_and_receive``.
+- ``CythonRingKernel`` and ``ThreadedRingKernel`` used directly (blocking calls, no loop).
+
+Each round also measures pipelined throughput (a producer task sends N while the caller
+receives N) through the runtime and through the direct kernels. Output: per contender the
+median over rounds of its p50, and for each ratio the median and the spread (min-max)
+over rounds; JSON in ``benchmarks/results/bridge.json``.
+
+Run: ``python benchmarks/bridge_benchmark.py [--rounds 5] [--trips 2000] [--pipe 20000]``
+(``--process-options '{"reply_spin_us": 100}'`` adds launch options for the process tier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import loop_factories, percentiles, print_table, save_json
+from _tier_actors import Ping, Pong, echo_actor
+
+from pydotcompute import RingKernelRuntime
+
+_ns = time.perf_counter_ns
+
+_ECHO_CHILD = """
+import os, socket, sys
+s = socket.socket(fileno=int(sys.argv[1]))
+recv, send = s.recv, s.sendall
+while True:
+    data = recv(4096)
+    if not data:
+        break
+    send(data)
+"""
+
+
+# --- floors -------------------------------------------------------------------------------
+
+
+async def thread_floor(trips: int) -> list[int]:
+    """asyncio + a worker thread answering through ``call_soon_threadsafe``."""
+    loop = asyncio.get_running_loop()
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def server() -> None:
+        call = loop.call_soon_threadsafe
+        while (item := q.get()) is not None:
+            fut, msg = item
+            call(fut.set_result, Pong(value=msg.value))
+
+    t = threading.Thread(target=server, daemon=True)
+    t.start()
+    samples = []
+    for i in range(trips + 200):
+        t0 = _ns()
+        fut = loop.create_future()
+        q.put((fut, Ping(value=i)))
+        await fut
+        if i >= 200:
+            samples.append(_ns() - t0)
+    q.put(None)
+    t.join()
+    return samples
+
+
+async def socketpair_floor(trips: int) -> list[int]:
+    """asyncio + a bare child echoing bytes over a socketpair (encode and decode here)."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    child = subprocess.Popen(  # noqa: ASYNC220 (started once, before the timed trips)
+        [sys.executable, "-c", _ECHO_CHILD, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+    )
+    theirs.close()
+    samples = []
+    try:
+        for i in range(trips + 200):
+            t0 = _ns()
+            await loop.sock_sendall(ours, Ping(value=i).serialize())
+            data = await loop.sock_recv(ours, 4096)
+            Ping.deserialize(data)
+            if i >= 200:
+                samples.append(_ns() - t0)
+    finally:
+        ours.close()
+        child.wait(5)
+    return samples
+
+
+# --- through the runtime ------------------------------------------------------------------
+
+
+async def runtime_measure(tier: str, trips: int, pipe: int, options: dict[str, Any]) -> Any:
+    """``send_and_receive`` samples, then pipelined msg/s, of the echo actor on ``tier``."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("echo", echo_actor, input_type=Ping, output_type=Pong, tier=tier, **options)
+        await rt.activate("echo")
+        samples = []
+        for i in range(trips + 200):
+            t0 = _ns()
+            await rt.send_and_receive("echo", Ping(value=i), timeout=10.0)
+            if i >= 200:
+                samples.append(_ns() - t0)
+
+        async def producer() -> None:
+            for i in range(pipe):
+                await rt.send("echo", Ping(value=i))
+
+        t0 = time.perf_counter()
+        prod = asyncio.ensure_future(producer())
+        for _ in range(pipe):
+            await rt.receive("echo", timeout=30.0)
+        rate = pipe / (time.perf_counter() - t0)
+        await prod
+    return samples, rate
+
+
+# --- direct kernels -----------------------------------------------------------------------
+
+
+def direct_measure(tier: str, trips: int, pipe: int) -> Any:
+    """A ``ThreadedRingKernel`` / ``CythonRingKernel`` used directly (blocking calls)."""
+    from pydotcompute.ring_kernels import CythonRingKernel, ThreadedRingKernel
+
+    cls = ThreadedRingKernel if tier == "thread" else CythonRingKernel
+    with cls(f"bench-{tier}", echo_actor) as kernel:
+        send, receive = kernel.send, kernel.receive
+        samples = []
+        for i in range(trips + 200):
+            t0 = _ns()
+            send(Ping(value=i))
+            receive(timeout=10.0)
+            if i >= 200:
+                samples.append(_ns() - t0)
+
+        def producer() -> None:
+            for i in range(pipe):
+                send(Ping(value=i), timeout=30.0)
+
+        t0 = time.perf_counter()
+        t = threading.Thread(target=producer, daemon=True)
+        t.start()
+        for _ in range(pipe):
+            receive(timeout=30.0)
+        rate = pipe / (time.perf_counter() - t0)
+        t.join()
+    return samples, rate
+
+
+# --- rounds -------------------------------------------------------------------------------
+
+
+def one_round(trips: int, pipe: int, proc_opts: dict[str, Any]) -> dict[str, Any]:
+    factory = loop_factories()[0][1]
+    out: dict[str, Any] = {}
+
+    def on_loop(coro: Any) -> Any:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+
+    out["thread floor"] = (on_loop(thread_floor(trips)), None)
+    out["tier=thread"] = on_loop(runtime_measure("thread", trips, pipe, {}))
+    out["ThreadedRingKernel direct"] = direct_measure("thread", trips, pipe)
+    out["socketpair floor"] = (on_loop(socketpair_floor(trips)), None)
+    out["tier=process"] = on_loop(runtime_measure("process", trips, pipe, proc_opts))
+    out["CythonRingKernel direct"] = direct_measure("process", trips, pipe)
+    return {k: (percentiles(s)["p50_us"], rate) for k, (s, rate) in out.items()}
+
+
+RATIOS = (
+    ("thread p50 / thread floor", "tier=thread", "thread floor", "p50"),
+    ("process p50 / socketpair floor", "tier=process", "socketpair floor", "p50"),
+    ("process p50 / direct kernel", "tier=process", "CythonRingKernel direct", "p50"),
+    ("thread pipelined / direct kernel", "tier=thread", "ThreadedRingKernel direct", "rate"),
+    ("process pipelined / direct kernel", "tier=process", "CythonRingKernel direct", "rate"),
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--trips", type=int, default=2000)
+    ap.add_argument("--pipe", type=int, default=20000)
+    ap.add_argument("--process-options", default="{}", help="JSON launch options")
+    ap.add_argument("--label", default="", help="saved in the JSON (which checkout ran)")
+    ap.add_argument("--json", default=None, help="where to save (default results/bridge.json)")
+    args = ap.parse_args()
+    proc_opts = json.loads(args.process_options)
+    rounds = [one_round(args.trips, args.pipe, proc_opts) for _ in range(args.rounds)]
+
+    rows = []
+    for name in rounds[0]:
+        p50s = [r[name][0] for r in rounds]
+        rates = [r[name][1] for r in rounds if r[name][1] is not None]
+        rows.append(
+            {
+                "what": name,
+                "p50_us (median)": statistics.median(p50s),
+                "p50 min-max": f"{min(p50s):.1f}-{max(p50s):.1f}",
+                "msg/s (median)": statistics.median(rates) if rates else None,
+            }
+        )
+    print_table(
+        f"bridge round trips, {args.rounds} rounds (pid {os.getpid()}, {args.label})",
+        rows,
+        ["what", "p50_us (median)", "p50 min-max", "msg/s (median)"],
+    )
+    ratios = []
+    for label, ours, floor, kind in RATIOS:
+        idx = 0 if kind == "p50" else 1
+        vals = [r[ours][idx] / r[floor][idx] for r in rounds]
+        ratios.append(
+            {
+                "ratio": label,
+                "median": statistics.median(vals),
+                "min-max": f"{min(vals):.2f}-{max(vals):.2f}",
+            }
+        )
+    print_table("same-round ratios", ratios, ["ratio", "median", "min-max"])
+    save_json(
+        "bridge",
+        {"label": args.label, "rounds": rounds, "rows": rows, "ratios": ratios, "args": vars(args)},
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
