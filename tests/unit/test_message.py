@@ -503,6 +503,8 @@ def test_a_class_redefined_with_the_same_fields_replaces_the_old_one(
         back = deserialize_message(old(value=3).serialize())
         assert type(back) is mod.Ping  # frames decode into the class defined last
         assert back.double() == 6
+        with pytest.raises(MessageDeserializationError, match="expected Ping"):
+            old.deserialize(old(value=3).serialize())  # the old class no longer decodes them
         # a factory making the same fields twice: the same rule
         first, second = _order_class("order"), _order_class("order")
         assert type(deserialize_message(first(account="x", amount=1).serialize())) is second

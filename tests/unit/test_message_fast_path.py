@@ -179,6 +179,7 @@ def test_the_compiled_functions_are_installed() -> None:
     assert FAST is not None
     assert RingKernelMessage.serialize is FAST.serialize
     assert RingKernelMessage.__post_init__ is FAST.check_priority
+    assert isinstance(RingKernelMessage.__dict__["deserialize"], FAST.ClassDeserialize)
 
 
 # --- output buffer and error handling ------------------------------------------------------
@@ -320,3 +321,80 @@ def test_a_stream_decoder_falls_back_on_an_exception_and_propagates_others() -> 
     with pytest.raises(KeyboardInterrupt):
         stream.decode(frame)
     assert calls[-1] == "fast"
+
+
+# --- Cls.deserialize: the class's own decoder first -----------------------------------------
+
+
+@message
+class FPingMore(FPing):
+    extra: int = 0
+
+
+def test_class_deserialize_takes_its_frames_and_refuses_or_reroutes_the_rest() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+
+    ping, more = FPing(value=1, priority=9), FPingMore(value=2, extra=3)
+    back = FPing.deserialize(ping.serialize())
+    assert type(back) is FPing
+    assert back == ping
+    assert type(ping.deserialize(memoryview(ping.serialize()))) is FPing  # on an instance
+    # a subclass's frame read through its base: the registry finds the subclass
+    assert type(FPing.deserialize(more.serialize())) is FPingMore
+    with pytest.raises(
+        MessageDeserializationError, match="hold a FPing message, expected FPingMore"
+    ):
+        FPingMore.deserialize(ping.serialize())
+    bad = msgspec.msgpack.encode([f"{__name__}.FPing", "one", b"\x01" * 16, 128, None])
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode FPing: .* at `value`"):
+        FPing.deserialize(bad)
+    with pytest.raises(MessageDeserializationError, match="expected bytes to deserialize"):
+        FPing.deserialize("text")  # type: ignore[arg-type]
+
+    class Undecorated(FPing):  # inherits the tag of FPing: never a class of its own frames
+        pass
+
+    with pytest.raises(MessageDeserializationError, match="expected Undecorated"):
+        Undecorated.deserialize(ping.serialize())
+
+
+def test_class_deserialize_of_a_by_reference_message_takes_its_arrays_once() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+    from pydotcompute.ring_kernels.message import array_message
+
+    @array_message
+    class FRef:
+        arr: np.ndarray
+
+    frame = FRef(arr=np.arange(4)).serialize()
+    np.testing.assert_array_equal(FRef.deserialize(frame).arr, np.arange(4))
+    with pytest.raises(MessageDeserializationError):
+        FRef.deserialize(frame)  # its array was taken out of the registry by the first
+
+
+@compiled
+def test_class_deserialize_falls_back_on_an_exception_and_propagates_others() -> None:
+    from pydotcompute.ring_kernels.message.codec import DIRECT_DECODERS
+
+    assert FAST is not None
+    good = DIRECT_DECODERS[FPing]
+    frame = FPing(value=5).serialize()
+    calls: list[BaseException] = []
+
+    def failing(data: Any) -> Any:
+        calls.append(raise_next)
+        raise raise_next
+
+    try:
+        DIRECT_DECODERS[FPing] = failing
+        FAST.registry_changed()
+        raise_next: BaseException = ValueError("refused")
+        assert FPing.deserialize(frame).value == 5  # the Python path decoded it
+        raise_next = KeyboardInterrupt()
+        with pytest.raises(KeyboardInterrupt):
+            FPing.deserialize(frame)
+        assert len(calls) == 2
+    finally:
+        DIRECT_DECODERS[FPing] = good
+        FAST.registry_changed()
+    assert FPing.deserialize(frame).value == 5

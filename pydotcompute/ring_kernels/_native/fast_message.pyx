@@ -18,6 +18,12 @@ Design notes:
   buffer (an encode hook serializing a message, another thread) is never shared.
 - The hot calls test for an error themselves instead of in a ``try``: a Cython ``try``
   saves and restores the exception state on every pass (about 10 ns).
+- `serialize` and `deserialize` keep the entry of the class they saw last and compare
+  its class by pointer before looking in their dicts: a run of one class (the common
+  case) costs no hashing. The entry is one object, so it is replaced in one store.
+- `deserialize` tries the class's own typed decoder (it checks the tag itself): no tag is
+  read and no registry lookup is made. Whatever it refuses (another class's frame, bad
+  bytes) is handed to the Python twin, whose general path says what is wrong.
 """
 
 cimport cython
@@ -33,6 +39,8 @@ cdef extern from "Python.h":
     # declared returning a bare pointer: Cython adds no error check, the caller does
     PyObject *PyObject_CallOneArg(object callable, object arg)
     PyObject *PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, PyObject *kw)
+    long PyLong_AsLongAndOverflow(object obj, int *overflow) except? -1
+    object PyMethod_New(object func, object self)
     int PyErr_ExceptionMatches(object exc)
     int PyObject_IS_GC(PyObject *obj)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
     void PyErr_Clear()
@@ -102,7 +110,7 @@ def bind(
     _slow_serialize = slow_serialize
     _uuid_type = uuid_type
     _encoders = encoders
-    _direct.clear()
+    _forget()
 
 
 cdef inline PyObject *_slot(object obj, Py_ssize_t offset):
@@ -143,6 +151,7 @@ def next_id_bytes():
     return _new_id()
 
 
+@cython.always_allow_keywords(False)
 def check_priority(self):
     """Raise ``ValueError`` unless the message's priority is an int in 0..255.
 
@@ -155,8 +164,12 @@ def check_priority(self):
     if p == NULL:
         raise AttributeError("priority")
     cdef object value = <object>p
-    if type(value) is int and 0 <= value <= 255:
-        return
+    cdef int overflow = 0
+    cdef long v
+    if type(value) is int:
+        v = PyLong_AsLongAndOverflow(value, &overflow)
+        if overflow == 0 and 0 <= v <= 255:
+            return
     raise _bad_priority(value)
 
 
@@ -229,17 +242,20 @@ cdef Py_ssize_t _SMALL = 1024
 cdef object _out = bytearray(256)
 cdef bint _out_busy = False
 cdef dict _direct = {}  # class -> its _Direct, emptied whenever the registry changes
+cdef _Direct _last_direct = None  # the entry `serialize` used last (see the module notes)
 
 
 @cython.final
 cdef class _Direct:
     """How one class's frames are encoded: msgspec's ``encode`` and ``encode_into``."""
 
+    cdef object cls
     cdef object encode
     cdef object encode_into
     cdef bint small  # the last frame fitted the reused buffer
 
-    def __init__(self, encode):
+    def __init__(self, cls, encode):
+        self.cls = cls
         self.encode = encode
         self.encode_into = getattr(getattr(encode, "__self__", None), "encode_into", None)
         self.small = self.encode_into is not None
@@ -247,14 +263,20 @@ cdef class _Direct:
 
 cdef _Direct _direct_of(object cls):
     """The class's entry, made from ``_encoders`` on first use; None: not encoded here."""
+    global _last_direct
+    cdef _Direct last = _last_direct
+    if last is not None and last.cls is cls:
+        return last
     cdef PyObject *d = PyDict_GetItem(_direct, cls)
     if d != NULL:
+        _last_direct = <_Direct>d
         return <_Direct>d
     cdef PyObject *encode = PyDict_GetItem(_encoders, cls)
     if encode == NULL:
         return None
-    entry = _Direct(<object>encode)
+    entry = _Direct(cls, <object>encode)
     _direct[cls] = entry
+    _last_direct = entry
     return entry
 
 
@@ -290,6 +312,7 @@ cdef object _encode(_Direct d, object msg):
     return data
 
 
+@cython.always_allow_keywords(False)
 def serialize(self):
     """Encode this message as MessagePack bytes: `[type_tag, *fields, *header]`."""
     if _base == NULL or not PyObject_TypeCheck(self, _base):
@@ -326,10 +349,124 @@ cdef Py_ssize_t _registry_version = 0
 
 def registry_changed():
     """The message registry changed (a class was registered): every `StreamDecoder`
-    looks its cached class up again before trusting it, and `serialize` its encoders."""
+    looks its cached class up again before trusting it, `serialize` its encoders and
+    `deserialize` its decoders."""
     global _registry_version
     _registry_version += 1
+    _forget()
+
+
+cdef void _forget():
+    """Drop every cached entry (the registry or a binding changed)."""
+    global _last_direct, _last_decoding
+    _last_direct = None
+    _last_decoding = None
     _direct.clear()
+    cdef _Decoding d
+    for d in _decoding.values():
+        d.call = None  # the loop an entry and its bound method make, broken
+    _decoding.clear()
+
+
+# --- decoding into a known class -------------------------------------------------------------
+
+cdef dict _decoders = {}  # class -> its typed decode function (`codec.DIRECT_DECODERS`)
+cdef dict _decoding = {}  # class -> its _Decoding, emptied whenever the registry changes
+cdef object _slow_deserialize = None
+
+
+@cython.final
+cdef class _Decoding:
+    """``Cls.deserialize`` of one class: its typed decode function, tried first."""
+
+    cdef object cls
+    cdef object decode
+    cdef readonly object call  # `deserialize` bound to this entry, made once
+
+    def __init__(self, cls, decode):
+        self.cls = cls
+        self.decode = decode
+        self.call = self.deserialize
+
+    @cython.always_allow_keywords(False)
+    def deserialize(self, data):
+        """Decode bytes written by `serialize` into an instance of this class.
+
+        Raises `MessageDeserializationError` for malformed or truncated bytes, a field that
+        does not validate, or bytes of another message type (the Python path says which).
+        """
+        cdef PyObject *r = PyObject_CallOneArg(self.decode, data)
+        if r != NULL:
+            return _steal(r)
+        _caught()  # another class's frame, or bad bytes: the Python path says which
+        return _slow_deserialize(self.cls, data)
+
+
+cdef _Decoding _last_decoding = None  # the entry `deserialize` used last
+
+
+def bind_decoding(dict decoders, slow_deserialize):
+    """Hand `deserialize` the typed decoders it may call directly (``decoders``: class ->
+    decode function; classes left out always take the Python path) and that path,
+    ``slow_deserialize(cls, data)``."""
+    global _decoders, _slow_deserialize
+    _decoders = decoders
+    _slow_deserialize = slow_deserialize
+    _forget()
+
+
+cdef _Decoding _decoding_of(object cls):
+    """The class's entry, made from ``_decoders`` on first use; None: not decoded here."""
+    global _last_decoding
+    cdef _Decoding last = _last_decoding
+    if last is not None and last.cls is cls:
+        return last
+    cdef PyObject *d = PyDict_GetItem(_decoding, cls)
+    if d != NULL:
+        _last_decoding = <_Decoding>d
+        return <_Decoding>d
+    cdef PyObject *decode = PyDict_GetItem(_decoders, cls)
+    if decode == NULL:
+        return None
+    entry = _Decoding(cls, <object>decode)
+    _decoding[cls] = entry
+    _last_decoding = entry
+    return entry
+
+
+def deserialize(cls, data):
+    """Decode bytes written by `serialize` into an instance of the class ``cls``.
+
+    Installed as the messages' ``deserialize`` classmethod. Raises
+    `MessageDeserializationError` for malformed or truncated bytes, a field that does not
+    validate, or bytes of another message type (the Python path says which).
+    """
+    cdef PyObject *r
+    cdef _Decoding d = _decoding_of(cls)
+    if d is not None:
+        r = PyObject_CallOneArg(d.decode, data)
+        if r != NULL:
+            return _steal(r)
+        _caught()  # another class's frame, or bad bytes: the Python path says which
+    return _slow_deserialize(cls, data)
+
+
+@cython.final
+cdef class ClassDeserialize:
+    """The messages' ``deserialize``: called as a classmethod, ``Cls.deserialize(data)``.
+
+    Read from a class it gives the ``deserialize`` of that class's `_Decoding` entry,
+    bound once (a classmethod makes a bound method on every read); a class whose frames
+    take the Python path gets that path bound to it.
+    """
+
+    def __get__(self, obj, owner):
+        if owner is None:
+            owner = type(obj)
+        cdef _Decoding d = _decoding_of(owner)
+        if d is not None:
+            return d.call
+        return PyMethod_New(_slow_deserialize, owner)
 
 
 @cython.final

@@ -37,6 +37,7 @@ from ...exceptions import MessageDeserializationError
 from .._native import message_extension
 from . import layout
 from .codec import (
+    DIRECT_DECODERS,
     DIRECT_ENCODERS,
     Codec,
     WireId,
@@ -160,12 +161,13 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
             MessageDeserializationError: malformed or truncated bytes, a field that does
                 not validate, or bytes of another message type.
         """
-        msg = deserialize_message(data)
-        if not isinstance(msg, cls):
-            raise MessageDeserializationError(
-                f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
-            )
-        return msg
+        decode = DIRECT_DECODERS.get(cls)
+        if decode is not None:  # the class's typed decoder checks the tag itself
+            try:
+                return decode(data)  # type: ignore[no-any-return]
+            except Exception:  # another class's frame, or bad bytes: the path below says which
+                pass
+        return _deserialize_general(cls, data)
 
     # -- correlation --------------------------------------------------------------------
 
@@ -212,6 +214,17 @@ class RingKernelMessage(msgspec.Struct, kw_only=True, array_like=True):
     def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
         """Unpack a structured array (`cls.dtype` layout) into messages."""
         return layout.from_records(cls, records)
+
+
+def _deserialize_general(cls: type[_M], data: bytes | bytearray | memoryview) -> _M:
+    """`deserialize` through the registry: the class named by the frame's tag, which must
+    be `cls` or a subclass of it."""
+    msg = deserialize_message(data)
+    if not isinstance(msg, cls):
+        raise MessageDeserializationError(
+            f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
+        )
+    return msg
 
 
 class _LazyId:
@@ -319,6 +332,8 @@ if _fast is not None:
         DIRECT_ENCODERS,
     )
     type.__setattr__(RingKernelMessage, "serialize", _fast.serialize)
+    _fast.bind_decoding(DIRECT_DECODERS, _deserialize_general)
+    type.__setattr__(RingKernelMessage, "deserialize", _fast.ClassDeserialize())
 #: The priority check every message runs on construction (compiled when built).
 check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
 
