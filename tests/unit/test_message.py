@@ -497,6 +497,7 @@ def test_a_class_redefined_with_the_same_fields_replaces_the_old_one(
         mod = importlib.import_module("pdc_msgs_reloaded")
         old = mod.Ping
         assert message(old) is old  # decorated again: the same class, still registered
+        assert type(deserialize_message(old(value=1).serialize())) is old  # its tag met
         mod = importlib.reload(mod)  # a module reloaded (a notebook cell run again)
         assert mod.Ping is not old
         assert get_message_type("pdc_msgs_reloaded.Ping") is mod.Ping

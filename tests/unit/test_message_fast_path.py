@@ -398,3 +398,39 @@ def test_class_deserialize_falls_back_on_an_exception_and_propagates_others() ->
         DIRECT_DECODERS[FPing] = good
         FAST.registry_changed()
     assert FPing.deserialize(frame).value == 5
+
+
+# --- deserialize_message: the class found by its tag ------------------------------------------
+
+
+def _named(qualname: str, fields: int = 1) -> type:
+    """A message class of `fields` int fields under the qualified name `qualname`."""
+    cls = type(qualname, (), {"__annotations__": {f"f{i}": int for i in range(fields)}})
+    cls.__qualname__ = qualname
+    return message(cls)
+
+
+def test_frames_of_many_classes_in_any_order_decode_into_their_classes() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+
+    # more classes than a table of tags could hold without sharing slots; tags of every
+    # MessagePack string size (up to 31 bytes, up to 255, longer) and arrays of 16+ items
+    classes = [_named(f"FMany.c{i}") for i in range(150)]
+    classes += [_named("FLong" + "x" * 40), _named("FLonger" + "y" * 300), _named("FWide", 14)]
+    frames = [
+        (cls, cls(**{f: i for i, f in enumerate(cls.__struct_fields__[:-3])}).serialize())
+        for cls in classes
+    ]
+    assert frames[-1][1][0] == 0xDC  # 18 items: the array header with a 16-bit count
+    for round_ in range(3):
+        for cls, frame in frames if round_ != 1 else reversed(frames):
+            for data in (frame, bytearray(frame), memoryview(frame)):
+                back = deserialize_message(data)
+                assert type(back) is cls
+    # a class met before, its frame then spoiled: the error names the field
+    cls, frame = frames[0]
+    bad = msgspec.msgpack.encode([cls.__struct_config__.tag, "x", b"\x01" * 16, 128, None])
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode FMany\.c0: .* at `f0`"):
+        deserialize_message(bad)
+    with pytest.raises(MessageDeserializationError, match=r"truncated|malformed|cannot decode"):
+        deserialize_message(frame[:-1])

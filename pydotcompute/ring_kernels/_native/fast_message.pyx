@@ -24,6 +24,10 @@ Design notes:
 - `deserialize` tries the class's own typed decoder (it checks the tag itself): no tag is
   read and no registry lookup is made. Whatever it refuses (another class's frame, bad
   bytes) is handed to the Python twin, whose general path says what is wrong.
+- `decode_frame` (`deserialize_message`) reads the tag's bytes in place and finds its class
+  in a small table filled as tags are met (no string is made, no registry lookup). The
+  table is a cache, not the registry: the typed decoder it picks checks the tag again, so
+  an entry that is stale or shares a slot can only send a frame to the Python path.
 """
 
 cimport cython
@@ -33,6 +37,7 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject, PyObject_TypeCheck, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint64_t
+from libc.string cimport memcmp
 
 
 cdef extern from "Python.h":
@@ -40,6 +45,14 @@ cdef extern from "Python.h":
     PyObject *PyObject_CallOneArg(object callable, object arg)
     PyObject *PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf, PyObject *kw)
     long PyLong_AsLongAndOverflow(object obj, int *overflow) except? -1
+    # declared without an error check: the caller clears the error itself
+    int PyObject_GetBuffer(object obj, Py_buffer *view, int flags)
+    void PyBuffer_Release(Py_buffer *view)
+    PyObject *PyList_GET_ITEM(object lst, Py_ssize_t i)
+    char *PyBytes_AS_STRING(object b)
+    Py_ssize_t PyBytes_GET_SIZE(object b)
+    enum:
+        PyBUF_SIMPLE
     object PyMethod_New(object func, object self)
     int PyErr_ExceptionMatches(object exc)
     int PyObject_IS_GC(PyObject *obj)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
@@ -356,7 +369,7 @@ def registry_changed():
     _forget()
 
 
-cdef void _forget():
+cdef int _forget() except -1:
     """Drop every cached entry (the registry or a binding changed)."""
     global _last_direct, _last_decoding
     _last_direct = None
@@ -366,13 +379,24 @@ cdef void _forget():
     for d in _decoding.values():
         d.call = None  # the loop an entry and its bound method make, broken
     _decoding.clear()
+    cdef Py_ssize_t i
+    for i in range(_TAGS):
+        _tags[i] = None
+    return 0
 
 
 # --- decoding into a known class -------------------------------------------------------------
 
 cdef dict _decoders = {}  # class -> its typed decode function (`codec.DIRECT_DECODERS`)
 cdef dict _decoding = {}  # class -> its _Decoding, emptied whenever the registry changes
-cdef object _slow_deserialize = None
+cdef object _slow_deserialize = None  # `Cls.deserialize` in Python: (cls, data)
+cdef object _general = None  # `deserialize_message` in Python: (data)
+cdef enum:
+    _TAGS = 64  # slots of the tag table, a power of two
+# the tag table: slot (from a frame's tag bytes) -> the _Decoding whose tag it is, or None;
+# a cache filled by `decode_frame` as it meets classes (a slot taken by two tags holds the
+# last one seen, and the other takes the Python path until it is seen again)
+cdef list _tags = [None] * _TAGS
 
 
 @cython.final
@@ -382,6 +406,7 @@ cdef class _Decoding:
     cdef object cls
     cdef object decode
     cdef readonly object call  # `deserialize` bound to this entry, made once
+    cdef bytes tag  # its type tag as frames carry it (UTF-8), once `decode_frame` met one
 
     def __init__(self, cls, decode):
         self.cls = cls
@@ -405,12 +430,19 @@ cdef class _Decoding:
 cdef _Decoding _last_decoding = None  # the entry `deserialize` used last
 
 
-def bind_decoding(dict decoders, slow_deserialize):
-    """Hand `deserialize` the typed decoders it may call directly (``decoders``: class ->
-    decode function; classes left out always take the Python path) and that path,
-    ``slow_deserialize(cls, data)``."""
-    global _decoders, _slow_deserialize
+def bind_decoding(dict decoders, general):
+    """Hand `decode_frame` and `deserialize` the typed decoders they may call directly
+    (``decoders``: class -> decode function; classes left out always take the Python
+    path) and ``general(data)``, `deserialize_message` in Python."""
+    global _decoders, _general
     _decoders = decoders
+    _general = general
+    _forget()
+
+
+def bind_class_fallback(slow_deserialize):
+    """Hand `deserialize` its Python path, ``slow_deserialize(cls, data)``."""
+    global _slow_deserialize
     _slow_deserialize = slow_deserialize
     _forget()
 
@@ -449,6 +481,130 @@ def deserialize(cls, data):
             return _steal(r)
         _caught()  # another class's frame, or bad bytes: the Python path says which
     return _slow_deserialize(cls, data)
+
+
+# --- decoding by the tag a frame carries ------------------------------------------------------
+
+
+cdef Py_ssize_t _find_tag(const unsigned char *p, Py_ssize_t n, Py_ssize_t *size) noexcept:
+    """Where the type tag of the frame ``p[:n]`` starts (its length in ``size``), or -1
+    when the bytes do not start as a frame does (the Python path then says why)."""
+    cdef Py_ssize_t i
+    cdef unsigned char b
+    if n < 1:
+        return -1
+    b = p[0]
+    if 0x90 <= b <= 0x9F:
+        i = 1
+    elif b == 0xDC:
+        i = 3
+    elif b == 0xDD:
+        i = 5
+    else:
+        return -1
+    if i >= n:
+        return -1
+    b = p[i]
+    if 0xA0 <= b <= 0xBF:
+        size[0] = b & 0x1F
+        i += 1
+    elif b == 0xD9 and i + 1 < n:
+        size[0] = p[i + 1]
+        i += 2
+    elif b == 0xDA and i + 2 < n:
+        size[0] = (<Py_ssize_t>p[i + 1] << 8) | p[i + 2]
+        i += 3
+    else:
+        return -1
+    if i + size[0] > n:
+        return -1
+    return i
+
+
+cdef inline Py_ssize_t _tag_slot(const unsigned char *tag, Py_ssize_t size) noexcept:
+    """The tag table slot of a tag: from its length and last 8 bytes (where the class
+    names of one module differ)."""
+    cdef size_t h = <size_t>size
+    cdef Py_ssize_t i = size - 8 if size > 8 else 0
+    while i < size:
+        h = h * 31 + tag[i]
+        i += 1
+    return <Py_ssize_t>(h & (_TAGS - 1))
+
+
+cdef _Decoding _entry_of_tag(const unsigned char *tag, Py_ssize_t size):
+    cdef PyObject *e = PyList_GET_ITEM(_tags, _tag_slot(tag, size))
+    if <object>e is None:
+        return None
+    cdef _Decoding d = <_Decoding>e
+    cdef bytes known = d.tag
+    if PyBytes_GET_SIZE(known) == size and memcmp(PyBytes_AS_STRING(known), tag, size) == 0:
+        return d
+    return None
+
+
+cdef _Decoding _entry_of_frame(object data, bint learn, object cls):
+    """The entry of the class the tag of the frame ``data`` names (None: not known yet).
+
+    With ``learn``, ``cls`` is the class the Python path found for this frame: its entry
+    is put in the tag table instead (when it may be decoded here)."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef Py_ssize_t n, at, size = 0
+    cdef _Decoding d = None
+    cdef bint release = False
+    if type(data) is bytes:
+        p = <const unsigned char *>PyBytes_AS_STRING(data)
+        n = PyBytes_GET_SIZE(data)
+    else:
+        if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
+            PyErr_Clear()  # not bytes at all: the Python path says so
+            return None
+        release = True
+        p = <const unsigned char *>view.buf
+        n = view.len
+    at = _find_tag(p, n, &size)
+    if at >= 0:
+        if not learn:
+            d = _entry_of_tag(p + at, size)
+        else:
+            d = _decoding_of(cls)
+            if d is not None and d.tag is None:
+                d.tag = PyBytes_FromStringAndSize(<char *>(p + at), size)
+            if d is not None and _entry_of_tag(p + at, size) is None:
+                # still the registry's entry (making the bytes may have run other code)
+                if PyDict_GetItem(_decoding, cls) == <PyObject *>d:
+                    _tags[_tag_slot(p + at, size)] = d
+    if release:
+        PyBuffer_Release(&view)
+    return d
+
+
+@cython.always_allow_keywords(False)
+def decode_frame(data):
+    """Decode bytes written by `RingKernelMessage.serialize` into the right class.
+
+    The class is found by the frame's type tag (its fully qualified name): a tag seen
+    before is found in a table by its bytes, with no string made and no registry lookup;
+    its typed decoder validates every field. A tag not seen yet, and anything the typed
+    decoder refuses, takes the Python path (`deserialize_message`), which reports what is
+    wrong.
+
+    Raises:
+        MessageDeserializationError: bytes are malformed or truncated, name an unknown type,
+            or a field does not validate (the message names the field path).
+    """
+    cdef PyObject *r
+    cdef _Decoding d = _entry_of_frame(data, False, None)
+    if d is not None:
+        r = PyObject_CallOneArg(d.decode, data)
+        if r != NULL:
+            return _steal(r)
+        _caught()  # bad bytes: the Python path says what is wrong
+        return _general(data)
+    msg = _general(data)
+    _entry_of_frame(data, True, type(msg))
+    return msg
 
 
 @cython.final

@@ -332,7 +332,7 @@ if _fast is not None:
         DIRECT_ENCODERS,
     )
     type.__setattr__(RingKernelMessage, "serialize", _fast.serialize)
-    _fast.bind_decoding(DIRECT_DECODERS, _deserialize_general)
+    _fast.bind_class_fallback(_deserialize_general)
     type.__setattr__(RingKernelMessage, "deserialize", _fast.ClassDeserialize())
 #: The priority check every message runs on construction (compiled when built).
 check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__

@@ -57,6 +57,7 @@ __all__ = (
     "message_decoder",
     "message_field_names",
     "message_tag",
+    "python_deserialize_message",
     "register_message_type",
     "registered_message_types",
     "release_frame",
@@ -374,8 +375,12 @@ def _class_of(tag: str) -> type:
     return cls
 
 
-def deserialize_message(data: bytes | bytearray | memoryview) -> Any:
+def python_deserialize_message(data: bytes | bytearray | memoryview) -> Any:
     """Decode bytes written by `RingKernelMessage.serialize` into the right class.
+
+    `deserialize_message` in Python: with the extension built, `deserialize_message` is
+    `fast_message.decode_frame`, which finds a class whose tag it has seen by the tag's
+    bytes and calls this for the rest (the same results and errors).
 
     The class is found through the registry by its fully qualified name; every field is
     validated against its annotation; array fields decode as read-only views on `data`
@@ -390,6 +395,12 @@ def deserialize_message(data: bytes | bytearray | memoryview) -> Any:
         return codec.decode(data)
     except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
         raise decode_error(codec, exc) from exc
+
+
+deserialize_message: Callable[[bytes | bytearray | memoryview], Any] = python_deserialize_message
+if _ext is not None:
+    _ext.bind_decoding(DIRECT_DECODERS, python_deserialize_message)
+    deserialize_message = _ext.decode_frame
 
 
 def frame_priority(data: bytes | bytearray | memoryview) -> int:
