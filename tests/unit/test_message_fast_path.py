@@ -434,3 +434,20 @@ def test_frames_of_many_classes_in_any_order_decode_into_their_classes() -> None
         deserialize_message(bad)
     with pytest.raises(MessageDeserializationError, match=r"truncated|malformed|cannot decode"):
         deserialize_message(frame[:-1])
+
+
+@compiled
+def test_the_compiled_paths_check_they_were_handed_a_message_every_time() -> None:
+    assert FAST is not None
+
+    class NotAMessage(msgspec.Struct):
+        x: int = 1
+        y: int = 2
+        z: int = 3
+
+    for _ in range(2):  # after a message was handled too (the checks keep the last class)
+        FPing(value=1).serialize()
+        with pytest.raises(TypeError, match="expected a message, got NotAMessage"):
+            FAST.check_priority(NotAMessage())
+        with pytest.raises((TypeError, AttributeError)):  # refused, not read as a message
+            FAST.serialize(NotAMessage())

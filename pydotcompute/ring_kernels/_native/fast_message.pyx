@@ -55,7 +55,8 @@ cdef extern from "Python.h":
         PyBUF_SIMPLE
     object PyMethod_New(object func, object self)
     int PyErr_ExceptionMatches(object exc)
-    int PyObject_IS_GC(PyObject *obj)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
+    int PyObject_IS_GC(PyObject *obj)
+    int PyType_IsSubtype(PyTypeObject *a, PyTypeObject *b)  # its class has Py_TPFLAGS_HAVE_GC (may be tracked)
     void PyErr_Clear()
 
     ctypedef struct PyMemberDef:
@@ -111,7 +112,7 @@ def bind(
     (classes with nested messages are left out: their ids are made in Python first).
     """
     global _mid_off, _prio_off, _cid_off, _base, _base_ref, _bad_priority
-    global _slow_serialize, _uuid_type, _encoders
+    global _slow_serialize, _uuid_type, _encoders, _checked_type
     if not isinstance(base, type):
         raise TypeError("base must be a class")
     _mid_off = _offset_of(mid_slot, base)
@@ -123,6 +124,7 @@ def bind(
     _slow_serialize = slow_serialize
     _uuid_type = uuid_type
     _encoders = encoders
+    _checked_type = None
     _forget()
 
 
@@ -164,6 +166,9 @@ def next_id_bytes():
     return _new_id()
 
 
+cdef object _checked_type = None  # a subclass of the message base (see check_priority)
+
+
 @cython.always_allow_keywords(False)
 def check_priority(self):
     """Raise ``ValueError`` unless the message's priority is an int in 0..255.
@@ -171,8 +176,12 @@ def check_priority(self):
     Installed as the messages' ``__post_init__``: msgspec calls it after building or
     decoding a message.
     """
-    if _base == NULL or not PyObject_TypeCheck(self, _base):
-        raise TypeError(f"expected a message, got {type(self).__name__}")
+    global _checked_type
+    cdef object t = type(self)
+    if t is not _checked_type:  # the class of the last call's message was checked then
+        if _base == NULL or not PyObject_TypeCheck(self, _base):
+            raise TypeError(f"expected a message, got {type(self).__name__}")
+        _checked_type = t
     cdef PyObject *p = _slot(self, _prio_off)
     if p == NULL:
         raise AttributeError("priority")
@@ -285,7 +294,7 @@ cdef _Direct _direct_of(object cls):
         _last_direct = <_Direct>d
         return <_Direct>d
     cdef PyObject *encode = PyDict_GetItem(_encoders, cls)
-    if encode == NULL:
+    if encode == NULL or _base == NULL or not PyType_IsSubtype(<PyTypeObject *>cls, _base):
         return None
     entry = _Direct(cls, <object>encode)
     _direct[cls] = entry
@@ -328,7 +337,9 @@ cdef object _encode(_Direct d, object msg):
 @cython.always_allow_keywords(False)
 def serialize(self):
     """Encode this message as MessagePack bytes: `[type_tag, *fields, *header]`."""
-    if _base == NULL or not PyObject_TypeCheck(self, _base):
+    # only subclasses of the message base get an entry: `self` is a message if it has one
+    cdef _Direct d = _direct_of(type(self))
+    if d is None:
         return _slow_serialize(self)
     cdef PyObject *mid = _slot(self, _mid_off)
     cdef PyObject *cid = _slot(self, _cid_off)
@@ -336,9 +347,6 @@ def serialize(self):
         return _slow_serialize(self)
     cdef object c = <object>cid
     cdef PyObject *rid
-    cdef _Direct d = _direct_of(type(self))
-    if d is None:
-        return _slow_serialize(self)
     if c is not None and type(c) is not bytes and type(c) is not _uuid_type:
         if not PyObject_TypeCheck(c, _base):
             return _slow_serialize(self)  # a value the Python code refuses, with its error
