@@ -67,6 +67,21 @@ cdef extern from "Python.h":
         PyMemberDef *d_member
 
 
+cdef extern from "Python.h":
+    ctypedef PyObject *(*PyCFunction)(PyObject *, PyObject *)
+
+    ctypedef struct PyMethodDef:
+        const char *ml_name
+        PyCFunction ml_meth
+        int ml_flags
+        const char *ml_doc
+
+    object PyCFunction_NewEx(PyMethodDef *ml, object self, object module)
+
+    enum:
+        METH_O
+
+
 cdef enum:
     _T_OBJECT = 6
     _T_OBJECT_EX = 16
@@ -419,20 +434,29 @@ cdef class _Decoding:
     def __init__(self, cls, decode):
         self.cls = cls
         self.decode = decode
-        self.call = self.deserialize
+        # a C function bound to this entry: called straight from the interpreter
+        self.call = PyCFunction_NewEx(&_deserialize_def, self, None)
 
-    @cython.always_allow_keywords(False)
-    def deserialize(self, data):
-        """Decode bytes written by `serialize` into an instance of this class.
 
-        Raises `MessageDeserializationError` for malformed or truncated bytes, a field that
-        does not validate, or bytes of another message type (the Python path says which).
-        """
-        cdef PyObject *r = PyObject_CallOneArg(self.decode, data)
-        if r != NULL:
-            return _steal(r)
-        _caught()  # another class's frame, or bad bytes: the Python path says which
-        return _slow_deserialize(self.cls, data)
+cdef object _entry_deserialize(object entry, object data):
+    """``Cls.deserialize(data)`` for the class of ``entry`` (a `_Decoding`)."""
+    cdef _Decoding d = <_Decoding>entry
+    cdef PyObject *r = PyObject_CallOneArg(d.decode, data)
+    if r != NULL:
+        return _steal(r)
+    _caught()  # another class's frame, or bad bytes: the Python path says which
+    return _slow_deserialize(d.cls, data)
+
+
+cdef PyMethodDef _deserialize_def
+_deserialize_def.ml_name = b"deserialize"
+_deserialize_def.ml_meth = <PyCFunction>_entry_deserialize
+_deserialize_def.ml_flags = METH_O
+_deserialize_def.ml_doc = (
+    b"Decode bytes written by serialize into an instance of this class.\n\n"
+    b"Raises MessageDeserializationError for malformed or truncated bytes, a field that "
+    b"does not validate, or bytes of another message type."
+)
 
 
 cdef _Decoding _last_decoding = None  # the entry `deserialize` used last
