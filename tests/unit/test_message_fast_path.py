@@ -451,3 +451,13 @@ def test_the_compiled_paths_check_they_were_handed_a_message_every_time() -> Non
             FAST.check_priority(NotAMessage())
         with pytest.raises((TypeError, AttributeError)):  # refused, not read as a message
             FAST.serialize(NotAMessage())
+
+
+def test_class_deserialize_pickles_and_decodes_where_it_lands() -> None:
+    import pickle
+
+    frame = FPing(value=4).serialize()
+    for decode in (FPing.deserialize, FPing(value=1).deserialize):
+        back = pickle.loads(pickle.dumps(decode))
+        assert type(back(frame)) is FPing
+        assert back(frame).value == 4

@@ -437,6 +437,22 @@ cdef class _Decoding:
         # a C function bound to this entry: called straight from the interpreter
         self.call = PyCFunction_NewEx(&_deserialize_def, self, None)
 
+    @property
+    def deserialize(self):
+        """What ``Cls.deserialize`` is for this class (how a pickled one is found again)."""
+        return self.call
+
+    def __reduce__(self):
+        # ``Cls.deserialize`` pickles as ``getattr(<this>, "deserialize")``: rebuilt from
+        # the class, where it lands
+        return (_deserialize_holder, (self.cls,))
+
+
+def _deserialize_holder(cls):
+    """Something whose ``deserialize`` is ``cls.deserialize`` (unpickling one)."""
+    cdef _Decoding d = _decoding_of(cls)
+    return cls if d is None else d
+
 
 cdef object _entry_deserialize(object entry, object data):
     """``Cls.deserialize(data)`` for the class of ``entry`` (a `_Decoding`)."""
