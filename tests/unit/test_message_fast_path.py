@@ -461,3 +461,23 @@ def test_class_deserialize_pickles_and_decodes_where_it_lands() -> None:
         back = pickle.loads(pickle.dumps(decode))
         assert type(back(frame)) is FPing
         assert back(frame).value == 4
+
+
+def test_a_stream_of_alternating_classes_decodes_each_into_its_class() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+    from pydotcompute.ring_kernels.message import message_decoder
+
+    stream = message_decoder()
+    ping, more = FPing(value=1), FPingMore(value=2, extra=3)
+    frames = [ping.serialize(), more.serialize(), FOuter(inner=ping).serialize()]
+    bad = msgspec.msgpack.encode([f"{__name__}.FPing", "one", b"\x01" * 16, 128, None])
+    for _ in range(3):
+        for frame in frames:
+            for data in (frame, bytearray(frame), memoryview(frame)):
+                assert type(stream(data)) is type(deserialize_message(frame))
+        with pytest.raises(MessageDeserializationError, match=r"cannot decode FPing: .* `value`"):
+            stream(bad)  # the stream's own class, spoiled: the error names the field
+        with pytest.raises(MessageDeserializationError):
+            stream(frames[1][:-2])  # another class, cut short
+        with pytest.raises(MessageDeserializationError, match="expected bytes"):
+            stream("text")

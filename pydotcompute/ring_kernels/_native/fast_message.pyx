@@ -677,15 +677,20 @@ cdef class ClassDeserialize:
 cdef class StreamDecoder:
     """Decodes one stream of frames (a queue's, a process ring's): `codec.message_decoder`.
 
-    The class of the previous frame is tried first: its typed decoder checks the tag
-    itself, so a stream of one class decodes in one msgspec call. Anything it does not
-    accept goes through ``general`` (`deserialize_message`), so results and errors are
-    the same. ``fast_of(cls)`` gives a class's typed decode function, or None for a class
-    that must always take the general path.
+    The stream's class (that of the first frame, again after the registry changes, or
+    after a frame of a class that must take the general path) is decoded by its typed
+    decoder when a frame carries its tag (the tag's bytes compared in place): a stream of
+    one class decodes in one msgspec call. A frame of another class goes straight to
+    ``general`` (`deserialize_message`, which finds classes by their tag) without a
+    failed try, and without making it the stream's class: a stream that alternates
+    classes pays no switch. Anything the typed decoder refuses goes there too, so results
+    and errors are the same. ``fast_of(cls)`` gives a class's typed decode function, or
+    None for a class that must always take the general path.
     """
 
     cdef object _fast
     cdef object _last
+    cdef bytes _tag  # the tag of the class of `_fast`, as frames carry it
     cdef Py_ssize_t _seen
     cdef object _general
     cdef object _fast_of
@@ -695,6 +700,7 @@ cdef class StreamDecoder:
         self._fast_of = fast_of
         self._fast = None
         self._last = None
+        self._tag = None
         self._seen = -1
 
     @cython.always_allow_keywords(False)
@@ -702,14 +708,61 @@ cdef class StreamDecoder:
         """The message in the frame ``data`` (raises `MessageDeserializationError`)."""
         cdef PyObject *r
         if self._fast is not None and self._seen == _registry_version:
+            if not _frame_tag_is(data, self._tag):
+                return self._general(data)  # another class: found by its tag there
             r = PyObject_CallOneArg(self._fast, data)
             if r != NULL:
                 return _steal(r)
-            _caught()  # another class, or bad bytes: the general path says which
+            _caught()  # bad bytes: the general path says what is wrong
         msg = self._general(data)
         t = type(msg)
         if t is not self._last or self._seen != _registry_version:
             self._seen = _registry_version
             self._last = t
             self._fast = self._fast_of(t)
+            self._tag = _frame_tag(data)
         return msg
+
+
+cdef object _frame_tag(object data):
+    """The type tag of the frame ``data`` as its bytes, or None when it has none."""
+    cdef Py_buffer view
+    cdef Py_ssize_t at, size = 0
+    if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
+        PyErr_Clear()
+        return None
+    at = _find_tag(<const unsigned char *>view.buf, view.len, &size)
+    tag = None
+    if at >= 0:
+        tag = PyBytes_FromStringAndSize(<char *>view.buf + at, size)
+    PyBuffer_Release(&view)
+    return tag
+
+
+cdef bint _frame_tag_is(object data, bytes tag) noexcept:
+    """Whether the frame ``data`` carries the type tag ``tag`` (False for no frame)."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef Py_ssize_t n, at, size = 0
+    cdef bint same
+    if tag is None:
+        return False
+    if type(data) is bytes:
+        p = <const unsigned char *>PyBytes_AS_STRING(data)
+        n = PyBytes_GET_SIZE(data)
+        at = _find_tag(p, n, &size)
+        return (
+            at >= 0 and size == PyBytes_GET_SIZE(tag)
+            and memcmp(p + at, PyBytes_AS_STRING(tag), size) == 0
+        )
+    if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
+        PyErr_Clear()
+        return False
+    p = <const unsigned char *>view.buf
+    at = _find_tag(p, view.len, &size)
+    same = (
+        at >= 0 and size == PyBytes_GET_SIZE(tag)
+        and memcmp(p + at, PyBytes_AS_STRING(tag), size) == 0
+    )
+    PyBuffer_Release(&view)
+    return same
