@@ -21,6 +21,10 @@ Design notes:
 - With the `fast_message` extension built, `__post_init__` and `serialize` are its C
   functions (same results and errors; unusual cases call back into the Python code here).
   The Python check alone costs about as much as building the Struct.
+- `deserialize` tries the class's own typed decoder first (`codec.DIRECT_DECODERS`; it
+  checks the tag itself) and takes the registry path only for what that refuses.
+  Compiled, it is a descriptor handing out, per class, a C function bound once: a
+  classmethod would make a bound method on every call.
 """
 
 from __future__ import annotations
