@@ -497,12 +497,15 @@ def test_a_class_redefined_with_the_same_fields_replaces_the_old_one(
         mod = importlib.import_module("pdc_msgs_reloaded")
         old = mod.Ping
         assert message(old) is old  # decorated again: the same class, still registered
+        assert type(deserialize_message(old(value=1).serialize())) is old  # its tag met
         mod = importlib.reload(mod)  # a module reloaded (a notebook cell run again)
         assert mod.Ping is not old
         assert get_message_type("pdc_msgs_reloaded.Ping") is mod.Ping
         back = deserialize_message(old(value=3).serialize())
         assert type(back) is mod.Ping  # frames decode into the class defined last
         assert back.double() == 6
+        with pytest.raises(MessageDeserializationError, match="expected Ping"):
+            old.deserialize(old(value=3).serialize())  # the old class no longer decodes them
         # a factory making the same fields twice: the same rule
         first, second = _order_class("order"), _order_class("order")
         assert type(deserialize_message(first(account="x", amount=1).serialize())) is second

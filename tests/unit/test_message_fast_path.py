@@ -179,6 +179,7 @@ def test_the_compiled_functions_are_installed() -> None:
     assert FAST is not None
     assert RingKernelMessage.serialize is FAST.serialize
     assert RingKernelMessage.__post_init__ is FAST.check_priority
+    assert isinstance(RingKernelMessage.__dict__["deserialize"], FAST.ClassDeserialize)
 
 
 # --- output buffer and error handling ------------------------------------------------------
@@ -320,3 +321,163 @@ def test_a_stream_decoder_falls_back_on_an_exception_and_propagates_others() -> 
     with pytest.raises(KeyboardInterrupt):
         stream.decode(frame)
     assert calls[-1] == "fast"
+
+
+# --- Cls.deserialize: the class's own decoder first -----------------------------------------
+
+
+@message
+class FPingMore(FPing):
+    extra: int = 0
+
+
+def test_class_deserialize_takes_its_frames_and_refuses_or_reroutes_the_rest() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+
+    ping, more = FPing(value=1, priority=9), FPingMore(value=2, extra=3)
+    back = FPing.deserialize(ping.serialize())
+    assert type(back) is FPing
+    assert back == ping
+    assert type(ping.deserialize(memoryview(ping.serialize()))) is FPing  # on an instance
+    # a subclass's frame read through its base: the registry finds the subclass
+    assert type(FPing.deserialize(more.serialize())) is FPingMore
+    with pytest.raises(
+        MessageDeserializationError, match="hold a FPing message, expected FPingMore"
+    ):
+        FPingMore.deserialize(ping.serialize())
+    bad = msgspec.msgpack.encode([f"{__name__}.FPing", "one", b"\x01" * 16, 128, None])
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode FPing: .* at `value`"):
+        FPing.deserialize(bad)
+    with pytest.raises(MessageDeserializationError, match="expected bytes to deserialize"):
+        FPing.deserialize("text")  # type: ignore[arg-type]
+
+    class Undecorated(FPing):  # inherits the tag of FPing: never a class of its own frames
+        pass
+
+    with pytest.raises(MessageDeserializationError, match="expected Undecorated"):
+        Undecorated.deserialize(ping.serialize())
+
+
+def test_class_deserialize_of_a_by_reference_message_takes_its_arrays_once() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+    from pydotcompute.ring_kernels.message import array_message
+
+    @array_message
+    class FRef:
+        arr: np.ndarray
+
+    frame = FRef(arr=np.arange(4)).serialize()
+    np.testing.assert_array_equal(FRef.deserialize(frame).arr, np.arange(4))
+    with pytest.raises(MessageDeserializationError):
+        FRef.deserialize(frame)  # its array was taken out of the registry by the first
+
+
+@compiled
+def test_class_deserialize_falls_back_on_an_exception_and_propagates_others() -> None:
+    from pydotcompute.ring_kernels.message.codec import DIRECT_DECODERS
+
+    assert FAST is not None
+    good = DIRECT_DECODERS[FPing]
+    frame = FPing(value=5).serialize()
+    calls: list[BaseException] = []
+
+    def failing(data: Any) -> Any:
+        calls.append(raise_next)
+        raise raise_next
+
+    try:
+        DIRECT_DECODERS[FPing] = failing
+        FAST.registry_changed()
+        raise_next: BaseException = ValueError("refused")
+        assert FPing.deserialize(frame).value == 5  # the Python path decoded it
+        raise_next = KeyboardInterrupt()
+        with pytest.raises(KeyboardInterrupt):
+            FPing.deserialize(frame)
+        assert len(calls) == 2
+    finally:
+        DIRECT_DECODERS[FPing] = good
+        FAST.registry_changed()
+    assert FPing.deserialize(frame).value == 5
+
+
+# --- deserialize_message: the class found by its tag ------------------------------------------
+
+
+def _named(qualname: str, fields: int = 1) -> type:
+    """A message class of `fields` int fields under the qualified name `qualname`."""
+    cls = type(qualname, (), {"__annotations__": {f"f{i}": int for i in range(fields)}})
+    cls.__qualname__ = qualname
+    return message(cls)
+
+
+def test_frames_of_many_classes_in_any_order_decode_into_their_classes() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+
+    # more classes than a table of tags could hold without sharing slots; tags of every
+    # MessagePack string size (up to 31 bytes, up to 255, longer) and arrays of 16+ items
+    classes = [_named(f"FMany.c{i}") for i in range(150)]
+    classes += [_named("FLong" + "x" * 40), _named("FLonger" + "y" * 300), _named("FWide", 14)]
+    frames = [
+        (cls, cls(**{f: i for i, f in enumerate(cls.__struct_fields__[:-3])}).serialize())
+        for cls in classes
+    ]
+    assert frames[-1][1][0] == 0xDC  # 18 items: the array header with a 16-bit count
+    for round_ in range(3):
+        for cls, frame in frames if round_ != 1 else reversed(frames):
+            for data in (frame, bytearray(frame), memoryview(frame)):
+                back = deserialize_message(data)
+                assert type(back) is cls
+    # a class met before, its frame then spoiled: the error names the field
+    cls, frame = frames[0]
+    bad = msgspec.msgpack.encode([cls.__struct_config__.tag, "x", b"\x01" * 16, 128, None])
+    with pytest.raises(MessageDeserializationError, match=r"cannot decode FMany\.c0: .* at `f0`"):
+        deserialize_message(bad)
+    with pytest.raises(MessageDeserializationError, match=r"truncated|malformed|cannot decode"):
+        deserialize_message(frame[:-1])
+
+
+@compiled
+def test_the_compiled_paths_check_they_were_handed_a_message_every_time() -> None:
+    assert FAST is not None
+
+    class NotAMessage(msgspec.Struct):
+        x: int = 1
+        y: int = 2
+        z: int = 3
+
+    for _ in range(2):  # after a message was handled too (the checks keep the last class)
+        FPing(value=1).serialize()
+        with pytest.raises(TypeError, match="expected a message, got NotAMessage"):
+            FAST.check_priority(NotAMessage())
+        with pytest.raises((TypeError, AttributeError)):  # refused, not read as a message
+            FAST.serialize(NotAMessage())
+
+
+def test_class_deserialize_pickles_and_decodes_where_it_lands() -> None:
+    import pickle
+
+    frame = FPing(value=4).serialize()
+    for decode in (FPing.deserialize, FPing(value=1).deserialize):
+        back = pickle.loads(pickle.dumps(decode))
+        assert type(back(frame)) is FPing
+        assert back(frame).value == 4
+
+
+def test_a_stream_of_alternating_classes_decodes_each_into_its_class() -> None:
+    from pydotcompute.exceptions import MessageDeserializationError
+    from pydotcompute.ring_kernels.message import message_decoder
+
+    stream = message_decoder()
+    ping, more = FPing(value=1), FPingMore(value=2, extra=3)
+    frames = [ping.serialize(), more.serialize(), FOuter(inner=ping).serialize()]
+    bad = msgspec.msgpack.encode([f"{__name__}.FPing", "one", b"\x01" * 16, 128, None])
+    for _ in range(3):
+        for frame in frames:
+            for data in (frame, bytearray(frame), memoryview(frame)):
+                assert type(stream(data)) is type(deserialize_message(frame))
+        with pytest.raises(MessageDeserializationError, match=r"cannot decode FPing: .* `value`"):
+            stream(bad)  # the stream's own class, spoiled: the error names the field
+        with pytest.raises(MessageDeserializationError):
+            stream(frames[1][:-2])  # another class, cut short
+        with pytest.raises(MessageDeserializationError, match="expected bytes"):
+            stream("text")

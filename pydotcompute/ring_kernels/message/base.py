@@ -21,6 +21,10 @@ Design notes:
 - With the `fast_message` extension built, `__post_init__` and `serialize` are its C
   functions (same results and errors; unusual cases call back into the Python code here).
   The Python check alone costs about as much as building the Struct.
+- `deserialize` tries the class's own typed decoder first (`codec.DIRECT_DECODERS`; it
+  checks the tag itself) and takes the registry path only for what that refuses.
+  Compiled, it is a descriptor handing out, per class, a C function bound once: a
+  classmethod would make a bound method on every call.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ...exceptions import MessageDeserializationError
 from .._native import message_extension
 from . import layout
 from .codec import (
+    DIRECT_DECODERS,
     DIRECT_ENCODERS,
     Codec,
     WireId,
@@ -162,12 +167,13 @@ class RingKernelMessage(
             MessageDeserializationError: malformed or truncated bytes, a field that does
                 not validate, or bytes of another message type.
         """
-        msg = deserialize_message(data)
-        if not isinstance(msg, cls):
-            raise MessageDeserializationError(
-                f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
-            )
-        return msg
+        decode = DIRECT_DECODERS.get(cls)
+        if decode is not None:  # the class's typed decoder checks the tag itself
+            try:
+                return decode(data)  # type: ignore[no-any-return]
+            except Exception:  # another class's frame, or bad bytes: the path below says which
+                pass
+        return _deserialize_general(cls, data)
 
     # -- correlation --------------------------------------------------------------------
 
@@ -214,6 +220,17 @@ class RingKernelMessage(
     def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
         """Unpack a structured array (`cls.dtype` layout) into messages."""
         return layout.from_records(cls, records)
+
+
+def _deserialize_general(cls: type[_M], data: bytes | bytearray | memoryview) -> _M:
+    """`deserialize` through the registry: the class named by the frame's tag, which must
+    be `cls` or a subclass of it."""
+    msg = deserialize_message(data)
+    if not isinstance(msg, cls):
+        raise MessageDeserializationError(
+            f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
+        )
+    return msg
 
 
 class _LazyId:
@@ -321,6 +338,8 @@ if _fast is not None:
         DIRECT_ENCODERS,
     )
     type.__setattr__(RingKernelMessage, "serialize", _fast.serialize)
+    _fast.bind_class_fallback(_deserialize_general)
+    type.__setattr__(RingKernelMessage, "deserialize", _fast.ClassDeserialize())
 #: The priority check every message runs on construction (compiled when built).
 check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
 

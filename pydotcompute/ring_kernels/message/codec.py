@@ -16,7 +16,8 @@ Design notes:
   decode as the other, as two classes of one factory function would (same qualified name).
 - A stream of frames (a queue's, a process ring's) is decoded by `message_decoder()`: it
   tries the previous frame's class first (msgspec checks the tag itself) and falls back to
-  the dispatching path, so results and errors are the same.
+  the dispatching path, so results and errors are the same. `Cls.deserialize` does the
+  same with `Cls` (`DIRECT_DECODERS`): no tag is read and no registry lookup is made.
 - Errors name the field path: msgspec's positional paths (`$[3][1]`) are turned into
   field names (`inner.y`).
 """
@@ -42,6 +43,7 @@ from .._native import message_extension
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
 
 __all__ = (
+    "DIRECT_DECODERS",
     "DIRECT_ENCODERS",
     "HEADER_NAMES",
     "Codec",
@@ -55,6 +57,7 @@ __all__ = (
     "message_decoder",
     "message_field_names",
     "message_tag",
+    "python_deserialize_message",
     "register_message_type",
     "registered_message_types",
     "release_frame",
@@ -139,6 +142,10 @@ _CODECS: dict[type, Codec] = {}
 #: those with nested messages (their ids are made in Python first). Read by the compiled
 #: `serialize`; written here under the lock.
 DIRECT_ENCODERS: dict[type, Callable[[Any], bytes]] = {}
+#: Class -> the typed decode function `Cls.deserialize` tries first: every registered class
+#: that holds its tag, but by-reference ones (decoding those takes arrays out of the
+#: registry, which a failed try must not do). Written here under the lock.
+DIRECT_DECODERS: dict[type, Callable[[Any], Any]] = {}
 _LOCK = threading.Lock()
 _version = 0  # bumped on every registration: a stream decoder's cached class checks it
 _ext = message_extension()  # the compiled stream decoder, when built
@@ -184,6 +191,7 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         held = _TYPES.get(tag)
         if held is not None and held is not cls:
             _check_same_layout(tag, _CODECS[held], codec)
+            DIRECT_DECODERS.pop(held, None)  # its frames now decode as the new class
         type.__setattr__(cls, "_pdc_codec", codec)  # what `serialize` reads first
         _CODECS[cls] = codec
         _TYPES[tag] = cls
@@ -191,6 +199,10 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
             DIRECT_ENCODERS.pop(cls, None)
         else:
             DIRECT_ENCODERS[cls] = codec.encode
+        if by_reference:
+            DIRECT_DECODERS.pop(cls, None)
+        else:
+            DIRECT_DECODERS[cls] = codec.decode
         _version += 1
         if _ext is not None:
             _ext.registry_changed()
@@ -363,8 +375,12 @@ def _class_of(tag: str) -> type:
     return cls
 
 
-def deserialize_message(data: bytes | bytearray | memoryview) -> Any:
+def python_deserialize_message(data: bytes | bytearray | memoryview) -> Any:
     """Decode bytes written by `RingKernelMessage.serialize` into the right class.
+
+    `deserialize_message` in Python: with the extension built, `deserialize_message` is
+    `fast_message.decode_frame`, which finds a class whose tag it has seen by the tag's
+    bytes and calls this for the rest (the same results and errors).
 
     The class is found through the registry by its fully qualified name; every field is
     validated against its annotation; array fields decode as read-only views on `data`
@@ -379,6 +395,12 @@ def deserialize_message(data: bytes | bytearray | memoryview) -> Any:
         return codec.decode(data)
     except Exception as exc:  # hooks and __post_init__ may raise anything on hostile input
         raise decode_error(codec, exc) from exc
+
+
+deserialize_message: Callable[[bytes | bytearray | memoryview], Any] = python_deserialize_message
+if _ext is not None:
+    _ext.bind_decoding(DIRECT_DECODERS, python_deserialize_message)
+    deserialize_message = _ext.decode_frame
 
 
 def frame_priority(data: bytes | bytearray | memoryview) -> int:
