@@ -743,7 +743,7 @@ async def scenario_control_message_overtakes_blocked_senders(case: TierCase) -> 
     """Senders blocked on a full ``block`` inbox are admitted by priority band, FIFO
     within a band: a HIGH message parked after NORMAL ones is admitted before them."""
     async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
-        bridge = {} if case.name == "asyncio" else {"bridge_queue_size": 1}
+        bridge = {} if case.name in ("asyncio", "ray") else {"bridge_queue_size": 1}
         await _launch(rt, case, queue_size=4, **bridge)
         await rt.deactivate("k")
         for i in range(4):

@@ -261,12 +261,13 @@ async def test_backpressure_reject_reaches_the_sender(ray_runtime):
     with pytest.raises(QueueFullError, match="queue of kernel 'rt_double' is full"):
         await ray_runtime.send("rt_double", Num(value=4))
     kernel = ray_runtime.get_kernel("rt_double")
-    assert [m.value for m in kernel.undelivered] == [4]
-    # a refused send_nowait is raised by the next send, and kept
+    assert kernel.undelivered == []  # its sender was told: it was never accepted
+    # a refused send_nowait is raised by the next send, and kept (and counted)
     ray_runtime.send_nowait("rt_double", Num(value=5))
     with pytest.raises(QueueFullError):
         await ray_runtime.flush("rt_double")
-    assert [m.value for m in kernel.undelivered] == [4, 5]
+    assert [m.value for m in kernel.undelivered] == [5]
+    assert kernel.telemetry.drop_reasons() == {"undelivered": 1}
     await ray_runtime.activate("rt_double")
     got = [(await ray_runtime.receive("rt_double", timeout=5)).value for _ in range(4)]
     assert got == [0, 2, 4, 6]

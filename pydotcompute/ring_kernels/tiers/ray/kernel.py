@@ -29,6 +29,14 @@ Design notes:
   cause and every waiting caller gets `KernelFailedError`. With ``restart="on_failure"``
   the actor is created with Ray's ``max_restarts``; when Ray brings it back, the kernel is
   launched in it again and returned to its previous state (`_restore`).
+- An actor function that returns by itself: the parked ``watch`` answers with what the
+  kernel left (messages handed back, replies still unread, its last telemetry), so the
+  kernel is TERMINATED on the driver with its books closed and the actor is released. An
+  answer that says the kernel ended arrives before it (a request told "its actor function
+  returned"): it waits for the watch, briefly, so its caller finds the kernel ended.
+- Accounting: the actor counts what it drops and hands back; the driver adds only what it
+  alone knows (``send_nowait`` messages refused on their way). A ``send`` that raised
+  delivered nothing: its message is neither kept in `undelivered` nor counted.
 - Ray loads when the first kernel launches (`session.ray_module`), never on import.
 """
 
@@ -68,6 +76,7 @@ logger = logging.getLogger("pydotcompute")
 _RUNNING = (KernelState.LAUNCHED, KernelState.ACTIVE, KernelState.DEACTIVATED)
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
 _REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
+_CATCH_UP_S = 5.0  # how long an answer saying the kernel ended waits for the watch's news
 
 _HOST_CLASS: Any = None
 
@@ -198,6 +207,9 @@ class RayTierKernel:
         self._ray_options: dict[str, Any] = {}
         self._undelivered: list[Any] = []
         self._accepted = 0
+        # drops only the driver knows of (messages refused on their way, whose sender was
+        # not told): added to every snapshot fetched from the actor, which counts its own
+        self._own_drops: dict[str, int] = {}
         # outbound
         self._batches: deque[_Batch] = deque()
         self._queued = 0
@@ -208,6 +220,7 @@ class RayTierKernel:
         self._fetch: asyncio.Task[None] | None = None
         self._fetch_error: BaseException | None = None
         self._end_error: BaseException | None = None
+        self._ended_seen = False  # a fetch found the actor's outbox closed before the watch
         # control
         self._watch: asyncio.Task[None] | None = None
         self._restoring: asyncio.Task[None] | None = None
@@ -512,18 +525,6 @@ class RayTierKernel:
             # with the actor's terminate: wait for its answer, so that what it refused is
             # accounted for before terminate returns
             await self._flush_quietly(5.0)
-            if left:
-                self._undelivered.extend(left)
-                self.telemetry.record_drop(len(left), "undelivered")
-                logger.warning(
-                    "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
-                    self.kernel_id,
-                    len(left),
-                )
-            if alive:
-                # the actor's last counts (its restarts, errors, drops) before it goes:
-                # telemetry read after terminate must not be the last periodic snapshot
-                await self._final_telemetry()
             if not isinstance(self._end_error, KernelStateError):
                 self._end_error = KernelStateError(
                     self.kernel_id,
@@ -551,24 +552,22 @@ class RayTierKernel:
             if getattr(error, "state", None) is KernelState.TERMINATED:
                 return []  # its function had returned already
             raise error
-        left_b, rest_b, _state, forward_dropped = value
+        return await self._take_handover(value)
+
+    async def _take_handover(self, value: Any) -> list[Any]:
+        """What the actor handed over when the kernel's books closed (terminate, or its
+        function returned): the replies still unread become receivable here, the messages
+        it never processed are kept in `undelivered` (the actor counted them, reason
+        ``undelivered``), its last telemetry is merged and its log lines written here."""
+        left_b, rest_b, _state, (tel, lines) = value
         if self._fetch is not None:  # replies it took came out of the outbox before these
             await asyncio.wait({self._fetch}, timeout=5.0)
         self._replies.extend(deserialize_message(b) for b in rest_b)
-        if forward_dropped:
-            self.telemetry.record_drop(forward_dropped, "backpressure")
-        return [deserialize_message(b) for b in left_b]
-
-    async def _final_telemetry(self) -> None:
-        """Fetch the telemetry from the actor once more (bounded: 5 s); a failure leaves
-        the last snapshot, with a warning."""
-        try:
-            async with asyncio.timeout(5.0):
-                tel, _ = await self._actor.telemetry.remote()
-        except Exception as exc:
-            logger.warning("kernel %r: final telemetry not fetched: %r", self.kernel_id, exc)
-            return
+        left = [deserialize_message(b) for b in left_b]
+        self._undelivered.extend(left)
+        self._replay(lines)
         self._merge_telemetry(tel)
+        return left
 
     async def release(self) -> None:
         """Stop the driver-side tasks and kill the Ray actor (idempotent; no drain: use
@@ -735,18 +734,23 @@ class RayTierKernel:
                 b.accepted = accepted
                 b.error = err
                 if accepted < len(b.items):
-                    unwaited = sum(1 for i in b.nowait if i >= accepted)
-                    self._refused(b.items[accepted:], err, unwaited)
+                    unwaited = sorted(i for i in b.nowait if i >= accepted)
+                    self._refused([b.items[i] for i in unwaited], err)
                     if b.unwaited and self._async_error is None:
                         self._async_error = err
+                    await self._catch_up(err)
                 if b.done is not None and not b.done.done():
                     b.done.set_result(None)
         finally:
             self._pump = None
 
-    def _refused(self, items: list[bytes], err: BaseException | None, unwaited: int) -> None:
-        """Keep refused messages in `undelivered`; count as dropped those whose sender
-        was not told (`send_nowait`): a send that raised accepted nothing."""
+    def _refused(self, items: list[bytes], err: BaseException | None) -> None:
+        """Messages the actor refused whose sender was not told (`send_nowait`): kept in
+        `undelivered` and counted as dropped (reason ``undelivered``). A sender that was
+        told (its `send` raised) still holds its message: it was never accepted, so it is
+        neither kept nor counted."""
+        if not items:
+            return
         msgs: list[Any] = []
         for data in items:
             try:
@@ -754,14 +758,18 @@ class RayTierKernel:
             except Exception:
                 msgs.append(data)
         self._undelivered.extend(msgs)
-        if unwaited:
-            self.telemetry.record_drop(unwaited, "backpressure")
+        self._count_own_drop(len(msgs), "undelivered")
         logger.warning(
-            "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
+            "kernel %r refused %d message(s) sent with send_nowait: %s (kept in "
+            "kernel.undelivered, counted as dropped)",
             self.kernel_id,
             len(msgs),
             err,
         )
+
+    def _count_own_drop(self, n: int, reason: str) -> None:
+        self.telemetry.record_drop(n, reason)
+        self._own_drops[reason] = self._own_drops.get(reason, 0) + n
 
     async def _wait_parts(self, parts: list[tuple[_Batch, int]]) -> None:
         for b, end in parts:
@@ -902,7 +910,9 @@ class RayTierKernel:
             ) from None
         if type(answer) is bytes:
             return deserialize_message(answer)
-        raise unpack_error(answer[1])
+        err = unpack_error(answer[1])
+        await self._catch_up(err)
+        raise err
 
     def _read_ahead(self) -> None:
         """Park a fetch in the actor so the next reply travels back as soon as it exists.
@@ -937,7 +947,12 @@ class RayTierKernel:
             if packed is not None:
                 err = unpack_error(packed)
                 if isinstance(err, KernelStateError):
-                    self._end_error = err  # closed and drained: terminated or failed
+                    # closed and drained: terminated or failed. Where its function returned
+                    # by itself, the watch brings what it left (and the end) first
+                    if self._stopping is None and self._state in _RUNNING:
+                        self._ended_seen = True
+                    else:
+                        self._end_error = err
                 elif not background:
                     self._fetch_error = err
                 else:
@@ -965,6 +980,12 @@ class RayTierKernel:
                 err, self._fetch_error = self._fetch_error, None
                 raise err
             waiting: asyncio.Future[Any] | None = self._stopping or self._restoring
+            if waiting is None and self._ended_seen and self._end_error is None:
+                watch = self._watch  # the kernel ended in the actor: its news is on its way
+                if watch is None or watch.done():
+                    self._ended_seen = False
+                else:
+                    waiting = watch
             if waiting is None:
                 if self._end_error is not None:
                     raise self._end_error
@@ -1040,9 +1061,10 @@ class RayTierKernel:
         """Fetch the telemetry from the actor (one Ray call) and merge it."""
         if self._actor is not None and not self._released and not self._dead:
             try:
-                tel, _ = await self._actor.telemetry.remote()
+                tel, lines = await self._actor.telemetry.remote()
             except errors().actor as exc:
                 raise self._lost(exc, "read telemetry of") from exc
+            self._replay(lines)
             self._merge_telemetry(tel)
         return self.telemetry
 
@@ -1052,23 +1074,22 @@ class RayTierKernel:
         returned unchanged, with a warning."""
         if self._actor is not None and not self._released and not self._dead:
             try:
-                tel, _ = ray_module().get(self._actor.telemetry.remote(), timeout=timeout)
+                tel, lines = ray_module().get(self._actor.telemetry.remote(), timeout=timeout)
             except Exception as exc:
                 logger.warning("kernel %r: telemetry not refreshed: %r", self.kernel_id, exc)
             else:
+                self._replay(lines)
                 self._merge_telemetry(tel)
         return self.telemetry
 
     def _merge_telemetry(self, tel: RingKernelTelemetry | None) -> None:
+        """Take the actor's snapshot, plus what only the driver counted: its own drops and
+        the actor's restarts by Ray."""
         if tel is not None:
             local = self.telemetry
             tel.start_time = time.monotonic() - tel.uptime_seconds
-            tel.messages_dropped = max(tel.messages_dropped, local.messages_dropped)
-            if local.drops_by_reason:  # counted on both sides: the larger count of each
-                mine = tel.drops_by_reason or {}
-                for why, n in local.drops_by_reason.items():
-                    mine[why] = max(mine.get(why, 0), n)
-                tel.drops_by_reason = mine
+            for why, n in self._own_drops.items():
+                tel.record_drop(n, why)
             tel.restarts += self.restarts  # in-actor restarts + Ray restarts
             if local.error_count > tel.error_count:
                 tel.error_count, tel.last_error = local.error_count, local.last_error
@@ -1089,15 +1110,53 @@ class RayTierKernel:
             if self._stopping is None and self._state is not KernelState.TERMINATED:
                 self._lost(exc, "use")
             return
-        if self._stopping is not None or self._state in _ENDED:
-            return
         if not isinstance(value, tuple):
             return
-        state, cause = value
-        if state == "FAILED":
-            self._mark_failed(unpack_cause(cause), dead=False)
-        elif state == "TERMINATED":
-            self._state = KernelState.TERMINATED  # its actor function returned on its own
+        state, cause, handover, lines = value
+        self._replay(lines)
+        if self._stopping is not None or self._state in _ENDED:
+            return  # a terminate under way takes the hand-over from its own answer
+        if state == "FAILED":  # (the actor logged it: its line came with the answer)
+            self._mark_failed(unpack_cause(cause), dead=False, log=False)
+        elif state == "TERMINATED" and handover is not None:
+            await self._returned(handover)
+
+    async def _returned(self, handover: Any) -> None:
+        """Its actor function returned by itself: the kernel is TERMINATED at once
+        (sends refused), what it held is handed back and its last replies stay
+        receivable, as on every tier; then the actor is released."""
+        self._state = KernelState.TERMINATED
+        self._end_error = KernelStateError(
+            self.kernel_id,
+            KernelState.TERMINATED,
+            "receive from",
+            "its actor function returned and its outbox is drained",
+        )
+        self._watch = None  # (this task: `release` must not wait for itself)
+        try:
+            await self._take_handover(handover)
+        finally:
+            await self.release()
+
+    async def _catch_up(self, err: BaseException | None) -> None:
+        """An answer says the kernel in the actor has ended (its function returned, or it
+        failed for good) while the driver still sees it running: wait (bounded) for the
+        watch to bring the end over, so that whoever hears of it finds the kernel ended
+        and what it held handed back."""
+        if self._stopping is not None or self._state not in _RUNNING:
+            return
+        state = getattr(err, "state", None)
+        if state not in _ENDED or getattr(err, "restarted", False):
+            return
+        watch = self._watch
+        if watch is not None and not watch.done() and watch is not asyncio.current_task():
+            await asyncio.wait({watch}, timeout=_CATCH_UP_S)
+
+    @staticmethod
+    def _replay(lines: list[tuple[int, str]] | None) -> None:
+        """Write the actor's log lines (its warnings and errors) into this process's log."""
+        for level, text in lines or ():
+            logger.log(level, "%s", text)
 
     def _lost(self, exc: BaseException, operation: str) -> BaseException:
         """The actor is gone: restart it or mark FAILED; returns the caller's error."""
@@ -1127,7 +1186,7 @@ class RayTierKernel:
         self._mark_failed(exc, dead=True)
         return self._failed_error()
 
-    def _mark_failed(self, cause: BaseException | None, *, dead: bool) -> None:
+    def _mark_failed(self, cause: BaseException | None, *, dead: bool, log: bool = True) -> None:
         if self._state is KernelState.FAILED:
             return
         self._state = KernelState.FAILED
@@ -1147,7 +1206,7 @@ class RayTierKernel:
             err.__cause__ = cause
             self._end_error = err
             logger.error("kernel %r failed: its Ray actor died: %s", self.kernel_id, cause)
-        else:
+        elif log:
             logger.error("kernel %r failed: %r", self.kernel_id, cause)
 
     async def _restore(self, cause: BaseException) -> None:
