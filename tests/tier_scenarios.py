@@ -748,13 +748,19 @@ async def scenario_control_message_overtakes_blocked_senders(case: TierCase) -> 
         await rt.deactivate("k")
         for i in range(4):
             await rt.send("k", Job(seq=i))
+        # an actor already waiting in receive when the kernel was deactivated holds the
+        # first message (a remote activate gives it that time): top the inbox up, so that
+        # the senders below find it full
+        fillers = 4 - (await _telemetry(rt, "k")).queue_depth
+        for i in range(fillers):
+            await rt.send("k", Job(seq=4 + i))
         blocked = [asyncio.create_task(rt.send("k", Job(seq=100 + i))) for i in range(10)]
         await asyncio.sleep(0.05)
         urgent = asyncio.create_task(rt.send("k", Job(seq=999, priority=200)))
         await asyncio.sleep(0.05)
         assert not any(t.done() for t in [*blocked, urgent])
         await rt.reactivate("k")
-        got = [(await rt.receive("k", timeout=10)).seq for _ in range(15)]
+        got = [(await rt.receive("k", timeout=10)).seq for _ in range(15 + fillers)]
         await asyncio.gather(urgent, *blocked)
         late = [got.index(100 + i) for i in range(10)]
         assert got.index(999) < min(late), got

@@ -60,6 +60,7 @@ from ....exceptions import (
     TypeValidationError,
 )
 from ...config import RingKernelConfig
+from ...fast_queue import PriorityBand, get_priority_band
 from ...kernel import KernelFunc
 from ...message import RingKernelMessage, deserialize_message
 from ...states import KernelState
@@ -125,6 +126,25 @@ class _Batch:
         self.accepted: int | None = None
         self.error: BaseException | None = None
         self.done: asyncio.Future[None] | None = None
+
+
+class _Lane:
+    """The messages of one priority band on their way to the actor. One ``push`` call in
+    flight per lane keeps a band in order; lanes go side by side, so a message never
+    waits behind those of a lower band (the actor's inbox admits blocked senders by
+    band, FIFO within one)."""
+
+    __slots__ = ("batches", "pump", "queued")
+
+    def __init__(self) -> None:
+        self.batches: deque[_Batch] = deque()
+        self.pump: asyncio.Task[None] | None = None
+        self.queued = 0  # messages in `batches` (not yet answered)
+
+
+def _band_of(msg: Any) -> int:
+    """The priority band of a message (0: SYSTEM ... 3: LOW)."""
+    return int(get_priority_band(msg.priority))
 
 
 class _Buffered:
@@ -211,9 +231,8 @@ class RayTierKernel:
         # not told): added to every snapshot fetched from the actor, which counts its own
         self._own_drops: dict[str, int] = {}
         # outbound
-        self._batches: deque[_Batch] = deque()
-        self._queued = 0
-        self._pump: asyncio.Task[None] | None = None
+        self._lanes = tuple(_Lane() for _ in PriorityBand)  # by band, SYSTEM first
+        self._queued = 0  # in all lanes
         self._async_error: BaseException | None = None
         # inbound
         self._replies: deque[Any] = deque()
@@ -611,13 +630,14 @@ class RayTierKernel:
             QueueFullError / QueueTimeoutError: backpressure ``reject`` / a ``timeout``.
         """
         data = self._encode(msg)
+        lane = self._lanes[_band_of(msg)]
         if self._async_error is not None:
             self._raise_async_error()
         if self._setup is not None:
             await self._settle()
-        if self._queued >= self.config.input_queue_size:
-            await self._room(timeout)
-        await self._wait_parts(self._enqueue([data], timeout, True))
+        if lane.queued >= self.config.input_queue_size:
+            await self._room(lane, timeout)
+        await self._wait_parts(self._enqueue(lane, [data], timeout, True))
         return True
 
     def send_nowait(self, msg: Any) -> bool:
@@ -627,16 +647,18 @@ class RayTierKernel:
         message is kept in `undelivered`.
 
         Raises:
-            QueueFullError: ``input_queue_size`` messages are already in flight.
+            QueueFullError: ``input_queue_size`` messages of its priority band are already
+                in flight.
         """
         data = self._encode(msg)
+        lane = self._lanes[_band_of(msg)]
         self._raise_async_error()
-        if self._queued >= self.config.input_queue_size:
+        if lane.queued >= self.config.input_queue_size:
             raise QueueFullError(
-                f"{self._queued} messages to kernel {self.kernel_id!r} are already in flight "
+                f"{lane.queued} messages to kernel {self.kernel_id!r} are already in flight "
                 "to its Ray actor (its input_queue_size); use send() to wait for room"
             )
-        self._enqueue([data], None, False)
+        self._enqueue(lane, [data], None, False)
         return True
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
@@ -654,32 +676,40 @@ class RayTierKernel:
     async def send_batch(self, msgs: Any, timeout: float | None = None) -> int:
         """Send many messages in as few Ray calls as possible (``max_batch`` per call).
 
-        Returns how many were accepted (all of them, or it raises the refusal; the
-        accepted prefix stays delivered and the rest is kept in `undelivered`).
+        Returns how many were sent (all of them, or it raises the refusal: the messages
+        before the refused one stay delivered, those from it on were not accepted).
         """
         encode = self._encode
-        datas = [encode(m) for m in msgs]
-        if not datas:
+        by_band: dict[int, list[bytes]] = {}
+        n = 0
+        for m in msgs:
+            data = encode(m)
+            by_band.setdefault(_band_of(m), []).append(data)
+            n += 1
+        if not n:
             return 0
         self._raise_async_error()
         await self._settle()
-        await self._wait_parts(self._enqueue(datas, timeout, True))
-        return len(datas)
+        parts: list[tuple[_Batch, int]] = []
+        for band in sorted(by_band):
+            parts += self._enqueue(self._lanes[band], by_band[band], timeout, True)
+        await self._wait_parts(parts)
+        return n
 
     async def flush(self) -> None:
         """Wait until every message sent so far has reached the actor; raises the refusal
         of a ``send_nowait`` message, if any."""
-        if self._batches:
-            last = self._batches[-1]
-            await self._wait_parts([(last, 0)])
+        last = [(lane.batches[-1], 0) for lane in self._lanes if lane.batches]
+        if last:
+            await self._wait_parts(last)
         self._raise_async_error()
 
     def _enqueue(
-        self, datas: list[bytes], timeout: float | None, waited: bool
+        self, lane: _Lane, datas: list[bytes], timeout: float | None, waited: bool
     ) -> list[tuple[_Batch, int]]:
-        """Append encoded messages to the outgoing batches; start the pump."""
+        """Append encoded messages to a lane's outgoing batches; start its pump."""
         parts: list[tuple[_Batch, int]] = []
-        batches = self._batches
+        batches = lane.batches
         max_batch = self._session.max_batch
         i, n = 0, len(datas)
         while i < n:
@@ -699,14 +729,15 @@ class RayTierKernel:
                 b.unwaited = True
                 b.nowait.update(range(len(b.items) - take, len(b.items)))
             parts.append((b, len(b.items)))
+        lane.queued += n
         self._queued += n
-        if self._pump is None:
-            self._pump = self._running_loop().create_task(self._run_pump())
+        if lane.pump is None:
+            lane.pump = self._running_loop().create_task(self._run_pump(lane))
         return parts
 
-    async def _run_pump(self) -> None:
-        """Push the batches one Ray call at a time (the order is kept)."""
-        batches = self._batches
+    async def _run_pump(self, lane: _Lane) -> None:
+        """Push a lane's batches one Ray call at a time (the order is kept)."""
+        batches = lane.batches
         push = self._actor.push
         try:
             while batches:
@@ -729,6 +760,7 @@ class RayTierKernel:
                 except Exception as exc:
                     accepted, err = 0, exc
                 batches.popleft()
+                lane.queued -= len(b.items)
                 self._queued -= len(b.items)
                 self._accepted += accepted
                 b.accepted = accepted
@@ -742,7 +774,7 @@ class RayTierKernel:
                 if b.done is not None and not b.done.done():
                     b.done.set_result(None)
         finally:
-            self._pump = None
+            lane.pump = None
 
     def _refused(self, items: list[bytes], err: BaseException | None) -> None:
         """Messages the actor refused whose sender was not told (`send_nowait`): kept in
@@ -787,21 +819,22 @@ class RayTierKernel:
             self._async_error = None
             raise err
 
-    async def _room(self, timeout: float | None) -> None:
-        """Driver-side backpressure: wait while ``input_queue_size`` messages are in flight."""
+    async def _room(self, lane: _Lane, timeout: float | None) -> None:
+        """Driver-side backpressure: wait while ``input_queue_size`` messages of the
+        lane's band are in flight (a higher band has room of its own)."""
         limit = self.config.input_queue_size
-        if self._queued < limit:
+        if lane.queued < limit:
             return
         loop = self._running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while self._queued >= limit and self._batches:
-            head = self._batches[0]
+        while lane.queued >= limit and lane.batches:
+            head = lane.batches[0]
             if head.done is None:
                 head.done = loop.create_future()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise QueueTimeoutError(
-                    f"timed out after {timeout}s: {self._queued} messages to kernel "
+                    f"timed out after {timeout}s: {lane.queued} messages to kernel "
                     f"{self.kernel_id!r} are still in flight to its Ray actor"
                 )
             await asyncio.wait({head.done}, timeout=remaining)
@@ -820,9 +853,10 @@ class RayTierKernel:
         Bounded because the actor may be unable to take a batch until it is terminated
         (a full inbox behind an actor blocked on a full, unread outbox).
         """
-        if self._batches:
+        last = [(lane.batches[-1], 0) for lane in self._lanes if lane.batches]
+        if last:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._wait_parts([(self._batches[-1], 0)]), timeout)
+                await asyncio.wait_for(self._wait_parts(last), timeout)
         self._async_error = None
 
     # -- messages out ---------------------------------------------------------------------
@@ -889,7 +923,7 @@ class RayTierKernel:
         if self._state is KernelState.LAUNCHED:
             raise _never_activated(self.kernel_id, "send_and_receive to")
         data = self._encode(msg)
-        if self._batches or self._setup is not None or self._restoring is not None:
+        if self._queued or self._setup is not None or self._restoring is not None:
             await self.flush()
             await self._settle()
         request = self._actor.request
