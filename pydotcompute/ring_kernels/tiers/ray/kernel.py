@@ -78,6 +78,7 @@ _RUNNING = (KernelState.LAUNCHED, KernelState.ACTIVE, KernelState.DEACTIVATED)
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
 _REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
 _CATCH_UP_S = 5.0  # how long an answer saying the kernel ended waits for the watch's news
+_EXIT_S = 5.0  # how long an actor whose kernel ended may take to exit before it is killed
 
 _HOST_CLASS: Any = None
 
@@ -248,6 +249,7 @@ class RayTierKernel:
         self._forward: RayTierKernel | None = None
         self._dead = False
         self._released = False
+        self._books_closed = False  # the actor handed over what the kernel left
         self._inbox = _Depth(self)
         self._outbox = _Buffered(self)
 
@@ -579,6 +581,7 @@ class RayTierKernel:
         it never processed are kept in `undelivered` (the actor counted them, reason
         ``undelivered``), its last telemetry is merged and its log lines written here."""
         left_b, rest_b, _state, (tel, lines) = value
+        self._books_closed = True
         if self._fetch is not None:  # replies it took came out of the outbox before these
             await asyncio.wait({self._fetch}, timeout=5.0)
         self._replies.extend(deserialize_message(b) for b in rest_b)
@@ -589,8 +592,13 @@ class RayTierKernel:
         return left
 
     async def release(self) -> None:
-        """Stop the driver-side tasks and kill the Ray actor (idempotent; no drain: use
-        `terminate` for a graceful stop)."""
+        """Stop the driver-side tasks and end the Ray actor (idempotent; no drain: use
+        `terminate` for a graceful stop).
+
+        Once the kernel's books are closed the actor exits by itself, after the calls it
+        is still answering (another actor's push, refused when the inbox closed, must
+        tell its sender what it took); otherwise, or if that takes over
+        ``_EXIT_S`` seconds, it is killed."""
         for task in (self._watch, self._fetch, self._restoring, self._setup):
             if task is not None and not task.done():
                 task.cancel()
@@ -598,8 +606,13 @@ class RayTierKernel:
         self._watch = self._fetch = self._restoring = self._setup = None
         if not self._released and self._actor is not None:
             self._released = True
+            actor = self._actor
+            if self._books_closed and not self._dead:
+                with contextlib.suppress(Exception):  # its death is the answer
+                    async with asyncio.timeout(_EXIT_S):
+                        await actor.__ray_terminate__.remote()
             with contextlib.suppress(Exception):
-                ray_module().kill(self._actor, no_restart=True)
+                ray_module().kill(actor, no_restart=True)
 
     # -- messages in ----------------------------------------------------------------------
 
