@@ -8,7 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from ray_test_actors import Doubled, Num, replies_plain, return_after_one, slow_double
+from ray_test_actors import (
+    Doubled,
+    Num,
+    numbering,
+    replies_plain,
+    return_after_one,
+    slow_double,
+)
 
 from pydotcompute import KernelState
 from pydotcompute.exceptions import (
@@ -289,3 +296,16 @@ async def test_kernel_scope_launches_and_terminates(ray_runtime):
         assert (await ray_runtime.send_and_receive("rt_double", Num(value=2))).value == 4
     assert kernel.state is KernelState.TERMINATED
     assert "rt_double" not in ray_runtime
+
+
+async def test_a_send_made_after_send_and_receive_is_admitted_after_it(ray_runtime):
+    # a request and a later send are separate Ray calls, which Ray may deliver in either
+    # order: the actor admits them in the order they were made
+    await _started(ray_runtime, "order", numbering, input_type=Num, output_type=Num)
+    for _ in range(30):
+        request = asyncio.create_task(ray_runtime.send_and_receive("order", Num(value=0)))
+        await asyncio.sleep(0)  # the request is on its way
+        await ray_runtime.send("order", Num(value=1))
+        first = (await request).value
+        second = (await ray_runtime.receive("order", timeout=10)).value
+        assert first < second, (first, second)

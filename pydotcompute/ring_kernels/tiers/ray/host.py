@@ -75,6 +75,7 @@ __all__ = ("KernelHost", "RemotePeer")
 logger = logging.getLogger("pydotcompute")
 
 Answer = tuple[Any, PackedError | None]
+_TURN_S = 30.0  # the longest a driver's call waits for an earlier one that never arrives
 _T = TypeVar("_T")
 
 
@@ -436,6 +437,10 @@ class _KernelCore:
         # before their push started
         self._pushes: dict[str, asyncio.Task[Any]] = {}
         self._withdrawn: set[str] = set()
+        # the driver's calls carry (band, seq): they are admitted in that order per band,
+        # whichever arrives first (Ray does not order the calls to a threaded actor)
+        self._turns: dict[int, int] = {}
+        self._turn_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}
         self.log_lines = _LogLines()
 
     @property
@@ -520,9 +525,13 @@ class _KernelCore:
         except PyDotComputeError as exc:
             return None, pack_error(exc)
 
-    async def restore(self, state: str, forward: tuple[str, Any] | None) -> Answer:
+    async def restore(
+        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+    ) -> Answer:
         if self._kernel is not None:
             return "alive", None
+        if turns is not None:  # the calls before the restart will never come
+            self._turns = dict(enumerate(turns))
         value, err = await self.launch()
         if err is not None:
             return value, err
@@ -631,7 +640,50 @@ class _KernelCore:
 
     # -- messaging ------------------------------------------------------------------------
 
+    async def _wait_turn(self, band: int, seq: int) -> None:
+        """Wait until the driver's earlier calls of ``band`` have been admitted."""
+        if seq <= self._turns.get(band, 0) + 1:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._turn_waiters[(band, seq)] = fut
+        try:
+            async with asyncio.timeout(_TURN_S):
+                await fut
+        except TimeoutError:  # a call lost on its way: never wait for it for ever
+            logger.warning(
+                "kernel %r: a call from the driver did not arrive within %ss; going on",
+                self._kernel_id,
+                _TURN_S,
+            )
+        finally:
+            self._turn_waiters.pop((band, seq), None)
+
+    def done_turn(self, band: int, seq: int) -> None:
+        """Loop thread: the driver's call ``seq`` of ``band`` was admitted (or refused)."""
+        if seq > self._turns.get(band, 0):
+            self._turns[band] = seq
+        fut = self._turn_waiters.get((band, seq + 1))
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def push(
+        self,
+        batch: list[bytes],
+        timeout: float | None,
+        token: str | None,
+        skip_full: bool,
+        band: int | None = None,
+        seq: int | None = None,
+    ) -> Any:
+        if band is None or seq is None:
+            return await self._push(batch, timeout, token, skip_full)
+        try:
+            await self._wait_turn(band, seq)
+            return await self._push(batch, timeout, token, skip_full)
+        finally:
+            self.done_turn(band, seq)
+
+    async def _push(
         self, batch: list[bytes], timeout: float | None, token: str | None, skip_full: bool
     ) -> Any:
         accepted = 0
@@ -680,21 +732,52 @@ class _KernelCore:
         msg: Any,
         waiter: _ReplyWaiter,
         timeout: float | None,
+        turn: tuple[int, int] | None,
     ) -> None:
-        """Loop thread: register the waiter and enqueue; slow path when the inbox is full."""
-        cf = waiter.future
+        """Loop thread: register the waiter and enqueue, in its turn; slow path when the
+        inbox is full or earlier calls of its band have not been admitted yet."""
         inbox = kernel.inbox
-        if inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize:
-            task = asyncio.get_running_loop().create_task(kernel.send_and_receive(msg, timeout))
-            task.add_done_callback(lambda t: _settle_future(t, cf))
+        if (inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize) or (
+            turn is not None and turn[1] > self._turns.get(turn[0], 0) + 1
+        ):
+            asyncio.get_running_loop().create_task(
+                self._admit_request(kernel, msg, waiter, timeout, turn)
+            )
             return
         try:
             msg, waiter.key = kernel.expect_reply(msg, waiter)
             kernel.accept_nowait(msg)
         except BaseException as exc:
             kernel.forget_request(waiter.key, waiter)
-            if not cf.done():
-                cf.set_exception(exc)
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+        finally:
+            if turn is not None:
+                self.done_turn(*turn)
+
+    async def _admit_request(
+        self,
+        kernel: RingKernel,
+        msg: Any,
+        waiter: _ReplyWaiter,
+        timeout: float | None,
+        turn: tuple[int, int] | None,
+    ) -> None:
+        """The slow path of `start_request`: wait for its turn, then for room."""
+        try:
+            if turn is not None:
+                await self._wait_turn(*turn)
+            msg, waiter.key = kernel.expect_reply(msg, waiter)
+            await kernel.accept(msg, timeout)
+        except BaseException as exc:
+            kernel.forget_request(waiter.key, waiter)
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if turn is not None:
+                self.done_turn(*turn)
 
     async def fetch(self, n: int, wait: float | None) -> Any:
         items: list[Any] = []
@@ -788,12 +871,14 @@ class KernelHost:
         """Phase 1: build the tier-1 runtime and the kernel (LAUNCHED)."""
         return self._run(self._core.launch())
 
-    def restore(self, state: str, forward: tuple[str, Any] | None) -> Answer:
+    def restore(
+        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+    ) -> Answer:
         """After Ray restarted this actor: launch again and return to ``state``.
 
         Answers ``"alive"`` when the actor was not restarted after all (the kernel exists).
         """
-        return self._run(self._core.restore(state, forward))
+        return self._run(self._core.restore(state, forward, turns))
 
     def activate(self) -> Answer:
         return self._run(self._core.transition("activate"))
@@ -838,6 +923,8 @@ class KernelHost:
         timeout: float | None = None,
         token: str | None = None,
         skip_full: bool = False,
+        band: int | None = None,
+        seq: int | None = None,
     ) -> Any:
         """Decode a batch and put it into the inbox in order.
 
@@ -846,28 +933,42 @@ class KernelHost:
         bytes); the rest of the batch is not taken. With ``skip_full`` (another actor
         forwarding) a full ``reject`` inbox refuses only that message and the rest is
         tried; the answer then carries the last refusal. A push given a ``token`` can be
-        withdrawn by its sender (`withdraw`): it stops and answers what it took.
+        withdrawn by its sender (`withdraw`): it stops and answers what it took. The
+        driver numbers its calls per priority band (``band``, ``seq``): they are admitted
+        in that order, whichever reaches the actor first.
         """
-        return self._run(self._core.push(batch, timeout, token, skip_full))
+        return self._run(self._core.push(batch, timeout, token, skip_full, band, seq))
 
     def withdraw(self, token: str) -> None:
         """The sender of push ``token`` stops: that push takes nothing more (it answers
         how many it took); a push not started yet takes nothing."""
         self._loop.call_soon_threadsafe(self._core.withdraw, token)
 
-    def request(self, data: bytes, timeout: float | None = None) -> Any:
-        """One correlated request/reply (``send_and_receive``) in a single Ray call.
+    def request(
+        self,
+        data: bytes,
+        timeout: float | None = None,
+        band: int | None = None,
+        seq: int | None = None,
+    ) -> Any:
+        """One correlated request/reply (``send_and_receive``) in a single Ray call,
+        admitted in its turn among the driver's calls of its band (``seq``, see `push`).
 
         Answers the reply's bytes, or ``(None, packed_error)``.
         """
+        turn = None if band is None or seq is None else (band, seq)
         try:
             msg = deserialize_message(data)
             kernel = self._core.require("send to")
         except PyDotComputeError as exc:
+            if turn is not None:  # its turn passes: later calls need not wait for it
+                self._loop.call_soon_threadsafe(self._core.done_turn, *turn)
             return None, pack_error(exc)
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
         waiter = _ReplyWaiter(cf)
-        self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, waiter, timeout)
+        self._loop.call_soon_threadsafe(
+            self._core.start_request, kernel, msg, waiter, timeout, turn
+        )
         try:
             try:
                 reply = cf.result(timeout)
@@ -910,17 +1011,6 @@ def _abandon(kernel: RingKernel, waiter: _ReplyWaiter) -> None:
     """Loop thread: the Ray caller of ``waiter`` gave up on its request."""
     if waiter.key is not None:
         kernel.abandon_request(waiter.key, waiter)
-
-
-def _settle_future(task: asyncio.Task[Any], cf: concurrent.futures.Future[Any]) -> None:
-    if cf.done():
-        return
-    if task.cancelled():
-        cf.cancel()
-    elif task.exception() is not None:
-        cf.set_exception(task.exception())  # type: ignore[arg-type]
-    else:
-        cf.set_result(task.result())
 
 
 def _encode(item: Any, kernel_id: str) -> bytes:

@@ -11,10 +11,11 @@ Design notes:
   backpressure, supervision) on its queues, and this class batches across the network. A
   bridge on the driver would add a second set of queues, a second bound and a second copy
   of every message in flight.
-- Sends coalesce with no added delay: one ``push`` call in flight per kernel, and whatever
-  is sent while it flies leaves together in the next call (Nagle without the timer). One
-  call in flight also keeps the order of messages, which Ray does not promise for threaded
-  actors. ``send`` waits for its batch's answer (so it raises the actor's refusal);
+- Sends coalesce with no added delay: one ``push`` call in flight per kernel and priority
+  band, and whatever is sent while it flies leaves together in the next call (Nagle
+  without the timer). Ray does not order the calls to a threaded actor, so each call of a
+  band (pushes and ``send_and_receive`` requests) carries its number and the actor admits
+  them in that order. Bands go side by side: a higher band never waits behind a lower one. ``send`` waits for its batch's answer (so it raises the actor's refusal);
   ``send_nowait`` does not, and a refusal is raised by the next send and kept in
   ``undelivered``.
 - Receives prefetch: one ``fetch`` call brings back up to ``prefetch`` replies; later
@@ -135,12 +136,20 @@ class _Lane:
     waits behind those of a lower band (the actor's inbox admits blocked senders by
     band, FIFO within one)."""
 
-    __slots__ = ("batches", "pump", "queued")
+    __slots__ = ("band", "batches", "pump", "queued", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, band: int) -> None:
+        self.band = band
         self.batches: deque[_Batch] = deque()
         self.pump: asyncio.Task[None] | None = None
         self.queued = 0  # messages in `batches` (not yet answered)
+        # the number of the last call of this band (pushes and requests): the actor
+        # admits them in this order whichever arrives first
+        self.seq = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
 
 
 def _band_of(msg: Any) -> int:
@@ -232,7 +241,7 @@ class RayTierKernel:
         # not told): added to every snapshot fetched from the actor, which counts its own
         self._own_drops: dict[str, int] = {}
         # outbound
-        self._lanes = tuple(_Lane() for _ in PriorityBand)  # by band, SYSTEM first
+        self._lanes = tuple(_Lane(int(band)) for band in PriorityBand)  # SYSTEM first
         self._queued = 0  # in all lanes
         self._async_error: BaseException | None = None
         # inbound
@@ -760,10 +769,9 @@ class RayTierKernel:
                 b.sent = True
                 err: BaseException | None
                 try:
-                    if b.timeout is None:
-                        answer = await push.remote(b.items)
-                    else:
-                        answer = await push.remote(b.items, b.timeout)
+                    answer = await push.remote(
+                        b.items, b.timeout, None, False, lane.band, lane.next_seq()
+                    )
                     if type(answer) is int:
                         accepted, err = answer, None
                     else:
@@ -940,14 +948,17 @@ class RayTierKernel:
             await self.flush()
             await self._settle()
         request = self._actor.request
+        lane = self._lanes[_band_of(msg)]
         try:
+            # numbered among the band's calls: a send made after this one is admitted
+            # after it, though Ray may deliver it first
             if timeout is None:
-                answer = await request.remote(data)
+                answer = await request.remote(data, None, lane.band, lane.next_seq())
             else:
                 # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
                 # cancellation that lands as the answer arrives
                 async with asyncio.timeout(timeout + _REPLY_GRACE_S):
-                    answer = await request.remote(data, timeout)
+                    answer = await request.remote(data, timeout, lane.band, lane.next_seq())
         except errors().actor as exc:
             raise self._lost(exc, "send to") from exc
         except TimeoutError:
@@ -1272,7 +1283,8 @@ class RayTierKernel:
                 if target is not None and target.state not in _ENDED:
                     forward = (target.kernel_id, target.actor)
                 try:
-                    value, err = await self._actor.restore.remote(self._state.name, forward)
+                    turns = [lane.seq for lane in self._lanes]
+                    value, err = await self._actor.restore.remote(self._state.name, forward, turns)
                     break
                 except errors().unavailable as exc:
                     if loop.time() >= deadline:
