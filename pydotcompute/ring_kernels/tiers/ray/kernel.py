@@ -15,7 +15,8 @@ Design notes:
   band, and whatever is sent while it flies leaves together in the next call (Nagle
   without the timer). Ray does not order the calls to a threaded actor, so each call of a
   band (pushes and ``send_and_receive`` requests) carries its number and the actor admits
-  them in that order. Bands go side by side: a higher band never waits behind a lower one. ``send`` waits for its batch's answer (so it raises the actor's refusal);
+  them in that order. Bands go side by side: a higher band never waits behind a lower one.
+  ``send`` waits for its batch's answer (so it raises the actor's refusal);
   ``send_nowait`` does not, and a refusal is raised by the next send and kept in
   ``undelivered``.
 - Receives prefetch: one ``fetch`` call brings back up to ``prefetch`` replies; later
