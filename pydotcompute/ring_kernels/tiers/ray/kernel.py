@@ -609,11 +609,7 @@ class RayTierKernel:
         is still answering (another actor's push, refused when the inbox closed, must
         tell its sender what it took); otherwise, or if that takes over
         ``_EXIT_S`` seconds, it is killed."""
-        for task in (self._watch, self._fetch, self._restoring, self._setup):
-            if task is not None and not task.done():
-                task.cancel()
-                await asyncio.wait({task})  # (our own cancellation still propagates)
-        self._watch = self._fetch = self._restoring = self._setup = None
+        await self._stop_tasks()
         if not self._released and self._actor is not None:
             self._released = True
             actor = self._actor
@@ -623,6 +619,15 @@ class RayTierKernel:
                         await actor.__ray_terminate__.remote()
             with contextlib.suppress(Exception):
                 ray_module().kill(actor, no_restart=True)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the driver-side tasks of this kernel (not the one calling)."""
+        me = asyncio.current_task()
+        for task in (self._watch, self._fetch, self._restoring, self._setup):
+            if task is not None and not task.done() and task is not me:
+                task.cancel()
+                await asyncio.wait({task})  # (our own cancellation still propagates)
+        self._watch = self._fetch = self._restoring = self._setup = None
 
     # -- messages in ----------------------------------------------------------------------
 
@@ -1185,17 +1190,26 @@ class RayTierKernel:
         (sends refused), what it held is handed back and its last replies stay
         receivable, as on every tier; then the actor is released."""
         self._state = KernelState.TERMINATED
-        self._end_error = KernelStateError(
-            self.kernel_id,
-            KernelState.TERMINATED,
-            "receive from",
-            "its actor function returned and its outbox is drained",
-        )
-        self._watch = None  # (this task: `release` must not wait for itself)
+        # receivers wait for the hand-over (its replies come before the end)
+        stopping = self._stopping = self._running_loop().create_future()
         try:
             await self._take_handover(handover)
         finally:
-            await self.release()
+            if not isinstance(self._end_error, KernelStateError):
+                self._end_error = KernelStateError(
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
+                    "its actor function returned and its outbox is drained",
+                )
+            self._stopping = None
+            stopping.set_result(None)
+            await self._stop_tasks()
+            if not self._released:
+                self._released = True
+                with contextlib.suppress(Exception):
+                    # it exits once the calls under way have answered (see `release`)
+                    self._actor.__ray_terminate__.remote()
 
     async def _catch_up(self, err: BaseException | None) -> None:
         """An answer says the kernel in the actor has ended (its function returned, or it
