@@ -777,6 +777,10 @@ class HostedKernel(RingKernel):
         if pump is not None and not pump.done():
             pump.cancel()
 
+    def _actor_tasks(self) -> list[asyncio.Task[Any]]:
+        """The bridge's pump and collector: they stop when the worker's actor ends."""
+        return [t for t in (self._pump, self._collector) if t is not None]
+
 
 # The hosted tiers' kernel classes, by their old import path (`from
 # pydotcompute.ring_kernels.hosted import ThreadHostedKernel`). They load by name, as the tier

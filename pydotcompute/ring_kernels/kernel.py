@@ -1083,6 +1083,43 @@ class RingKernel:
         the messages it held that will never be delivered (handed back before the inbox's)."""
         return []
 
+    # -- the end of the actors, seen from outside ------------------------------------------
+
+    def _actor_tasks(self) -> list[asyncio.Task[Any]]:
+        """The loop tasks that run this kernel's actors (a tier that drives its actor from
+        other tasks overrides it)."""
+        return list(self._tasks)
+
+    def add_done_callback(self, callback: Callable[[RingKernel], object]) -> None:
+        """Have ``callback(kernel)`` called, on the kernel's loop, once its actors have all
+        stopped: they returned by themselves, failed with no restart left, or terminate
+        stopped them. By then a kernel that ended on its own account is TERMINATED or
+        FAILED with its books closed (what it held handed back, callers told). Called soon
+        (not inline) when they have stopped already. What a host that runs the kernel for
+        someone else (a Ray actor) watches to learn that the kernel ended.
+
+        Raises:
+            KernelStateError: the kernel was never activated (no actor runs yet).
+        """
+        tasks = self._actor_tasks()
+        if not tasks:
+            raise KernelStateError(
+                self.kernel_id, self._state, "watch", "activate it first: no actor runs yet"
+            )
+        running = [t for t in tasks if not t.done()]
+        if not running:
+            asyncio.get_running_loop().call_soon(callback, self)
+            return
+        left = [len(running)]
+
+        def one_done(_task: asyncio.Task[Any]) -> None:
+            left[0] -= 1
+            if not left[0]:
+                callback(self)
+
+        for task in running:
+            task.add_done_callback(one_done)
+
 
 @contextlib.asynccontextmanager
 async def managed_kernel(

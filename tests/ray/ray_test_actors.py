@@ -100,3 +100,12 @@ async def where_am_i(ctx):
         await ctx.receive()
         assigned = dict(sorted(context.get_assigned_resources().items()))
         await ctx.send(Text(text=f"{node}|{os.getpid()}|{assigned}"))
+
+
+async def numbering(ctx):
+    """Answers each message with how many it took before it: the order of admission."""
+    taken = 0
+    while not ctx.should_terminate:
+        await ctx.receive()
+        await ctx.send(Num(value=taken))
+        taken += 1

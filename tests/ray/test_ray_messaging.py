@@ -8,7 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from ray_test_actors import Doubled, Num, replies_plain, return_after_one, slow_double
+from ray_test_actors import (
+    Doubled,
+    Num,
+    numbering,
+    replies_plain,
+    return_after_one,
+    slow_double,
+)
 
 from pydotcompute import KernelState
 from pydotcompute.exceptions import (
@@ -261,12 +268,13 @@ async def test_backpressure_reject_reaches_the_sender(ray_runtime):
     with pytest.raises(QueueFullError, match="queue of kernel 'rt_double' is full"):
         await ray_runtime.send("rt_double", Num(value=4))
     kernel = ray_runtime.get_kernel("rt_double")
-    assert [m.value for m in kernel.undelivered] == [4]
-    # a refused send_nowait is raised by the next send, and kept
+    assert kernel.undelivered == []  # its sender was told: it was never accepted
+    # a refused send_nowait is raised by the next send, and kept (and counted)
     ray_runtime.send_nowait("rt_double", Num(value=5))
     with pytest.raises(QueueFullError):
         await ray_runtime.flush("rt_double")
-    assert [m.value for m in kernel.undelivered] == [4, 5]
+    assert [m.value for m in kernel.undelivered] == [5]
+    assert kernel.telemetry.drop_reasons() == {"undelivered": 1}
     await ray_runtime.activate("rt_double")
     got = [(await ray_runtime.receive("rt_double", timeout=5)).value for _ in range(4)]
     assert got == [0, 2, 4, 6]
@@ -288,3 +296,16 @@ async def test_kernel_scope_launches_and_terminates(ray_runtime):
         assert (await ray_runtime.send_and_receive("rt_double", Num(value=2))).value == 4
     assert kernel.state is KernelState.TERMINATED
     assert "rt_double" not in ray_runtime
+
+
+async def test_a_send_made_after_send_and_receive_is_admitted_after_it(ray_runtime):
+    # a request and a later send are separate Ray calls, which Ray may deliver in either
+    # order: the actor admits them in the order they were made
+    await _started(ray_runtime, "order", numbering, input_type=Num, output_type=Num)
+    for _ in range(30):
+        request = asyncio.create_task(ray_runtime.send_and_receive("order", Num(value=0)))
+        await asyncio.sleep(0)  # the request is on its way
+        await ray_runtime.send("order", Num(value=1))
+        first = (await request).value
+        second = (await ray_runtime.receive("order", timeout=10)).value
+        assert first < second, (first, second)

@@ -16,6 +16,15 @@ Design notes:
   kernels of the same runtime by their Ray actor name. A peer coalesces whatever the actor
   sends while the previous batch is in flight into the next ``push`` (one call in flight
   per peer keeps the order), and pushes back on the actor once ``limit`` messages wait.
+- A peer is a bridge: a message handed to it counts as sent. One the target refuses (a
+  full ``reject`` inbox: only that one, the rest of the batch is tried) or can never reach
+  is counted by the forwarding kernel as a lost reply, in this actor. When the kernel's
+  books close, what still waits in a peer is counted too and the push on its way is
+  withdrawn (``withdraw``): the target answers how many it took, so each message ends
+  exactly once, taken downstream or counted here, even while the target is full.
+- The package's warnings and errors in this process (a restart, a failure, a drop) go to
+  the driver's log: `_LogLines` keeps them and the telemetry, watch and terminate answers
+  carry them over.
 - Every method answers a value or ``(value, packed_error)`` (see ``_wire``): expected
   failures are data, so the driver can rebuild the exact pydotcompute error (``wire.py``). The hot
   methods (``push``, ``request``, ``fetch``) answer a bare value on success: a tuple costs
@@ -33,9 +42,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import importlib
+import itertools
 import logging
 import threading
-from collections.abc import Coroutine
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ....exceptions import (
@@ -51,6 +63,7 @@ from ...kernel import RingKernel
 from ...message import RingKernelMessage, deserialize_message
 from ...runtime import RingKernelRuntime
 from ...states import KernelState
+from ...supervision import BurstLog
 from .session import actor_name, errors, ray_module
 from .wire import PackedError, pack_cause, pack_error, unpack_error
 
@@ -62,6 +75,7 @@ __all__ = ("KernelHost", "RemotePeer")
 logger = logging.getLogger("pydotcompute")
 
 Answer = tuple[Any, PackedError | None]
+_TURN_S = 30.0  # the longest a driver's call waits for an earlier one that never arrives
 _T = TypeVar("_T")
 
 
@@ -87,7 +101,15 @@ class RemotePeer:
     names). Runs on the hosting actor's event loop.
     """
 
-    def __init__(self, kernel_id: str, handle: Any, *, limit: int, max_batch: int) -> None:
+    def __init__(
+        self,
+        kernel_id: str,
+        handle: Any,
+        *,
+        limit: int,
+        max_batch: int,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> None:
         self.kernel_id = kernel_id
         self.input_type: type | None = None
         self.handle = handle
@@ -97,6 +119,16 @@ class RemotePeer:
         self._pending: list[bytes] = []
         self._pump: asyncio.Task[None] | None = None
         self._space: asyncio.Event | None = None
+        self._on_lost = on_lost
+        self._tokens = itertools.count(1)
+        self._token_prefix = uuid.uuid4().hex
+        self._in_flight: str | None = None  # the token of the push on its way
+        self._refusals = BurstLog(
+            logger,
+            logging.WARNING,
+            "%d more message(s) refused by the kernel they were forwarded to since the "
+            "last line (counted as dropped)",
+        )
         self.error: BaseException | None = None
         self.delivered = 0
         self.dropped = 0
@@ -173,8 +205,11 @@ class RemotePeer:
                 n = self._max_batch
                 batch = self._pending[:n]
                 del self._pending[:n]
+                token = f"{self._token_prefix}:{next(self._tokens)}"
+                self._in_flight = token
                 try:
-                    answer = await self._push.remote(batch)
+                    # skip_full: a full reject-policy inbox refuses one message, not the rest
+                    answer = await self._push.remote(batch, None, token, True)
                     accepted, err = (answer, None) if type(answer) is int else answer
                 except errors().actor as exc:
                     accepted, err = 0, None
@@ -187,14 +222,24 @@ class RemotePeer:
                         ),
                         exc,
                     )
+                finally:
+                    self._in_flight = None
                 self.delivered += accepted
+                lost = len(batch) - accepted
                 if err is not None:
-                    self._set_error(unpack_error(err), None)
-                if accepted < len(batch):
-                    self.dropped += len(batch) - accepted
-                    if self.error is not None and self._pending:
-                        self.dropped += len(self._pending)
-                        self._pending.clear()
+                    error = unpack_error(err)
+                    if isinstance(error, QueueFullError):  # transient: the next may fit
+                        self._refusals.event(
+                            "a message forwarded to kernel %r was refused: %s",
+                            self.kernel_id,
+                            error,
+                        )
+                    else:
+                        self._set_error(error, None)
+                if self.error is not None and self._pending:
+                    lost += len(self._pending)
+                    self._pending.clear()
+                self._count_lost(lost)
                 if self._space is not None:
                     self._space.set()
                     self._space = None
@@ -204,12 +249,23 @@ class RemotePeer:
                 self._space.set()
                 self._space = None
 
-    def _set_error(self, error: BaseException, cause: BaseException | None) -> None:
+    def _count_lost(self, n: int) -> None:
+        """Messages that will never reach the target: counted by the forwarding kernel
+        (reason ``reply_lost``), once."""
+        if n > 0:
+            self.dropped += n
+            if self._on_lost is not None:
+                self._on_lost(n)
+
+    def _set_error(
+        self, error: BaseException, cause: BaseException | None, *, log: bool = True
+    ) -> None:
         if cause is not None:
             error.__cause__ = cause
         if self.error is None:
             self.error = error
-            logger.error("forwarding to kernel %r failed: %s", self.kernel_id, error)
+            if log:
+                logger.error("forwarding to kernel %r failed: %s", self.kernel_id, error)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every pending message has been pushed (or refused)."""
@@ -220,6 +276,79 @@ class RemotePeer:
             done, _ = await asyncio.wait({self._pump}, timeout=remaining)
             if not done:
                 return
+
+    async def abort(self, timeout: float = 5.0) -> None:
+        """Stop forwarding (the kernel is closing its books): what waits here is counted
+        as lost, and the push on its way is withdrawn from the target, which answers how
+        many of it it took; the rest is counted as lost too. Every message therefore ends
+        once: taken by the target, or counted here."""
+        self._set_error(
+            KernelStateError(self.kernel_id, "UNREACHABLE", "send to", "the sender stopped"),
+            None,
+            log=False,
+        )
+        lost = len(self._pending)
+        self._pending.clear()
+        self._count_lost(lost)
+        token, pump = self._in_flight, self._pump
+        if token is None or pump is None:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await self.handle.withdraw.remote(token)
+        with contextlib.suppress(Exception):
+            await asyncio.wait({pump}, timeout=timeout)
+
+    def log_summary(self) -> None:
+        """The closing line of the rate-limited refusal log, if lines were held back."""
+        left = self._refusals.take_pending()
+        if left:
+            logger.warning(
+                "%d more message(s) forwarded to kernel %r were refused (counted as dropped)",
+                left,
+                self.kernel_id,
+            )
+
+
+class _LogLines(logging.Handler):
+    """The package's warnings and errors in this actor's process, kept for the driver,
+    which writes them into its own log (a restart, a drop, a failure in the actor must be
+    seen where the program runs). Bounded: beyond ``limit`` lines waiting, the oldest go
+    and a line says how many."""
+
+    def __init__(self, limit: int = 200) -> None:
+        super().__init__(logging.WARNING)
+        self._lines: deque[tuple[int, str]] = deque(maxlen=limit)
+        self._lost = 0
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot format: say so instead
+            text = f"{record.msg!r} (its arguments did not format)"
+        with self._guard:
+            if len(self._lines) == self._lines.maxlen:
+                self._lost += 1
+            self._lines.append((record.levelno, text))
+
+    def take(self) -> list[tuple[int, str]]:
+        """The lines since the last call, oldest first."""
+        with self._guard:
+            out = list(self._lines)
+            self._lines.clear()
+            lost, self._lost = self._lost, 0
+        if lost:
+            out.insert(
+                0, (logging.WARNING, f"{lost} earlier log line(s) of this Ray actor were dropped")
+            )
+        return out
+
+
+def _withdrawn(kernel_id: str) -> KernelStateError:
+    return KernelStateError(
+        kernel_id, "WITHDRAWN", "send to", "the sending kernel stopped and withdrew the rest"
+    )
 
 
 class _HostRuntime(RingKernelRuntime):
@@ -300,6 +429,19 @@ class _KernelCore:
         self._ended: asyncio.Event | None = None
         self._peers: dict[str, RemotePeer] = {}
         self._forward: RemotePeer | None = None
+        # what the kernel left when its books closed (computed once: terminate and watch
+        # may both ask for it)
+        self._handover: asyncio.Task[Any] | None = None
+        self._terminating = False  # the driver asked: its answer carries the hand-over
+        # pushes running on the loop by the token of their caller, and tokens withdrawn
+        # before their push started
+        self._pushes: dict[str, asyncio.Task[Any]] = {}
+        self._withdrawn: set[str] = set()
+        # the driver's calls carry (band, seq): they are admitted in that order per band,
+        # whichever arrives first (Ray does not order the calls to a threaded actor)
+        self._turns: dict[int, int] = {}
+        self._turn_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}
+        self.log_lines = _LogLines()
 
     @property
     def kernel(self) -> RingKernel | None:
@@ -334,6 +476,7 @@ class _KernelCore:
             handle,
             limit=int(self._settings.get("peer_limit", 4096)),
             max_batch=int(self._settings.get("max_batch", 1024)),
+            on_lost=self._count_lost,
         )
         self._peers[kernel_id] = peer
         return peer
@@ -346,11 +489,17 @@ class _KernelCore:
         n = len(self._prefix)
         return sorted(name[n:] for name in names if name.startswith(self._prefix))
 
+    def _count_lost(self, n: int) -> None:
+        """Replies forwarded to another actor that never got there: the kernel's drops."""
+        kernel = self._kernel
+        if kernel is not None:
+            for _ in range(n):
+                kernel.count_lost_reply()
+
     def _watch_task(self, kernel: RingKernel) -> None:
-        task = kernel._task
-        if task is not None and self._ended is not None:
-            ended = self._ended
-            task.add_done_callback(lambda _t: ended.set())
+        ended = self._ended
+        if ended is not None:
+            kernel.add_done_callback(lambda _k: ended.set())
 
     # -- lifecycle (Ray threads) ----------------------------------------------------------
 
@@ -376,9 +525,13 @@ class _KernelCore:
         except PyDotComputeError as exc:
             return None, pack_error(exc)
 
-    async def restore(self, state: str, forward: tuple[str, Any] | None) -> Answer:
+    async def restore(
+        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+    ) -> Answer:
         if self._kernel is not None:
             return "alive", None
+        if turns is not None:  # the calls before the restart will never come
+            self._turns = dict(enumerate(turns))
         value, err = await self.launch()
         if err is not None:
             return value, err
@@ -404,24 +557,50 @@ class _KernelCore:
         try:
             kernel = self.require("terminate")
             assert self._runtime is not None
-            failed = kernel.state is KernelState.FAILED
-            left = await self._runtime.terminate(self._kernel_id, timeout)
-            if failed:  # what the failure left (the message it raised on first) goes back too
-                left = list(kernel.undelivered)
-            for peer in list(self._peers.values()):
-                await peer.flush(timeout)
-            rest = kernel.outbox.drain() if kernel.outbox is not None else []
+            if self._handover is not None:
+                pass  # it returned by itself: its books are being closed already
+            elif kernel.state is KernelState.TERMINATED:  # returned, not yet watched
+                self._close_books(list(kernel.undelivered), timeout)
+            else:
+                failed = kernel.state is KernelState.FAILED
+                self._terminating = True
+                left = await self._runtime.terminate(self._kernel_id, timeout)
+                if failed:  # what the failure left (the message it raised on first) goes back too
+                    left = list(kernel.undelivered)
+                self._close_books(left, timeout)
+            assert self._handover is not None
+            value = await asyncio.shield(self._handover)
             if self._ended is not None:
                 self._ended.set()
-            forward_dropped = sum(p.dropped for p in self._peers.values())
-            return (
-                _encode_all(left, self._kernel_id),
-                _encode_all(rest, self._kernel_id),
-                kernel.state.name,
-                forward_dropped,
-            ), None
+            return value, None
         except PyDotComputeError as exc:
             return None, pack_error(exc)
+
+    def _close_books(self, left: list[Any], timeout: float | None) -> None:
+        """Start handing over what the kernel left (once): replies forwarded to other
+        actors are pushed (up to the grace period), the rest of them withdrawn and counted;
+        then the messages handed back, the replies still in the outbox, the telemetry and
+        the log lines leave for the driver together."""
+        if self._handover is None:
+            self._handover = asyncio.get_running_loop().create_task(self._hand_over(left, timeout))
+
+    async def _hand_over(self, left: list[Any], timeout: float | None) -> Any:
+        kernel = self.require("terminate")
+        grace = kernel.config.drain_timeout if timeout is None else timeout
+        peers = list(self._peers.values())
+        for peer in peers:
+            await peer.flush(grace)
+        for peer in peers:
+            await peer.abort()
+            peer.log_summary()
+        rest = kernel.outbox.drain() if kernel.outbox is not None else []
+        tel = await self.telemetry()
+        return (
+            _encode_all(left, self._kernel_id),
+            _encode_all(rest, self._kernel_id),
+            kernel.state.name,
+            tel,
+        )
 
     async def watch(self) -> Answer:
         if self._ended is None:
@@ -430,7 +609,14 @@ class _KernelCore:
         kernel = self._kernel
         if kernel is None:
             return "CREATED", None
-        return (kernel.state.name, pack_cause(kernel.error)), None
+        if self._terminating:  # the terminate's answer carries the hand-over and the lines
+            return (kernel.state.name, pack_cause(kernel.error), None, []), None
+        handover = None
+        if kernel.state is KernelState.TERMINATED:  # its function returned by itself
+            self._close_books(list(kernel.undelivered), None)
+            assert self._handover is not None
+            handover = await asyncio.shield(self._handover)
+        return (kernel.state.name, pack_cause(kernel.error), handover, self.log_lines.take()), None
 
     async def connect(self, target_id: str, handle: Any) -> Answer:
         try:
@@ -454,17 +640,91 @@ class _KernelCore:
 
     # -- messaging ------------------------------------------------------------------------
 
-    async def push(self, batch: list[bytes], timeout: float | None) -> Any:
+    async def _wait_turn(self, band: int, seq: int) -> None:
+        """Wait until the driver's earlier calls of ``band`` have been admitted."""
+        if seq <= self._turns.get(band, 0) + 1:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._turn_waiters[(band, seq)] = fut
+        try:
+            async with asyncio.timeout(_TURN_S):
+                await fut
+        except TimeoutError:  # a call lost on its way: never wait for it for ever
+            logger.warning(
+                "kernel %r: a call from the driver did not arrive within %ss; going on",
+                self._kernel_id,
+                _TURN_S,
+            )
+        finally:
+            self._turn_waiters.pop((band, seq), None)
+
+    def done_turn(self, band: int, seq: int) -> None:
+        """Loop thread: the driver's call ``seq`` of ``band`` was admitted (or refused)."""
+        if seq > self._turns.get(band, 0):
+            self._turns[band] = seq
+        fut = self._turn_waiters.get((band, seq + 1))
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def push(
+        self,
+        batch: list[bytes],
+        timeout: float | None,
+        token: str | None,
+        skip_full: bool,
+        band: int | None = None,
+        seq: int | None = None,
+    ) -> Any:
+        if band is None or seq is None:
+            return await self._push(batch, timeout, token, skip_full)
+        try:
+            await self._wait_turn(band, seq)
+            return await self._push(batch, timeout, token, skip_full)
+        finally:
+            self.done_turn(band, seq)
+
+    async def _push(
+        self, batch: list[bytes], timeout: float | None, token: str | None, skip_full: bool
+    ) -> Any:
         accepted = 0
+        if token is not None:
+            if token in self._withdrawn:
+                self._withdrawn.discard(token)
+                return 0, pack_error(_withdrawn(self._kernel_id))
+            task = asyncio.current_task()
+            assert task is not None
+            self._pushes[token] = task
+        refused: PyDotComputeError | None = None
         try:
             kernel = self.require("send to")
             accept = kernel.accept
             for data in batch:
-                await accept(deserialize_message(data), timeout)
+                try:
+                    await accept(deserialize_message(data), timeout)
+                except QueueFullError as exc:
+                    if not skip_full:
+                        raise
+                    refused = exc  # a reject-policy inbox refused this one; go on
+                    continue
                 accepted += 1
-            return accepted
+            return accepted if refused is None else (accepted, pack_error(refused))
         except PyDotComputeError as exc:
             return accepted, pack_error(exc)
+        except asyncio.CancelledError:
+            if token is None or token not in self._withdrawn:
+                raise
+            self._withdrawn.discard(token)
+            return accepted, pack_error(_withdrawn(self._kernel_id))
+        finally:
+            if token is not None:
+                self._pushes.pop(token, None)
+
+    def withdraw(self, token: str) -> None:
+        """Loop thread: the sender of push ``token`` gives up on what it has not delivered."""
+        self._withdrawn.add(token)
+        task = self._pushes.get(token)
+        if task is not None:
+            task.cancel()
 
     def start_request(
         self,
@@ -472,21 +732,52 @@ class _KernelCore:
         msg: Any,
         waiter: _ReplyWaiter,
         timeout: float | None,
+        turn: tuple[int, int] | None,
     ) -> None:
-        """Loop thread: register the waiter and enqueue; slow path when the inbox is full."""
-        cf = waiter.future
+        """Loop thread: register the waiter and enqueue, in its turn; slow path when the
+        inbox is full or earlier calls of its band have not been admitted yet."""
         inbox = kernel.inbox
-        if inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize:
-            task = asyncio.get_running_loop().create_task(kernel.send_and_receive(msg, timeout))
-            task.add_done_callback(lambda t: _settle_future(t, cf))
+        if (inbox is not None and inbox.maxsize and len(inbox) >= inbox.maxsize) or (
+            turn is not None and turn[1] > self._turns.get(turn[0], 0) + 1
+        ):
+            asyncio.get_running_loop().create_task(
+                self._admit_request(kernel, msg, waiter, timeout, turn)
+            )
             return
         try:
             msg, waiter.key = kernel.expect_reply(msg, waiter)
             kernel.accept_nowait(msg)
         except BaseException as exc:
             kernel.forget_request(waiter.key, waiter)
-            if not cf.done():
-                cf.set_exception(exc)
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+        finally:
+            if turn is not None:
+                self.done_turn(*turn)
+
+    async def _admit_request(
+        self,
+        kernel: RingKernel,
+        msg: Any,
+        waiter: _ReplyWaiter,
+        timeout: float | None,
+        turn: tuple[int, int] | None,
+    ) -> None:
+        """The slow path of `start_request`: wait for its turn, then for room."""
+        try:
+            if turn is not None:
+                await self._wait_turn(*turn)
+            msg, waiter.key = kernel.expect_reply(msg, waiter)
+            await kernel.accept(msg, timeout)
+        except BaseException as exc:
+            kernel.forget_request(waiter.key, waiter)
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if turn is not None:
+                self.done_turn(*turn)
 
     async def fetch(self, n: int, wait: float | None) -> Any:
         items: list[Any] = []
@@ -510,14 +801,16 @@ class _KernelCore:
                 return _encode_good(items, self._kernel_id), pack_error(exc)
             return [], pack_error(exc)
 
-    async def telemetry(self) -> Answer:
+    async def telemetry(self) -> Any:
+        """The kernel's telemetry (None before launch) and the log lines since the last
+        call, as ``(telemetry, lines)``."""
         kernel = self._kernel
         if kernel is None:
-            return None, None
+            return None, self.log_lines.take()
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
-        return tel, None
+        return tel, self.log_lines.take()
 
 
 class KernelHost:
@@ -560,6 +853,8 @@ class KernelHost:
             name_prefix,
             settings,
         )
+        # the package's log lines in this process travel to the driver's log
+        logging.getLogger("pydotcompute").addHandler(self._core.log_lines)
         self._loop = create_optimized_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"pydotcompute-ray:{kernel_id}", daemon=True
@@ -576,12 +871,14 @@ class KernelHost:
         """Phase 1: build the tier-1 runtime and the kernel (LAUNCHED)."""
         return self._run(self._core.launch())
 
-    def restore(self, state: str, forward: tuple[str, Any] | None) -> Answer:
+    def restore(
+        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+    ) -> Answer:
         """After Ray restarted this actor: launch again and return to ``state``.
 
         Answers ``"alive"`` when the actor was not restarted after all (the kernel exists).
         """
-        return self._run(self._core.restore(state, forward))
+        return self._run(self._core.restore(state, forward, turns))
 
     def activate(self) -> Answer:
         return self._run(self._core.transition("activate"))
@@ -620,28 +917,58 @@ class KernelHost:
 
     # -- messaging ------------------------------------------------------------------------
 
-    def push(self, batch: list[bytes], timeout: float | None = None) -> Any:
+    def push(
+        self,
+        batch: list[bytes],
+        timeout: float | None = None,
+        token: str | None = None,
+        skip_full: bool = False,
+        band: int | None = None,
+        seq: int | None = None,
+    ) -> Any:
         """Decode a batch and put it into the inbox in order.
 
         Answers the number accepted, or ``(accepted, packed_error)`` on the first refusal
         (full queue under ``reject``, a timeout under ``block``, a terminated kernel, bad
-        bytes); the rest of the batch is not taken.
+        bytes); the rest of the batch is not taken. With ``skip_full`` (another actor
+        forwarding) a full ``reject`` inbox refuses only that message and the rest is
+        tried; the answer then carries the last refusal. A push given a ``token`` can be
+        withdrawn by its sender (`withdraw`): it stops and answers what it took. The
+        driver numbers its calls per priority band (``band``, ``seq``): they are admitted
+        in that order, whichever reaches the actor first.
         """
-        return self._run(self._core.push(batch, timeout))
+        return self._run(self._core.push(batch, timeout, token, skip_full, band, seq))
 
-    def request(self, data: bytes, timeout: float | None = None) -> Any:
-        """One correlated request/reply (``send_and_receive``) in a single Ray call.
+    def withdraw(self, token: str) -> None:
+        """The sender of push ``token`` stops: that push takes nothing more (it answers
+        how many it took); a push not started yet takes nothing."""
+        self._loop.call_soon_threadsafe(self._core.withdraw, token)
+
+    def request(
+        self,
+        data: bytes,
+        timeout: float | None = None,
+        band: int | None = None,
+        seq: int | None = None,
+    ) -> Any:
+        """One correlated request/reply (``send_and_receive``) in a single Ray call,
+        admitted in its turn among the driver's calls of its band (``seq``, see `push`).
 
         Answers the reply's bytes, or ``(None, packed_error)``.
         """
+        turn = None if band is None or seq is None else (band, seq)
         try:
             msg = deserialize_message(data)
             kernel = self._core.require("send to")
         except PyDotComputeError as exc:
+            if turn is not None:  # its turn passes: later calls need not wait for it
+                self._loop.call_soon_threadsafe(self._core.done_turn, *turn)
             return None, pack_error(exc)
         cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
         waiter = _ReplyWaiter(cf)
-        self._loop.call_soon_threadsafe(self._core.start_request, kernel, msg, waiter, timeout)
+        self._loop.call_soon_threadsafe(
+            self._core.start_request, kernel, msg, waiter, timeout, turn
+        )
         try:
             try:
                 reply = cf.result(timeout)
@@ -674,7 +1001,9 @@ class KernelHost:
         """
         return self._run(self._core.fetch(n, wait))
 
-    def telemetry(self) -> Answer:
+    def telemetry(self) -> Any:
+        """``(telemetry, log lines)``: the kernel's counts and the package's log lines in
+        this actor since the last call."""
         return self._run(self._core.telemetry())
 
 
@@ -682,17 +1011,6 @@ def _abandon(kernel: RingKernel, waiter: _ReplyWaiter) -> None:
     """Loop thread: the Ray caller of ``waiter`` gave up on its request."""
     if waiter.key is not None:
         kernel.abandon_request(waiter.key, waiter)
-
-
-def _settle_future(task: asyncio.Task[Any], cf: concurrent.futures.Future[Any]) -> None:
-    if cf.done():
-        return
-    if task.cancelled():
-        cf.cancel()
-    elif task.exception() is not None:
-        cf.set_exception(task.exception())  # type: ignore[arg-type]
-    else:
-        cf.set_result(task.result())
 
 
 def _encode(item: Any, kernel_id: str) -> bytes:

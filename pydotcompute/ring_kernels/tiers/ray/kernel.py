@@ -11,10 +11,12 @@ Design notes:
   backpressure, supervision) on its queues, and this class batches across the network. A
   bridge on the driver would add a second set of queues, a second bound and a second copy
   of every message in flight.
-- Sends coalesce with no added delay: one ``push`` call in flight per kernel, and whatever
-  is sent while it flies leaves together in the next call (Nagle without the timer). One
-  call in flight also keeps the order of messages, which Ray does not promise for threaded
-  actors. ``send`` waits for its batch's answer (so it raises the actor's refusal);
+- Sends coalesce with no added delay: one ``push`` call in flight per kernel and priority
+  band, and whatever is sent while it flies leaves together in the next call (Nagle
+  without the timer). Ray does not order the calls to a threaded actor, so each call of a
+  band (pushes and ``send_and_receive`` requests) carries its number and the actor admits
+  them in that order. Bands go side by side: a higher band never waits behind a lower one.
+  ``send`` waits for its batch's answer (so it raises the actor's refusal);
   ``send_nowait`` does not, and a refusal is raised by the next send and kept in
   ``undelivered``.
 - Receives prefetch: one ``fetch`` call brings back up to ``prefetch`` replies; later
@@ -29,6 +31,14 @@ Design notes:
   cause and every waiting caller gets `KernelFailedError`. With ``restart="on_failure"``
   the actor is created with Ray's ``max_restarts``; when Ray brings it back, the kernel is
   launched in it again and returned to its previous state (`_restore`).
+- An actor function that returns by itself: the parked ``watch`` answers with what the
+  kernel left (messages handed back, replies still unread, its last telemetry), so the
+  kernel is TERMINATED on the driver with its books closed and the actor is released. An
+  answer that says the kernel ended arrives before it (a request told "its actor function
+  returned"): it waits for the watch, briefly, so its caller finds the kernel ended.
+- Accounting: the actor counts what it drops and hands back; the driver adds only what it
+  alone knows (``send_nowait`` messages refused on their way). A ``send`` that raised
+  delivered nothing: its message is neither kept in `undelivered` nor counted.
 - Ray loads when the first kernel launches (`session.ray_module`), never on import.
 """
 
@@ -52,6 +62,7 @@ from ....exceptions import (
     TypeValidationError,
 )
 from ...config import RingKernelConfig
+from ...fast_queue import PriorityBand, get_priority_band
 from ...kernel import KernelFunc
 from ...message import RingKernelMessage, deserialize_message
 from ...states import KernelState
@@ -68,6 +79,8 @@ logger = logging.getLogger("pydotcompute")
 _RUNNING = (KernelState.LAUNCHED, KernelState.ACTIVE, KernelState.DEACTIVATED)
 _ENDED = (KernelState.TERMINATED, KernelState.FAILED)
 _REPLY_GRACE_S = 30.0  # how long past a caller's timeout a silent actor is still waited for
+_CATCH_UP_S = 5.0  # how long an answer saying the kernel ended waits for the watch's news
+_EXIT_S = 5.0  # how long an actor whose kernel ended may take to exit before it is killed
 
 _HOST_CLASS: Any = None
 
@@ -116,6 +129,33 @@ class _Batch:
         self.accepted: int | None = None
         self.error: BaseException | None = None
         self.done: asyncio.Future[None] | None = None
+
+
+class _Lane:
+    """The messages of one priority band on their way to the actor. One ``push`` call in
+    flight per lane keeps a band in order; lanes go side by side, so a message never
+    waits behind those of a lower band (the actor's inbox admits blocked senders by
+    band, FIFO within one)."""
+
+    __slots__ = ("band", "batches", "pump", "queued", "seq")
+
+    def __init__(self, band: int) -> None:
+        self.band = band
+        self.batches: deque[_Batch] = deque()
+        self.pump: asyncio.Task[None] | None = None
+        self.queued = 0  # messages in `batches` (not yet answered)
+        # the number of the last call of this band (pushes and requests): the actor
+        # admits them in this order whichever arrives first
+        self.seq = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+
+def _band_of(msg: Any) -> int:
+    """The priority band of a message (0: SYSTEM ... 3: LOW)."""
+    return int(get_priority_band(msg.priority))
 
 
 class _Buffered:
@@ -198,16 +238,19 @@ class RayTierKernel:
         self._ray_options: dict[str, Any] = {}
         self._undelivered: list[Any] = []
         self._accepted = 0
+        # drops only the driver knows of (messages refused on their way, whose sender was
+        # not told): added to every snapshot fetched from the actor, which counts its own
+        self._own_drops: dict[str, int] = {}
         # outbound
-        self._batches: deque[_Batch] = deque()
-        self._queued = 0
-        self._pump: asyncio.Task[None] | None = None
+        self._lanes = tuple(_Lane(int(band)) for band in PriorityBand)  # SYSTEM first
+        self._queued = 0  # in all lanes
         self._async_error: BaseException | None = None
         # inbound
         self._replies: deque[Any] = deque()
         self._fetch: asyncio.Task[None] | None = None
         self._fetch_error: BaseException | None = None
         self._end_error: BaseException | None = None
+        self._ended_seen = False  # a fetch found the actor's outbox closed before the watch
         # control
         self._watch: asyncio.Task[None] | None = None
         self._restoring: asyncio.Task[None] | None = None
@@ -216,6 +259,7 @@ class RayTierKernel:
         self._forward: RayTierKernel | None = None
         self._dead = False
         self._released = False
+        self._books_closed = False  # the actor handed over what the kernel left
         self._inbox = _Depth(self)
         self._outbox = _Buffered(self)
 
@@ -512,18 +556,6 @@ class RayTierKernel:
             # with the actor's terminate: wait for its answer, so that what it refused is
             # accounted for before terminate returns
             await self._flush_quietly(5.0)
-            if left:
-                self._undelivered.extend(left)
-                self.telemetry.record_drop(len(left), "undelivered")
-                logger.warning(
-                    "kernel %r terminated with %d undelivered message(s) (counted as dropped)",
-                    self.kernel_id,
-                    len(left),
-                )
-            if alive:
-                # the actor's last counts (its restarts, errors, drops) before it goes:
-                # telemetry read after terminate must not be the last periodic snapshot
-                await self._final_telemetry()
             if not isinstance(self._end_error, KernelStateError):
                 self._end_error = KernelStateError(
                     self.kernel_id,
@@ -551,37 +583,51 @@ class RayTierKernel:
             if getattr(error, "state", None) is KernelState.TERMINATED:
                 return []  # its function had returned already
             raise error
-        left_b, rest_b, _state, forward_dropped = value
+        return await self._take_handover(value)
+
+    async def _take_handover(self, value: Any) -> list[Any]:
+        """What the actor handed over when the kernel's books closed (terminate, or its
+        function returned): the replies still unread become receivable here, the messages
+        it never processed are kept in `undelivered` (the actor counted them, reason
+        ``undelivered``), its last telemetry is merged and its log lines written here."""
+        left_b, rest_b, _state, (tel, lines) = value
+        self._books_closed = True
         if self._fetch is not None:  # replies it took came out of the outbox before these
             await asyncio.wait({self._fetch}, timeout=5.0)
         self._replies.extend(deserialize_message(b) for b in rest_b)
-        if forward_dropped:
-            self.telemetry.record_drop(forward_dropped, "backpressure")
-        return [deserialize_message(b) for b in left_b]
-
-    async def _final_telemetry(self) -> None:
-        """Fetch the telemetry from the actor once more (bounded: 5 s); a failure leaves
-        the last snapshot, with a warning."""
-        try:
-            async with asyncio.timeout(5.0):
-                tel, _ = await self._actor.telemetry.remote()
-        except Exception as exc:
-            logger.warning("kernel %r: final telemetry not fetched: %r", self.kernel_id, exc)
-            return
+        left = [deserialize_message(b) for b in left_b]
+        self._undelivered.extend(left)
+        self._replay(lines)
         self._merge_telemetry(tel)
+        return left
 
     async def release(self) -> None:
-        """Stop the driver-side tasks and kill the Ray actor (idempotent; no drain: use
-        `terminate` for a graceful stop)."""
+        """Stop the driver-side tasks and end the Ray actor (idempotent; no drain: use
+        `terminate` for a graceful stop).
+
+        Once the kernel's books are closed the actor exits by itself, after the calls it
+        is still answering (another actor's push, refused when the inbox closed, must
+        tell its sender what it took); otherwise, or if that takes over
+        ``_EXIT_S`` seconds, it is killed."""
+        await self._stop_tasks()
+        if not self._released and self._actor is not None:
+            self._released = True
+            actor = self._actor
+            if self._books_closed and not self._dead:
+                with contextlib.suppress(Exception):  # its death is the answer
+                    async with asyncio.timeout(_EXIT_S):
+                        await actor.__ray_terminate__.remote()
+            with contextlib.suppress(Exception):
+                ray_module().kill(actor, no_restart=True)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the driver-side tasks of this kernel (not the one calling)."""
+        me = asyncio.current_task()
         for task in (self._watch, self._fetch, self._restoring, self._setup):
-            if task is not None and not task.done():
+            if task is not None and not task.done() and task is not me:
                 task.cancel()
                 await asyncio.wait({task})  # (our own cancellation still propagates)
         self._watch = self._fetch = self._restoring = self._setup = None
-        if not self._released and self._actor is not None:
-            self._released = True
-            with contextlib.suppress(Exception):
-                ray_module().kill(self._actor, no_restart=True)
 
     # -- messages in ----------------------------------------------------------------------
 
@@ -612,13 +658,14 @@ class RayTierKernel:
             QueueFullError / QueueTimeoutError: backpressure ``reject`` / a ``timeout``.
         """
         data = self._encode(msg)
+        lane = self._lanes[_band_of(msg)]
         if self._async_error is not None:
             self._raise_async_error()
         if self._setup is not None:
             await self._settle()
-        if self._queued >= self.config.input_queue_size:
-            await self._room(timeout)
-        await self._wait_parts(self._enqueue([data], timeout, True))
+        if lane.queued >= self.config.input_queue_size:
+            await self._room(lane, timeout)
+        await self._wait_parts(self._enqueue(lane, [data], timeout, True))
         return True
 
     def send_nowait(self, msg: Any) -> bool:
@@ -628,16 +675,18 @@ class RayTierKernel:
         message is kept in `undelivered`.
 
         Raises:
-            QueueFullError: ``input_queue_size`` messages are already in flight.
+            QueueFullError: ``input_queue_size`` messages of its priority band are already
+                in flight.
         """
         data = self._encode(msg)
+        lane = self._lanes[_band_of(msg)]
         self._raise_async_error()
-        if self._queued >= self.config.input_queue_size:
+        if lane.queued >= self.config.input_queue_size:
             raise QueueFullError(
-                f"{self._queued} messages to kernel {self.kernel_id!r} are already in flight "
+                f"{lane.queued} messages to kernel {self.kernel_id!r} are already in flight "
                 "to its Ray actor (its input_queue_size); use send() to wait for room"
             )
-        self._enqueue([data], None, False)
+        self._enqueue(lane, [data], None, False)
         return True
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
@@ -655,32 +704,40 @@ class RayTierKernel:
     async def send_batch(self, msgs: Any, timeout: float | None = None) -> int:
         """Send many messages in as few Ray calls as possible (``max_batch`` per call).
 
-        Returns how many were accepted (all of them, or it raises the refusal; the
-        accepted prefix stays delivered and the rest is kept in `undelivered`).
+        Returns how many were sent (all of them, or it raises the refusal: the messages
+        before the refused one stay delivered, those from it on were not accepted).
         """
         encode = self._encode
-        datas = [encode(m) for m in msgs]
-        if not datas:
+        by_band: dict[int, list[bytes]] = {}
+        n = 0
+        for m in msgs:
+            data = encode(m)
+            by_band.setdefault(_band_of(m), []).append(data)
+            n += 1
+        if not n:
             return 0
         self._raise_async_error()
         await self._settle()
-        await self._wait_parts(self._enqueue(datas, timeout, True))
-        return len(datas)
+        parts: list[tuple[_Batch, int]] = []
+        for band in sorted(by_band):
+            parts += self._enqueue(self._lanes[band], by_band[band], timeout, True)
+        await self._wait_parts(parts)
+        return n
 
     async def flush(self) -> None:
         """Wait until every message sent so far has reached the actor; raises the refusal
         of a ``send_nowait`` message, if any."""
-        if self._batches:
-            last = self._batches[-1]
-            await self._wait_parts([(last, 0)])
+        last = [(lane.batches[-1], 0) for lane in self._lanes if lane.batches]
+        if last:
+            await self._wait_parts(last)
         self._raise_async_error()
 
     def _enqueue(
-        self, datas: list[bytes], timeout: float | None, waited: bool
+        self, lane: _Lane, datas: list[bytes], timeout: float | None, waited: bool
     ) -> list[tuple[_Batch, int]]:
-        """Append encoded messages to the outgoing batches; start the pump."""
+        """Append encoded messages to a lane's outgoing batches; start its pump."""
         parts: list[tuple[_Batch, int]] = []
-        batches = self._batches
+        batches = lane.batches
         max_batch = self._session.max_batch
         i, n = 0, len(datas)
         while i < n:
@@ -700,14 +757,15 @@ class RayTierKernel:
                 b.unwaited = True
                 b.nowait.update(range(len(b.items) - take, len(b.items)))
             parts.append((b, len(b.items)))
+        lane.queued += n
         self._queued += n
-        if self._pump is None:
-            self._pump = self._running_loop().create_task(self._run_pump())
+        if lane.pump is None:
+            lane.pump = self._running_loop().create_task(self._run_pump(lane))
         return parts
 
-    async def _run_pump(self) -> None:
-        """Push the batches one Ray call at a time (the order is kept)."""
-        batches = self._batches
+    async def _run_pump(self, lane: _Lane) -> None:
+        """Push a lane's batches one Ray call at a time (the order is kept)."""
+        batches = lane.batches
         push = self._actor.push
         try:
             while batches:
@@ -717,10 +775,9 @@ class RayTierKernel:
                 b.sent = True
                 err: BaseException | None
                 try:
-                    if b.timeout is None:
-                        answer = await push.remote(b.items)
-                    else:
-                        answer = await push.remote(b.items, b.timeout)
+                    answer = await push.remote(
+                        b.items, b.timeout, None, False, lane.band, lane.next_seq()
+                    )
                     if type(answer) is int:
                         accepted, err = answer, None
                     else:
@@ -730,23 +787,29 @@ class RayTierKernel:
                 except Exception as exc:
                     accepted, err = 0, exc
                 batches.popleft()
+                lane.queued -= len(b.items)
                 self._queued -= len(b.items)
                 self._accepted += accepted
                 b.accepted = accepted
                 b.error = err
                 if accepted < len(b.items):
-                    unwaited = sum(1 for i in b.nowait if i >= accepted)
-                    self._refused(b.items[accepted:], err, unwaited)
+                    unwaited = sorted(i for i in b.nowait if i >= accepted)
+                    self._refused([b.items[i] for i in unwaited], err)
                     if b.unwaited and self._async_error is None:
                         self._async_error = err
+                    await self._catch_up(err)
                 if b.done is not None and not b.done.done():
                     b.done.set_result(None)
         finally:
-            self._pump = None
+            lane.pump = None
 
-    def _refused(self, items: list[bytes], err: BaseException | None, unwaited: int) -> None:
-        """Keep refused messages in `undelivered`; count as dropped those whose sender
-        was not told (`send_nowait`): a send that raised accepted nothing."""
+    def _refused(self, items: list[bytes], err: BaseException | None) -> None:
+        """Messages the actor refused whose sender was not told (`send_nowait`): kept in
+        `undelivered` and counted as dropped (reason ``undelivered``). A sender that was
+        told (its `send` raised) still holds its message: it was never accepted, so it is
+        neither kept nor counted."""
+        if not items:
+            return
         msgs: list[Any] = []
         for data in items:
             try:
@@ -754,14 +817,18 @@ class RayTierKernel:
             except Exception:
                 msgs.append(data)
         self._undelivered.extend(msgs)
-        if unwaited:
-            self.telemetry.record_drop(unwaited, "backpressure")
+        self._count_own_drop(len(msgs), "undelivered")
         logger.warning(
-            "kernel %r refused %d message(s): %s (kept in kernel.undelivered)",
+            "kernel %r refused %d message(s) sent with send_nowait: %s (kept in "
+            "kernel.undelivered, counted as dropped)",
             self.kernel_id,
             len(msgs),
             err,
         )
+
+    def _count_own_drop(self, n: int, reason: str) -> None:
+        self.telemetry.record_drop(n, reason)
+        self._own_drops[reason] = self._own_drops.get(reason, 0) + n
 
     async def _wait_parts(self, parts: list[tuple[_Batch, int]]) -> None:
         for b, end in parts:
@@ -779,21 +846,22 @@ class RayTierKernel:
             self._async_error = None
             raise err
 
-    async def _room(self, timeout: float | None) -> None:
-        """Driver-side backpressure: wait while ``input_queue_size`` messages are in flight."""
+    async def _room(self, lane: _Lane, timeout: float | None) -> None:
+        """Driver-side backpressure: wait while ``input_queue_size`` messages of the
+        lane's band are in flight (a higher band has room of its own)."""
         limit = self.config.input_queue_size
-        if self._queued < limit:
+        if lane.queued < limit:
             return
         loop = self._running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while self._queued >= limit and self._batches:
-            head = self._batches[0]
+        while lane.queued >= limit and lane.batches:
+            head = lane.batches[0]
             if head.done is None:
                 head.done = loop.create_future()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise QueueTimeoutError(
-                    f"timed out after {timeout}s: {self._queued} messages to kernel "
+                    f"timed out after {timeout}s: {lane.queued} messages to kernel "
                     f"{self.kernel_id!r} are still in flight to its Ray actor"
                 )
             await asyncio.wait({head.done}, timeout=remaining)
@@ -812,9 +880,10 @@ class RayTierKernel:
         Bounded because the actor may be unable to take a batch until it is terminated
         (a full inbox behind an actor blocked on a full, unread outbox).
         """
-        if self._batches:
+        last = [(lane.batches[-1], 0) for lane in self._lanes if lane.batches]
+        if last:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._wait_parts([(self._batches[-1], 0)]), timeout)
+                await asyncio.wait_for(self._wait_parts(last), timeout)
         self._async_error = None
 
     # -- messages out ---------------------------------------------------------------------
@@ -881,18 +950,21 @@ class RayTierKernel:
         if self._state is KernelState.LAUNCHED:
             raise _never_activated(self.kernel_id, "send_and_receive to")
         data = self._encode(msg)
-        if self._batches or self._setup is not None or self._restoring is not None:
+        if self._queued or self._setup is not None or self._restoring is not None:
             await self.flush()
             await self._settle()
         request = self._actor.request
+        lane = self._lanes[_band_of(msg)]
         try:
+            # numbered among the band's calls: a send made after this one is admitted
+            # after it, though Ray may deliver it first
             if timeout is None:
-                answer = await request.remote(data)
+                answer = await request.remote(data, None, lane.band, lane.next_seq())
             else:
                 # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` can swallow a
                 # cancellation that lands as the answer arrives
                 async with asyncio.timeout(timeout + _REPLY_GRACE_S):
-                    answer = await request.remote(data, timeout)
+                    answer = await request.remote(data, timeout, lane.band, lane.next_seq())
         except errors().actor as exc:
             raise self._lost(exc, "send to") from exc
         except TimeoutError:
@@ -902,7 +974,9 @@ class RayTierKernel:
             ) from None
         if type(answer) is bytes:
             return deserialize_message(answer)
-        raise unpack_error(answer[1])
+        err = unpack_error(answer[1])
+        await self._catch_up(err)
+        raise err
 
     def _read_ahead(self) -> None:
         """Park a fetch in the actor so the next reply travels back as soon as it exists.
@@ -937,7 +1011,12 @@ class RayTierKernel:
             if packed is not None:
                 err = unpack_error(packed)
                 if isinstance(err, KernelStateError):
-                    self._end_error = err  # closed and drained: terminated or failed
+                    # closed and drained: terminated or failed. Where its function returned
+                    # by itself, the watch brings what it left (and the end) first
+                    if self._stopping is None and self._state in _RUNNING:
+                        self._ended_seen = True
+                    else:
+                        self._end_error = err
                 elif not background:
                     self._fetch_error = err
                 else:
@@ -965,6 +1044,12 @@ class RayTierKernel:
                 err, self._fetch_error = self._fetch_error, None
                 raise err
             waiting: asyncio.Future[Any] | None = self._stopping or self._restoring
+            if waiting is None and self._ended_seen and self._end_error is None:
+                watch = self._watch  # the kernel ended in the actor: its news is on its way
+                if watch is None or watch.done():
+                    self._ended_seen = False
+                else:
+                    waiting = watch
             if waiting is None:
                 if self._end_error is not None:
                     raise self._end_error
@@ -1040,9 +1125,10 @@ class RayTierKernel:
         """Fetch the telemetry from the actor (one Ray call) and merge it."""
         if self._actor is not None and not self._released and not self._dead:
             try:
-                tel, _ = await self._actor.telemetry.remote()
+                tel, lines = await self._actor.telemetry.remote()
             except errors().actor as exc:
                 raise self._lost(exc, "read telemetry of") from exc
+            self._replay(lines)
             self._merge_telemetry(tel)
         return self.telemetry
 
@@ -1052,23 +1138,22 @@ class RayTierKernel:
         returned unchanged, with a warning."""
         if self._actor is not None and not self._released and not self._dead:
             try:
-                tel, _ = ray_module().get(self._actor.telemetry.remote(), timeout=timeout)
+                tel, lines = ray_module().get(self._actor.telemetry.remote(), timeout=timeout)
             except Exception as exc:
                 logger.warning("kernel %r: telemetry not refreshed: %r", self.kernel_id, exc)
             else:
+                self._replay(lines)
                 self._merge_telemetry(tel)
         return self.telemetry
 
     def _merge_telemetry(self, tel: RingKernelTelemetry | None) -> None:
+        """Take the actor's snapshot, plus what only the driver counted: its own drops and
+        the actor's restarts by Ray."""
         if tel is not None:
             local = self.telemetry
             tel.start_time = time.monotonic() - tel.uptime_seconds
-            tel.messages_dropped = max(tel.messages_dropped, local.messages_dropped)
-            if local.drops_by_reason:  # counted on both sides: the larger count of each
-                mine = tel.drops_by_reason or {}
-                for why, n in local.drops_by_reason.items():
-                    mine[why] = max(mine.get(why, 0), n)
-                tel.drops_by_reason = mine
+            for why, n in self._own_drops.items():
+                tel.record_drop(n, why)
             tel.restarts += self.restarts  # in-actor restarts + Ray restarts
             if local.error_count > tel.error_count:
                 tel.error_count, tel.last_error = local.error_count, local.last_error
@@ -1089,15 +1174,62 @@ class RayTierKernel:
             if self._stopping is None and self._state is not KernelState.TERMINATED:
                 self._lost(exc, "use")
             return
-        if self._stopping is not None or self._state in _ENDED:
-            return
         if not isinstance(value, tuple):
             return
-        state, cause = value
-        if state == "FAILED":
-            self._mark_failed(unpack_cause(cause), dead=False)
-        elif state == "TERMINATED":
-            self._state = KernelState.TERMINATED  # its actor function returned on its own
+        state, cause, handover, lines = value
+        self._replay(lines)
+        if self._stopping is not None or self._state in _ENDED:
+            return  # a terminate under way takes the hand-over from its own answer
+        if state == "FAILED":  # (the actor logged it: its line came with the answer)
+            self._mark_failed(unpack_cause(cause), dead=False, log=False)
+        elif state == "TERMINATED" and handover is not None:
+            await self._returned(handover)
+
+    async def _returned(self, handover: Any) -> None:
+        """Its actor function returned by itself: the kernel is TERMINATED at once
+        (sends refused), what it held is handed back and its last replies stay
+        receivable, as on every tier; then the actor is released."""
+        self._state = KernelState.TERMINATED
+        # receivers wait for the hand-over (its replies come before the end)
+        stopping = self._stopping = self._running_loop().create_future()
+        try:
+            await self._take_handover(handover)
+        finally:
+            if not isinstance(self._end_error, KernelStateError):
+                self._end_error = KernelStateError(
+                    self.kernel_id,
+                    KernelState.TERMINATED,
+                    "receive from",
+                    "its actor function returned and its outbox is drained",
+                )
+            self._stopping = None
+            stopping.set_result(None)
+            await self._stop_tasks()
+            if not self._released:
+                self._released = True
+                with contextlib.suppress(Exception):
+                    # it exits once the calls under way have answered (see `release`)
+                    self._actor.__ray_terminate__.remote()
+
+    async def _catch_up(self, err: BaseException | None) -> None:
+        """An answer says the kernel in the actor has ended (its function returned, or it
+        failed for good) while the driver still sees it running: wait (bounded) for the
+        watch to bring the end over, so that whoever hears of it finds the kernel ended
+        and what it held handed back."""
+        if self._stopping is not None or self._state not in _RUNNING:
+            return
+        state = getattr(err, "state", None)
+        if state not in _ENDED or getattr(err, "restarted", False):
+            return
+        watch = self._watch
+        if watch is not None and not watch.done() and watch is not asyncio.current_task():
+            await asyncio.wait({watch}, timeout=_CATCH_UP_S)
+
+    @staticmethod
+    def _replay(lines: list[tuple[int, str]] | None) -> None:
+        """Write the actor's log lines (its warnings and errors) into this process's log."""
+        for level, text in lines or ():
+            logger.log(level, "%s", text)
 
     def _lost(self, exc: BaseException, operation: str) -> BaseException:
         """The actor is gone: restart it or mark FAILED; returns the caller's error."""
@@ -1127,7 +1259,7 @@ class RayTierKernel:
         self._mark_failed(exc, dead=True)
         return self._failed_error()
 
-    def _mark_failed(self, cause: BaseException | None, *, dead: bool) -> None:
+    def _mark_failed(self, cause: BaseException | None, *, dead: bool, log: bool = True) -> None:
         if self._state is KernelState.FAILED:
             return
         self._state = KernelState.FAILED
@@ -1147,7 +1279,7 @@ class RayTierKernel:
             err.__cause__ = cause
             self._end_error = err
             logger.error("kernel %r failed: its Ray actor died: %s", self.kernel_id, cause)
-        else:
+        elif log:
             logger.error("kernel %r failed: %r", self.kernel_id, cause)
 
     async def _restore(self, cause: BaseException) -> None:
@@ -1166,7 +1298,8 @@ class RayTierKernel:
                 if target is not None and target.state not in _ENDED:
                     forward = (target.kernel_id, target.actor)
                 try:
-                    value, err = await self._actor.restore.remote(self._state.name, forward)
+                    turns = [lane.seq for lane in self._lanes]
+                    value, err = await self._actor.restore.remote(self._state.name, forward, turns)
                     break
                 except errors().unavailable as exc:
                     if loop.time() >= deadline:
