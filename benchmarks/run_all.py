@@ -108,6 +108,12 @@ SUITE = (
         "host-side cost per message of a GPU actor's rings (no GPU needed)",
     ),
     Script(
+        "bridge",
+        "bridge_benchmark.py",
+        False,
+        "thread and process tiers through the runtime against their floors",
+    ),
+    Script(
         "observability",
         "observability_benchmark.py",
         False,

@@ -127,10 +127,12 @@ async def run_app(count: int, figures: dict[str, Any], *, streaming: asyncio.Eve
                 figures["sent"] += 1
     finally:
         figures["seconds"] = round(time.perf_counter() - started, 3)
-        kernels = ("source", "detect", "sink")
-        figures["undelivered"] = sum(len(rt.get_kernel(k).undelivered) for k in kernels if k in rt)
-        figures["dropped"] = sum(rt.get_telemetry(k).messages_dropped for k in kernels if k in rt)
-        figures["states"] = sorted({rt.get_kernel(k).state.name for k in kernels if k in rt})
+        # launched kernels: running ones, and terminated ones (out of kernel_ids, readable)
+        launched = set(rt.kernel_ids) | set(rt.terminated_ids)
+        kernels = [k for k in ("source", "detect", "sink") if k in launched]
+        figures["undelivered"] = sum(len(rt.get_kernel(k).undelivered) for k in kernels)
+        figures["dropped"] = sum(rt.get_telemetry(k).messages_dropped for k in kernels)
+        figures["states"] = sorted({rt.get_kernel(k).state.name for k in kernels})
         children = set(figures.get("children", ())) | set(_ours())
         figures["children_left"] = sorted(pid for pid in children if _alive(pid))
         figures["segments_left"] = _segments_of(os.getpid())
