@@ -89,9 +89,13 @@ def label(nbytes: int) -> str:
 
 
 def cpu_round_trip(nbytes: int, rounds: int, budget: float) -> list[dict[str, Any]]:
-    """Rows (sync and async) for one buffer size on the CPU backend."""
+    """Rows (sync and async) for one buffer size on the CPU backend.
+
+    ``device_copy=True``: a separate device array, so each side's staleness costs a real
+    copy, as on a discrete GPU (by default the CPU backend shares one array and copies
+    nothing)."""
     n = nbytes // 4
-    buf = UnifiedBuffer((n,), np.float32, backend=CPUBackend()).allocate()
+    buf = UnifiedBuffer((n,), np.float32, backend=CPUBackend(), device_copy=True).allocate()
     buf.host[:] = 1.0
     host, dev = np.ones(n, np.float32), np.empty(n, np.float32)
 

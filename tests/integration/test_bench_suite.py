@@ -134,3 +134,11 @@ def test_unknown_benchmark_name_is_refused() -> None:
     out = bench("--only", "nonesuch")
     assert out.returncode == 2
     assert "unknown benchmark(s) ['nonesuch']" in out.stderr
+
+
+def test_the_quick_memory_and_message_scripts_run(tmp_path: Path) -> None:
+    """`make demo` runs the quick suite: its scripts must run to the end (a script that
+    fails makes the demo fail). The two cheapest ones run here, for real."""
+    out = bench("--quick", "--only", "memory,message", "--results-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "(failed)" not in out.stdout
