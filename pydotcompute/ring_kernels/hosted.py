@@ -230,6 +230,9 @@ class HostedKernel(RingKernel):
             if not worker.offer(msg):
                 return False
         except Exception:
+            # not swallowed: the message takes the inbox path, where the pump meets the
+            # same error and reports it (a failed worker fails the kernel, a rejected
+            # message is counted and its caller told)
             return False
         self._handed_direct += 1
         if self._timed:
