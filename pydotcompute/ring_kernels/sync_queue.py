@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from .tiers.thread.sync_queue import SPSCQueue as SPSCQueue
 from .tiers.thread.sync_queue import SyncQueue as SyncQueue
-from .tiers.thread.sync_queue import WakerSet as WakerSet
+from .wakers import WakerSet as WakerSet
 
 __all__ = ("SPSCQueue", "SyncQueue", "WakerSet")

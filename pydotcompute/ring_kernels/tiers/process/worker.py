@@ -90,6 +90,7 @@ from ..._native.spsc_py import SharedSegment
 from ...message import message_decoder
 from ...states import KernelState
 from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
+from ...wakers import Waker, WakerSet
 from .. import check_actor_kind
 from ..contract import TierWorker
 from .child import ChildSpec, child_main
@@ -129,7 +130,6 @@ _STATE_HINTS = {
     KernelState.TERMINATING: "it is stopping",
     KernelState.TERMINATED: "it has stopped",
 }
-_Waker = Callable[[], None]
 
 
 def _ring_bell_byte(fd: int, byte: bytes) -> None:
@@ -139,33 +139,9 @@ def _ring_bell_byte(fd: int, byte: bytes) -> None:
         pass
 
 
-def _call_wakers(wakers: tuple[_Waker, ...]) -> None:
+def _call_wakers(wakers: tuple[Waker, ...]) -> None:
     for wake in wakers:
         wake()
-
-
-class _Wakers:
-    """Callbacks run after the outbox may have become readable or the inbox writable."""
-
-    __slots__ = ("readable", "writable")
-
-    def __init__(self) -> None:
-        self.readable: tuple[_Waker, ...] = ()
-        self.writable: tuple[_Waker, ...] = ()
-
-    def add(self, callback: _Waker, when: str) -> None:
-        if when == "readable":
-            self.readable = (*self.readable, callback)
-        elif when == "writable":
-            self.writable = (*self.writable, callback)
-        else:
-            raise InvalidConfigurationError(
-                f"a waker runs when a queue becomes 'readable' or 'writable', got {when!r}"
-            )
-
-    def remove(self, callback: _Waker) -> None:
-        self.readable = tuple(c for c in self.readable if c != callback)
-        self.writable = tuple(c for c in self.writable if c != callback)
 
 
 class _RingView:
@@ -281,7 +257,7 @@ class ProcessWorker(TierWorker):
         self._recv_waiter: Waiter | None = None
         self._watcher: threading.Thread | None = None
         self._watch_stop: tuple[int, int] | None = None
-        self._wakers = _Wakers()
+        self._wakers = WakerSet()
         self._space_armed = False
         self._cleaned = False
         # (type, encoder) of the last type sent, replaced as one object: two threads sending

@@ -33,20 +33,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ....exceptions import (
     InvalidConfigurationError,
     QueueClosedError,
     TypeValidationError,
 )
+from ...wakers import WakeOn, Waker, WakerSet
 
 __all__ = ("SPSCQueue", "SyncQueue")
 
 T = TypeVar("T")
-Waker = Callable[[], None]
-WakeOn = Literal["readable", "writable"]
 
 _allocate_lock = threading.Lock
 _monotonic = time.monotonic
@@ -66,30 +64,6 @@ def _check_size(kind: str, name: str, value: object, minimum: int) -> int:
             f"{' (0 = unbounded)' if minimum == 0 else ''}, got {value!r}"
         )
     return value
-
-
-class _WakerSet:
-    """Callbacks run after a queue may have become readable or writable."""
-
-    __slots__ = ("readable", "writable")
-
-    def __init__(self) -> None:
-        self.readable: tuple[Waker, ...] = ()
-        self.writable: tuple[Waker, ...] = ()
-
-    def add(self, callback: Waker, when: WakeOn) -> None:
-        if when == "readable":
-            self.readable = (*self.readable, callback)
-        elif when == "writable":
-            self.writable = (*self.writable, callback)
-        else:
-            raise InvalidConfigurationError(
-                f"a waker runs when a queue becomes 'readable' or 'writable', got {when!r}"
-            )
-
-    def remove(self, callback: Waker) -> None:
-        self.readable = tuple(c for c in self.readable if c != callback)
-        self.writable = tuple(c for c in self.writable if c != callback)
 
 
 class _QueueBase(Generic[T]):
@@ -116,7 +90,7 @@ class _QueueBase(Generic[T]):
         self._items: deque[T] = deque()
         self._closed = False
         self._reason: BaseException | None = None
-        self._wakers = _WakerSet()
+        self._wakers = WakerSet()
         self._enqueued = 0
         self._dequeued = 0
         self._dropped = 0
@@ -591,6 +565,3 @@ class SPSCQueue(_QueueBase[T]):
     def __repr__(self) -> str:
         state = " shut down" if self._closed else ""
         return f"<SPSCQueue {self._name!r} {len(self._items)}/{self._capacity}{state}>"
-
-
-WakerSet = _WakerSet  # public name (the process tier's kernel uses it)
