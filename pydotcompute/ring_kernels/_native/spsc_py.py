@@ -56,9 +56,11 @@ wake-up into a short delay instead of a hang.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -171,6 +173,93 @@ def positions_detail(head: int, tail: int, capacity: int) -> str:
     )
 
 
+class _Mapping:
+    """A shared mapping that keeps no file descriptor.
+
+    ``mmap.mmap`` keeps a duplicate of the descriptor it maps for as long as the mapping
+    lives (before Python 3.13, which added ``trackfd=False``): two rings and a timing block
+    per process kernel would each hold one for nothing. This maps with ``mmap(2)`` through
+    ``ctypes`` instead and refuses, as ``mmap.close`` does, to unmap while a view of it
+    exists (each view keeps a reference to the mapped array).
+    """
+
+    __slots__ = ("_addr", "_array", "_size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        libc = _libc()
+        flags = mmap.PROT_READ | mmap.PROT_WRITE
+        addr = libc.mmap(None, size, flags, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of a shared segment failed: {os.strerror(err)}")
+        self._addr: int = addr
+        self._size = size
+        self._array: Any = (ctypes.c_char * size).from_address(addr)
+
+    def view(self) -> memoryview:
+        """A byte view of the whole mapping."""
+        return memoryview(self._array).cast("B")
+
+    def close(self) -> None:
+        """Unmap (idempotent). Raises ``BufferError`` while a view of the mapping exists."""
+        array = self._array
+        if array is None:
+            return
+        # here: ``self._array``, ``array`` and getrefcount's argument; more is a live view
+        if sys.getrefcount(array) > 3:
+            raise BufferError("cannot close a shared segment while views of it exist")
+        self._array = None
+        del array
+        _libc().munmap(self._addr, self._size)
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = (
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        )
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        _LIBC = libc
+    return _LIBC
+
+
+class _TrackedMapping:
+    """``mmap.mmap(..., trackfd=False)`` (Python 3.13+): no descriptor kept either."""
+
+    __slots__ = ("_mmap",)
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._mmap = mmap.mmap(fd, size, trackfd=False)  # type: ignore[call-arg,unused-ignore]
+
+    def view(self) -> memoryview:
+        """A byte view of the whole mapping."""
+        return memoryview(self._mmap)
+
+    def close(self) -> None:
+        """Unmap (idempotent); ``BufferError`` while a view of it exists."""
+        self._mmap.close()
+
+
+def _map_shared(fd: int, size: int) -> Any:
+    """Map ``size`` bytes of shared-memory descriptor ``fd`` without keeping ``fd``."""
+    if sys.version_info >= (3, 13):
+        return _TrackedMapping(fd, size)
+    return _Mapping(fd, size)
+
+
 class SharedSegment:
     """A named POSIX shared-memory segment mapped into this process.
 
@@ -211,7 +300,7 @@ class SharedSegment:
             if create:
                 os.ftruncate(fd, size)
             self.size = os.fstat(fd).st_size
-            self._mmap = mmap.mmap(fd, self.size)
+            self._mmap = _map_shared(fd, self.size)
         except BaseException:
             if create:
                 _posixshmem.shm_unlink(path)
@@ -222,7 +311,7 @@ class SharedSegment:
             from multiprocessing import resource_tracker
 
             resource_tracker.register(path, "shared_memory")
-        self.buf = memoryview(self._mmap)
+        self.buf = self._mmap.view()
 
     def close(self) -> None:
         """Unmap the segment from this process (idempotent); views must be released first."""
