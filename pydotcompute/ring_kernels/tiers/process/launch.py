@@ -10,10 +10,16 @@ Design notes:
   so a fork child that exits normally would kill the parent's actors. After a fork the
   child drops our children from that list (multiprocessing resets the same private set in
   the children it starts itself; no public call does it): `track` records each child.
+- Descriptors: a spawned child's ``Popen`` keeps the write end of the pipe that carried
+  its start-up data until the process object is closed; `spawn_context` closes it once
+  written (one descriptor per kernel), and `raise_fd_limit` lifts the soft descriptor
+  limit to the hard one at the first start, so a runtime is not capped at a few hundred
+  kernels by a default soft limit of 1,024.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -22,12 +28,24 @@ import threading
 import time
 import weakref
 from multiprocessing import connection as mp_connection
+from multiprocessing import context as mp_context
 from multiprocessing import process as mp_process
+from multiprocessing import reduction, spawn
+from multiprocessing import util as _mp_util
 from typing import Any
 
 from .child import ChildSpec
 
-__all__ = ("StderrTap", "describe_exit", "exited", "reap", "startup_hint", "track")
+__all__ = (
+    "StderrTap",
+    "describe_exit",
+    "exited",
+    "raise_fd_limit",
+    "reap",
+    "spawn_context",
+    "startup_hint",
+    "track",
+)
 
 _monotonic = time.monotonic
 
@@ -184,3 +202,99 @@ def reap(process: Any) -> int | None:
 def track(process: Any) -> None:
     """Remember a started child, so that a ``fork()`` of this process disowns it."""
     _STARTED.add(process)
+
+
+_FD_LIMIT_RAISED = False
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` toward its hard limit (first call only).
+
+    Only ever up, never down; where the limit cannot move (no ``resource`` module, a
+    sandbox) nothing changes. Each process kernel holds a few descriptors in the parent.
+    """
+    global _FD_LIMIT_RAISED
+    if _FD_LIMIT_RAISED:
+        return
+    _FD_LIMIT_RAISED = True
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft in (infinite, hard):
+        return
+    # an unlimited hard limit still stops at the kernel's own cap (nr_open, OPEN_MAX)
+    for target in (hard,) if hard != infinite else (1 << 20, 10240):
+        if target <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            continue
+        return
+
+
+if sys.platform != "win32" and hasattr(mp_context, "SpawnProcess"):
+    from multiprocessing import popen_spawn_posix
+
+    class _SpawnPopen(popen_spawn_posix.Popen):
+        """The standard spawn ``Popen``, but the pipe that carried the child's start-up data
+        is closed once written, instead of when the process object is closed."""
+
+        def _launch(self, process_obj: Any) -> None:
+            from multiprocessing import resource_tracker
+
+            util: Any = _mp_util  # (its stubs lack close_fds and want bytes paths)
+            fds: list[int] = self._fds  # type: ignore[attr-defined]
+            tracker_fd: Any = resource_tracker.getfd()
+            fds.append(tracker_fd)
+            prep_data = spawn.get_preparation_data(process_obj.name)
+            fp = io.BytesIO()
+            mp_context.set_spawning_popen(self)
+            try:
+                reduction.dump(prep_data, fp)
+                reduction.dump(process_obj, fp)
+            finally:
+                mp_context.set_spawning_popen(None)
+            parent_r = child_w = child_r = parent_w = None
+            try:
+                parent_r, child_w = os.pipe()
+                child_r, parent_w = os.pipe()
+                cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+                fds.extend([child_r, child_w])
+                self.pid = util.spawnv_passfds(spawn.get_executable(), cmd, fds)
+                self.sentinel = parent_r
+                with open(parent_w, "wb", closefd=True) as f:
+                    parent_w = None
+                    f.write(fp.getbuffer())
+            finally:
+                if parent_w is not None:
+                    os.close(parent_w)
+                keep = [] if parent_r is None else [parent_r]
+                self.finalizer = util.Finalize(self, util.close_fds, keep)
+                for fd in (child_r, child_w):
+                    if fd is not None:
+                        os.close(fd)
+
+    class _SpawnProcess(mp_context.SpawnProcess):
+        @staticmethod
+        def _Popen(process_obj: Any) -> Any:
+            return _SpawnPopen(process_obj)
+
+    class _SpawnContext(mp_context.SpawnContext):
+        Process = _SpawnProcess  # type: ignore[assignment]
+
+    _SPAWN: Any = _SpawnContext()
+else:  # pragma: no cover - Windows
+    _SPAWN = None
+
+
+def spawn_context(method: str | None) -> Any:
+    """The multiprocessing context for ``method`` (``None``: spawn)."""
+    from multiprocessing import get_context
+
+    if (method or "spawn") == "spawn" and _SPAWN is not None:
+        return _SPAWN
+    return get_context(method)

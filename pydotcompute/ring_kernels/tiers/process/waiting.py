@@ -41,7 +41,7 @@ def ring_bell(fd: int) -> None:
     """Wake whoever parks on doorbell `fd` (a non-blocking pipe's write end)."""
     try:
         os.write(fd, b"\x00")
-    except (BlockingIOError, BrokenPipeError):
+    except (BlockingIOError, BrokenPipeError, ConnectionResetError):
         pass  # full: a wake-up is already pending; broken: the peer is gone (seen elsewhere)
 
 
@@ -49,8 +49,8 @@ def drain_bell(fd: int) -> None:
     """Empty doorbell `fd` (a non-blocking pipe's read end) after waking on it."""
     try:
         os.read(fd, 4096)
-    except (BlockingIOError, InterruptedError):
-        pass
+    except (BlockingIOError, InterruptedError, ConnectionResetError):
+        pass  # reset: the peer closed its end of the socket (seen by its hang-up)
 
 
 def _poll_ms(remaining: float | None) -> int:
@@ -115,7 +115,9 @@ class Waiter:
             if fd == self.bell_fd:
                 if events & select.POLLIN:
                     drain_bell(fd)
-                if events & (select.POLLHUP | select.POLLERR) and not events & select.POLLIN:
+                # a hang-up: every writer of a pipe, or the peer of a socket, is gone (a
+                # socket reports it with POLLIN too: its end of file is readable)
+                if events & (select.POLLHUP | select.POLLERR):
                     gone = True
             else:
                 gone = True

@@ -21,12 +21,19 @@ Design notes:
   the helpers). Spinning longer was rejected: on a 2-core machine a spinning process
   that gets descheduled stalls its peer for a scheduler tick (tens of milliseconds).
   ``docs/concepts/tiers.md`` has the measured trade-off behind the default.
-- Four doorbells (one per waiting role: inbox data, inbox space, outbox data, outbox space)
-  so a sender and a receiver in different parent threads never steal each other's wake-up.
-- Liveness: every parent-side wait also polls the child's process sentinel, and a watcher
-  thread marks the kernel stopped/failed the moment the child exits, so a crash or a
+- Doorbells: one socket pair carries the parent's rings to the child (inbox data, outbox
+  space: the child's actor thread waits for one thing at a time, so one doorbell serves
+  both) and the child's "a reply is ready" to the parent; a pipe carries "inbox space"
+  to the parent. The parent's two waiting roles keep separate doorbells, so a sender and
+  a receiver in different parent threads never steal each other's wake-up.
+- Descriptors: the parent holds four per kernel (the socket, the space pipe, the status
+  pipe, the child's sentinel): the child's ends are closed once it started, shared
+  segments keep none once mapped, and one watcher thread (`watcher.WATCHER`) serves every
+  kernel of the process.
+- Liveness: every parent-side wait also polls the child's process sentinel, and the
+  watcher marks the kernel stopped/failed the moment the child exits, so a crash or a
   ``kill -9`` reaches senders and receivers at once (not after a timeout). The child's
-  doorbell pipes hang up when the parent dies, and the child then exits. An exception in
+  doorbells hang up when the parent dies, and the child then exits. An exception in
   the actor travels back as plain data (never a pickle: unpickling would run whatever the
   child's class asked for) and becomes ``error``: the builtin type when it was a builtin,
   else `RemoteActorError`, with the child's traceback as a
@@ -64,14 +71,15 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing import connection as mp_connection
-from multiprocessing import get_context
 from typing import Any
 
 from ....exceptions import (
@@ -108,7 +116,16 @@ from .framing import (
     too_large,
     unpack_report,
 )
-from .launch import StderrTap, describe_exit, exited, reap, startup_hint, track
+from .launch import (
+    StderrTap,
+    describe_exit,
+    exited,
+    raise_fd_limit,
+    reap,
+    spawn_context,
+    startup_hint,
+    track,
+)
 from .waiting import (
     SLICE_S,
     WRITE_WAKE,
@@ -119,6 +136,7 @@ from .waiting import (
     ring_bell,
     write_wait,
 )
+from .watcher import WATCHER
 
 __all__ = ("ProcessWorker",)
 
@@ -130,13 +148,6 @@ _STATE_HINTS = {
     KernelState.TERMINATING: "it is stopping",
     KernelState.TERMINATED: "it has stopped",
 }
-
-
-def _ring_bell_byte(fd: int, byte: bytes) -> None:
-    try:
-        os.write(fd, byte)
-    except (BlockingIOError, BrokenPipeError):
-        pass
 
 
 def _call_wakers(wakers: tuple[Waker, ...]) -> None:
@@ -251,12 +262,16 @@ class ProcessWorker(TierWorker):
         self._in_ring: Any = None
         self._out_ring: Any = None
         self._conns: list[Any] = []
-        self._in_data_fd = -1
-        self._out_space_fd = -1
+        self._in_data_fd = -1  # the doorbell socket: the parent rings the child on it
+        self._out_space_fd = -1  # (the same socket)
+        self._bell_fd = -1  # the same socket again: the child rings "a reply is ready"
+        self._space_fd = -1  # the pipe the child rings when it freed inbox space
         self._send_waiter: Waiter | None = None
         self._recv_waiter: Waiter | None = None
-        self._watcher: threading.Thread | None = None
-        self._watch_stop: tuple[int, int] | None = None
+        self._watched: tuple[int, ...] = ()  # what the shared watcher watches for us
+        self._lent = False  # an event loop watches the bell socket (see `watch`)
+        self._lent_close: Any = None  # the bell socket, to close when the loop gives it back
+        self._exit_hooks: list[Callable[[], None]] = []
         self._wakers = WakerSet()
         self._space_armed = False
         self._cleaned = False
@@ -393,19 +408,20 @@ class ProcessWorker(TierWorker):
 
     def _launch(self) -> None:
         cfg = self._config
-        ctx: Any = get_context(cfg.start_method or "spawn")
+        raise_fd_limit()
+        ctx: Any = spawn_context(cfg.start_method)
         self._in_ring = SharedByteRing(cfg.input_ring_bytes, max_records=cfg.input_queue_size)
         self._out_ring = SharedByteRing(cfg.output_ring_bytes, max_records=cfg.output_queue_size)
-        in_data_r, in_data_w = ctx.Pipe(duplex=False)
-        in_space_r, in_space_w = ctx.Pipe(duplex=False)
-        out_data_r, out_data_w = ctx.Pipe(duplex=False)
-        out_space_r, out_space_w = ctx.Pipe(duplex=False)
+        ours, theirs = socket.socketpair()
+        bell = mp_connection.Connection(ours.detach())
+        child_bell = mp_connection.Connection(theirs.detach())
+        space_r, space_w = (mp_connection.Connection(fd) for fd in os.pipe())
         status_r, status_w = ctx.Pipe(duplex=False)
         if cfg.record_latency:
             self._lat_seg = SharedSegment(size=LATENCY_BLOCK_BYTES)
             self._lat = SharedLatencyBlock(self._lat_seg.buf)
-        child_ends = [in_data_r, in_space_w, out_data_w, out_space_r, status_w]
-        self._conns = [in_data_w, in_space_r, out_data_r, out_space_w, status_r]
+        child_ends = [child_bell, space_w, status_w]
+        self._conns = [bell, space_r, status_r]
         self._status = status_r
         spec = ChildSpec(
             kernel_id=self._kernel_id,
@@ -415,10 +431,10 @@ class ProcessWorker(TierWorker):
             out_name=self._out_ring.name,
             spin_s=self._spin_s,
             adaptive=cfg.adaptive_spin,
-            in_data=in_data_r,
-            in_space=in_space_w,
-            out_data=out_data_w,
-            out_space=out_space_r,
+            in_data=child_bell,
+            in_space=space_w,
+            out_data=child_bell,
+            out_space=child_bell,
             status=status_w,
             lat_name=None if self._lat_seg is None else self._lat_seg.name,
         )
@@ -441,13 +457,13 @@ class ProcessWorker(TierWorker):
         track(process)
         self._pid = process.pid
         self._started_at = _monotonic()
-        for conn in self._conns[:4]:
+        for conn in self._conns[:2]:
             os.set_blocking(conn.fileno(), False)
-        self._in_data_fd = in_data_w.fileno()
-        self._out_space_fd = out_space_w.fileno()
+        self._in_data_fd = self._out_space_fd = self._bell_fd = bell.fileno()
+        self._space_fd = space_r.fileno()
         adaptive = cfg.adaptive_spin
-        self._send_waiter = Waiter(in_space_r.fileno(), process.sentinel, self._spin_s, adaptive)
-        self._recv_waiter = Waiter(out_data_r.fileno(), process.sentinel, self._spin_s, adaptive)
+        self._send_waiter = Waiter(self._space_fd, process.sentinel, self._spin_s, adaptive)
+        self._recv_waiter = Waiter(self._bell_fd, process.sentinel, self._spin_s, adaptive)
         # wait for "ready" (or an early death / error report)
         ready = mp_connection.wait([status_r, process.sentinel], cfg.startup_timeout)
         report = self._read_status() if status_r in ready else []
@@ -483,48 +499,64 @@ class ProcessWorker(TierWorker):
         self._in_max = self._in_ring.max_record_size
         self._prune_at = 2 * (cfg.input_queue_size + 1)
         self._rx = self._out_ring
-        stop_r, stop_w = os.pipe()
-        self._watch_stop = (stop_r, stop_w)
-        self._watcher = threading.Thread(
-            target=self._watch, name=f"pydotcompute-{self._kernel_id}-watch", daemon=True
-        )
-        self._watcher.start()
+        self._watched = (process.sentinel,)
+        WATCHER.set(process.sentinel, self._on_sentinel)
+        self._sync_watch()
 
-    def _watch(self) -> None:
-        """Watcher thread: notices the child's exit at once and runs the wakers.
+    def _sync_watch(self) -> None:
+        """Have the shared watcher watch what the registered wakers need.
 
-        With readable wakers registered it keeps the outbox's ``reader_waiting`` flag armed,
-        so the child rings the doorbell on every reply; writable wakers are armed by
-        ``send_nowait`` when it finds the inbox full.
+        With readable wakers (and no event loop watching the bell itself) it watches the
+        bell and keeps the outbox's ``reader_waiting`` flag armed, so the child rings on
+        every reply; writable wakers are armed by ``send_nowait`` when it finds the inbox
+        full, and the watcher watches the space pipe for them.
         """
-        assert self._watch_stop is not None
-        stop_r = self._watch_stop[0]
-        sentinel = self._process.sentinel
-        out_fd = self._conns[2].fileno()
-        space_fd = self._conns[1].fileno()
-        while True:
-            fds = [sentinel, stop_r]
-            readable, writable = self._wakers.readable, self._wakers.writable
-            if readable:
-                fds.append(out_fd)
-                self._out_ring.set_reader_waiting(True)
-                if self._out_ring.readable():
-                    _call_wakers(readable)
-            if writable:
-                fds.append(space_fd)
-            ready = mp_connection.wait(fds)
-            if stop_r in ready and os.read(stop_r, 1) != b"r":
-                return  # stop; b"r" means "the wakers changed"
-            if out_fd in ready:
-                drain_bell(out_fd)
-                _call_wakers(readable)
-            if space_fd in ready:
-                drain_bell(space_fd)
-                _call_wakers(writable)
-            if sentinel in ready:
-                self._on_child_exit()
-                _call_wakers(self._wakers.readable + self._wakers.writable)
+        with self._exit_lock:
+            if not self._watched or self._child_exited:
                 return
+            readable, writable = self._wakers.readable, self._wakers.writable
+            want = {self._process.sentinel}
+            if readable and not self._lent:
+                want.add(self._bell_fd)
+            if writable:
+                want.add(self._space_fd)
+            gone = [fd for fd in self._watched if fd not in want]
+            new = [fd for fd in want if fd not in self._watched]
+            self._watched = tuple(want)
+        WATCHER.discard(gone)
+        for fd in new:
+            WATCHER.set(fd, self._on_bell if fd == self._bell_fd else self._on_space)
+        if self._bell_fd in new:
+            ring = self._out_ring
+            ring.set_reader_waiting(True)
+            if ring.readable():
+                _call_wakers(readable)
+
+    def _unwatch_all(self) -> None:
+        """Stop the shared watcher watching this kernel (it is done on return)."""
+        with self._exit_lock:
+            watched, self._watched = self._watched, ()
+        WATCHER.discard(watched)
+
+    def _on_bell(self) -> None:
+        """Watcher thread: the child rang the reply bell."""
+        drain_bell(self._bell_fd)
+        ring = self._out_ring
+        if ring is not None and not ring.closed:
+            ring.set_reader_waiting(True)
+        _call_wakers(self._wakers.readable)
+
+    def _on_space(self) -> None:
+        """Watcher thread: the child freed inbox space for an armed writer."""
+        drain_bell(self._space_fd)
+        _call_wakers(self._wakers.writable)
+
+    def _on_sentinel(self) -> None:
+        """Watcher thread: the child exited."""
+        self._unwatch_all()
+        self._on_child_exit()
+        _call_wakers(self._wakers.readable + self._wakers.writable)
+        _call_wakers(tuple(self._exit_hooks))
 
     def add_waker(self, callback: Callable[[], None], *, when: str = "readable") -> None:
         """Call ``callback()`` from the watcher thread when a reply may be ready.
@@ -534,14 +566,12 @@ class ProcessWorker(TierWorker):
         must not raise (an event loop adapter wraps ``loop.call_soon_threadsafe``).
         """
         self._wakers.add(callback, when)  # type: ignore[arg-type]
-        if self._watch_stop is not None:
-            _ring_bell_byte(self._watch_stop[1], b"r")
+        self._sync_watch()
 
     def remove_waker(self, callback: Callable[[], None]) -> None:
         """Stop calling ``callback`` (no error if it was not registered)."""
         self._wakers.remove(callback)
-        if self._watch_stop is not None:
-            _ring_bell_byte(self._watch_stop[1], b"r")
+        self._sync_watch()
 
     @property
     def inbox(self) -> _RingView:
@@ -676,7 +706,7 @@ class ProcessWorker(TierWorker):
         """Wait for the child to exit, draining the outbox so it cannot block on it."""
         process = self._process
         out_ring = self._out_ring
-        out_fd = self._conns[2].fileno()
+        out_fd = self._bell_fd
         while True:
             if self._recv_lock.acquire(False):
                 try:
@@ -727,13 +757,7 @@ class ProcessWorker(TierWorker):
         if self._cleaned:
             return
         self._cleaned = True
-        if self._watch_stop is not None:
-            _ring_bell_byte(self._watch_stop[1], b"x")
-            if self._watcher is not None and self._watcher is not threading.current_thread():
-                self._watcher.join(5.0)
-            for fd in self._watch_stop:
-                os.close(fd)
-            self._watch_stop = None
+        self._unwatch_all()
         alive = self._process is not None and not self._child_exited
         if alive and not exited(self._process, 0.0):
             self._process.kill()
@@ -747,7 +771,11 @@ class ProcessWorker(TierWorker):
                 if ring is not None:
                     ring.unlink()
                     ring.close()
-            for conn in self._conns:
+            with self._exit_lock:  # an event loop still watching the bell closes it
+                lent = self._lent
+                if lent:
+                    self._lent_close = self._conns[0]  # kept open (and alive) until then
+            for conn in self._conns[1:] if lent else self._conns:
                 conn.close()
             self._conns = []
             self._close_latency_block()
@@ -1071,10 +1099,14 @@ class ProcessWorker(TierWorker):
     def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Have ``loop`` watch the reply doorbell and the child's exit itself.
 
-        It watches duplicates of the two descriptors, so `stop` closing the worker's own
-        (in another thread) never pulls a descriptor out from under the loop.
+        The loop watches the bell socket itself; the shared watcher records the child's
+        exit and then schedules ``callback`` on the loop. While the loop watches, `stop`
+        leaves the socket open: the returned undo closes it if the worker has been
+        cleaned up meanwhile, so a descriptor is never pulled from under the loop.
         """
-        bell, sentinel = (os.dup(fd) for fd in self.wait_handles())
+        if self._process is None or not self._conns:
+            raise self._state_error("wait on")
+        bell = self._bell_fd
         aloop: asyncio.AbstractEventLoop = loop
 
         def on_bell() -> None:
@@ -1082,25 +1114,34 @@ class ProcessWorker(TierWorker):
             callback()
 
         def on_exit() -> None:
-            aloop.remove_reader(sentinel)  # it stays readable once the child has gone
-            # record the exit (reaping may wait on the watcher thread: not on the loop),
-            # then wake the collector, which reports it
-            done = aloop.run_in_executor(None, self.join, 5.0)
-            done.add_done_callback(lambda _: callback())
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                aloop.call_soon_threadsafe(callback)
 
+        with self._exit_lock:
+            self._lent = True
         try:
             aloop.add_reader(bell, on_bell)
-            aloop.add_reader(sentinel, on_exit)
         except NotImplementedError:  # a loop without add_reader (Windows' proactor)
-            os.close(bell)
-            os.close(sentinel)
+            with self._exit_lock:
+                self._lent = False
             return None
+        self._sync_watch()  # the loop watches the bell from now on
+        self._exit_hooks.append(on_exit)
+        if self._child_exited:
+            on_exit()
         self.arm_receive()  # the child rings the doorbell on every reply
 
         def unwatch() -> None:
-            for fd in (bell, sentinel):
-                aloop.remove_reader(fd)
-                os.close(fd)
+            aloop.remove_reader(bell)
+            with contextlib.suppress(ValueError):
+                self._exit_hooks.remove(on_exit)
+            with self._exit_lock:
+                self._lent = False
+                close, self._lent_close = self._lent_close, None
+            if close is not None:
+                close.close()
+            else:
+                self._sync_watch()
 
         return unwatch
 
@@ -1129,7 +1170,7 @@ class ProcessWorker(TierWorker):
         """
         if self._process is None or not self._conns:
             raise self._state_error("wait on")
-        return self._conns[2].fileno(), self._process.sentinel
+        return self._bell_fd, self._process.sentinel
 
     def arm_receive(self) -> None:
         """Ask the child to ring the outbox doorbell on its next reply."""
@@ -1140,7 +1181,7 @@ class ProcessWorker(TierWorker):
         """Withdraw `arm_receive` and empty the doorbell."""
         if self._out_ring is not None and not self._out_ring.closed:
             self._out_ring.set_reader_waiting(False)
-            drain_bell(self._conns[2].fileno())
+            drain_bell(self._bell_fd)
 
     def statistics(self) -> dict[str, Any]:
         """State, error, child, waker and ring counters in one dictionary."""
