@@ -10,7 +10,9 @@ with load, so only ratios taken within one round mean anything):
 - ``socketpair floor``: an asyncio loop and a bare child interpreter echoing over a
   ``socketpair`` (``loop.sock_sendall`` / ``loop.sock_recv``), the message encoded and the
   reply decoded in the parent: a wake-up each way.
-- ``tier="process"``: the echo actor in the runtime, ``send_and_receive``.
+- ``tier="process"``: the echo actor in the runtime, ``send_and_receive``; and again with
+  ``reply_spin_us=100`` (the loop polls the reply ring while the caller waits), round
+  trips only, against ``CythonRingKernel`` used directly as its floor.
 - ``CythonRingKernel`` and ``ThreadedRingKernel`` used directly (blocking calls, no loop).
 
 Each round also measures pipelined throughput (a producer task sends N while the caller
@@ -126,6 +128,8 @@ async def runtime_measure(tier: str, trips: int, pipe: int, options: dict[str, A
             await rt.send_and_receive("echo", Ping(value=i), timeout=10.0)
             if i >= 200:
                 samples.append(_ns() - t0)
+        if not pipe:
+            return samples, None
 
         async def producer() -> None:
             for i in range(pipe):
@@ -188,14 +192,19 @@ def one_round(trips: int, pipe: int, proc_opts: dict[str, Any]) -> dict[str, Any
     out["ThreadedRingKernel direct"] = direct_measure("thread", trips, pipe)
     out["socketpair floor"] = (on_loop(socketpair_floor(trips)), None)
     out["tier=process"] = on_loop(runtime_measure("process", trips, pipe, proc_opts))
+    spin_opts = {**proc_opts, "reply_spin_us": 100}
+    out[SPIN_ROW] = on_loop(runtime_measure("process", trips, 0, spin_opts))
     out["CythonRingKernel direct"] = direct_measure("process", trips, pipe)
     return {k: (percentiles(s)["p50_us"], rate) for k, (s, rate) in out.items()}
 
+
+SPIN_ROW = "tier=process, reply_spin_us=100"
 
 RATIOS = (
     ("thread p50 / thread floor", "tier=thread", "thread floor", "p50"),
     ("process p50 / socketpair floor", "tier=process", "socketpair floor", "p50"),
     ("process p50 / direct kernel", "tier=process", "CythonRingKernel direct", "p50"),
+    ("process, reply_spin_us=100, p50 / direct kernel", SPIN_ROW, "CythonRingKernel direct", "p50"),
     ("thread pipelined / direct kernel", "tier=thread", "ThreadedRingKernel direct", "rate"),
     ("process pipelined / direct kernel", "tier=process", "CythonRingKernel direct", "rate"),
 )

@@ -173,16 +173,19 @@ class HostedKernel(RingKernel):
             if part is not None:
                 self.telemetry.merge_summary(part)
 
-    def _check_size(self, msg: Any) -> None:
-        """Refuse at once a message the tier can never carry (the runtime's edge policy)."""
+    def _check_size(self, msg: Any) -> bytes | None:
+        """Refuse at once a message the tier can never carry (the runtime's edge policy).
+        Returns the bytes it measured (None when it measured nothing), for a tier that can
+        write them instead of encoding the message again."""
         worker = self._worker
         limit = worker.max_message_bytes if worker is not None else None
         if limit is None:
-            return
+            return None
         try:
-            size = len(msg.serialize())
+            data: bytes = msg.serialize()
         except AttributeError:
-            return  # a plain value: the worker measures it on the way
+            return None  # a plain value: the worker measures it on the way
+        size = len(data)
         if size > limit:
             raise MessageSerializationError(
                 f"kernel {self.kernel_id!r} cannot carry a {type(msg).__name__} of {size} "
@@ -190,6 +193,7 @@ class HostedKernel(RingKernel):
                 f"raise it with launch(..., ring_bytes={size + 8}) or more, or send smaller "
                 "messages"
             )
+        return data
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         self._check_size(msg)

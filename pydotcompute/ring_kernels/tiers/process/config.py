@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -100,9 +101,11 @@ class ProcessKernelConfig:
                 raise InvalidConfigurationError(
                     f"{name} of kernel {self.kernel_id!r} must be an int >= 1024, got {value!r}"
                 )
-        if not isinstance(self.spin_us, (int, float)) or self.spin_us < 0:
+        spin = self.spin_us
+        if type(spin) not in (int, float) or not 0 <= spin < math.inf:
             raise InvalidConfigurationError(
-                f"spin_us of kernel {self.kernel_id!r} must be >= 0, got {self.spin_us!r}"
+                f"spin_us of kernel {self.kernel_id!r} must be a finite number of "
+                f"microseconds >= 0 (0: park at once), got {spin!r}"
             )
         if self.start_method not in (None, "spawn", "forkserver"):
             raise InvalidConfigurationError(

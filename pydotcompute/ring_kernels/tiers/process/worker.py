@@ -278,6 +278,9 @@ class ProcessWorker(TierWorker):
         # (type, encoder) of the last type sent, replaced as one object: two threads sending
         # different types must never pair one type with the other's encoder
         self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, no_encoder)
+        # (message, its bytes) measured by the caller: the next send of that very object
+        # writes these instead of encoding it again (see `keep_encoded`)
+        self._encoded: tuple[Any, bytes] | None = None
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
@@ -854,7 +857,12 @@ class ProcessWorker(TierWorker):
             if type(msg) is not codec[0]:  # validate each new type once
                 codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
                 self._codec = codec
-            data = codec[1](msg)
+            encoded = self._encoded
+            if encoded is not None:
+                self._encoded = None
+                data = encoded[1] if encoded[0] is msg else codec[1](msg)
+            else:
+                data = codec[1](msg)
             ring = self._in_ring
             try:
                 result = ring.try_write(data)
@@ -890,6 +898,49 @@ class ProcessWorker(TierWorker):
         if result == WRITE_WAKE:
             ring_bell(self._in_data_fd)
         return True
+
+    def keep_encoded(self, msg: Any, data: bytes | None) -> None:
+        """``data`` is what ``msg`` (a ``@message``) serializes to, measured by the caller:
+        the next `send` writes it if that send is of this very object, and forgets it
+        either way. ``data=None`` forgets it now. Call it right before the send, on the
+        sending thread: a message changed in between would go as it was measured."""
+        self._encoded = None if data is None else (msg, data)
+
+    def spin_for_reply(self, budget_s: float) -> bool:
+        """Poll the outbox for a reply for up to ``budget_s`` seconds, holding the calling
+        thread (an event loop, while a caller waits for a reply); True when a reply is
+        ready for `poll_reply`.
+
+        While it polls, the child is asked not to ring the reply doorbell (a reply found
+        here needs no wake-up); the request is re-armed, and the ring checked once more,
+        before it returns, so no wake-up is lost.
+        """
+        lock = self._recv_lock
+        if not lock.acquire(False):
+            return False  # another thread receives: it gets the reply
+        try:
+            if self._pending_out:
+                return True
+            ring = self._rx
+            if ring is None:
+                return False
+            armed = ring.reader_waiting
+            try:
+                if armed:
+                    ring.set_reader_waiting(False)
+                data = ring.spin_read(budget_s, self._out_space_fd)
+                if armed:
+                    ring.set_reader_waiting(True)
+                    if data is None:
+                        data = ring.spin_read(0, self._out_space_fd)
+            except RingCorruptedError:
+                return True  # `poll_reply` meets it and reports it
+            if data is None:
+                return False
+            self._pending_out.append(data)
+            return True
+        finally:
+            lock.release()
 
     def _prune(self, ring: Any) -> None:
         """Drop the kept messages the child has finished (``_send_lock`` held)."""
