@@ -104,8 +104,8 @@ class ProcessKernelConfig:
         spin = self.spin_us
         if type(spin) not in (int, float) or not 0 <= spin < math.inf:
             raise InvalidConfigurationError(
-                f"spin_us of kernel {self.kernel_id!r} must be a finite number of "
-                f"microseconds >= 0 (0: park at once), got {spin!r}"
+                f"spin_us of kernel {self.kernel_id!r} must be >= 0 and finite "
+                f"(microseconds; 0: park at once), got {spin!r}"
             )
         if self.start_method not in (None, "spawn", "forkserver"):
             raise InvalidConfigurationError(

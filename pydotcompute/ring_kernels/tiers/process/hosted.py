@@ -89,8 +89,8 @@ class ProcessHostedKernel(HostedKernel):
         spin = self.config.extra.get("reply_spin_us", 0.0)
         if type(spin) not in (int, float) or not 0 <= spin < math.inf:
             raise InvalidConfigurationError(
-                f"reply_spin_us of kernel {self.kernel_id!r} must be a finite number of "
-                f"microseconds >= 0 (0: park at once), got {spin!r}"
+                f"reply_spin_us of kernel {self.kernel_id!r} must be >= 0 and finite "
+                f"(microseconds; 0: park at once), got {spin!r}"
             )
         worker = ProcessWorker(
             self.kernel_id,
