@@ -207,7 +207,7 @@ def _actor_scaling_rows() -> list[dict[str, object]]:
         "ratio_max": 1.1,
     }
     result = {
-        "scaling": {n: per_count for n in scaling.COUNTS},
+        "scaling": dict.fromkeys(scaling.COUNTS, per_count),
         "rounds": 3,
         "idle": {"bytes_per_actor": 5_700.0, "launch_activate_s": 0.3, "bare_tasks_s": 0.06},
     }
