@@ -20,9 +20,16 @@ Design notes:
 - Thread and process tiers: the runtime's side of the bridge records the ``process`` span
   from the hand-over to the actor's reply, which it matches through the reply's
   ``correlation_id`` (stamped with the request's id on every tier, and carried on the
-  wire) or, for an actor that sends on the message it received, its ``message_id``. No
-  trace header travels in the frame and the child process itself emits no spans: an actor
-  that answers without a correlated reply ends its trace there.
+  wire) or, for an actor that sends on the message it received, its ``message_id``.
+- Across a process boundary the context travels in the frame: a tier with a wire of its
+  own (`TierWorker.trace_wire`: the process tier, and pools of it) prefixes each record
+  with the ``process`` span's W3C context (the process tier's ``0xC1 'T'`` frame header). The child
+  makes it the current context while its actor handles the message, and what the actor
+  sends comes back with the child's current context, which becomes the parent of the next
+  hop's ``send`` (the ``process`` span matched by correlation when a reply has none). The
+  child records no spans itself unless its actor's module configures a tracer provider.
+- A ``process`` span starts before the hand-over (its context is in the record); when the
+  tier is full, the span waits with the message and is used for its next offer.
 """
 
 from __future__ import annotations
@@ -229,18 +236,73 @@ class TracingWorker(TierWorker):
         self._lock = threading.Lock()
         # request key (its message_id) -> its process span, until the reply
         self._open: dict[Any, Any] = {}
+        # id(msg) -> (msg, its process span) for an offer the tier refused (it comes again)
+        self._unsent: dict[int, tuple[Any, Any]] = {}
+        # the message being offered and its header, for `_header` (per thread)
+        self._offering = threading.local()
+        # id(reply) -> (reply, the Context it arrived with), until `_replied` takes it
+        self._arrived: dict[int, tuple[Any, Any]] = {}
+        self._wire = inner.trace_wire(self._header, self._received)
 
     def __getattr__(self, name: str) -> Any:
         # what a tier's worker offers beyond the contract (a pool's member counts, ...)
         return getattr(self.inner, name)
 
+    # -- the context on the tier's wire ----------------------------------------------------
+
+    def _header(self, msg: Any) -> tuple[int, int, int] | None:
+        """The trace context of ``msg`` while `offer` hands it over (else None)."""
+        offering = self._offering
+        if getattr(offering, "msg", None) is not msg:
+            return None
+        header: tuple[int, int, int] = offering.header
+        return header
+
+    def _received(self, reply: Any, trace_id: int, span_id: int, flags: int) -> None:
+        """A reply arrived in trace context: it parents the reply's next hop."""
+        remote = _trace.SpanContext(
+            trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
+        )
+        ctx = _trace.set_span_in_context(_trace.NonRecordingSpan(remote))
+        with self._lock:
+            arrived = self._arrived
+            arrived[id(reply)] = (reply, ctx)
+            if len(arrived) > MAX_IN_FLIGHT:
+                del arrived[next(iter(arrived))]
+
     # -- traced ----------------------------------------------------------------------------
 
     def offer(self, msg: Any) -> bool:
-        if not self.inner.offer(msg):
+        with self._lock:
+            held = self._unsent.pop(id(msg), None)
+        if held is not None and held[0] is msg:
+            span = held[1]
+        else:
+            span = self._tracer.start_process(self._kernel.kernel_id, msg)
+        try:
+            if self._wire:
+                sc = span.get_span_context()
+                offering = self._offering
+                offering.header = (sc.trace_id, sc.span_id, sc.trace_flags)
+                offering.msg = msg
+                try:
+                    ok = self.inner.offer(msg)
+                finally:
+                    offering.msg = None
+            else:
+                ok = self.inner.offer(msg)
+        except BaseException as exc:  # refused (a wrong type, too large): no process
+            span.record_exception(exc)
+            span.end()
+            raise
+        if not ok:
+            with self._lock:
+                unsent = self._unsent
+                unsent[id(msg)] = (msg, span)
+                if len(unsent) > MAX_IN_FLIGHT:
+                    del unsent[next(iter(unsent))]
             return False
         key = _message_id(msg)
-        span = self._tracer.start_process(self._kernel.kernel_id, msg)
         if key is None:  # a plain value: nothing can match its reply
             span.end()
             return True
@@ -256,11 +318,15 @@ class TracingWorker(TierWorker):
             span = self._open.pop(cid, None) if cid is not None else None
             if span is None:
                 span = self._open.pop(_message_id(reply), None)
-        if span is None:
-            return
-        span.end()
+            got = self._arrived.pop(id(reply), None) if self._arrived else None
+        if span is not None:
+            span.end()
         target = self._kernel.forwards_to
-        if target is not None:
+        if target is None:
+            return
+        if got is not None and got[0] is reply:  # the context it came back in
+            self._tracer.sent(target.kernel_id, reply, got[1])
+        elif span is not None:
             self._tracer.sent(target.kernel_id, reply, _trace.set_span_in_context(span))
 
     def poll_reply(self) -> Any:
@@ -281,7 +347,8 @@ class TracingWorker(TierWorker):
             return self.inner.stop(timeout)
         finally:
             with self._lock:
-                left, self._open = list(self._open.values()), {}
+                left = [*self._open.values(), *(s for _, s in self._unsent.values())]
+                self._open, self._unsent, self._arrived = {}, {}, {}
             for span in left:  # no reply came for these
                 span.end()
 
