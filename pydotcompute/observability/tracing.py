@@ -60,6 +60,14 @@ def _message_id(msg: Any) -> Any:
     return getattr(msg, "message_id", None)
 
 
+def remote_context(trace_id: int, span_id: int, flags: int) -> Any:
+    """The Context of a span in another process, from its W3C ids."""
+    remote = _trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
+    )
+    return _trace.set_span_in_context(_trace.NonRecordingSpan(remote))
+
+
 class MessageTracer:
     """The tracing side of one runtime: spans, and each in-flight message's context."""
 
@@ -84,6 +92,19 @@ class MessageTracer:
         with self._lock:
             got = self._carried.pop(id(msg), None)
         return None if got is None or got[0] is not msg else got[1]
+
+    def take_ids(self, msg: Any) -> tuple[int, int, int] | None:
+        """The context ``msg`` travels in (forgotten now) as W3C ids ``(trace id, span
+        id, trace flags)``, for a wire; None when it has none."""
+        ctx = self.take(msg)
+        if ctx is None:
+            return None
+        sc = _trace.get_current_span(ctx).get_span_context()
+        return (sc.trace_id, sc.span_id, sc.trace_flags) if sc.is_valid else None
+
+    def carry_remote(self, msg: Any, trace_id: int, span_id: int, flags: int) -> None:
+        """Remember that ``msg`` arrived over a wire in the context of those W3C ids."""
+        self.carry(msg, remote_context(trace_id, span_id, flags))
 
     def in_flight(self) -> int:
         """How many messages' contexts are remembered now."""
@@ -138,6 +159,10 @@ class MessageTracer:
         wrap = getattr(kernel, "wrap_worker", None)
         if wrap is not None:
             wrap(lambda worker: TracingWorker(worker, self, kernel))
+            return
+        wire = getattr(kernel, "trace_wire", None)  # a kernel-level tier with a wire (Ray)
+        if wire is not None:
+            wire(self.take_ids)
 
     def wrap_runtime(self, runtime: RingKernelRuntime) -> None:
         """Shadow ``runtime.send`` and ``runtime.send_and_receive`` with traced ones."""
@@ -172,22 +197,29 @@ def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> t
     base_send_to = base.send_to
     no_span = _trace.INVALID_SPAN
 
+    attach = _context.attach
+    detach = _context.detach
+    in_context = _trace.set_span_in_context
+
     class TracedContext(base):  # type: ignore[valid-type,misc]
-        __slots__ = ("_span",)
+        __slots__ = ("_span", "_token")
 
         def __init__(self, kernel: RingKernel, *args: Any) -> None:
             super().__init__(kernel, *args)
             self._span: Any = no_span
+            self._token: Any = None
 
         def _end(self) -> None:
             span = self._span
             if span is not no_span:
                 self._span = no_span
+                detach(self._token)  # the process span was current while it was handled
                 span.end()
 
         def _begin(self, msg: Any) -> Any:
             if msg is not None:
-                self._span = tracer.start_process(self.kernel_id, msg)
+                span = self._span = tracer.start_process(self.kernel_id, msg)
+                self._token = attach(in_context(span))
             return msg
 
         async def receive(self, timeout: float | None = None) -> Any:
@@ -260,10 +292,7 @@ class TracingWorker(TierWorker):
 
     def _received(self, reply: Any, trace_id: int, span_id: int, flags: int) -> None:
         """A reply arrived in trace context: it parents the reply's next hop."""
-        remote = _trace.SpanContext(
-            trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
-        )
-        ctx = _trace.set_span_in_context(_trace.NonRecordingSpan(remote))
+        ctx = remote_context(trace_id, span_id, flags)
         with self._lock:
             arrived = self._arrived
             arrived[id(reply)] = (reply, ctx)
