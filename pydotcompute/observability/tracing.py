@@ -23,11 +23,17 @@ Design notes:
   wire) or, for an actor that sends on the message it received, its ``message_id``.
 - Across a process boundary the context travels in the frame: a tier with a wire of its
   own (`TierWorker.trace_wire`: the process tier, and pools of it) prefixes each record
-  with the ``process`` span's W3C context (the process tier's ``0xC1 'T'`` frame header). The child
-  makes it the current context while its actor handles the message, and what the actor
-  sends comes back with the child's current context, which becomes the parent of the next
-  hop's ``send`` (the ``process`` span matched by correlation when a reply has none). The
-  child records no spans itself unless its actor's module configures a tracer provider.
+  with the ``process`` span's W3C context (the process tier's ``0xC1 'T'`` header). The
+  child makes it current while its actor handles the message, and what the actor sends
+  comes back with the child's current context, which parents the next hop's ``send``
+  (the ``process`` span matched by correlation when a reply has none). The child records
+  no spans itself unless its actor's module configures a tracer provider.
+- The Ray tier (a kernel-level tier) ships each message with its ``send`` span's context
+  (`take_ids`); the actor's own runtime traces, carries it (`carry_remote`) and forwards
+  actor to actor the same way. Replies read by the driver carry none (nothing there
+  continues them).
+- On the asyncio tier (and so in a Ray actor) the ``process`` span is the current span
+  while the actor handles the message, so spans the actor makes nest under it.
 - A ``process`` span starts before the hand-over (its context is in the record); when the
   tier is full, the span waits with the message and is used for its next offer.
 """
