@@ -2,7 +2,8 @@
 
 Design notes:
 - Record framing. A ``@message`` travels as its own serialized bytes, which always start
-  with ``0x92`` (a two-element MessagePack array), so the common case costs nothing extra.
+  with a MessagePack array header (``0x90``-``0x9F``, ``0xDC`` or ``0xDD``: the message is
+  an array), so the common case costs nothing extra.
   Anything else starts with ``0xC1``, the one byte MessagePack never produces, and a kind
   byte: ``V`` a plain value (any MessagePack-able object, NumPy arrays as an extension
   type), ``E`` a per-message error (a frame the child could not decode, reported as data
@@ -65,7 +66,7 @@ __all__ = (
     "unpack_report",
 )
 
-FRAME_TAG = 0xC1  # never produced by MessagePack; a message frame starts with 0x92
+FRAME_TAG = 0xC1  # never produced by MessagePack; a message frame starts with an array
 VALUE_FRAME = b"\xc1V"
 ERROR_FRAME = b"\xc1E"
 TRACE_FRAME = b"\xc1T"
