@@ -161,11 +161,16 @@ def test_trace_header_round_trip_and_malformed_frames() -> None:
 # --- the thread tier: the context beside the message, in one process ---
 
 
-async def test_a_thread_actor_sees_its_process_span_as_current(span_exporter: Any) -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_a_thread_actor_sees_its_process_span_as_current(
+    span_exporter: Any, replicas: int
+) -> None:
     n = 5
     span_exporter.clear()
     async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
-        await rt.launch("t", report_context, input_type=Job, output_type=Seen, tier="thread")
+        await rt.launch(
+            "t", report_context, input_type=Job, output_type=Seen, tier="thread", replicas=replicas
+        )
         await rt.activate("t")
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
@@ -190,8 +195,10 @@ async def test_a_thread_actor_leaves_the_context_on_its_next_receive(
         await rt.send("t", Job(seq=1))
         during = await rt.receive("t", timeout=BOUND_S)
         after = await rt.receive("t", timeout=BOUND_S)
-    assert during.seq == 1 and int(during.trace_id, 16) != 0
-    assert after.seq == -1 and int(after.trace_id, 16) == 0  # nothing current any more
+    assert during.seq == 1
+    assert int(during.trace_id, 16) != 0
+    assert after.seq == -1
+    assert int(after.trace_id, 16) == 0  # nothing current any more
 
 
 async def test_spans_in_a_thread_actor_nest_and_its_sends_parent_the_next_hop(

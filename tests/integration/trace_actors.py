@@ -69,7 +69,6 @@ def idle(ctx: Any) -> None:
     ctx.wait_shutdown()
 
 
-
 def report_then_idle(ctx: Any) -> None:
     """Answers its first Job with the context current while handling it; then, once a
     receive finds nothing, answers ``seq=-1`` with the context current then."""
