@@ -21,13 +21,15 @@ Design notes:
   from the hand-over to the actor's reply, which it matches through the reply's
   ``correlation_id`` (stamped with the request's id on every tier, and carried on the
   wire) or, for an actor that sends on the message it received, its ``message_id``.
-- Across a process boundary the context travels in the frame: a tier with a wire of its
-  own (`TierWorker.trace_wire`: the process tier, and pools of it) prefixes each record
-  with the ``process`` span's W3C context (the process tier's ``0xC1 'T'`` header). The
-  child makes it current while its actor handles the message, and what the actor sends
-  comes back with the child's current context, which parents the next hop's ``send``
-  (the ``process`` span matched by correlation when a reply has none). The child records
-  no spans itself unless its actor's module configures a tracer provider.
+- The ``process`` span's context reaches the actor through `TierWorker.trace_wire` (the
+  thread and process tiers, and pools of them): across a process boundary in the frame
+  (the process tier prefixes each record with its W3C ids, the ``0xC1 'T'`` header), on
+  the thread tier beside the message in memory. The actor's side makes it current while
+  the actor handles the message (until its next receive), and what the actor sends comes
+  back with the current context there, which parents the next hop's ``send`` (the
+  ``process`` span matched by correlation when a reply has none). A child process records
+  no spans itself unless its actor's module configures a tracer provider; a thread
+  actor's spans go to this process's provider.
 - The Ray tier (a kernel-level tier) ships each message with its ``send`` span's context
   (`take_ids`); the actor's own runtime traces, carries it (`carry_remote`) and forwards
   actor to actor the same way. Replies read by the driver carry none (nothing there

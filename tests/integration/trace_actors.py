@@ -14,7 +14,7 @@ from pydotcompute import message
 
 from .tier_actors import Job  # the child decodes the Jobs these actors take
 
-__all__ = ("Job", "Seen", "idle", "report_context", "span_of_its_own")
+__all__ = ("Job", "Seen", "idle", "report_context", "report_then_idle", "span_of_its_own")
 
 try:
     from opentelemetry.sdk.trace import TracerProvider
@@ -66,4 +66,17 @@ def span_of_its_own(ctx: Any) -> None:
 
 def idle(ctx: Any) -> None:
     """Takes nothing: what is sent stays in the inbox ring."""
+    ctx.wait_shutdown()
+
+
+def report_then_idle(ctx: Any) -> None:
+    """Answers its first Job with the context current while handling it; then, once a
+    receive finds nothing, answers ``seq=-1`` with the context current then."""
+    job = None
+    while job is None:
+        job = ctx.receive(timeout=0.05)
+    ctx.send(_seen(job.seq, trace.get_current_span()))
+    while ctx.receive(timeout=0.05) is not None:
+        pass
+    ctx.send(_seen(-1, trace.get_current_span()))
     ctx.wait_shutdown()
