@@ -171,14 +171,16 @@ class TierWorker(abc.ABC):
         header: Callable[[Any], tuple[int, int, int] | None],
         received: Callable[[Any, int, int, int], None],
     ) -> bool:
-        """Carry trace context across this tier's wire (a tracing runtime calls it once,
-        before `start`): each message goes with the context ``header(msg)`` gives, as
+        """Carry trace context to this tier's actor (a tracing runtime calls it once,
+        before `start`), across its wire or, in-process, beside the message: each message
+        goes with the context ``header(msg)`` gives, as
         ``(trace_id, span_id, trace_flags)`` (None: none), and each reply that arrives
         with a context is reported as ``received(reply, trace_id, span_id, trace_flags)``
         before it is returned.
 
         Returns:
-            False (the default) when the tier has no wire of its own to carry it.
+            False (the default) when the tier does not carry it (its actor then handles
+            messages outside their traces).
         """
         return False
 
