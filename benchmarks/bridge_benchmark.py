@@ -20,8 +20,15 @@ receives N) through the runtime and through the direct kernels. Output: per cont
 median over rounds of its p50, and for each ratio the median and the spread (min-max)
 over rounds; JSON in ``benchmarks/results/bridge.json``.
 
-Run: ``python benchmarks/bridge_benchmark.py [--rounds 5] [--trips 2000] [--pipe 20000]``
-(``--process-options '{"reply_spin_us": 100}'`` adds launch options for the process tier).
+A last measurement counts the parent's descriptors (``/proc/self/fd``) before and after
+launching and activating 8 process-tier kernels in one runtime: descriptors per kernel.
+
+The summary rows (for ``run_all.py``) carry each ratio's median over rounds against its
+same-run floor.
+
+Run: ``python benchmarks/bridge_benchmark.py [--quick] [--rounds 5] [--trips 2000]
+[--pipe 20000]`` (``--process-options '{"reply_spin_us": 100}'`` adds launch options for the
+process tier; ``--quick``: 2 rounds of 300 trips and 3,000 pipelined messages).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import loop_factories, percentiles, print_table, save_json
+from _suite import summary_row
 from _tier_actors import Ping, Pong, echo_actor
 
 from pydotcompute import RingKernelRuntime
@@ -209,16 +217,101 @@ RATIOS = (
     ("process pipelined / direct kernel", "tier=process", "CythonRingKernel direct", "rate"),
 )
 
+#: summary rows: (metric name, ours, floor, p50 or rate, the floor in words)
+SUMMARY = (
+    ("thread, round trip p50", "tier=thread", "thread floor", "p50", "call_soon_threadsafe"),
+    ("process, round trip p50", "tier=process", "socketpair floor", "p50", "socketpair child"),
+    (
+        "thread, pipelined throughput",
+        "tier=thread",
+        "ThreadedRingKernel direct",
+        "rate",
+        "ThreadedRingKernel direct",
+    ),
+    (
+        "process, pipelined throughput",
+        "tier=process",
+        "CythonRingKernel direct",
+        "rate",
+        "CythonRingKernel direct",
+    ),
+)
+DESCRIPTORS_METRIC = "descriptors per process kernel"
+#: how many process-tier kernels the descriptor count launches
+DESCRIPTOR_KERNELS = 8
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--trips", type=int, default=2000)
-    ap.add_argument("--pipe", type=int, default=20000)
+
+def _open_descriptors() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc (macOS, Windows)
+        return None
+
+
+async def descriptors_per_kernel(n: int = DESCRIPTOR_KERNELS) -> float | None:
+    """The parent's descriptors per process-tier kernel: ``/proc/self/fd`` counted before
+    and after launching and activating ``n`` of them in one runtime (None without /proc)."""
+    async with RingKernelRuntime() as rt:
+        before = _open_descriptors()
+        if before is None:
+            return None
+        for i in range(n):
+            await rt.launch(f"fd{i}", echo_actor, input_type=Ping, output_type=Pong, tier="process")
+            await rt.activate(f"fd{i}")
+        after = _open_descriptors()
+    return None if after is None else (after - before) / n
+
+
+def summary(rounds: list[dict[str, Any]], fds_per_kernel: float | None) -> list[dict[str, Any]]:
+    """The suite's rows: each path against its same-run floor, the ratio the median of the
+    same-round ratios, then the descriptors per process-tier kernel."""
+    rows = []
+    for metric, ours, floor, kind, floor_name in SUMMARY:
+        idx = 0 if kind == "p50" else 1
+        if not all(ours in r and floor in r for r in rounds):
+            continue
+        vals = [r[ours][idx] / r[floor][idx] for r in rounds]
+        row = summary_row(
+            metric,
+            statistics.median(r[ours][idx] for r in rounds),
+            "us" if kind == "p50" else "msg/s",
+            higher_is_better=kind != "p50",
+            baseline=statistics.median(r[floor][idx] for r in rounds),
+            baseline_name=floor_name,
+            note=f"median of {len(rounds)} rounds; ratio range {min(vals):.2f}-{max(vals):.2f}",
+        )
+        row["ratio"] = statistics.median(vals)  # of the same-round ratios
+        rows.append(row)
+    rows.append(
+        summary_row(
+            DESCRIPTORS_METRIC,
+            fds_per_kernel,
+            "fd",
+            higher_is_better=False,
+            note=f"parent's /proc/self/fd, {DESCRIPTOR_KERNELS} kernels launched"
+            if fds_per_kernel is not None
+            else "not measured: no /proc/self/fd here",
+            compare=False,
+        )
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 rounds, short runs (the suite's)")
+    ap.add_argument("--rounds", type=int, default=None, help="default 5 (--quick: 2)")
+    ap.add_argument("--trips", type=int, default=None, help="default 2000 (--quick: 300)")
+    ap.add_argument("--pipe", type=int, default=None, help="default 20000 (--quick: 3000)")
     ap.add_argument("--process-options", default="{}", help="JSON launch options")
     ap.add_argument("--label", default="", help="saved in the JSON (which checkout ran)")
     ap.add_argument("--json", default=None, help="where to save (default results/bridge.json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    quick_sizes = {"rounds": 2, "trips": 300, "pipe": 3000}
+    full_sizes = {"rounds": 5, "trips": 2000, "pipe": 20000}
+    for key, value in (quick_sizes if args.quick else full_sizes).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     proc_opts = json.loads(args.process_options)
     rounds = [one_round(args.trips, args.pipe, proc_opts) for _ in range(args.rounds)]
 
@@ -251,9 +344,21 @@ def main() -> None:
             }
         )
     print_table("same-round ratios", ratios, ["ratio", "median", "min-max"])
+    factory = loop_factories()[0][1]
+    with asyncio.Runner(loop_factory=factory) as runner:
+        fds = runner.run(descriptors_per_kernel())
+    print(f"\n{DESCRIPTORS_METRIC}: {fds} (target <= 4)")
     save_json(
         "bridge",
-        {"label": args.label, "rounds": rounds, "rows": rows, "ratios": ratios, "args": vars(args)},
+        {
+            "label": args.label,
+            "rounds": rounds,
+            "rows": rows,
+            "ratios": ratios,
+            "descriptors_per_process_kernel": fds,
+            "args": vars(args),
+            "summary": summary(rounds, fds),
+        },
         args.json,
     )
 

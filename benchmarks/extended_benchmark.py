@@ -477,10 +477,10 @@ def _rows_from_sibling(tier: str, path: str, script: str, quick: bool) -> list[d
 
 
 _TARGETS = {
-    ("1 asyncio", "RingKernelRuntime actor", "us"): "ratio <= 1.2",
-    ("1 asyncio", "RingKernelRuntime actor", "msg/s"): "ratio >= 0.7",
+    ("1 asyncio", "RingKernelRuntime actor", "us"): "ratio <= 1.0",
+    ("1 asyncio", "RingKernelRuntime actor", "msg/s"): "ratio >= 0.9",
     ("2 thread", "ThreadedRingKernel", "us"): "ratio <= 1.5",
-    ("3 process", "CythonRingKernel", "us"): "<= 2.5 us",
+    ("3 process", "CythonRingKernel", "us"): "<= 2.0 us",
 }
 
 

@@ -77,7 +77,7 @@ SUITE = (
     Script(
         "actor_scaling",
         "actor_scaling_benchmark.py",
-        False,
+        True,
         "1 to 1,000 actors on one loop; memory per idle actor",
     ),
     Script("memory", "memory_benchmark.py", True, "UnifiedBuffer and MemoryPool overhead"),
@@ -110,7 +110,7 @@ SUITE = (
     Script(
         "bridge",
         "bridge_benchmark.py",
-        False,
+        True,
         "thread and process tiers through the runtime against their floors",
     ),
     Script(

@@ -413,7 +413,7 @@ def main() -> None:
         "tier2_p50_ratio": ours2["ratio_p50"],
         "tier2_target_ratio": 1.5,
         "tier3_p50_us": ours3["p50_us"],
-        "tier3_target_us": 2.5,
+        "tier3_target_us": 2.0,
         "tier3_speedup_vs_mp_queue": mpq["p50_us"] / ours3["p50_us"],
         "tier3_p50_minus_raw_ring_msgpack_us": ours3["p50_us"] - t3[1]["p50_us"],
         "tier3_target_speedup": 10.0,

@@ -20,9 +20,24 @@ Design notes:
 - Thread and process tiers: the runtime's side of the bridge records the ``process`` span
   from the hand-over to the actor's reply, which it matches through the reply's
   ``correlation_id`` (stamped with the request's id on every tier, and carried on the
-  wire) or, for an actor that sends on the message it received, its ``message_id``. No
-  trace header travels in the frame and the child process itself emits no spans: an actor
-  that answers without a correlated reply ends its trace there.
+  wire) or, for an actor that sends on the message it received, its ``message_id``.
+- The ``process`` span's context reaches the actor through `TierWorker.trace_wire` (the
+  thread and process tiers, and pools of them): across a process boundary in the frame
+  (the process tier prefixes each record with its W3C ids, the ``0xC1 'T'`` header), on
+  the thread tier beside the message in memory. The actor's side makes it current while
+  the actor handles the message (until its next receive), and what the actor sends comes
+  back with the current context there, which parents the next hop's ``send`` (the
+  ``process`` span matched by correlation when a reply has none). A child process records
+  no spans itself unless its actor's module configures a tracer provider; a thread
+  actor's spans go to this process's provider.
+- The Ray tier (a kernel-level tier) ships each message with its ``send`` span's context
+  (`take_ids`); the actor's own runtime traces, carries it (`carry_remote`) and forwards
+  actor to actor the same way. Replies read by the driver carry none (nothing there
+  continues them).
+- On the asyncio tier (and so in a Ray actor) the ``process`` span is the current span
+  while the actor handles the message, so spans the actor makes nest under it.
+- A ``process`` span starts before the hand-over (its context is in the record); when the
+  tier is full, the span waits with the message and is used for its next offer.
 """
 
 from __future__ import annotations
@@ -53,6 +68,14 @@ def _message_id(msg: Any) -> Any:
     return getattr(msg, "message_id", None)
 
 
+def remote_context(trace_id: int, span_id: int, flags: int) -> Any:
+    """The Context of a span in another process, from its W3C ids."""
+    remote = _trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
+    )
+    return _trace.set_span_in_context(_trace.NonRecordingSpan(remote))
+
+
 class MessageTracer:
     """The tracing side of one runtime: spans, and each in-flight message's context."""
 
@@ -77,6 +100,19 @@ class MessageTracer:
         with self._lock:
             got = self._carried.pop(id(msg), None)
         return None if got is None or got[0] is not msg else got[1]
+
+    def take_ids(self, msg: Any) -> tuple[int, int, int] | None:
+        """The context ``msg`` travels in (forgotten now) as W3C ids ``(trace id, span
+        id, trace flags)``, for a wire; None when it has none."""
+        ctx = self.take(msg)
+        if ctx is None:
+            return None
+        sc = _trace.get_current_span(ctx).get_span_context()
+        return (sc.trace_id, sc.span_id, sc.trace_flags) if sc.is_valid else None
+
+    def carry_remote(self, msg: Any, trace_id: int, span_id: int, flags: int) -> None:
+        """Remember that ``msg`` arrived over a wire in the context of those W3C ids."""
+        self.carry(msg, remote_context(trace_id, span_id, flags))
 
     def in_flight(self) -> int:
         """How many messages' contexts are remembered now."""
@@ -131,6 +167,10 @@ class MessageTracer:
         wrap = getattr(kernel, "wrap_worker", None)
         if wrap is not None:
             wrap(lambda worker: TracingWorker(worker, self, kernel))
+            return
+        wire = getattr(kernel, "trace_wire", None)  # a kernel-level tier with a wire (Ray)
+        if wire is not None:
+            wire(self.take_ids)
 
     def wrap_runtime(self, runtime: RingKernelRuntime) -> None:
         """Shadow ``runtime.send`` and ``runtime.send_and_receive`` with traced ones."""
@@ -165,22 +205,29 @@ def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> t
     base_send_to = base.send_to
     no_span = _trace.INVALID_SPAN
 
+    attach = _context.attach
+    detach = _context.detach
+    in_context = _trace.set_span_in_context
+
     class TracedContext(base):  # type: ignore[valid-type,misc]
-        __slots__ = ("_span",)
+        __slots__ = ("_span", "_token")
 
         def __init__(self, kernel: RingKernel, *args: Any) -> None:
             super().__init__(kernel, *args)
             self._span: Any = no_span
+            self._token: Any = None
 
         def _end(self) -> None:
             span = self._span
             if span is not no_span:
                 self._span = no_span
+                detach(self._token)  # the process span was current while it was handled
                 span.end()
 
         def _begin(self, msg: Any) -> Any:
             if msg is not None:
-                self._span = tracer.start_process(self.kernel_id, msg)
+                span = self._span = tracer.start_process(self.kernel_id, msg)
+                self._token = attach(in_context(span))
             return msg
 
         async def receive(self, timeout: float | None = None) -> Any:
@@ -229,18 +276,70 @@ class TracingWorker(TierWorker):
         self._lock = threading.Lock()
         # request key (its message_id) -> its process span, until the reply
         self._open: dict[Any, Any] = {}
+        # id(msg) -> (msg, its process span) for an offer the tier refused (it comes again)
+        self._unsent: dict[int, tuple[Any, Any]] = {}
+        # the message being offered and its header, for `_header` (per thread)
+        self._offering = threading.local()
+        # id(reply) -> (reply, the Context it arrived with), until `_replied` takes it
+        self._arrived: dict[int, tuple[Any, Any]] = {}
+        self._wire = inner.trace_wire(self._header, self._received)
 
     def __getattr__(self, name: str) -> Any:
         # what a tier's worker offers beyond the contract (a pool's member counts, ...)
         return getattr(self.inner, name)
 
+    # -- the context on the tier's wire ----------------------------------------------------
+
+    def _header(self, msg: Any) -> tuple[int, int, int] | None:
+        """The trace context of ``msg`` while `offer` hands it over (else None)."""
+        offering = self._offering
+        if getattr(offering, "msg", None) is not msg:
+            return None
+        header: tuple[int, int, int] = offering.header
+        return header
+
+    def _received(self, reply: Any, trace_id: int, span_id: int, flags: int) -> None:
+        """A reply arrived in trace context: it parents the reply's next hop."""
+        ctx = remote_context(trace_id, span_id, flags)
+        with self._lock:
+            arrived = self._arrived
+            arrived[id(reply)] = (reply, ctx)
+            if len(arrived) > MAX_IN_FLIGHT:
+                del arrived[next(iter(arrived))]
+
     # -- traced ----------------------------------------------------------------------------
 
     def offer(self, msg: Any) -> bool:
-        if not self.inner.offer(msg):
+        with self._lock:
+            held = self._unsent.pop(id(msg), None)
+        if held is not None and held[0] is msg:
+            span = held[1]
+        else:
+            span = self._tracer.start_process(self._kernel.kernel_id, msg)
+        try:
+            if self._wire:
+                sc = span.get_span_context()
+                offering = self._offering
+                offering.header = (sc.trace_id, sc.span_id, sc.trace_flags)
+                offering.msg = msg
+                try:
+                    ok = self.inner.offer(msg)
+                finally:
+                    offering.msg = None
+            else:
+                ok = self.inner.offer(msg)
+        except BaseException as exc:  # refused (a wrong type, too large): no process
+            span.record_exception(exc)
+            span.end()
+            raise
+        if not ok:
+            with self._lock:
+                unsent = self._unsent
+                unsent[id(msg)] = (msg, span)
+                if len(unsent) > MAX_IN_FLIGHT:
+                    del unsent[next(iter(unsent))]
             return False
         key = _message_id(msg)
-        span = self._tracer.start_process(self._kernel.kernel_id, msg)
         if key is None:  # a plain value: nothing can match its reply
             span.end()
             return True
@@ -256,11 +355,15 @@ class TracingWorker(TierWorker):
             span = self._open.pop(cid, None) if cid is not None else None
             if span is None:
                 span = self._open.pop(_message_id(reply), None)
-        if span is None:
-            return
-        span.end()
+            got = self._arrived.pop(id(reply), None) if self._arrived else None
+        if span is not None:
+            span.end()
         target = self._kernel.forwards_to
-        if target is not None:
+        if target is None:
+            return
+        if got is not None and got[0] is reply:  # the context it came back in
+            self._tracer.sent(target.kernel_id, reply, got[1])
+        elif span is not None:
             self._tracer.sent(target.kernel_id, reply, _trace.set_span_in_context(span))
 
     def poll_reply(self) -> Any:
@@ -281,7 +384,8 @@ class TracingWorker(TierWorker):
             return self.inner.stop(timeout)
         finally:
             with self._lock:
-                left, self._open = list(self._open.values()), {}
+                left = [*self._open.values(), *(s for _, s in self._unsent.values())]
+                self._open, self._unsent, self._arrived = {}, {}, {}
             for span in left:  # no reply came for these
                 span.end()
 

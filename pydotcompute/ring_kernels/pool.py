@@ -926,6 +926,15 @@ class PoolWorker(TierWorker):
         i = self._failed_index()
         return None if i is None else self.members[i].failure
 
+    def trace_wire(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """Every member carries trace context on its wire (True when all of them can)."""
+        carried = [m.trace_wire(header, received) for m in self.members]  # every member
+        return all(carried)
+
     def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
         """The members' new latencies taken together (each member's are also kept for
         `member_telemetry`)."""

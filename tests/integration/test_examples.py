@@ -12,6 +12,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -32,7 +35,13 @@ def run_example(name: str, *args: str) -> str:
 
 
 def test_every_example_is_covered() -> None:
-    tested = {"vector_add.py", "streaming_pipeline.py", "pagerank_actor.py", "anomaly_detector.py"}
+    tested = {
+        "vector_add.py",
+        "streaming_pipeline.py",
+        "pagerank_actor.py",
+        "anomaly_detector.py",
+        "traced_pipeline.py",
+    }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -101,3 +110,18 @@ def test_anomaly_detector() -> None:
     caught, injected, false_alarms = map(int, m.groups())
     assert caught == injected == 40
     assert false_alarms <= 2
+
+
+def test_traced_pipeline(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace", reason="needs the OpenTelemetry SDK")
+    picture = tmp_path / "trace.svg"
+    out = run_example("traced_pipeline.py", "--messages", "4", "--svg", str(picture))
+    assert "4 traces for 4 messages" in out
+    # every trace holds the process spans of all three kernels, one per tier
+    assert out.count("6 spans, process spans of parse, score, store") == 4, out
+    root = ElementTree.parse(picture).getroot()
+    bars = [e for e in root if e.tag.endswith("rect") and e.get("stroke")]
+    assert len(bars) == 6  # one bar per span of the drawn trace
+    labels = [e.text for e in root if e.tag.endswith("text")]
+    for name in ("send parse", "process parse", "process score", "process store"):
+        assert name in labels

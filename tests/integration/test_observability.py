@@ -343,6 +343,15 @@ def span_exporter() -> Any:
     return exporter
 
 
+def ancestors(span: Any, by_id: dict[int, Any]) -> list[Any]:
+    """The recorded spans above ``span``, nearest first."""
+    out = []
+    while span.parent is not None and span.parent.span_id in by_id:
+        span = by_id[span.parent.span_id]
+        out.append(span)
+    return out
+
+
 async def test_one_trace_per_message_through_every_tier(span_exporter: Any) -> None:
     n = 10
     span_exporter.clear()
@@ -377,6 +386,10 @@ async def test_one_trace_per_message_through_every_tier(span_exporter: Any) -> N
         chain = ["send a", "process a", "send b", "process b", "send c", "process c"]
         for parent, child in itertools.pairwise(chain):
             assert by_name[child].parent.span_id == by_name[parent].context.span_id
+        # the process -> thread hop: the reply's frame header carried b's context back
+        by_id = {s.context.span_id: s for s in spans}
+        for name in ("send c", "process c"):
+            assert by_name["process b"] in ancestors(by_name[name], by_id)
         ids = {s.attributes["messaging.message.id"] for s in spans}
         assert len(ids) == 1  # the actors send on the message they received
         for s in spans:

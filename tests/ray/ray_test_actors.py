@@ -109,3 +109,33 @@ async def numbering(ctx):
         await ctx.receive()
         await ctx.send(Num(value=taken))
         taken += 1
+
+
+# --- trace context ---
+
+
+@message
+class SeenTrace:
+    """The trace context current while an actor handled message ``value`` (W3C hex)."""
+
+    value: int
+    trace_id: str
+    span_id: str
+
+
+async def report_trace(ctx):
+    """Answers each Num with the trace context current while handling it."""
+    from opentelemetry import trace
+
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        sc = trace.get_current_span().get_span_context()
+        await ctx.send(
+            SeenTrace(value=msg.value, trace_id=f"{sc.trace_id:032x}", span_id=f"{sc.span_id:016x}")
+        )
+
+
+async def pass_num(ctx):
+    """Sends on each Num it receives (to the kernel it is connected to)."""
+    while not ctx.should_terminate:
+        await ctx.send(await ctx.receive())

@@ -166,6 +166,24 @@ class TierWorker(abc.ABC):
         its actor. The runtime folds it into the kernel's telemetry when that is read."""
         return None
 
+    def trace_wire(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """Carry trace context to this tier's actor (a tracing runtime calls it once,
+        before `start`), across its wire or, in-process, beside the message: each message
+        goes with the context ``header(msg)`` gives, as
+        ``(trace_id, span_id, trace_flags)`` (None: none), and each reply that arrives
+        with a context is reported as ``received(reply, trace_id, span_id, trace_flags)``
+        before it is returned.
+
+        Returns:
+            False (the default) when the tier does not carry it (its actor then handles
+            messages outside their traces).
+        """
+        return False
+
     def on_late_reply(self, callback: Callable[[], None]) -> None:  # noqa: B027
         """Call `callback` when the actor replies after `stop` returned (a thread that could
         not be interrupted finishing its message). Tiers whose actor cannot outlive `stop`

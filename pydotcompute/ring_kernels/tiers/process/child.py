@@ -11,6 +11,11 @@ Design notes:
   `read_wait`'s spin and call `read_parked` on a miss: a call per message is 5 % of a trip.
 - Nothing the child reports is a pickle: the status pipe carries MessagePack lists, and
   an exception in the actor crosses as plain data (`framing.exception_data`).
+- Trace context: the first ``0xC1 'T'`` record (written only by a tracing runtime) turns
+  the context into a `TracedProcessKernelContext` (a ``__class__`` swap; opentelemetry is
+  imported then, not before), which attaches each record's context while the actor handles
+  it and prefixes what the actor sends with the current one. An untraced child never
+  changes class, imports nothing and checks nothing more per message.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ....exceptions import (
     InvalidConfigurationError,
@@ -36,6 +41,7 @@ from ...message import RingKernelMessage, message_decoder, stamp_reply
 from ...telemetry import LatencyRecorder, SharedLatencyBlock
 from .framing import (
     FRAME_TAG,
+    TRACE_FRAME,
     decode_value,
     encoder_for,
     error_frame,
@@ -43,7 +49,9 @@ from .framing import (
     frame_id,
     no_encoder,
     pack_report,
+    split_trace,
     too_large,
+    trace_header,
 )
 from .waiting import (
     SLICE_S,
@@ -56,7 +64,7 @@ from .waiting import (
     write_wait,
 )
 
-__all__ = ("ChildSpec", "ProcessKernelContext", "child_main")
+__all__ = ("ChildSpec", "ProcessKernelContext", "TracedProcessKernelContext", "child_main")
 
 FLUSH_EVERY = 256  # a timing child hands its latencies over at least this often (messages)
 _REJECTED = object()  # `_take`: the record was reported back, read the next one
@@ -108,6 +116,7 @@ class ProcessKernelContext:
         "_rec",
         "_spin_s",
         "_timed",
+        "_trace_token",
         "_write_waiter",
         "kernel_id",
     )
@@ -133,6 +142,7 @@ class ProcessKernelContext:
         self._lat: SharedLatencyBlock | None = None
         self._rec: Any = None
         self._timed = 0
+        self._trace_token: Any = None  # the attached context of the message in hand (traced)
 
     def time_into(self, block: SharedLatencyBlock) -> None:
         """Time every message from now on into ``block`` (the parent reads it)."""
@@ -277,8 +287,21 @@ class ProcessKernelContext:
             self._current = None
             return decode_value(self.kernel_id, data)
         except MessageDeserializationError as exc:
+            if data[:2] == TRACE_FRAME:  # the first record from a tracing runtime
+                return self._trace_from_now(data)
             self._reject(data, exc)
             return _REJECTED
+
+    def _trace_from_now(self, data: bytes) -> Any:
+        """Become a `TracedProcessKernelContext` and take ``data``, a trace frame."""
+        TracedProcessKernelContext.load()
+        self.__class__ = TracedProcessKernelContext
+        self._codec = (None, no_encoder, False)  # the next send chooses a prefixing encoder
+        return self._take(data)
+
+    def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
+        """The encoder of ``msg``'s type (checked against ``output_type``; once per type)."""
+        return encoder_for(self.kernel_id, msg, self._output_type, "must send")
 
     def _reject(self, data: bytes, exc: BaseException) -> None:
         """Report an undecodable record to the parent as its message's error."""
@@ -304,7 +327,7 @@ class ProcessKernelContext:
         """
         codec = self._codec
         if type(msg) is not codec[0]:  # validate each new type once
-            encode = encoder_for(self.kernel_id, msg, self._output_type, "must send")
+            encode = self._encoder_for(msg)
             codec = self._codec = (type(msg), encode, isinstance(msg, RingKernelMessage))
         if codec[2]:
             stamp_reply(msg, self._current)
@@ -344,6 +367,75 @@ class ProcessKernelContext:
                 return False
             time.sleep(min(SLICE_S, remaining if remaining is not None else SLICE_S))
         return True
+
+
+class TracedProcessKernelContext(ProcessKernelContext):
+    """A `ProcessKernelContext` under a tracing runtime (see the module notes).
+
+    While the actor handles a message that arrived with a trace context, that context is
+    the current one (a remote, non-recording span: the runtime records the ``process``
+    span), so spans the actor makes with a tracer provider of its own nest under it.
+    What the actor sends carries the current context back to the runtime.
+    """
+
+    __slots__ = ()
+    #: ``(opentelemetry.trace, opentelemetry.context)``, imported by `load`
+    otel: ClassVar[tuple[Any, Any] | None] = None
+
+    @classmethod
+    def load(cls) -> None:
+        """Import opentelemetry (the first trace frame a child sees does)."""
+        if cls.otel is None:
+            from opentelemetry import context, trace
+
+            cls.otel = (trace, context)
+
+    def _detach(self) -> None:
+        token = self._trace_token
+        if token is not None:
+            self._trace_token = None
+            assert self.otel is not None
+            self.otel[1].detach(token)
+
+    def receive(self, timeout: float | None = None) -> Any:
+        self._detach()  # the previous message is finished, and its context with it
+        return super().receive(timeout)
+
+    def receive_nowait(self) -> Any:
+        self._detach()
+        return super().receive_nowait()
+
+    def _take(self, data: bytes) -> Any:
+        if data[:2] != TRACE_FRAME:
+            return super()._take(data)
+        try:
+            trace_id, span_id, flags, record = split_trace(self.kernel_id, data)
+        except MessageDeserializationError as exc:
+            self._reject(data, exc)
+            return _REJECTED
+        msg = super()._take(record)
+        if msg is not _REJECTED:
+            assert self.otel is not None
+            trace, context = self.otel
+            remote = trace.SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
+            )
+            span = trace.NonRecordingSpan(remote)
+            self._trace_token = context.attach(trace.set_span_in_context(span))
+        return msg
+
+    def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
+        encode = super()._encoder_for(msg)
+        assert self.otel is not None
+        current = self.otel[0].get_current_span
+
+        def traced(value: Any) -> bytes:
+            ctx = current().get_span_context()
+            if not ctx.is_valid:
+                return encode(value)
+            return trace_header(ctx.trace_id, ctx.span_id, ctx.trace_flags) + encode(value)
+
+        return traced
 
 
 def child_main(spec: ChildSpec) -> None:

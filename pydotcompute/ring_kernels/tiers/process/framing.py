@@ -2,11 +2,18 @@
 
 Design notes:
 - Record framing. A ``@message`` travels as its own serialized bytes, which always start
-  with ``0x92`` (a two-element MessagePack array), so the common case costs nothing extra.
+  with a MessagePack array header (``0x90``-``0x9F``, ``0xDC`` or ``0xDD``: the message is
+  an array), so the common case costs nothing extra.
   Anything else starts with ``0xC1``, the one byte MessagePack never produces, and a kind
   byte: ``V`` a plain value (any MessagePack-able object, NumPy arrays as an extension
   type), ``E`` a per-message error (a frame the child could not decode, reported as data
   with the message's id so the caller waiting for it gets the error).
+- Trace context (a tracing runtime only). ``0xC1 'T'``, the W3C trace context of the span
+  the record belongs to (16-byte trace id, 8-byte span id, both big-endian, and the 1-byte
+  trace flags: 27 bytes in all), then the ordinary record (a message or a ``V`` value).
+  A frame prefix, not a message field: the message's wire layout and its codec's speed do
+  not change, and an untraced runtime writes exactly the bytes it wrote before (zero extra
+  bytes, no extra branch on a message's read path, which already switches on byte 0).
 - Nothing crosses as a pickle from the child: the status pipe carries MessagePack lists
   (``["ready", pid]``, ``["error", ...]``) sent with ``send_bytes``, and exceptions cross
   as their module, name, text, simple ``args`` and formatted traceback. `rebuild_error`
@@ -38,6 +45,8 @@ __all__ = (
     "ERROR_FRAME",
     "FRAME_TAG",
     "STATUS_MAX_BYTES",
+    "TRACE_FRAME",
+    "TRACE_HEADER_BYTES",
     "VALUE_FRAME",
     "check_type",
     "decode_value",
@@ -51,13 +60,17 @@ __all__ = (
     "rebuild_error",
     "rejection",
     "reply_correlation",
+    "split_trace",
     "too_large",
+    "trace_header",
     "unpack_report",
 )
 
-FRAME_TAG = 0xC1  # never produced by MessagePack; a message frame starts with 0x92
+FRAME_TAG = 0xC1  # never produced by MessagePack; a message frame starts with an array
 VALUE_FRAME = b"\xc1V"
 ERROR_FRAME = b"\xc1E"
+TRACE_FRAME = b"\xc1T"
+TRACE_HEADER_BYTES = 27  # TRACE_FRAME, trace id (16), span id (8), trace flags (1)
 STATUS_MAX_BYTES = 1 << 20  # the parent refuses longer status reports
 _TEXT_MAX = 16_000
 _EXT_ARRAY = 1
@@ -142,6 +155,34 @@ def decode_value(kernel_id: str, data: bytes) -> Any:
         raise MessageDeserializationError(
             f"kernel {kernel_id!r}: a plain value record is malformed ({exc})"
         ) from exc
+
+
+def trace_header(trace_id: int, span_id: int, flags: int) -> bytes:
+    """The ``0xC1 'T'`` prefix that puts a record in trace context (see the module notes)."""
+    return b"".join(
+        (TRACE_FRAME, trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"), bytes((flags,)))
+    )
+
+
+def split_trace(kernel_id: str, data: bytes) -> tuple[int, int, int, bytes]:
+    """``(trace id, span id, trace flags, the record)`` of a ``0xC1 'T'`` frame.
+
+    Raises:
+        MessageDeserializationError: the frame is too short to hold a record after the
+            header, or is not a trace frame.
+    """
+    if len(data) <= TRACE_HEADER_BYTES or data[:2] != TRACE_FRAME:
+        raise MessageDeserializationError(
+            f"kernel {kernel_id!r}: a trace context frame needs {TRACE_HEADER_BYTES} header "
+            f"bytes starting with {TRACE_FRAME!r} and a record after them; got "
+            f"{len(data)} bytes starting with {bytes(data[:2])!r}"
+        )
+    return (
+        int.from_bytes(data[2:18], "big"),
+        int.from_bytes(data[18:26], "big"),
+        data[26],
+        bytes(data[TRACE_HEADER_BYTES:]),
+    )
 
 
 def encoder_for(

@@ -112,13 +112,16 @@ from .framing import (
     ERROR_FRAME,
     FRAME_TAG,
     STATUS_MAX_BYTES,
+    TRACE_FRAME,
     decode_value,
     encoder_for,
     no_encoder,
     rebuild_error,
     rejection,
     reply_correlation,
+    split_trace,
     too_large,
+    trace_header,
     unpack_report,
 )
 from .launch import (
@@ -289,6 +292,7 @@ class ProcessWorker(TierWorker):
         # (message, its bytes) measured by the caller: the next send of that very object
         # writes these instead of encoding it again (see `keep_encoded`)
         self._encoded: tuple[Any, bytes] | None = None
+        self._traced = False  # `trace_wire` prefixes records: measured bytes do not apply
         self._in_max = 0
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
@@ -863,8 +867,7 @@ class ProcessWorker(TierWorker):
                 raise self._state_error("send to")
             codec = self._codec
             if type(msg) is not codec[0]:  # validate each new type once
-                codec = (type(msg), encoder_for(self._kernel_id, msg, self._input_type, "expects"))
-                self._codec = codec
+                codec = self._codec = (type(msg), self._encoder_for(msg))
             encoded = self._encoded
             if encoded is not None:
                 self._encoded = None
@@ -910,9 +913,10 @@ class ProcessWorker(TierWorker):
     def keep_encoded(self, msg: Any, data: bytes | None) -> None:
         """``data`` is what ``msg`` (a ``@message``) serializes to, measured by the caller:
         the next `send` writes it if that send is of this very object, and forgets it
-        either way. ``data=None`` forgets it now. Call it right before the send, on the
+        either way. ``data=None`` forgets it now; a traced worker (`trace_wire`) ignores
+        it, since its records carry a header first. Call it right before the send, on the
         sending thread: a message changed in between would go as it was measured."""
-        self._encoded = None if data is None else (msg, data)
+        self._encoded = None if data is None or self._traced else (msg, data)
 
     def spin_for_reply(self, budget_s: float) -> bool:
         """Poll the outbox for a reply for up to ``budget_s`` seconds, holding the calling
@@ -1057,6 +1061,53 @@ class ProcessWorker(TierWorker):
         if data[:2] == ERROR_FRAME:
             raise rejection(self._kernel_id, data)
         return decode_value(self._kernel_id, data)
+
+    def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
+        """The encoder of ``msg``'s type (checked against ``input_type``); chosen once per
+        new type, so a traced worker's prefixing encoder costs an untraced one nothing."""
+        return encoder_for(self._kernel_id, msg, self._input_type, "expects")
+
+    # -- trace context on the wire (a tracing runtime only; see `framing`) ---------------
+
+    def trace_wire(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """Prefix each inbox record with the context ``header(msg)`` gives (`framing`'s
+        ``0xC1 'T'`` header) and report each reply's context.
+
+        The traced encoder and reply decoder shadow the plain ones on this instance (the
+        way a tracing runtime shadows its ``send``), so an untraced worker checks nothing.
+        """
+        plain_encoder = self._encoder_for
+        plain_frame = self._decode_frame
+        kernel_id = self._kernel_id
+
+        def encoder_for(msg: Any) -> Callable[[Any], bytes]:
+            encode = plain_encoder(msg)
+
+            def traced(value: Any) -> bytes:
+                ctx = header(value)
+                return encode(value) if ctx is None else trace_header(*ctx) + encode(value)
+
+            return traced
+
+        def decode_frame(data: bytes) -> Any:
+            if data[:2] != TRACE_FRAME:
+                return plain_frame(data)
+            trace_id, span_id, flags, record = split_trace(kernel_id, data)
+            message = record[0] != FRAME_TAG
+            reply = self._decode_reply(record) if message else plain_frame(record)
+            received(reply, trace_id, span_id, flags)
+            return reply
+
+        self._encoder_for = encoder_for  # type: ignore[method-assign]
+        self._decode_frame = decode_frame  # type: ignore[method-assign]
+        self._codec = (None, no_encoder)
+        self._traced = True
+        self._encoded = None
+        return True
 
     def drain_replies(self) -> list[Any]:
         """Every reply readable now, oldest first, without waiting or raising for failures.

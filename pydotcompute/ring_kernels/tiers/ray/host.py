@@ -32,6 +32,14 @@ Design notes:
 - One file for the whole actor side (peer stand-ins, the in-actor runtime, the loop-side
   core and the Ray-facing class), which is why it runs past 600 lines: the pieces only
   make sense together and nothing else imports them.
+- Trace context (the driver's runtime traces): the actor's runtime traces too, and each
+  item pushed or requested may carry the context it was sent in (``wire.traced_item``):
+  the item's message is then carried in it, so the actor's ``process`` span hangs under
+  the driver's ``send`` and is the current span while the actor handles the message
+  (spans go to this process's tracer provider: configure one here, e.g. when the actor's
+  module is imported). What the actor forwards to another actor carries its ``send``
+  span's context the same way. An untraced host decodes with ``deserialize_message``
+  itself, as before.
 - Nothing here imports Ray at module level (the package must import without Ray); the Ray
   API is reached through ``importlib`` on the rare paths that need it.
 """
@@ -65,7 +73,7 @@ from ...runtime import RingKernelRuntime
 from ...states import KernelState
 from ...supervision import BurstLog
 from .session import actor_name, errors, ray_module
-from .wire import PackedError, pack_cause, pack_error, unpack_error
+from .wire import PackedError, pack_cause, pack_error, split_traced, traced_item, unpack_error
 
 if TYPE_CHECKING:
     from ...config import RingKernelConfig
@@ -109,6 +117,7 @@ class RemotePeer:
         limit: int,
         max_batch: int,
         on_lost: Callable[[int], None] | None = None,
+        header: Callable[[Any], tuple[int, int, int] | None] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.input_type: type | None = None
@@ -132,6 +141,13 @@ class RemotePeer:
         self.error: BaseException | None = None
         self.delivered = 0
         self.dropped = 0
+        if header is not None:  # a tracing runtime: each message goes in its context
+            plain = self._encode
+
+            def encode(msg: Any) -> bytes:
+                return traced_item(header(msg), plain(msg))
+
+            self._encode = encode  # type: ignore[method-assign]
 
     def _encode(self, msg: Any) -> bytes:
         if self.error is not None:
@@ -354,8 +370,8 @@ def _withdrawn(kernel_id: str) -> KernelStateError:
 class _HostRuntime(RingKernelRuntime):
     """The tier-1 runtime inside the actor; unknown ids resolve to kernels in other actors."""
 
-    def __init__(self, host: _KernelCore, enable_telemetry: bool) -> None:
-        super().__init__(enable_telemetry=enable_telemetry)
+    def __init__(self, host: _KernelCore, enable_telemetry: bool, tracing: bool) -> None:
+        super().__init__(enable_telemetry=enable_telemetry, tracing=tracing)
         self._host = host
 
     def get_kernel(self, kernel_id: str) -> RingKernel:
@@ -442,6 +458,23 @@ class _KernelCore:
         self._turns: dict[int, int] = {}
         self._turn_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}
         self.log_lines = _LogLines()
+        self._tracing = bool(settings.get("tracing", False))
+        #: bytes from the driver or another actor -> the message (and its trace context)
+        self.decode: Callable[[bytes], Any] = (
+            self._decode_traced if self._tracing else deserialize_message
+        )
+
+    def _decode_traced(self, data: bytes) -> Any:
+        ids, record = split_traced(data)
+        msg = deserialize_message(record)
+        runtime = self._runtime
+        if ids is not None and runtime is not None:
+            runtime.tracer.carry_remote(msg, *ids)
+        return msg
+
+    def _peer_header(self, msg: Any) -> tuple[int, int, int] | None:
+        runtime = self._runtime
+        return None if runtime is None else runtime.tracer.take_ids(msg)  # type: ignore[no-any-return]
 
     @property
     def kernel(self) -> RingKernel | None:
@@ -477,6 +510,7 @@ class _KernelCore:
             limit=int(self._settings.get("peer_limit", 4096)),
             max_batch=int(self._settings.get("max_batch", 1024)),
             on_lost=self._count_lost,
+            header=self._peer_header if self._tracing else None,
         )
         self._peers[kernel_id] = peer
         return peer
@@ -509,7 +543,8 @@ class _KernelCore:
                 raise KernelStateError(
                     self._kernel_id, self._kernel.state, "launch", "it is already launched"
                 )
-            runtime = _HostRuntime(self, bool(self._settings.get("enable_telemetry", True)))
+            telemetry = bool(self._settings.get("enable_telemetry", True))
+            runtime = _HostRuntime(self, telemetry, self._tracing)
             await runtime.start()
             self._ended = asyncio.Event()
             self._kernel = await runtime.launch(
@@ -698,9 +733,10 @@ class _KernelCore:
         try:
             kernel = self.require("send to")
             accept = kernel.accept
+            decode = self.decode
             for data in batch:
                 try:
-                    await accept(deserialize_message(data), timeout)
+                    await accept(decode(data), timeout)
                 except QueueFullError as exc:
                     if not skip_full:
                         raise
@@ -958,7 +994,7 @@ class KernelHost:
         """
         turn = None if band is None or seq is None else (band, seq)
         try:
-            msg = deserialize_message(data)
+            msg = self._core.decode(data)
             kernel = self._core.require("send to")
         except PyDotComputeError as exc:
             if turn is not None:  # its turn passes: later calls need not wait for it

@@ -50,6 +50,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ....decorators.validators import check_message, validate_config
@@ -70,7 +71,7 @@ from ...telemetry import RingKernelTelemetry
 from .. import check_actor_kind, tier_class
 from .host import KernelHost
 from .session import RAY_ACTOR_OPTIONS, RaySession, errors, ray_module, reason, session_for
-from .wire import unpack_cause, unpack_error
+from .wire import split_traced, traced_item, unpack_cause, unpack_error
 
 __all__ = ("RayTierKernel",)
 
@@ -441,6 +442,8 @@ class RayTierKernel:
             "enable_telemetry": session.enable_telemetry,
             "max_batch": session.max_batch,
             "peer_limit": config.output_queue_size,
+            # a tracing driver: the actor's runtime traces and reads trace context
+            "tracing": getattr(self._runtime, "tracer", None) is not None,
         }
         try:
             actor = (
@@ -647,6 +650,17 @@ class RayTierKernel:
             )
         return msg.serialize()
 
+    def trace_wire(self, header: Callable[[Any], tuple[int, int, int] | None]) -> None:
+        """Ship each message in the trace context ``header(msg)`` gives (a tracing runtime
+        calls it once, after launch); the encoder is shadowed on this instance, so an
+        untraced kernel checks nothing."""
+        plain = self._encode
+
+        def encode(msg: Any) -> bytes:
+            return traced_item(header(msg), plain(msg))
+
+        self._encode = encode  # type: ignore[method-assign]
+
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Deliver ``msg`` to the inbox in the Ray actor; waits until the actor took it
         (messages sent meanwhile by other callers share the same Ray call).
@@ -813,7 +827,7 @@ class RayTierKernel:
         msgs: list[Any] = []
         for data in items:
             try:
-                msgs.append(deserialize_message(data))
+                msgs.append(deserialize_message(split_traced(data)[1]))
             except Exception:
                 msgs.append(data)
         self._undelivered.extend(msgs)

@@ -10,6 +10,11 @@ Design notes:
   with the same class and the very same text on the other side. Non-pydotcompute causes
   (the exception an actor raised) travel as themselves when they pickle, else as a
   ``RuntimeError`` carrying their type and text.
+- Trace context (a tracing runtime only): an item of a ``push`` or ``request`` may start
+  with ``0xC1 'T'``, the W3C context it travels in (16-byte trace id, 8-byte span id,
+  big-endian, 1-byte flags; the process tier's frame header), then its message bytes.
+  ``0xC1`` is the one byte MessagePack never writes, so a message can never be mistaken
+  for it; an untraced runtime ships exactly the message bytes, and reads them as before.
 - Every remote method of the kernel host returns ``(value, error)`` instead of raising:
   expected failures (a full queue, a terminated kernel) are answers, not Ray task errors.
 """
@@ -22,12 +27,43 @@ from typing import Any
 from .... import exceptions as _exc
 from ...states import KernelState
 
-__all__ = ("PackedError", "pack_cause", "pack_error", "state_from_name", "unpack_error")
+__all__ = (
+    "TRACED",
+    "PackedError",
+    "pack_cause",
+    "pack_error",
+    "split_traced",
+    "state_from_name",
+    "traced_item",
+    "unpack_error",
+)
 
 # (class name, text, attributes, packed cause or None)
 PackedError = tuple[str, str, dict[str, Any], Any]
 
 _ATTRS = ("kernel_id", "operation", "known")
+
+TRACED = b"\xc1T"
+_TRACE_HEAD = 27  # TRACED, trace id (16), span id (8), flags (1)
+
+
+def traced_item(ids: tuple[int, int, int] | None, data: bytes) -> bytes:
+    """``data`` (a message's bytes) in trace context ``ids`` = (trace id, span id, flags);
+    ``data`` itself when there is none."""
+    if ids is None:
+        return data
+    trace_id, span_id, flags = ids
+    return b"".join(
+        (TRACED, trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"), bytes((flags,)), data)
+    )
+
+
+def split_traced(data: bytes) -> tuple[tuple[int, int, int] | None, bytes]:
+    """``(ids or None, the message bytes)`` of an item `traced_item` made."""
+    if data[:2] != TRACED or len(data) <= _TRACE_HEAD:
+        return None, data  # a malformed header is left to the message decoder to refuse
+    ids = (int.from_bytes(data[2:18], "big"), int.from_bytes(data[18:26], "big"), data[26])
+    return ids, data[_TRACE_HEAD:]
 
 
 def pack_cause(error: BaseException | None) -> Any:

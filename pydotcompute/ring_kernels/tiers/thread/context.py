@@ -1,4 +1,5 @@
-"""What a thread-tier actor sees: `ThreadedKernelContext`.
+"""What a thread-tier actor sees: `ThreadedKernelContext` (and, under a tracing runtime,
+`TracedThreadedKernelContext`).
 
 Design notes:
 - The context is built from what a `ContextSource` exposes (the worker's queues, its stop
@@ -6,19 +7,35 @@ Design notes:
   worker reads the context only through public attributes (``handling``, ``current``).
 - ``receive`` and ``receive_nowait`` are written out separately: they are the actor's
   per-message path.
+- Trace context (a tracing runtime only): `TraceCarrier` keeps each message's context from
+  the hand-over to the actor's receive (by identity: no bytes to prefix in one process),
+  and the context becomes a `TracedThreadedKernelContext` (a ``__class__`` swap on the
+  actor's thread before the actor runs; opentelemetry is imported then), which attaches
+  it while the actor handles the message and reports the current context with what the
+  actor sends. An untraced context never changes class and checks nothing more.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, cast
 
 from ....exceptions import TypeValidationError
 from ...message import stamp_reply  # correlates a reply to the request being handled
 from ...telemetry import PyLatencyRecorder
 from .sync_queue import SPSCQueue, SyncQueue
 
-__all__ = ("ContextSource", "ThreadedKernelContext", "wrong_type")
+__all__ = (
+    "ContextSource",
+    "ThreadedKernelContext",
+    "TraceCarrier",
+    "TracedThreadedKernelContext",
+    "wrong_type",
+)
+
+#: most messages whose trace context a `TraceCarrier` keeps (the oldest are forgotten)
+MAX_CARRIED = 65_536
 
 
 class ContextSource(Protocol):
@@ -63,6 +80,7 @@ class ThreadedKernelContext:
         "_output_type",
         "_rec",
         "_stop",
+        "_trace",  # a `TracedThreadedKernelContext`'s `TraceCarrier` (unset otherwise)
         "handling",
         "kernel_id",
     )
@@ -151,3 +169,118 @@ class ThreadedKernelContext:
     def wait_shutdown(self, timeout: float | None = None) -> bool:
         """Block until a stop is requested; True if it was, False on timeout."""
         return self._stop.wait(timeout)
+
+
+TraceIds = tuple[int, int, int]  # W3C (trace id, span id, trace flags)
+
+
+class TraceCarrier:
+    """The trace context of each message on its way to a thread-tier actor, and where
+    what the actor sends reports its own (`TierWorker.trace_wire`, in one process).
+
+    Args:
+        received: Called as ``received(msg, trace_id, span_id, flags)`` on the actor's
+            thread for each message it sends while a valid span is current, before the
+            message is queued.
+    """
+
+    __slots__ = ("_carried", "_lock", "received", "token")
+
+    def __init__(self, received: Callable[[Any, int, int, int], None]) -> None:
+        self.received = received
+        self._carried: dict[int, tuple[Any, TraceIds]] = {}  # id(msg) -> (msg, ids)
+        self._lock = threading.Lock()  # the bridge adds, the actor's thread takes
+        #: the attached context of the message in the actor's hands (None: none)
+        self.token: Any = None
+
+    def carry(self, msg: Any, ids: TraceIds) -> None:
+        """Remember that ``msg`` travels in the context of ``ids``."""
+        with self._lock:
+            carried = self._carried
+            carried[id(msg)] = (msg, ids)
+            if len(carried) > MAX_CARRIED:
+                del carried[next(iter(carried))]
+
+    def forget(self, msg: Any) -> None:
+        """Drop what `carry` remembered for ``msg`` (its hand-over was refused)."""
+        with self._lock:
+            self._carried.pop(id(msg), None)
+
+    def take(self, msg: Any) -> TraceIds | None:
+        """The context ``msg`` travels in (forgotten now), or None."""
+        with self._lock:
+            got = self._carried.pop(id(msg), None)
+        return None if got is None or got[0] is not msg else got[1]
+
+
+class TracedThreadedKernelContext(ThreadedKernelContext):
+    """A `ThreadedKernelContext` under a tracing runtime (see the module notes).
+
+    While the actor handles a message, the message's ``process`` span context is the
+    current one (a non-recording span: the runtime records the ``process`` span), so spans
+    the actor makes nest under it; what the actor sends reports the current context, the
+    parent of the next hop's ``send`` span.
+    """
+
+    __slots__ = ()
+    #: ``(opentelemetry.trace, opentelemetry.context)``, imported by `adopt`
+    otel: ClassVar[tuple[Any, Any] | None] = None
+
+    @classmethod
+    def adopt(cls, ctx: ThreadedKernelContext, carrier: TraceCarrier) -> None:
+        """Make ``ctx`` a traced context fed by ``carrier`` (on the actor's thread, before
+        the actor takes a message)."""
+        if cls.otel is None:
+            from opentelemetry import context, trace
+
+            cls.otel = (trace, context)
+        ctx.__class__ = cls
+        cast(TracedThreadedKernelContext, ctx).follow(carrier)
+
+    def follow(self, carrier: TraceCarrier) -> None:
+        """Take each message's context from ``carrier``."""
+        self._trace = carrier
+
+    def _leave(self) -> None:
+        """Detach the context of the message the actor finished (if any)."""
+        carrier = self._trace
+        token = carrier.token
+        if token is not None:
+            carrier.token = None
+            assert self.otel is not None
+            self.otel[1].detach(token)
+
+    def _enter(self, msg: Any) -> Any:
+        """Attach the context ``msg`` travels in (if it has one); returns ``msg``."""
+        if msg is None:
+            return None
+        carrier = self._trace
+        ids = carrier.take(msg)
+        if ids is not None:
+            assert self.otel is not None
+            trace, context = self.otel
+            trace_id, span_id, flags = ids
+            remote = trace.SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
+            )
+            span = trace.NonRecordingSpan(remote)
+            carrier.token = context.attach(trace.set_span_in_context(span))
+        return msg
+
+    def receive(self, timeout: float | None = None) -> Any:
+        self._leave()  # asking for the next message finishes the previous one
+        return self._enter(super().receive(timeout))
+
+    def receive_nowait(self) -> Any:
+        self._leave()
+        return self._enter(super().receive_nowait())
+
+    def send(self, msg: Any, timeout: float | None = None) -> bool:
+        assert self.otel is not None
+        sc = self.otel[0].get_current_span().get_span_context()
+        if sc.is_valid:
+            self._trace.received(msg, sc.trace_id, sc.span_id, sc.trace_flags)
+        return super().send(msg, timeout)
+
+    def send_nowait(self, msg: Any) -> bool:
+        return self.send(msg, 0)

@@ -1,0 +1,267 @@
+"""Trace context across the process tier's wire (real child processes, real rings) and
+to a thread-tier actor (in the same process).
+
+The parent's ``process <kernel>`` span travels in each record's frame header, or beside
+the message to an actor thread; the actor sees it as the current span, spans it makes
+nest under it, and what it sends carries its current context as the parent of the next
+hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.exceptions import MessageDeserializationError
+from pydotcompute.ring_kernels.tiers.process import ProcessWorker
+from pydotcompute.ring_kernels.tiers.process.framing import (
+    TRACE_HEADER_BYTES,
+    split_trace,
+    trace_header,
+)
+
+from .tier_actors import Job, forward_async, forward_sync
+from .trace_actors import Seen, idle, report_context, report_then_idle, span_of_its_own
+
+BOUND_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def span_exporter() -> Any:
+    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def finished(exporter: Any, name: str, n: int) -> list[Any]:
+    """The finished spans called ``name``, once there are ``n`` of them."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        spans = [s for s in exporter.get_finished_spans() if s.name == name]
+        if len(spans) >= n or time.monotonic() > deadline:
+            return spans
+        await asyncio.sleep(0.02)
+
+
+def hex_ids(span: Any) -> tuple[str, str]:
+    return f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"
+
+
+async def test_a_process_actor_sees_its_process_span_as_current(span_exporter: Any) -> None:
+    n = 5
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("b", report_context, input_type=Job, output_type=Seen, tier="process")
+        await rt.activate("b")
+        jobs = [Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("b", job)
+        seen = {s.seq: s for s in [await rt.receive("b", timeout=BOUND_S) for _ in range(n)]}
+        spans = await finished(span_exporter, "process b", n)
+    by_id = {s.attributes["messaging.message.id"]: s for s in spans}
+    assert len(by_id) == n
+    for job in jobs:
+        span = by_id[str(job.message_id)]
+        assert (seen[job.seq].trace_id, seen[job.seq].span_id) == hex_ids(span)
+    assert len({s.trace_id for s in seen.values()}) == n  # each message its own trace
+
+
+async def test_child_spans_nest_and_the_reply_parents_the_next_hop(span_exporter: Any) -> None:
+    """b (process) makes a span of its own and answers inside it; c (thread) gets the
+    answer: its ``send c`` hangs under b's child span, which came back in the frame."""
+    n = 3
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("b", span_of_its_own, input_type=Job, output_type=Seen, tier="process")
+        await rt.launch("c", forward_sync, input_type=Seen, output_type=Seen, tier="thread")
+        for kid in "bc":
+            await rt.activate(kid)
+        rt.connect("b", "c")
+        jobs = [Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("b", job)
+        seen = {s.seq: s for s in [await rt.receive("c", timeout=BOUND_S) for _ in range(n)]}
+        await finished(span_exporter, "process c", n)
+    spans = span_exporter.get_finished_spans()
+    process_b = {s.attributes["messaging.message.id"]: s for s in spans if s.name == "process b"}
+    for job in jobs:
+        got = seen[job.seq]
+        b_span = process_b[str(job.message_id)]
+        trace_id, b_span_id = hex_ids(b_span)
+        assert got.trace_id == trace_id
+        assert got.parent == b_span_id  # the child's span nests under the process span
+        reply_id = str(got.message_id)
+        send_c = next(
+            s
+            for s in spans
+            if s.name == "send c" and s.attributes["messaging.message.id"] == reply_id
+        )
+        process_c = next(
+            s
+            for s in spans
+            if s.name == "process c" and s.attributes["messaging.message.id"] == reply_id
+        )
+        assert f"{send_c.context.trace_id:032x}" == trace_id
+        assert f"{send_c.parent.span_id:016x}" == got.span_id  # parented via the header
+        assert process_c.parent.span_id == send_c.context.span_id
+
+
+def used_bytes_after_one(worker: ProcessWorker, msg: Any) -> int:
+    worker.start()
+    try:
+        assert worker.send(msg, timeout=BOUND_S)
+        return worker.inbox.get_stats()["used_bytes"]
+    finally:
+        worker.stop(BOUND_S)
+
+
+def record_bytes(payload: int) -> int:
+    return 8 + ((payload + 7) & ~7)  # the ring's length word, then the payload padded
+
+
+def test_untraced_records_are_the_message_bytes_and_traced_ones_add_the_header() -> None:
+    msg = Job(seq=7, payload="x" * 13)
+    size = len(msg.serialize())
+    assert used_bytes_after_one(ProcessWorker("plain", idle), msg) == record_bytes(size)
+
+    traced = ProcessWorker("traced", idle)
+    assert traced.trace_wire(lambda m: (1, 2, 1), lambda *_: None)
+    got = used_bytes_after_one(traced, msg)
+    assert got == record_bytes(TRACE_HEADER_BYTES + size) != record_bytes(size)
+
+
+def test_trace_header_round_trip_and_malformed_frames() -> None:
+    trace_id, span_id = (1 << 127) | 5, (1 << 63) | 9
+    record = Job(seq=1).serialize()
+    frame = trace_header(trace_id, span_id, 1) + record
+    assert len(frame) == TRACE_HEADER_BYTES + len(record)
+    assert split_trace("k", frame) == (trace_id, span_id, 1, record)
+    with pytest.raises(MessageDeserializationError, match="trace context frame needs 27"):
+        split_trace("k", frame[:TRACE_HEADER_BYTES])  # no record after the header
+    with pytest.raises(MessageDeserializationError, match=r"got \d+ bytes starting with b'\\x"):
+        split_trace("k", record + bytes(30))
+
+
+# --- the thread tier: the context beside the message, in one process ---
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_a_thread_actor_sees_its_process_span_as_current(
+    span_exporter: Any, replicas: int
+) -> None:
+    n = 5
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "t", report_context, input_type=Job, output_type=Seen, tier="thread", replicas=replicas
+        )
+        await rt.activate("t")
+        jobs = [Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("t", job)
+        seen = {s.seq: s for s in [await rt.receive("t", timeout=BOUND_S) for _ in range(n)]}
+        spans = await finished(span_exporter, "process t", n)
+    by_id = {s.attributes["messaging.message.id"]: s for s in spans}
+    assert len(by_id) == n
+    for job in jobs:
+        span = by_id[str(job.message_id)]
+        assert (seen[job.seq].trace_id, seen[job.seq].span_id) == hex_ids(span)
+    assert len({s.trace_id for s in seen.values()}) == n  # each message its own trace
+
+
+async def test_a_thread_actor_leaves_the_context_on_its_next_receive(
+    span_exporter: Any,
+) -> None:
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("t", report_then_idle, input_type=Job, output_type=Seen, tier="thread")
+        await rt.activate("t")
+        await rt.send("t", Job(seq=1))
+        during = await rt.receive("t", timeout=BOUND_S)
+        after = await rt.receive("t", timeout=BOUND_S)
+    assert during.seq == 1
+    assert int(during.trace_id, 16) != 0
+    assert after.seq == -1
+    assert int(after.trace_id, 16) == 0  # nothing current any more
+
+
+async def test_spans_in_a_thread_actor_nest_and_its_sends_parent_the_next_hop(
+    span_exporter: Any,
+) -> None:
+    """a (asyncio) forwards each Job to t (thread), which answers inside a span of its
+    own; p (process) gets the answer: its ``send p`` hangs under t's span."""
+    n = 3
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        await rt.launch("t", span_of_its_own, input_type=Job, output_type=Seen, tier="thread")
+        await rt.launch("p", forward_sync, input_type=Seen, output_type=Seen, tier="process")
+        for kid in "atp":
+            await rt.activate(kid)
+        rt.connect("a", "t")
+        rt.connect("t", "p")
+        jobs = [Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("a", job)
+        seen = {s.seq: s for s in [await rt.receive("p", timeout=BOUND_S) for _ in range(n)]}
+        await finished(span_exporter, "process p", n)
+    spans = span_exporter.get_finished_spans()
+
+    def one(name: str, message_id: Any) -> Any:
+        (span,) = (
+            s
+            for s in spans
+            if s.name == name and s.attributes.get("messaging.message.id") == str(message_id)
+        )
+        return span
+
+    works = {f"{s.context.span_id:016x}": s for s in spans if s.name == "work"}
+    assert len(works) == n
+    for job in jobs:
+        got = seen[job.seq]
+        send_a = one("send a", job.message_id)
+        process_t = one("process t", job.message_id)  # a sends on the Job it received
+        trace_id, t_span_id = hex_ids(process_t)
+        assert trace_id == f"{send_a.context.trace_id:032x}"  # one trace from the start
+        assert (got.trace_id, got.parent) == (trace_id, t_span_id)
+        work = works[got.span_id]  # recorded here: the actor runs in this process
+        assert work.parent.span_id == process_t.context.span_id
+        send_p = one("send p", got.message_id)
+        assert f"{send_p.context.trace_id:032x}" == trace_id
+        assert send_p.parent.span_id == work.context.span_id  # the actor's current span
+        assert one("process p", got.message_id).parent.span_id == send_p.context.span_id
+
+
+def report_context_class(ctx: Any) -> None:
+    """Answers each message with the name of its context's class."""
+    while not ctx.should_terminate:
+        if ctx.receive(timeout=0.05) is not None:
+            ctx.send(type(ctx).__name__)
+
+
+@pytest.mark.parametrize("tracing", [False, True])
+async def test_only_a_tracing_runtime_gives_a_thread_actor_a_traced_context(
+    tracing: bool,
+) -> None:
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=tracing) as rt:
+        await rt.launch("t", report_context_class, tier="thread")
+        await rt.activate("t")
+        await rt.send("t", 1)
+        name = await rt.receive("t", timeout=BOUND_S)
+    assert name == ("TracedThreadedKernelContext" if tracing else "ThreadedKernelContext")
