@@ -23,6 +23,7 @@ from ....exceptions import InvalidConfigurationError
 from ...hosted import HostedKernel
 from ..contract import TierWorker
 from .config import ProcessKernelConfig
+from .waiting import PROBE_EVERY
 from .worker import ProcessWorker
 
 __all__ = ("ProcessHostedKernel",)
@@ -39,6 +40,8 @@ class ProcessHostedKernel(HostedKernel):
     the event loop polls the reply ring for up to this many microseconds before it parks,
     so a quick actor's reply needs no wake-up. The loop runs nothing else meanwhile, and
     the spin costs CPU (see the performance guide's table); a finite number ``>= 0``.
+    The budget adapts: spins that miss shrink it (down to parking at once), with a full
+    try every few requests.
     """
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size", "ring_bytes", "spin_us", "reply_spin_us"})
@@ -47,11 +50,13 @@ class ProcessHostedKernel(HostedKernel):
     # the child often just missed it, parked, and each message then paid a wake-up
     # (round trips 80-110 us instead of ~50). Adaptive spinning still shrinks it when idle.
     HOSTED_SPIN_US = 200.0
-    __slots__ = ("_process_worker", "_reply_spin_s")
+    __slots__ = ("_process_worker", "_reply_misses", "_reply_spin_max", "_reply_spin_s")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._reply_spin_s = 0.0
+        self._reply_spin_max = 0.0  # reply_spin_us, in seconds
+        self._reply_spin_s = 0.0  # the budget now (adaptive, as the child's spin is)
+        self._reply_misses = 0
         self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
 
     def _check_size(self, msg: Any) -> bytes | None:
@@ -67,15 +72,32 @@ class ProcessHostedKernel(HostedKernel):
             if worker is not None:
                 worker.keep_encoded(msg, None)  # the pump encodes it when it hands it over
             return False
-        spin = self._reply_spin_s
         if (  # a caller waits for this reply: poll for it before the loop parks
-            spin
+            self._reply_spin_max
             and worker is not None
             and getattr(msg, "message_id", None) in self._waiters
-            and worker.spin_for_reply(spin)
         ):
-            self._drain_ready_replies()
+            self._spin_for_reply(worker)
         return True
+
+    def _spin_for_reply(self, worker: ProcessWorker) -> None:
+        """Poll for the reply, adapting the budget as the child's waits do: a reply caught
+        while spinning restores the full budget; a miss quarters it, down to none, and
+        every `PROBE_EVERY`-th miss in a row tries the full budget again. A slow actor,
+        or a machine too loaded for the child to answer within the budget, so stops
+        costing the loop its budget on every request."""
+        spin = self._reply_spin_s
+        if spin and worker.spin_for_reply(spin):
+            self._reply_spin_s = self._reply_spin_max
+            self._reply_misses = 0
+            self._drain_ready_replies()
+            return
+        self._reply_misses += 1
+        if self._reply_misses % PROBE_EVERY == 0:
+            self._reply_spin_s = self._reply_spin_max
+        else:
+            quarter = spin / 4
+            self._reply_spin_s = quarter if quarter >= 1e-6 else 0.0
 
     def _make_worker(self, bridge: int) -> TierWorker:
         kwargs: dict[str, Any] = {
@@ -99,6 +121,6 @@ class ProcessHostedKernel(HostedKernel):
             input_type=self.input_type,
             output_type=self.output_type,
         )
-        self._reply_spin_s = spin / 1e6
+        self._reply_spin_max = self._reply_spin_s = spin / 1e6
         self._process_worker = worker
         return worker
