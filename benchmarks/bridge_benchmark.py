@@ -20,8 +20,9 @@ receives N) through the runtime and through the direct kernels. Output: per cont
 median over rounds of its p50, and for each ratio the median and the spread (min-max)
 over rounds; JSON in ``benchmarks/results/bridge.json``.
 
-A last measurement counts the parent's descriptors (``/proc/self/fd``) before and after
-launching and activating 8 process-tier kernels in one runtime: descriptors per kernel.
+A last measurement counts the parent's descriptors (``/proc/self/fd``) with one
+process-tier kernel running and again after 8 more: the growth divided by 8 is what each
+kernel holds (what all kernels share, one watcher thread's wake-up pipe, is in both counts).
 
 The summary rows (for ``run_all.py``) carry each ratio's median over rounds against its
 same-run floor.
@@ -249,13 +250,15 @@ def _open_descriptors() -> int | None:
 
 
 async def descriptors_per_kernel(n: int = DESCRIPTOR_KERNELS) -> float | None:
-    """The parent's descriptors per process-tier kernel: ``/proc/self/fd`` counted before
-    and after launching and activating ``n`` of them in one runtime (None without /proc)."""
+    """The parent's descriptors per process-tier kernel: ``/proc/self/fd`` counted with one
+    kernel running and after ``n`` more, divided by ``n`` (None without /proc). The first
+    kernel sets up what every kernel shares, so the growth is what each one holds."""
     async with RingKernelRuntime() as rt:
-        before = _open_descriptors()
-        if before is None:
-            return None
-        for i in range(n):
+        for i in range(n + 1):
+            if i == 1:
+                before = _open_descriptors()
+                if before is None:
+                    return None
             await rt.launch(f"fd{i}", echo_actor, input_type=Ping, output_type=Pong, tier="process")
             await rt.activate(f"fd{i}")
         after = _open_descriptors()
