@@ -90,6 +90,7 @@ class HostedKernel(RingKernel):
     SUPPORTS_RESTART = False
 
     __slots__ = (
+        "_backlog",
         "_bridge",
         "_budget",
         "_collecting",
@@ -116,6 +117,9 @@ class HostedKernel(RingKernel):
         # the message the pump took from the inbox and has not handed to the worker yet
         self._held: Any = None
         self._held_counted = False
+        # taken from the inbox in a batch that the worker did not take whole: the pump
+        # hands these over one by one, before anything else from the inbox
+        self._backlog: collections.deque[Any] = collections.deque()
         self._reply_in_hand: list[Any] = []  # the reply the collector is delivering
         # replies (or errors, as `_Raised`) the reply callback polled but could not
         # deliver without waiting: the collector takes these before polling the worker
@@ -206,6 +210,17 @@ class HostedKernel(RingKernel):
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Put ``msg`` in the inbox, or straight into the worker when nothing is queued
         ahead of it (see `accept`)."""
+        inbox = self._inbox
+        in_t = self.input_type
+        if (
+            self._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and len(inbox)  # queued ahead of it: the inbox keeps the order
+            and not self._stopping
+            and inbox.offer(msg)
+        ):
+            return True
         await self.accept(msg, timeout)
         return True
 
@@ -219,6 +234,7 @@ class HostedKernel(RingKernel):
             or self._stopping
             or self._gate is not None
             or self._held is not None
+            or self._backlog
             or self.config.serialize
         ):
             return False
@@ -301,11 +317,13 @@ class HostedKernel(RingKernel):
         assert inbox is not None
         assert worker is not None
         assert writable is not None
+        backlog = self._backlog
+        batching = not self.config.serialize  # a frame that does not decode: one by one
         while True:
             if self._gate is not None:
                 await asyncio.shield(self._gate)
             try:
-                msg = await inbox.get()
+                msg = backlog.popleft() if backlog else await inbox.get()
             except QueueClosedError:
                 return
             except MessageDeserializationError as exc:  # serialize=True: one bad frame
@@ -329,7 +347,7 @@ class HostedKernel(RingKernel):
                 except (KernelFailedError, KernelStateError):
                     return  # the collector reports it; the held message is handed back
                 except Exception as exc:  # this one message cannot cross (too large)
-                    self._take_held()
+                    self._take_held(backlog=False)
                     self.telemetry.record_error(exc)
                     self._count_dropped(1)
                     logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
@@ -349,16 +367,38 @@ class HostedKernel(RingKernel):
             self._want_room = False
             self._held = None
             self._held_counted = False
+            if batching and len(inbox) and not backlog and self._gate is None:
+                self._hand_over_batch(inbox, worker)
 
-    def _take_held(self) -> list[Any]:
-        """The message the pump took but never handed over (``[]`` if none)."""
+    def _hand_over_batch(self, inbox: Any, worker: TierWorker) -> None:
+        """The inbox holds more: take as many as the worker has room for (in priority
+        order) and hand them over in one call, which wakes the actor once. What the
+        worker does not take (or an error) goes to ``_backlog``, handed over one by one."""
+        room = self._bridge - worker.pending_input
+        if room < 2:
+            return  # no batch to speak of: the per-message path
+        batch = inbox.get_batch(room)
+        try:
+            n = worker.offer_many(batch)
+        except Exception:  # the per-message path meets it again and reports it
+            n = 0
+        if n and self._timed:
+            self.telemetry.messages_processed += n
+        if n < len(batch):
+            self._backlog.extend(batch[n:])
+
+    def _take_held(self, *, backlog: bool = True) -> list[Any]:
+        """The message the pump took but never handed over, then (with ``backlog``) the
+        rest of a batch it still holds (``[]`` if none)."""
         msg, self._held = self._held, None
-        if msg is None:
-            return []
-        if self._held_counted:
+        out = [] if msg is None else [msg]
+        if msg is not None and self._held_counted:
             self._held_counted = False
             self.telemetry.messages_processed -= 1
-        return [msg]
+        if backlog and self._backlog:
+            out += self._backlog
+            self._backlog.clear()
+        return out
 
     def _take_undelivered(self) -> list[Any]:
         """What the worker did not finish (once): counted as processed when the pump handed
@@ -465,8 +505,11 @@ class HostedKernel(RingKernel):
         if budget <= 0:
             return
         try:
-            while self._drain_one(worker, ready, readable):
-                budget -= 1
+            while True:
+                taken = self._drain_batch(worker, budget, ready, readable)
+                budget -= taken
+                if not taken or ready:
+                    return
                 if budget <= 0:
                     asyncio.get_running_loop().call_soon(self._refill)
                     return
@@ -478,28 +521,31 @@ class HostedKernel(RingKernel):
         self._budget = SEND_YIELD_EVERY
         self._drain_ready_replies()
 
-    def _drain_one(self, worker: TierWorker, ready: Any, readable: asyncio.Event) -> bool:
-        """Poll and deliver one reply; False when there is none, or the collector must
-        take over (the reply or the error is in ``ready``)."""
+    def _drain_batch(
+        self, worker: TierWorker, most: int, ready: Any, readable: asyncio.Event
+    ) -> int:
+        """Poll up to ``most`` replies at once and deliver them; returns how many were
+        taken (0: none ready). The first that would have to wait, the rest after it, or
+        an error the collector must report go to ``ready`` (and the collector is woken)."""
         try:
-            reply = worker.poll_reply()
+            replies = worker.poll_replies(most)
         except MessageRejectedError as exc:
             self._rejected(exc)
-            return True
+            return 1
         except MessageDeserializationError as exc:
             self._undecodable_reply(exc)
-            return True
+            return 1
         except Exception as exc:  # stopped, failed, a fault: the collector reports it
             ready.append(_Raised(exc))
             readable.set()
-            return False
-        if reply is None:
-            return False
-        if not self._deliver_now(reply):
-            ready.append(reply)
-            readable.set()
-            return False
-        return True
+            return 0
+        deliver = self._deliver_now
+        for i, reply in enumerate(replies):
+            if not deliver(reply):
+                ready.extend(replies[i:])
+                readable.set()
+                return i
+        return len(replies)
 
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
@@ -637,6 +683,7 @@ class HostedKernel(RingKernel):
             inbox is None
             or len(inbox)
             or self._held is not None
+            or self._backlog
             or self._reply_in_hand
             or self._ready
         ):

@@ -337,6 +337,71 @@ class SyncQueue(_QueueBase[T]):
             wake()
         return item
 
+    # -- batches ----------------------------------------------------------------------
+
+    def put_many(self, items: list[T]) -> int:
+        """Append a prefix of ``items`` that fits now, without waiting; returns its length.
+
+        One lock acquisition and one wake-up of each side for the whole batch.
+
+        Raises:
+            QueueClosedError: the queue is shut down (nothing was appended).
+        """
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            if self._closed:
+                raise self._put_closed()
+            queued = self._items
+            n = len(items)
+            if self._maxsize:
+                n = min(n, self._maxsize - len(queued))
+            if n <= 0:
+                return 0
+            queued.extend(items[:n] if n < len(items) else items)
+            self._enqueued += n
+            if len(queued) > self._peak:
+                self._peak = len(queued)
+            getters = self._getters
+            for _ in range(min(n, len(getters))):
+                getters.popleft().release()
+        finally:
+            mutex.release()
+        for wake in self._wakers.readable:
+            wake()
+        return n
+
+    def get_many(self, max_count: int) -> list[T]:
+        """Pop up to ``max_count`` items, oldest first, without waiting (``[]``: none).
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
+                `shutdown`), as `get` does.
+        """
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            queued = self._items
+            if not queued:
+                if self._closed:
+                    raise self._get_closed()
+                return []
+            if max_count >= len(queued):
+                out = list(queued)
+                queued.clear()
+            else:
+                popleft = queued.popleft
+                out = [popleft() for _ in range(max_count)]
+            self._dequeued += len(out)
+            putters = self._putters
+            for _ in range(min(len(out), len(putters))):
+                putters.popleft().release()
+        finally:
+            mutex.release()
+        for wake in self._wakers.writable:
+            wake()
+        return out
+
     # -- management -------------------------------------------------------------------
 
     def clear(self) -> int:
@@ -521,6 +586,56 @@ class SPSCQueue(_QueueBase[T]):
                     parking.waiting = False
                     return False
             parking.sleep(remaining)
+
+    # -- batches ----------------------------------------------------------------------
+
+    def put_many(self, items: list[T]) -> int:
+        """Append a prefix of ``items`` that fits now, without waiting; returns its length.
+
+        The consumer and the wakers are woken once for the whole batch (producer side).
+
+        Raises:
+            QueueClosedError: the queue is shut down (nothing was appended).
+        """
+        if self._closed:
+            raise self._put_closed()
+        queued = self._items
+        n = min(len(items), self._capacity - len(queued))
+        if n <= 0:
+            return 0
+        queued.extend(items[:n] if n < len(items) else items)
+        self._enqueued += n
+        if len(queued) > self._peak:
+            self._peak = len(queued)
+        if self._consumer.waiting:
+            self._consumer.wake()
+        for wake in self._wakers.readable:
+            wake()
+        return n
+
+    def get_many(self, max_count: int) -> list[T]:
+        """Pop up to ``max_count`` items, oldest first, without waiting (``[]``: none);
+        the producer and the wakers are woken once (consumer side).
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
+                `shutdown`), as `get` does.
+        """
+        queued = self._items
+        closed = self._closed  # read first: what was put before the shutdown is seen below
+        if not queued:
+            if closed:
+                raise self._get_closed()
+            return []
+        popleft = queued.popleft
+        # only this side pops: at least ``n`` items stay there while it does
+        out = [popleft() for _ in range(min(max_count, len(queued)))]
+        self._dequeued += len(out)
+        if self._producer.waiting:
+            self._producer.wake()
+        for wake in self._wakers.writable:
+            wake()
+        return out
 
     # -- management -------------------------------------------------------------------
 
