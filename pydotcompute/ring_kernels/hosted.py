@@ -216,7 +216,7 @@ class HostedKernel(RingKernel):
             self._direct
             and (in_t is None or type(msg) is in_t)
             and inbox is not None
-            and len(inbox)  # queued ahead of it: the inbox keeps the order
+            and inbox.qsize  # queued ahead of it: the inbox keeps the order
             and not self._stopping
             and inbox.offer(msg)
         ):
@@ -367,7 +367,7 @@ class HostedKernel(RingKernel):
             self._want_room = False
             self._held = None
             self._held_counted = False
-            if batching and len(inbox) and not backlog and self._gate is None:
+            if batching and inbox.qsize and not backlog and self._gate is None:
                 self._hand_over_batch(inbox, worker)
 
     def _hand_over_batch(self, inbox: Any, worker: TierWorker) -> None:
@@ -377,7 +377,8 @@ class HostedKernel(RingKernel):
         room = self._bridge - worker.pending_input
         if room < 2:
             return  # no batch to speak of: the per-message path
-        batch = inbox.get_batch(room)
+        take = inbox.take
+        batch = [take() for _ in range(min(room, inbox.qsize))]
         try:
             n = worker.offer_many(batch)
         except Exception:  # the per-message path meets it again and reports it
@@ -539,13 +540,26 @@ class HostedKernel(RingKernel):
             ready.append(_Raised(exc))
             readable.set()
             return 0
+        n = len(replies)
+        done = 0
+        if not self._waiters and self._forward is None:  # all for the outbox: offered in a row
+            offer = getattr(self._outbox, "offer", None)
+            if offer is not None:
+                with contextlib.suppress(Exception):  # one it refuses: `_deliver` reports it
+                    for reply in replies:
+                        if not offer(reply):
+                            break
+                        done += 1
+                if done and self._timed:
+                    self.telemetry.messages_sent += done
         deliver = self._deliver_now
-        for i, reply in enumerate(replies):
-            if not deliver(reply):
-                ready.extend(replies[i:])
+        while done < n:
+            if not deliver(replies[done]):
+                ready.extend(replies[done:])
                 readable.set()
-                return i
-        return len(replies)
+                return done
+            done += 1
+        return n
 
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
