@@ -268,9 +268,15 @@ class HostedKernel(RingKernel):
 
         drain = self._drain_ready_replies
         scheduled = [False]  # a drain is queued on the loop and has not run yet
+        # wake_writable rides on that drain (set once replies come through wake_readable)
+        shared = [False]
+        room = [False]  # ... and the drain also wakes the pump: the worker has room
 
         def drain_on_loop() -> None:
             scheduled[0] = False  # before polling: a reply after this schedules again
+            if room[0]:
+                room[0] = False
+                writable.set()
             drain()
 
         def wake_readable() -> None:
@@ -286,6 +292,11 @@ class HostedKernel(RingKernel):
             if not self._want_room:  # nobody waits for room: no wake-up
                 return
             self._want_room = False
+            if shared[0]:
+                # flag first, then look: a drain that already ran schedules anew
+                room[0] = True
+                wake_readable()
+                return
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(writable.set)
 
@@ -296,6 +307,7 @@ class HostedKernel(RingKernel):
         self._unwatch = worker.watch(loop, drain)
         if self._unwatch is None:
             self._unwatch = worker.on_readable(wake_readable)
+            shared[0] = True
         self._state = KernelState.ACTIVE
         name = f"pydotcompute:{self.kernel_id}"
         for attr, make, label in (
@@ -317,6 +329,7 @@ class HostedKernel(RingKernel):
         assert inbox is not None
         assert worker is not None
         assert writable is not None
+        loop = asyncio.get_running_loop()
         backlog = self._backlog
         batching = not self.config.serialize  # a frame that does not decode: one by one
         while True:
@@ -360,9 +373,12 @@ class HostedKernel(RingKernel):
                     writable.clear()
                     self._want_room = True
                     continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_POLL_S):
-                        await writable.wait()
+                # the safety poll, as if room was announced (cheaper than a timeout scope)
+                poll = loop.call_later(_POLL_S, writable.set)
+                try:
+                    await writable.wait()
+                finally:
+                    poll.cancel()
                 self._want_room = False
             self._want_room = False
             self._held = None
