@@ -627,10 +627,15 @@ class SPSCQueue(_QueueBase[T]):
             if closed:
                 raise self._get_closed()
             return []
-        popleft = queued.popleft
-        # only this side pops: at least ``n`` items stay there while it does
-        out = [popleft() for _ in range(min(max_count, len(queued)))]
-        self._dequeued += len(out)
+        n = len(queued)  # only this side pops: at least ``n`` stay there while it does
+        if n > max_count:
+            n = max_count
+        if n == 1:
+            out = [queued.popleft()]
+        else:
+            popleft = queued.popleft
+            out = [popleft() for _ in range(n)]
+        self._dequeued += n
         if self._producer.waiting:
             self._producer.wake()
         for wake in self._wakers.writable:
