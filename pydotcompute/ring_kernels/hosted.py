@@ -35,6 +35,11 @@ Design notes:
 - A worker thread wakes the loop only when the loop waits: the readable waker schedules
   one callback until that callback has run, and the writable waker fires only while the
   pump announced it waits for room (it re-offers after announcing, so no wake-up is lost).
+  Where replies come through the readable waker, room rides on that same callback.
+- Batches: with a backlog the pump takes what the worker has room for and hands it over
+  in one `offer_many`; the callback polls up to its budget of replies in one
+  `poll_replies`. What a worker does not take waits in ``_backlog``, handed over (or
+  handed back) before anything newer.
 
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed

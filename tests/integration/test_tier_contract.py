@@ -190,3 +190,9 @@ async def test_broadcast_accounted_at_terminate(case: sc.TierCase) -> None:
 
 async def test_direct_and_queued_sends_keep_order(case: sc.TierCase) -> None:
     await sc.scenario_direct_and_queued_sends_keep_order(case)
+
+
+async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
+    if case.name == "asyncio":
+        pytest.skip("the asyncio tier has no bridge: nothing is handed over")
+    await sc.scenario_batched_hand_over_keeps_promises(case)

@@ -18,6 +18,9 @@ Design notes:
   consumer of the inbox and the only producer of the outbox; callers of `put`/`offer` and
   `get`/`poll_reply` serialize through one lock per direction, which keeps the SPSC
   contract with any number of caller threads.
+- The runtime's bridge moves batches: `offer_many` and `poll_replies` take one lock and
+  wake the other side once; `on_readable`/`on_writable` are burst wakers (once a burst,
+  after a poll found nothing or an offer was refused), so the actor pays no call per item.
 - States are the shared `KernelState`: CREATED -> ACTIVE -> TERMINATING -> TERMINATED.
   They say where the thread is; `failure` says why it ended: an actor that raised leaves
   the worker TERMINATED with `failure` set (FAILED is the runtime's verdict on a kernel,
@@ -432,7 +435,8 @@ class ThreadWorker(TierWorker):
             lock.release()
 
     def on_writable(self, callback: Callable[[], None]) -> None:
-        self._inbox.add_waker(callback, when="writable")
+        # once a burst: after `offer` was refused, as the contract asks
+        self._inbox.add_burst_waker(callback, when="writable")
 
     # -- messages out -------------------------------------------------------------------
 
@@ -480,9 +484,10 @@ class ThreadWorker(TierWorker):
             lock.release()
 
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        # once a burst: the first reply after a poll found none (callers poll until none)
         outbox = self._outbox
-        outbox.add_waker(callback)
-        return lambda: outbox.remove_waker(callback)
+        outbox.add_burst_waker(callback)
+        return lambda: outbox.remove_burst_waker(callback)
 
     def drain_replies(self) -> list[Any]:
         """Every reply readable now, oldest first, without waiting or raising."""
