@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -398,8 +399,8 @@ class HostedKernel(RingKernel):
         room = self._bridge - worker.pending_input
         if room < 2:
             return  # no batch to speak of: the per-message path
-        take = inbox.take
-        batch = [take() for _ in range(min(room, inbox.qsize))]
+        # (a loop in C: ``take()`` as often as there are messages that fit)
+        batch = list(itertools.starmap(inbox.take, itertools.repeat((), min(room, inbox.qsize))))
         try:
             n = worker.offer_many(batch)
         except Exception:  # the per-message path meets it again and reports it
@@ -563,16 +564,17 @@ class HostedKernel(RingKernel):
             return 0
         n = len(replies)
         done = 0
-        if not self._waiters and self._forward is None:  # all for the outbox: offered in a row
-            offer = getattr(self._outbox, "offer", None)
-            if offer is not None:
-                with contextlib.suppress(Exception):  # one it refuses: `_deliver` reports it
-                    for reply in replies:
-                        if not offer(reply):
-                            break
-                        done += 1
-                if done and self._timed:
-                    self.telemetry.messages_sent += done
+        out = self._outbox
+        offer = getattr(out, "offer", None)
+        if offer is not None and not self._waiters and self._forward is None:
+            # all for the outbox: offered in a row (a loop in C that stops at the first
+            # refusal); how many it took is what its size grew by
+            before = out.qsize  # type: ignore[union-attr]
+            with contextlib.suppress(Exception):  # one it refuses: `_deliver` reports it
+                all(map(offer, replies))
+            done = out.qsize - before  # type: ignore[union-attr]
+            if done and self._timed:
+                self.telemetry.messages_sent += done
         deliver = self._deliver_now
         while done < n:
             if not deliver(replies[done]):

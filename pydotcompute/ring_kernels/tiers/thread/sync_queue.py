@@ -38,6 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from itertools import repeat, starmap
 from typing import Any, Generic, TypeVar
 
 from ....exceptions import (
@@ -680,11 +681,7 @@ class SPSCQueue(_QueueBase[T]):
         n = len(queued)  # only this side pops: at least ``n`` stay there while it does
         if n > max_count:
             n = max_count
-        if n == 1:
-            out = [queued.popleft()]
-        else:
-            popleft = queued.popleft
-            out = [popleft() for _ in range(n)]
+        out = [queued.popleft()] if n == 1 else list(starmap(queued.popleft, repeat((), n)))
         self._dequeued += n
         if self._producer.waiting:
             self._producer.wake()
