@@ -1410,3 +1410,43 @@ async def scenario_direct_and_queued_sends_keep_order(case: TierCase) -> None:
         tel = await refresh("k") if refresh is not None else rt.get_telemetry("k")
         assert tel.messages_received == 20 + len(burst) + 10, tel.messages_received
         assert await _dropped(rt, "k") == 0
+
+
+# --- batched hand-over between the loop and the worker ---
+
+
+async def scenario_batched_hand_over_keeps_promises(case: TierCase) -> None:
+    """A backlog moves to where the actor runs in batches: never more than
+    ``bridge_queue_size`` there, the order of a band kept, an urgent message sent behind a
+    backlog overtaking it, and every message accounted for when the kernel is terminated
+    in the middle of it."""
+    bridge = 16
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=1024, bridge_queue_size=bridge)
+        worker = rt.get_kernel("k").worker
+        for rnd in range(3):
+            base = rnd * 1000
+            normal = list(range(base, base + 300))
+            for i in normal:  # no pause: the first go straight through, the rest queue
+                await rt.send("k", Job(seq=i, priority=10))
+            await rt.send("k", Job(seq=base + 999, priority=250))
+            got = []
+            for _ in range(len(normal) + 1):
+                got.append((await rt.receive("k", timeout=BOUND_S)).seq)
+                assert worker.pending_input <= bridge, worker.pending_input
+            # ahead of it: what the actor already held, the one in its hands, the one
+            # the pump held
+            assert got.index(base + 999) <= bridge + 2, got.index(base + 999)
+            got.remove(base + 999)
+            assert got == normal, "the order of a band changed"
+
+        # terminate while batches are in flight: each message ends exactly once
+        accepted: list[int] = []
+        for i in range(5000, 5600):
+            await rt.send("k", Job(seq=i, payload="sleep:0.0002" if i % 50 == 0 else ""))
+            accepted.append(i)
+        read = [(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(100)]
+        left = await rt.terminate("k", timeout=0.01)
+        read += _read_all(rt, "k")
+        assert read == sorted(read), "the order of a band changed"
+        assert_exactly_once(accepted, read, _seqs(left), await _dropped(rt, "k"))

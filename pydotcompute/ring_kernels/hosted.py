@@ -35,6 +35,11 @@ Design notes:
 - A worker thread wakes the loop only when the loop waits: the readable waker schedules
   one callback until that callback has run, and the writable waker fires only while the
   pump announced it waits for room (it re-offers after announcing, so no wake-up is lost).
+  Where replies come through the readable waker, room rides on that same callback.
+- Batches: with a backlog the pump takes what the worker has room for and hands it over
+  in one `offer_many`; the callback polls up to its budget of replies in one
+  `poll_replies`. What a worker does not take waits in ``_backlog``, handed over (or
+  handed back) before anything newer.
 
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
@@ -47,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -90,6 +96,7 @@ class HostedKernel(RingKernel):
     SUPPORTS_RESTART = False
 
     __slots__ = (
+        "_backlog",
         "_bridge",
         "_budget",
         "_collecting",
@@ -116,6 +123,9 @@ class HostedKernel(RingKernel):
         # the message the pump took from the inbox and has not handed to the worker yet
         self._held: Any = None
         self._held_counted = False
+        # taken from the inbox in a batch that the worker did not take whole: the pump
+        # hands these over one by one, before anything else from the inbox
+        self._backlog: collections.deque[Any] = collections.deque()
         self._reply_in_hand: list[Any] = []  # the reply the collector is delivering
         # replies (or errors, as `_Raised`) the reply callback polled but could not
         # deliver without waiting: the collector takes these before polling the worker
@@ -210,6 +220,17 @@ class HostedKernel(RingKernel):
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Put ``msg`` in the inbox, or straight into the worker when nothing is queued
         ahead of it (see `accept`)."""
+        inbox = self._inbox
+        in_t = self.input_type
+        if (
+            self._direct
+            and (in_t is None or type(msg) is in_t)
+            and inbox is not None
+            and inbox.qsize  # queued ahead of it: the inbox keeps the order
+            and not self._stopping
+            and inbox.offer(msg)
+        ):
+            return True
         await self.accept(msg, timeout)
         return True
 
@@ -223,6 +244,7 @@ class HostedKernel(RingKernel):
             or self._stopping
             or self._gate is not None
             or self._held is not None
+            or self._backlog
             or self.config.serialize
         ):
             return False
@@ -256,9 +278,15 @@ class HostedKernel(RingKernel):
 
         drain = self._drain_ready_replies
         scheduled = [False]  # a drain is queued on the loop and has not run yet
+        # wake_writable rides on that drain (set once replies come through wake_readable)
+        shared = [False]
+        room = [False]  # ... and the drain also wakes the pump: the worker has room
 
         def drain_on_loop() -> None:
             scheduled[0] = False  # before polling: a reply after this schedules again
+            if room[0]:
+                room[0] = False
+                writable.set()
             drain()
 
         def wake_readable() -> None:
@@ -274,6 +302,11 @@ class HostedKernel(RingKernel):
             if not self._want_room:  # nobody waits for room: no wake-up
                 return
             self._want_room = False
+            if shared[0]:
+                # flag first, then look: a drain that already ran schedules anew
+                room[0] = True
+                wake_readable()
+                return
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(writable.set)
 
@@ -284,6 +317,7 @@ class HostedKernel(RingKernel):
         self._unwatch = worker.watch(loop, drain)
         if self._unwatch is None:
             self._unwatch = worker.on_readable(wake_readable)
+            shared[0] = True
         self._state = KernelState.ACTIVE
         name = f"pydotcompute:{self.kernel_id}"
         for attr, make, label in (
@@ -305,11 +339,14 @@ class HostedKernel(RingKernel):
         assert inbox is not None
         assert worker is not None
         assert writable is not None
+        loop = asyncio.get_running_loop()
+        backlog = self._backlog
+        batching = not self.config.serialize  # a frame that does not decode: one by one
         while True:
             if self._gate is not None:
                 await asyncio.shield(self._gate)
             try:
-                msg = await inbox.get()
+                msg = backlog.popleft() if backlog else await inbox.get()
             except QueueClosedError:
                 return
             except MessageDeserializationError as exc:  # serialize=True: one bad frame
@@ -333,7 +370,7 @@ class HostedKernel(RingKernel):
                 except (KernelFailedError, KernelStateError):
                     return  # the collector reports it; the held message is handed back
                 except Exception as exc:  # this one message cannot cross (too large)
-                    self._take_held()
+                    self._take_held(backlog=False)
                     self.telemetry.record_error(exc)
                     self._count_dropped(1)
                     logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
@@ -346,23 +383,49 @@ class HostedKernel(RingKernel):
                     writable.clear()
                     self._want_room = True
                     continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_POLL_S):
-                        await writable.wait()
+                # the safety poll, as if room was announced (cheaper than a timeout scope)
+                poll = loop.call_later(_POLL_S, writable.set)
+                try:
+                    await writable.wait()
+                finally:
+                    poll.cancel()
                 self._want_room = False
             self._want_room = False
             self._held = None
             self._held_counted = False
+            if batching and inbox.qsize and not backlog and self._gate is None:
+                self._hand_over_batch(inbox, worker)
 
-    def _take_held(self) -> list[Any]:
-        """The message the pump took but never handed over (``[]`` if none)."""
+    def _hand_over_batch(self, inbox: Any, worker: TierWorker) -> None:
+        """The inbox holds more: take as many as the worker has room for (in priority
+        order) and hand them over in one call, which wakes the actor once. What the
+        worker does not take (or an error) goes to ``_backlog``, handed over one by one."""
+        room = self._bridge - worker.pending_input
+        if room < 2:
+            return  # no batch to speak of: the per-message path
+        # (a loop in C: ``take()`` as often as there are messages that fit)
+        batch = list(itertools.starmap(inbox.take, itertools.repeat((), min(room, inbox.qsize))))
+        try:
+            n = worker.offer_many(batch)
+        except Exception:  # the per-message path meets it again and reports it
+            n = 0
+        if n and self._timed:
+            self.telemetry.messages_processed += n
+        if n < len(batch):
+            self._backlog.extend(batch[n:])
+
+    def _take_held(self, *, backlog: bool = True) -> list[Any]:
+        """The message the pump took but never handed over, then (with ``backlog``) the
+        rest of a batch it still holds (``[]`` if none)."""
         msg, self._held = self._held, None
-        if msg is None:
-            return []
-        if self._held_counted:
+        out = [] if msg is None else [msg]
+        if msg is not None and self._held_counted:
             self._held_counted = False
             self.telemetry.messages_processed -= 1
-        return [msg]
+        if backlog and self._backlog:
+            out += self._backlog
+            self._backlog.clear()
+        return out
 
     def _take_undelivered(self) -> list[Any]:
         """What the worker did not finish (once): counted as processed when the pump handed
@@ -469,8 +532,11 @@ class HostedKernel(RingKernel):
         if budget <= 0:
             return
         try:
-            while self._drain_one(worker, ready, readable):
-                budget -= 1
+            while True:
+                taken = self._drain_batch(worker, budget, ready, readable)
+                budget -= taken
+                if not taken or ready:
+                    return
                 if budget <= 0:
                     asyncio.get_running_loop().call_soon(self._refill)
                     return
@@ -482,28 +548,49 @@ class HostedKernel(RingKernel):
         self._budget = SEND_YIELD_EVERY
         self._drain_ready_replies()
 
-    def _drain_one(self, worker: TierWorker, ready: Any, readable: asyncio.Event) -> bool:
-        """Poll and deliver one reply; False when there is none, or the collector must
-        take over (the reply or the error is in ``ready``)."""
+    def _drain_batch(
+        self, worker: TierWorker, most: int, ready: Any, readable: asyncio.Event
+    ) -> int:
+        """Poll up to ``most`` replies at once and deliver them; returns how many were
+        taken (0: none ready). The first that would have to wait, the rest after it, or
+        an error the collector must report go to ``ready`` (and the collector is woken)."""
         try:
-            reply = worker.poll_reply()
+            replies = worker.poll_replies(most)
         except MessageRejectedError as exc:
             self._rejected(exc)
-            return True
+            return 1
         except MessageDeserializationError as exc:
             self._undecodable_reply(exc)
-            return True
+            return 1
         except Exception as exc:  # stopped, failed, a fault: the collector reports it
             ready.append(_Raised(exc))
             readable.set()
-            return False
-        if reply is None:
-            return False
-        if not self._deliver_now(reply):
-            ready.append(reply)
-            readable.set()
-            return False
-        return True
+            return 0
+        n = len(replies)
+        if not n:
+            return 0
+        done = 0
+        out = self._outbox
+        offer = getattr(out, "offer", None)
+        if offer is not None and not self._waiters and self._forward is None:
+            # all for the outbox: offered in a row (a loop in C that stops at the first
+            # refusal); how many it took is what its size grew by
+            before = out.qsize  # type: ignore[union-attr]
+            try:  # (not contextlib.suppress: three calls a batch on the hot path)
+                all(map(offer, replies))
+            except Exception:  # one it refuses: `_deliver` reports it
+                pass
+            done = out.qsize - before  # type: ignore[union-attr]
+            if done and self._timed:
+                self.telemetry.messages_sent += done
+        deliver = self._deliver_now
+        while done < n:
+            if not deliver(replies[done]):
+                ready.extend(replies[done:])
+                readable.set()
+                return done
+            done += 1
+        return n
 
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
@@ -641,6 +728,7 @@ class HostedKernel(RingKernel):
             inbox is None
             or len(inbox)
             or self._held is not None
+            or self._backlog
             or self._reply_in_hand
             or self._ready
         ):

@@ -231,6 +231,107 @@ def test_remove_waker(qtype: Any) -> None:
         q.add_waker(waker, when="sometimes")  # type: ignore[arg-type]
 
 
+def test_batches_take_what_fits_and_keep_order(qtype: Any) -> None:
+    q = qtype(4)
+    assert q.put_many([1, 2, 3, 4, 5, 6]) == 4  # the prefix that fits
+    assert q.put_many([7]) == 0
+    assert q.get_many(3) == [1, 2, 3]
+    assert q.get_many(1) == [4]
+    assert q.get_many(5) == []
+    assert q.put_many([]) == 0
+    stats = q.get_stats()
+    assert (stats["total_enqueued"], stats["total_dequeued"]) == (4, 4)
+    q.put_many([8, 9])
+    q.shutdown()
+    with pytest.raises(QueueClosedError):
+        q.put_many([10])
+    assert q.get_many(10) == [8, 9]  # drained after shutdown, then closed
+    with pytest.raises(QueueClosedError):
+        q.get_many(10)
+
+
+def test_batches_run_each_waker_once(qtype: Any) -> None:
+    q = qtype(8)
+    events: list[str] = []
+    q.add_waker(lambda: events.append("readable"))
+    q.add_waker(lambda: events.append("writable"), when="writable")
+    q.put_many([1, 2, 3])
+    assert events == ["readable"]
+    q.get_many(3)
+    assert events == ["readable", "writable"]
+
+
+def test_burst_wakers_run_once_a_burst_on_spsc() -> None:
+    q: SPSCQueue[int] = SPSCQueue(2)
+    events: list[str] = []
+    q.add_burst_waker(lambda: events.append("readable"))
+    q.add_burst_waker(lambda: events.append("writable"), when="writable")
+    q.put(1)
+    q.put(2)
+    assert events == ["readable"]  # armed at first: nothing was ever found
+    assert not q.put(3, timeout=0)  # found full: the next get runs the writable one
+    assert q.get_many(5) == [1, 2]
+    assert events == ["readable", "writable"]
+    q.put(4)
+    assert events == ["readable", "writable"]  # no consumer found it empty since
+    assert q.get(0) == 4
+    assert q.get(0) is None  # found empty: the next put runs it again
+    q.put_many([5])
+    assert events == ["readable", "writable", "readable"]
+    assert q.get_many(4) == [5]
+    assert q.get_many(4) == []
+    q.put(6)
+    assert q.put_many([7, 8]) == 1  # found full: armed
+    q.get(0)
+    assert events[-2:] == ["readable", "writable"]
+    q.shutdown()  # shutdown runs them all
+    assert events[-2:] == ["readable", "writable"]
+
+
+def test_burst_wakers_on_sync_queue_run_as_plain_wakers() -> None:
+    q: SyncQueue[int] = SyncQueue(4)
+    calls: list[int] = []
+
+    def waker() -> None:
+        calls.append(1)
+
+    q.add_burst_waker(waker)
+    q.put(1)
+    q.put(2)
+    assert calls == [1, 1]  # at least once a burst: here, every time
+    q.remove_burst_waker(waker)
+    q.put(3)
+    assert calls == [1, 1]
+
+
+def test_a_polling_consumer_misses_nothing_with_a_burst_waker() -> None:
+    """The consumer polls until it finds nothing, then sleeps until the burst waker
+    runs: every item arrives, none waits for a wake-up that never comes."""
+    q: SPSCQueue[int] = SPSCQueue(64)
+    n = 20_000
+    woken = threading.Event()
+    q.add_burst_waker(woken.set)
+    got: list[int] = []
+
+    def consume() -> None:
+        while len(got) < n:
+            batch = q.get_many(64)
+            if batch:
+                got.extend(batch)
+                continue
+            assert woken.wait(10), f"no wake-up after {len(got)} items"
+            woken.clear()
+
+    t = threading.Thread(target=consume, name="test-consumer")
+    t.start()
+    i = 0
+    while i < n:
+        i += q.put_many(list(range(i, min(i + 7, n))))
+    t.join(30)
+    assert not t.is_alive()
+    assert got == list(range(n))
+
+
 def test_spsc_threads_keep_order_without_loss() -> None:
     q: SPSCQueue[int] = SPSCQueue(16)
     n = 20_000

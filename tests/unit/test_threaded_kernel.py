@@ -375,6 +375,46 @@ def test_the_thread_worker_through_the_tier_contract() -> None:
     assert worker.failure is None
 
 
+def test_the_thread_worker_hands_over_and_polls_in_batches() -> None:
+    from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
+
+    go = threading.Event()
+
+    def gated(ctx: Any) -> None:
+        go.wait(10)
+        while not ctx.should_terminate:
+            msg = ctx.receive(timeout=0.05)
+            if msg is not None:
+                ctx.send(msg * 10)
+
+    cfg = ThreadedKernelConfig("b", input_queue_size=4)
+    worker = ThreadWorker("b", gated, config=cfg, input_type=int)
+    with pytest.raises(KernelStateError):
+        worker.offer_many([1])  # not started
+    with pytest.raises(KernelStateError):
+        worker.poll_replies(4)  # not started
+    worker.start()
+    with pytest.raises(TypeValidationError, match="expects int, got str"):
+        worker.offer_many(["x", 1])  # the first is wrong: nothing is queued
+    assert worker.offer_many([1, 2, "x", 3]) == 2  # the prefix before the wrong one
+    assert worker.offer_many([3, 4, 5, 6]) == 2  # room for four not yet taken
+    assert worker.offer_many([7]) == 0
+    assert worker.pending_input == 4
+    assert worker.poll_replies(8) == []
+    go.set()
+    got: list[int] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 4:
+        assert time.monotonic() < deadline
+        got += worker.poll_replies(3)
+    assert got == [10, 20, 30, 40]
+    assert worker.stop(5)
+    with pytest.raises(KernelStateError, match="it has stopped"):
+        worker.poll_replies(4)
+    with pytest.raises(KernelStateError):
+        worker.offer_many([1])
+
+
 def test_a_thread_that_cannot_start_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")

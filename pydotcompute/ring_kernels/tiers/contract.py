@@ -111,6 +111,26 @@ class TierWorker(abc.ABC):
             KernelStateError: the actor stopped (or its function returned by itself).
         """
 
+    def offer_many(self, msgs: list[Any]) -> int:
+        """Hand over the longest prefix of `msgs` the tier takes now, without waiting;
+        returns its length (0: full). A tier overrides it to take a batch at once.
+
+        Raises:
+            As `offer`, and only when none of `msgs` was handed over (an error after the
+            first stops the prefix there: the caller offers the rest one by one).
+        """
+        n = 0
+        for msg in msgs:
+            try:
+                if not self.offer(msg):
+                    break
+            except Exception:
+                if n:
+                    break
+                raise
+            n += 1
+        return n
+
     @abc.abstractmethod
     def on_writable(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from any thread) when room frees up after `offer` said False."""
@@ -136,6 +156,16 @@ class TierWorker(abc.ABC):
                 `stop`, this means its function returned by itself, and the runtime ends
                 the kernel.
         """
+
+    def poll_replies(self, max_count: int) -> list[Any]:
+        """Up to `max_count` replies, oldest first, never waiting (`[]`: none ready).
+
+        Raises:
+            As `poll_reply`, and only when no reply precedes the error. The default takes
+            one reply; a tier overrides it to take a batch at once.
+        """
+        reply = self.poll_reply()
+        return [] if reply is None else [reply]
 
     @abc.abstractmethod
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:

@@ -26,6 +26,11 @@ Design notes:
 - Wakers (``add_waker``) let code outside the queue learn that it may have become readable
   or writable (a pool waiting on many outboxes, or an event loop hosting a threaded kernel);
   they run in the thread that changed the queue, after the change, outside any lock.
+- Burst wakers (``add_burst_waker``) run once a burst on ``SPSCQueue``: after a consumer
+  found the queue empty (or a producer found it full), the same flag-then-look-again
+  handshake as parking. A host that polls until it finds nothing loses no wake-up and
+  does not pay a call per item; ``SyncQueue`` runs them as plain wakers.
+- ``put_many``/``get_many`` move a batch at once, waking each side once.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from itertools import repeat, starmap
 from typing import Any, Generic, TypeVar
 
 from ....exceptions import (
@@ -175,6 +181,17 @@ class _QueueBase(Generic[T]):
 
     def remove_waker(self, callback: Waker) -> None:
         """Stop calling ``callback`` (no error if it was not registered)."""
+        self._wakers.remove(callback)
+
+    def add_burst_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
+        """Call ``callback()`` at least once a burst: when the queue may have become
+        readable after a consumer found it empty, or writable after a producer found it
+        full. A consumer that polls until it finds nothing misses no item. Shutdown calls
+        it too. This queue calls it as `add_waker` does; `SPSCQueue` once a burst."""
+        self._wakers.add(callback, when)
+
+    def remove_burst_waker(self, callback: Waker) -> None:
+        """Stop calling a burst waker (no error if it was not registered)."""
         self._wakers.remove(callback)
 
     def get_stats(self) -> dict[str, int]:
@@ -337,6 +354,71 @@ class SyncQueue(_QueueBase[T]):
             wake()
         return item
 
+    # -- batches ----------------------------------------------------------------------
+
+    def put_many(self, items: list[T]) -> int:
+        """Append a prefix of ``items`` that fits now, without waiting; returns its length.
+
+        One lock acquisition and one wake-up of each side for the whole batch.
+
+        Raises:
+            QueueClosedError: the queue is shut down (nothing was appended).
+        """
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            if self._closed:
+                raise self._put_closed()
+            queued = self._items
+            n = len(items)
+            if self._maxsize:
+                n = min(n, self._maxsize - len(queued))
+            if n <= 0:
+                return 0
+            queued.extend(items[:n] if n < len(items) else items)
+            self._enqueued += n
+            if len(queued) > self._peak:
+                self._peak = len(queued)
+            getters = self._getters
+            for _ in range(min(n, len(getters))):
+                getters.popleft().release()
+        finally:
+            mutex.release()
+        for wake in self._wakers.readable:
+            wake()
+        return n
+
+    def get_many(self, max_count: int) -> list[T]:
+        """Pop up to ``max_count`` items, oldest first, without waiting (``[]``: none).
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
+                `shutdown`), as `get` does.
+        """
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            queued = self._items
+            if not queued:
+                if self._closed:
+                    raise self._get_closed()
+                return []
+            if max_count >= len(queued):
+                out = list(queued)
+                queued.clear()
+            else:
+                popleft = queued.popleft
+                out = [popleft() for _ in range(max_count)]
+            self._dequeued += len(out)
+            putters = self._putters
+            for _ in range(min(len(out), len(putters))):
+                putters.popleft().release()
+        finally:
+            mutex.release()
+        for wake in self._wakers.writable:
+            wake()
+        return out
+
     # -- management -------------------------------------------------------------------
 
     def clear(self) -> int:
@@ -423,13 +505,26 @@ class SPSCQueue(_QueueBase[T]):
         name: Used in error messages.
     """
 
-    __slots__ = ("_capacity", "_consumer", "_producer")
+    __slots__ = (
+        "_bursts",
+        "_capacity",
+        "_consumer",
+        "_empty_seen",
+        "_full_seen",
+        "_producer",
+    )
 
     def __init__(self, capacity: int = 4096, *, name: str = "SPSCQueue") -> None:
         self._capacity = _check_size("SPSCQueue", "capacity", capacity, 1)
         super().__init__(name)
         self._consumer = _Parking()
         self._producer = _Parking()
+        # the burst wakers, and the flags that arm them: the consumer found the queue
+        # empty (a put runs the readable ones), the producer found it full (a get runs
+        # the writable ones). Each side sets its flag, then looks again (as it parks).
+        self._bursts = WakerSet()
+        self._empty_seen = True
+        self._full_seen = False
 
     # -- properties -------------------------------------------------------------------
 
@@ -454,8 +549,10 @@ class SPSCQueue(_QueueBase[T]):
         if item is None:
             raise _none_error(self._name)
         items = self._items
-        if len(items) >= self._capacity and not self._wait_space(timeout):
-            return False
+        if len(items) >= self._capacity:
+            self._full_seen = True  # before `_wait_space` looks again
+            if not self._wait_space(timeout):
+                return False
         items.append(item)
         self._enqueued += 1
         if len(items) > self._peak:
@@ -464,6 +561,10 @@ class SPSCQueue(_QueueBase[T]):
             self._consumer.wake()
         for wake in self._wakers.readable:
             wake()
+        if self._empty_seen:
+            self._empty_seen = False
+            for wake in self._bursts.readable:
+                wake()
         return True
 
     def _wait_space(self, timeout: float | None) -> bool:
@@ -491,14 +592,20 @@ class SPSCQueue(_QueueBase[T]):
     def get(self, timeout: float | None = None) -> T | None:
         """Pop the oldest item, waiting while empty (same contract as `SyncQueue.get`)."""
         items = self._items
-        if not items and not self._wait_item(timeout):
-            return None
+        if not items:
+            self._empty_seen = True  # before `_wait_item` looks again
+            if not self._wait_item(timeout):
+                return None
         item = items.popleft()
         self._dequeued += 1
         if self._producer.waiting:
             self._producer.wake()
         for wake in self._wakers.writable:
             wake()
+        if self._full_seen:
+            self._full_seen = False
+            for wake in self._bursts.writable:
+                wake()
         return item
 
     def _wait_item(self, timeout: float | None) -> bool:
@@ -521,6 +628,70 @@ class SPSCQueue(_QueueBase[T]):
                     parking.waiting = False
                     return False
             parking.sleep(remaining)
+
+    # -- batches ----------------------------------------------------------------------
+
+    def put_many(self, items: list[T]) -> int:
+        """Append a prefix of ``items`` that fits now, without waiting; returns its length.
+
+        The consumer and the wakers are woken once for the whole batch (producer side).
+
+        Raises:
+            QueueClosedError: the queue is shut down (nothing was appended).
+        """
+        if self._closed:
+            raise self._put_closed()
+        queued = self._items
+        n = min(len(items), self._capacity - len(queued))
+        if n < len(items):  # some refused: the next get runs the writable burst wakers
+            self._full_seen = True
+            n = min(len(items), self._capacity - len(queued))  # looked at again
+        if n <= 0:
+            return 0
+        queued.extend(items[:n] if n < len(items) else items)
+        self._enqueued += n
+        if len(queued) > self._peak:
+            self._peak = len(queued)
+        if self._consumer.waiting:
+            self._consumer.wake()
+        for wake in self._wakers.readable:
+            wake()
+        if self._empty_seen:
+            self._empty_seen = False
+            for wake in self._bursts.readable:
+                wake()
+        return n
+
+    def get_many(self, max_count: int) -> list[T]:
+        """Pop up to ``max_count`` items, oldest first, without waiting (``[]``: none);
+        the producer and the wakers are woken once (consumer side).
+
+        Raises:
+            QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
+                `shutdown`), as `get` does.
+        """
+        queued = self._items
+        closed = self._closed  # read first: what was put before the shutdown is seen below
+        if not queued:
+            self._empty_seen = True
+            if not queued:  # looked at again
+                if closed:
+                    raise self._get_closed()
+                return []
+        n = len(queued)  # only this side pops: at least ``n`` stay there while it does
+        if n > max_count:
+            n = max_count
+        out = [queued.popleft()] if n == 1 else list(starmap(queued.popleft, repeat((), n)))
+        self._dequeued += n
+        if self._producer.waiting:
+            self._producer.wake()
+        for wake in self._wakers.writable:
+            wake()
+        if self._full_seen:
+            self._full_seen = False
+            for wake in self._bursts.writable:
+                wake()
+        return out
 
     # -- management -------------------------------------------------------------------
 
@@ -561,6 +732,20 @@ class SPSCQueue(_QueueBase[T]):
         self._consumer.wake()
         self._producer.wake()
         self._wake_all()
+        for wake in (*self._bursts.readable, *self._bursts.writable):
+            wake()
+
+    def add_burst_waker(self, callback: Waker, *, when: WakeOn = "readable") -> None:
+        """Call ``callback()`` once a burst: readable, at the first put after the consumer
+        found the queue empty (a ``get`` or ``get_many`` that had nothing to take at once);
+        writable, at the first get after the producer found it full. A consumer that
+        polls until it finds nothing misses no item, and a producer that offers until it
+        is refused misses no room. Shutdown calls it too. It runs as `add_waker`'s do."""
+        self._bursts.add(callback, when)
+
+    def remove_burst_waker(self, callback: Waker) -> None:
+        """Stop calling a burst waker (no error if it was not registered)."""
+        self._bursts.remove(callback)
 
     def __repr__(self) -> str:
         state = " shut down" if self._closed else ""

@@ -18,6 +18,9 @@ Design notes:
   consumer of the inbox and the only producer of the outbox; callers of `put`/`offer` and
   `get`/`poll_reply` serialize through one lock per direction, which keeps the SPSC
   contract with any number of caller threads.
+- The runtime's bridge moves batches: `offer_many` and `poll_replies` take one lock and
+  wake the other side once; `on_readable`/`on_writable` are burst wakers (once a burst,
+  after a poll found nothing or an offer was refused), so the actor pays no call per item.
 - States are the shared `KernelState`: CREATED -> ACTIVE -> TERMINATING -> TERMINATED.
   They say where the thread is; `failure` says why it ended: an actor that raised leaves
   the worker TERMINATED with `failure` set (FAILED is the runtime's verdict on a kernel,
@@ -114,7 +117,9 @@ class ThreadedKernelConfig:
 def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
     if timeout is None:
         return lock.acquire()
-    return lock.acquire(True, max(timeout, 0.0))
+    if timeout <= 0:
+        return lock.acquire(False)
+    return lock.acquire(True, timeout)
 
 
 class ThreadWorker(TierWorker):
@@ -389,10 +394,49 @@ class ThreadWorker(TierWorker):
 
     def offer(self, msg: Any) -> bool:
         """Queue ``msg`` if the inbox has room; False when full (errors as `put`)."""
-        return self.put(msg, 0)
+        if self._state is not _ACTIVE:
+            raise self._state_error("send to")
+        if self._input_type is not None and not isinstance(msg, self._input_type):
+            raise wrong_type(self._kernel_id, msg, self._input_type, "expects")
+        lock = self._send_lock
+        if not lock.acquire(False):
+            return False
+        try:
+            return self._inbox.put(msg, 0)
+        except QueueClosedError:
+            err = self._state_error("send to")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
+    def offer_many(self, msgs: list[Any]) -> int:
+        """Queue the prefix of ``msgs`` the inbox has room for, waking the actor once;
+        returns its length. A message of the wrong type ends the prefix (raised when it
+        is the first, with nothing queued)."""
+        if self._state is not _ACTIVE:
+            raise self._state_error("send to")
+        in_t = self._input_type
+        if in_t is not None:
+            for i, msg in enumerate(msgs):
+                if not isinstance(msg, in_t):
+                    if not i:
+                        raise wrong_type(self._kernel_id, msg, in_t, "expects")
+                    msgs = msgs[:i]
+                    break
+        lock = self._send_lock
+        if not lock.acquire(False):
+            return 0
+        try:
+            return self._inbox.put_many(msgs)
+        except QueueClosedError:
+            err = self._state_error("send to")
+            raise err from err.__cause__
+        finally:
+            lock.release()
 
     def on_writable(self, callback: Callable[[], None]) -> None:
-        self._inbox.add_waker(callback, when="writable")
+        # once a burst: after `offer` was refused, as the contract asks
+        self._inbox.add_burst_waker(callback, when="writable")
 
     # -- messages out -------------------------------------------------------------------
 
@@ -424,10 +468,26 @@ class ThreadWorker(TierWorker):
     def poll_reply(self) -> Any:
         return self.get(0)
 
+    def poll_replies(self, max_count: int) -> list[Any]:
+        """Up to ``max_count`` replies, oldest first, without waiting (errors as `get`)."""
+        if self._state is _CREATED:
+            raise self._state_error("receive from")
+        lock = self._recv_lock
+        if not lock.acquire(False):
+            return []
+        try:
+            return self._outbox.get_many(max_count)
+        except QueueClosedError:
+            err = self._state_error("receive from")
+            raise err from err.__cause__
+        finally:
+            lock.release()
+
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
+        # once a burst: the first reply after a poll found none (callers poll until none)
         outbox = self._outbox
-        outbox.add_waker(callback)
-        return lambda: outbox.remove_waker(callback)
+        outbox.add_burst_waker(callback)
+        return lambda: outbox.remove_burst_waker(callback)
 
     def drain_replies(self) -> list[Any]:
         """Every reply readable now, oldest first, without waiting or raising."""
