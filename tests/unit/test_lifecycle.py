@@ -939,6 +939,29 @@ async def test_send_and_receive_timeout(kernels: list[RingKernel]) -> None:
     assert [f.cancelled() for f in k._waiters.values()] == [True]
 
 
+async def test_send_and_receive_times_out_waiting_for_room(kernels: list[RingKernel]) -> None:
+    """The time limit covers the wait for room in a full inbox as well as the reply."""
+    release = asyncio.Event()
+
+    async def stalled(ctx: KernelContext) -> None:
+        await release.wait()
+        while not ctx.should_terminate:
+            await ctx.receive()
+
+    k = RingKernel(
+        "full", stalled, input_type=Req, config=RingKernelConfig("full", input_queue_size=1)
+    )
+    kernels.append(k)
+    await k.launch()
+    await k.activate()
+    await k.send(Req(x=0))  # the inbox's one slot
+    with pytest.raises(QueueTimeoutError, match=r"no reply from kernel 'full' within 0\.05s"):
+        await k.send_and_receive(Req(x=1), timeout=0.05)
+    assert k._waiters == {}  # never accepted: nothing stays registered
+    assert k.messages_received() == 1
+    release.set()
+
+
 async def test_a_reply_for_a_cancelled_caller_is_dropped_and_counted(
     kernels: list[RingKernel],
 ) -> None:
