@@ -68,6 +68,7 @@ from ..exceptions import (
 )
 from .context import SEND_YIELD_EVERY
 from .kernel import RingKernel
+from .message import id_key, reply_key
 from .states import KernelState
 from .supervision import BurstLog
 from .tiers.contract import TierWorker
@@ -597,7 +598,7 @@ class HostedKernel(RingKernel):
         for `_deliver`."""
         waiters = self._waiters
         if waiters:
-            fut = waiters.pop(getattr(reply, "correlation_id", None), None)
+            fut = waiters.pop(reply_key(reply), None)
             if fut is not None:
                 if self._timed:
                     self.telemetry.messages_sent += 1
@@ -647,7 +648,7 @@ class HostedKernel(RingKernel):
         if self._timed:
             self.telemetry.messages_processed -= 1
         self._count_dropped(1, "undecodable")
-        fut = self._waiters.pop(exc.correlation_id, None)
+        fut = self._waiters.pop(id_key(exc.correlation_id), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
         logger.warning("kernel %r: a message was rejected: %s", self.kernel_id, exc)
@@ -658,7 +659,7 @@ class HostedKernel(RingKernel):
         the first time only, the later ones are counted (`telemetry().error_count`)."""
         self.telemetry.record_error(exc)
         self._count_dropped(1, "undecodable")
-        fut = self._waiters.pop(getattr(exc, "correlation_id", None), None)
+        fut = self._waiters.pop(id_key(getattr(exc, "correlation_id", None)), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
         if not self._undecodable_seen:
@@ -685,7 +686,7 @@ class HostedKernel(RingKernel):
             self.telemetry.messages_sent += 1
         waiters = self._waiters
         if waiters:
-            fut = waiters.pop(getattr(reply, "correlation_id", None), None)
+            fut = waiters.pop(reply_key(reply), None)
             if fut is not None:
                 if not fut.done():
                     fut.set_result(reply)

@@ -81,7 +81,7 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue
-from .message import new_message_id
+from .message import new_message_id, reply_key, request_key
 from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
@@ -330,9 +330,10 @@ class RingKernel:
 
     @property
     def reply_waiters(self) -> dict[Any, Any]:
-        """The callers awaiting a correlated reply, by the ``correlation_id`` it will carry
-        (read-only: register through `expect_reply`). Whoever delivers the kernel's replies
-        (its context, the hosting bridge) pops a caller from it and completes its future."""
+        """The callers awaiting a correlated reply, by the `reply_key` of the reply (the
+        16 bytes of the ``correlation_id`` it will carry; read-only: register through
+        `expect_reply`). Whoever delivers the kernel's replies (its context, the hosting
+        bridge) pops a caller from it and completes its future."""
         return self._waiters
 
     @property
@@ -575,7 +576,7 @@ class RingKernel:
         ``correlation_id``). True when the reply was a caller's: delivered, or counted as
         lost when that caller already gave up (timed out, cancelled); False when no caller
         waits for it and it goes on to the forward target or the outbox."""
-        fut = self._waiters.pop(getattr(reply, "correlation_id", None), None)
+        fut = self._waiters.pop(reply_key(reply), None)
         if fut is None:
             return False
         if not fut.done():
@@ -670,7 +671,11 @@ class RingKernel:
         """The actor raised on ``request`` and restarts: its correlated caller learns why."""
         if request is None or not self._waiters:
             return
-        fut = self._waiters.pop(getattr(request, "message_id", None), None)
+        try:
+            key = request_key(request)
+        except AttributeError:  # a plain value: no caller can wait for its reply
+            return
+        fut = self._waiters.pop(key, None)
         if fut is not None and not fut.done():
             err = KernelFailedError(
                 self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
@@ -973,8 +978,9 @@ class RingKernel:
         ``set_exception``) for the reply to ``msg``. Runs on the kernel's loop.
 
         Returns:
-            ``(request, key)``: what to send, and the ``correlation_id`` its reply will
-            carry. ``request`` is ``msg`` itself, or a copy of it with a fresh
+            ``(request, key)``: what to send, and the key its caller is filed under
+            (`request_key`: the 16 bytes of the ``correlation_id`` its reply will
+            carry). ``request`` is ``msg`` itself, or a copy of it with a fresh
             ``message_id`` when a reply to ``msg``'s id is already awaited (another caller
             sent the same object, or an earlier attempt timed out): each call gets its own
             reply.
@@ -984,19 +990,20 @@ class RingKernel:
                 cannot be copied.
         """
         try:
-            key = msg.message_id
+            key = request_key(msg)
         except AttributeError:
             raise self._no_message_id(msg) from None
         waiters = self._waiters
         if key in waiters:
             try:
                 msg = copy.copy(msg)
-                msg.message_id = key = new_message_id()
+                msg.message_id = new_message_id()
+                key = request_key(msg)
             except (AttributeError, TypeError) as exc:
                 raise TypeValidationError(
                     f"kernel {self.kernel_id!r}: a reply to this {type(msg).__name__} "
-                    f"(message_id {key}) is already awaited, and the request cannot be copied "
-                    f"with a new id ({exc}); send a new message instead"
+                    f"(message_id {msg.message_id}) is already awaited, and the request "
+                    f"cannot be copied with a new id ({exc}); send a new message instead"
                 ) from None
         waiters[key] = waiter
         return msg, key
@@ -1056,7 +1063,7 @@ class RingKernel:
                 await self.accept(msg, timeout)
             except QueueTimeoutError:
                 timed_out = True
-                raise self._no_reply(msg, key, timeout) from None
+                raise self._no_reply(msg, timeout) from None
             accepted = True
             if not fut.done():
                 timer = loop.call_at(deadline, _time_out_reply, fut)
@@ -1064,7 +1071,7 @@ class RingKernel:
                 return await fut
             except _ReplyTimedOut:
                 timed_out = True
-                raise self._no_reply(msg, key, timeout) from None
+                raise self._no_reply(msg, timeout) from None
         finally:
             if timer is not None:
                 timer.cancel()
@@ -1075,10 +1082,10 @@ class RingKernel:
             else:
                 self.forget_request(key, fut)
 
-    def _no_reply(self, msg: Any, key: Any, timeout: float) -> QueueTimeoutError:
+    def _no_reply(self, msg: Any, timeout: float) -> QueueTimeoutError:
         return QueueTimeoutError(
             f"no reply from kernel {self.kernel_id!r} within {timeout}s "
-            f"(request {type(msg).__name__} {key}; kernel {self._state.name})"
+            f"(request {type(msg).__name__} {msg.message_id}; kernel {self._state.name})"
         )
 
     def messages_received(self) -> int:

@@ -1021,3 +1021,45 @@ def test_only_classes_of_scalar_fields_skip_the_cycle_collector() -> None:
     decoded = deserialize_message(Plain(a=1, b="x").serialize())
     assert decoded == Plain(a=1, b="x", message_id=decoded.message_id)
     assert not gc.is_tracked(decoded)
+
+
+# --- the keys callers are filed under -------------------------------------------------
+
+
+def test_request_and_reply_keys_are_the_id_bytes() -> None:
+    from pydotcompute.ring_kernels.message import id_key, reply_key, request_key
+
+    @message
+    class KeyReq:
+        x: int
+
+    req = KeyReq(x=1)
+    key = request_key(req)  # made now, as wire bytes: no UUID built
+    assert type(key) is bytes
+    assert len(key) == 16
+    assert req.message_id.bytes == key  # the same id when read afterwards
+    assert request_key(req) == key
+    stamped = req.reply(KeyReq(x=2))
+    assert reply_key(stamped) == key  # a reply stamped with the request itself
+    decoded = KeyReq.deserialize(KeyReq(x=3, correlation_id=req.message_id).serialize())
+    assert reply_key(decoded) == key  # a reply read from the wire
+    assert reply_key(KeyReq(x=4)) is None
+    assert id_key(req.message_id) == id_key(key) == id_key(bytearray(key)) == id_key(req) == key
+    assert id_key(None) is None
+    assert id_key("other") == "other"  # matches nothing filed by request_key
+
+
+def test_keys_of_duck_typed_messages() -> None:
+    from pydotcompute.ring_kernels.message import reply_key, request_key
+
+    class Plain:
+        def __init__(self, mid: Any = None, cid: Any = None) -> None:
+            self.message_id = mid
+            self.correlation_id = cid
+
+    mid = uuid.uuid4()
+    assert request_key(Plain(mid)) == mid.bytes
+    assert reply_key(Plain(cid=mid)) == mid.bytes
+    assert reply_key(object()) is None
+    with pytest.raises(AttributeError):
+        request_key(object())

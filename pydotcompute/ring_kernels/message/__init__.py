@@ -26,8 +26,11 @@ from .arrays import (
 from .base import (
     ArrayMessage,
     RingKernelMessage,
+    id_key,
     raw_correlation_get,
     raw_correlation_set,
+    reply_key,
+    request_key,
     serialize_message,
     stamp_reply,
 )
@@ -75,6 +78,7 @@ __all__ = (
     "get_buffer",
     "get_buffer_registry",
     "get_message_type",
+    "id_key",
     "is_fixed_layout",
     "message",
     "message_decoder",
@@ -88,6 +92,8 @@ __all__ = (
     "registered_message_types",
     "release_buffer",
     "release_frame",
+    "reply_key",
+    "request_key",
     "serialize_message",
     "stamp_reply",
 )

@@ -57,8 +57,11 @@ __all__ = (
     "RingKernelMessage",
     "check_priority",
     "correlation_to",
+    "id_key",
     "raw_correlation_get",
     "raw_correlation_set",
+    "reply_key",
+    "request_key",
     "serialize_message",
     "stamp_reply",
 )
@@ -293,6 +296,52 @@ def _wire_correlation(cid: Any) -> Any:
             mid = cid._pdc_mid = next_id_bytes()
         return mid
     return cid  # bytes or a UUID subclass: msgspec writes (or refuses) it as it is
+
+
+def id_key(value: Any) -> Any:
+    """The key a runtime files a reply's caller under, for an id given as a `uuid.UUID`,
+    its 16 bytes or the request message itself: the 16 bytes (None stays None; anything
+    else is returned as it is and matches nothing filed by `request_key`).
+
+    Bytes, not `uuid.UUID`: hashing bytes is one C call, a UUID's ``__hash__`` is Python
+    code, and a decoded message holds its ids as bytes already (no UUID is built).
+    """
+    cls = value.__class__
+    if cls is bytes or value is None:
+        return value
+    if cls is _UUID:
+        return value.bytes
+    if isinstance(value, RingKernelMessage):
+        return request_key(value)
+    if isinstance(value, _UUID):  # a subclass
+        return value.bytes
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value
+
+
+def request_key(msg: Any) -> Any:
+    """`id_key` of ``msg``'s ``message_id`` (made now, as its wire bytes, if it has none).
+
+    Raises:
+        AttributeError: ``msg`` has no ``message_id``.
+    """
+    if isinstance(msg, RingKernelMessage):
+        mid = msg._pdc_mid
+        if mid is None:
+            mid = msg._pdc_mid = next_id_bytes()
+            return mid
+        return mid if mid.__class__ is bytes else id_key(mid)
+    return id_key(msg.message_id)
+
+
+def reply_key(reply: Any) -> Any:
+    """`id_key` of ``reply``'s ``correlation_id``: the key of the caller it answers, or
+    None."""
+    if isinstance(reply, RingKernelMessage):
+        cid = reply._pdc_cid
+        return cid if cid is None or cid.__class__ is bytes else id_key(cid)
+    return id_key(getattr(reply, "correlation_id", None))
 
 
 def _unpickle(cls: type, values: tuple[Any, ...]) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ....exceptions import InvalidConfigurationError
 from ...hosted import HostedKernel
+from ...message import request_key
 from ..contract import TierWorker
 from .config import ProcessKernelConfig
 from .waiting import PROBE_EVERY
@@ -73,12 +74,17 @@ class ProcessHostedKernel(HostedKernel):
                 worker.keep_encoded(msg, None)  # the pump encodes it when it hands it over
             return False
         if (  # a caller waits for this reply: poll for it before the loop parks
-            self._reply_spin_max
-            and worker is not None
-            and getattr(msg, "message_id", None) in self._waiters
+            self._reply_spin_max and worker is not None and self._awaited(msg)
         ):
             self._spin_for_reply(worker)
         return True
+
+    def _awaited(self, msg: Any) -> bool:
+        """Whether a caller waits for the reply to ``msg``."""
+        try:
+            return request_key(msg) in self._waiters
+        except AttributeError:  # a plain value
+            return False
 
     def _spin_for_reply(self, worker: ProcessWorker) -> None:
         """Poll for the reply, adapting the budget as the child's waits do: a reply caught
