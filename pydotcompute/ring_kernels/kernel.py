@@ -81,7 +81,7 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue
-from .message import new_message_id, reply_key, request_key
+from .message import RingKernelMessage, new_message_id, reply_key, request_key
 from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
@@ -1041,7 +1041,9 @@ class RingKernel:
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        if not hasattr(msg, "message_id"):
+        # (``hasattr`` would read ``message_id``, which builds a UUID a message keeps its
+        # id as bytes to avoid)
+        if not isinstance(msg, RingKernelMessage) and not hasattr(msg, "message_id"):
             raise self._no_message_id(msg)
         if self._state is KernelState.LAUNCHED:
             raise self._not_active("send_and_receive to")
