@@ -121,6 +121,7 @@ class ProcessHostedKernel(HostedKernel):
             input_type=self.input_type,
             output_type=self.output_type,
         )
+        worker.bound_in_flight(bridge)  # replies not yet read count against the bridge
         self._reply_spin_max = self._reply_spin_s = spin / 1e6
         self._process_worker = worker
         return worker
