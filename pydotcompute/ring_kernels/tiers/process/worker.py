@@ -618,8 +618,16 @@ class ProcessWorker(TierWorker):
         _call_wakers(self._wakers.readable)
 
     def _on_space(self) -> None:
-        """Watcher thread: the child freed inbox space for an armed writer."""
+        """Watcher thread: the child freed inbox space (or finished a message) for an armed
+        writer. One bell per arming: the child would otherwise ring on every message it
+        takes while the writer waits; a refused offer arms again, and then looks again."""
         drain_bell(self._space_fd)
+        with self._send_lock:
+            if self._space_armed:
+                self._space_armed = False
+                ring = self._in_ring
+                if ring is not None and not ring.closed:
+                    ring.set_writer_waiting(False)
         _call_wakers(self._wakers.writable)
 
     def _on_sentinel(self) -> None:
@@ -1351,29 +1359,40 @@ class ProcessWorker(TierWorker):
         the batch: it is kept and raised by the next poll, so nothing precedes an error.
         """
         lock = self._recv_lock
-        records: list[bytes] = []
-        if max_count > 1 and lock.acquire(False):
-            try:
-                pending = self._pending_out
-                while pending and len(records) < max_count:
-                    records.append(pending.popleft())
-                ring = self._rx
-                if ring is not None and len(records) < max_count:
-                    wake = self._out_space_fd
-                    try:
-                        records += ring.read_many(max_count - len(records), wake)
-                        if len(records) < max_count and self._lent and self.BATCH_BELLS:
-                            # found it empty while a loop watches: ask for the bell again,
-                            # then look once more (as `receive` does)
-                            ring.set_reader_waiting(True)
-                            records += ring.read_many(max_count - len(records), wake)
-                    except RingCorruptedError:
-                        pass  # the next poll meets it and reports it
-            finally:
-                lock.release()
-        if not records:  # none (or one wanted): the one-by-one path and its reports
-            reply = self.poll_reply()
+        if max_count < 2 or not lock.acquire(False):
+            reply = self.poll_reply()  # (a receiving thread holds the lock: it gets them)
             return [] if reply is None else [reply]
+        records: list[bytes] = []
+        report = False  # nothing read and the child may have ended: `poll_reply` says
+        try:
+            pending = self._pending_out
+            while pending and len(records) < max_count:
+                records.append(pending.popleft())
+            ring = self._rx
+            if ring is None:
+                report = not records
+            elif len(records) < max_count:
+                wake = self._out_space_fd
+                try:
+                    records += ring.read_many(max_count - len(records), wake)
+                    if len(records) < max_count and self._lent and self.BATCH_BELLS:
+                        # found it empty while a loop watches: ask for the bell again,
+                        # then look once more (as `receive` does)
+                        ring.set_reader_waiting(True)
+                        records += ring.read_many(max_count - len(records), wake)
+                    if not records:
+                        report = self._child_exited or ring.writer_closed
+                except RingCorruptedError:
+                    report = not records  # (else the next poll meets it and reports it)
+        finally:
+            lock.release()
+        if not records:
+            if report:
+                reply = self.poll_reply()
+                return [] if reply is None else [reply]
+            if self._gated:
+                self._opened()
+            return []
         out: list[Any] = []
         decode, frame = self._decode_reply, self._decode_frame
         for i, data in enumerate(records):
