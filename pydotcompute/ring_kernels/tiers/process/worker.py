@@ -445,6 +445,17 @@ class ProcessWorker(TierWorker):
                 consumed = self._consumed = done
         return self._bound - (sent - consumed)
 
+    def _done_mark(self) -> tuple[int, int] | None:
+        """(``records_done``, ``done_mark``) of the inbox, in that order; None if closed.
+        Taken before a read of the outbox, it lets that read consume those messages even
+        while the child goes on (`_exact_room` needs the outbox caught up with the latest
+        mark)."""
+        ring = self._in_ring
+        try:
+            return (ring.records_done, ring.done_mark) if ring is not None else None
+        except ValueError:  # closed by a concurrent stop
+            return None
+
     def _opened(self) -> None:
         """After reading replies: wake the writable wakers if that opened the bound."""
         if self._gated and self._room() > 0:
@@ -1373,15 +1384,21 @@ class ProcessWorker(TierWorker):
                 report = not records
             elif len(records) < max_count:
                 wake = self._out_space_fd
+                mark = self._done_mark() if self._bound else None
                 try:
                     records += ring.read_many(max_count - len(records), wake)
-                    if len(records) < max_count and self._lent and self.BATCH_BELLS:
+                    if not records and self._lent and self.BATCH_BELLS:
                         # found it empty while a loop watches: ask for the bell again,
-                        # then look once more (as `receive` does)
+                        # then look once more (as `receive` does; a batch that got some
+                        # leaves that to the poll after it, so replies that arrive while
+                        # these are delivered ring nothing)
                         ring.set_reader_waiting(True)
-                        records += ring.read_many(max_count - len(records), wake)
+                        records += ring.read_many(max_count, wake)
                     if not records:
                         report = self._child_exited or ring.writer_closed
+                    elif mark is not None and ring.records_read - len(pending) >= mark[1]:
+                        # every reply to the messages done before this read was read
+                        self._consumed = max(self._consumed, mark[0])
                 except RingCorruptedError:
                     report = not records  # (else the next poll meets it and reports it)
         finally:
