@@ -61,6 +61,11 @@ Design notes:
   ending a process (stderr tap, exit codes, forks) `launch`.
 - Only the process that started a child acts on it at exit (see `launch`): a kernel's
   finalizer does nothing in a process other than the one that created it.
+- Batches: `offer_many` encodes each message once and writes the batch with one publish
+  (`SharedByteRing.write_many`) and at most one doorbell; `poll_replies` reads every
+  ready reply in one call (`read_many`). The hand-over bound (`bound_in_flight`) counts
+  a message until the child finished it *and* its replies were read here: the child
+  stores the outbox's record count before it marks a message done, which is what tells.
 - The worker IS the tier: the contract's methods are its own (`offer` is
   ``send_nowait``, `poll_reply` is ``receive_nowait``), and the loop watches the reply
   doorbell itself (`watch`; the child's exit reaches it from the shared watcher): one
