@@ -452,9 +452,9 @@ class ProcessWorker(TierWorker):
 
     def _done_mark(self) -> tuple[int, int] | None:
         """(``records_done``, ``done_mark``) of the inbox, in that order; None if closed.
-        Taken before a read of the outbox, it lets that read consume those messages even
-        while the child goes on (`_exact_room` needs the outbox caught up with the latest
-        mark)."""
+        Taken before a read of the outbox while the bound refuses, it lets that read
+        consume those messages even while the child goes on (`_exact_room` needs the
+        outbox caught up with the latest mark)."""
         ring = self._in_ring
         try:
             return (ring.records_done, ring.done_mark) if ring is not None else None
@@ -1389,7 +1389,7 @@ class ProcessWorker(TierWorker):
                 report = not records
             elif len(records) < max_count:
                 wake = self._out_space_fd
-                mark = self._done_mark() if self._bound else None
+                mark = self._done_mark() if self._gated else None
                 try:
                     records += ring.read_many(max_count - len(records), wake)
                     if not records and self._lent and self.BATCH_BELLS:
