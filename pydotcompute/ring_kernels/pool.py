@@ -800,6 +800,15 @@ class PoolWorker(TierWorker):
     # -- messages out -------------------------------------------------------------------
 
     def poll_reply(self) -> Any:
+        got = self._poll(1)
+        return got[0] if got else None
+
+    def poll_replies(self, max_count: int) -> list[Any]:
+        """Up to ``max_count`` replies of the first member (in turn) that has any: one
+        member's batch, so an error is raised only when no reply precedes it."""
+        return self._poll(max_count)
+
+    def _poll(self, most: int) -> list[Any]:
         members = self.members
         n = len(members)
         failure: KernelFailedError | None = None
@@ -808,7 +817,11 @@ class PoolWorker(TierWorker):
         for k in range(n):
             i = (start + k) % n
             try:
-                reply = members[i].poll_reply()
+                if most > 1:
+                    got = members[i].poll_replies(most)
+                else:
+                    reply = members[i].poll_reply()
+                    got = [] if reply is None else [reply]
             except MessageRejectedError:
                 self.rejected[i] += 1
                 self._next = (i + 1) % n
@@ -828,19 +841,19 @@ class PoolWorker(TierWorker):
                 if i not in self._ended and not self._stopping:
                     self._member_ended(i)
                 continue
-            if reply is not None:
-                self.replied[i] += 1
+            if got:
+                self.replied[i] += len(got)
                 self._next = (i + 1) % n
                 if self._blocked:
                     self._refill(i)
-                return reply
+                return got
         if failure is not None:  # nothing else ready: the pool fails as one kernel
             raise failure
         if stopped == n:
             raise KernelStateError(self.kernel_id, "STOPPED", "receive from", "")
         if self._backlog:
             self._flush_backlog()
-        return None
+        return []
 
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
         undos = [m.on_readable(callback) for m in self.members]

@@ -195,9 +195,4 @@ async def test_direct_and_queued_sends_keep_order(case: sc.TierCase) -> None:
 async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
     if case.name == "asyncio":
         pytest.skip("the asyncio tier has no bridge: nothing is handed over")
-    if case.name == "process":
-        pytest.skip(
-            "the process tier lets an urgent message wait behind more than "
-            "bridge_queue_size + 2 (36 to 51 with a bridge of 16)"
-        )
     await sc.scenario_batched_hand_over_keeps_promises(case)

@@ -1110,3 +1110,62 @@ def test_undelivered_is_exact_after_finished_messages_were_pruned() -> None:
     assert kernel.stop(timeout=0.2) is False
     assert [m.seq for m in kernel.take_undelivered()] == [20, 21, 22]
     assert [m.seq for m in kernel.unprocessed()] == [21, 22]
+
+
+# --- batches between the runtime and the child ------------------------------------------
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_batch_goes_in_at_once_and_replies_come_out_in_order_before_an_error() -> None:
+    w = process_worker.ProcessWorker("batch", echo, config=CythonKernelConfig("batch"))
+    w.start()
+    try:
+        assert w.offer_many([]) == 0
+        bad = Strict(count="x")  # type: ignore[arg-type]
+        w.keep_encoded(bad, None)
+        assert w.offer_many([Strict(count=1), Strict(count=2), bad, Strict(count=3)]) == 4
+        _until(lambda: w.statistics()["outbox"]["pending_records"] == 4, "four records")
+        assert [r.count for r in w.poll_replies(10)] == [1, 2]  # stops before the error
+        with pytest.raises(MessageRejectedError) as info:
+            w.poll_replies(10)
+        assert info.value.correlation_id == bad.message_id
+        assert [r.count for r in w.poll_replies(10)] == [3]
+        assert w.poll_replies(10) == []
+        with pytest.raises(MessageSerializationError):
+            w.offer_many([object()])  # the first cannot be encoded: raised
+        assert w.offer_many([Strict(count=4), object()]) == 1  # a later one: stops there
+        _until(lambda: w.statistics()["outbox"]["pending_records"] == 1, "the reply")
+        assert [r.count for r in w.poll_replies(10)] == [4]
+    finally:
+        w.stop(5.0)
+
+
+def test_the_hand_over_bound_counts_replies_not_yet_read() -> None:
+    w = process_worker.ProcessWorker("bound", sleeper, config=CythonKernelConfig("bound"))
+    woken = threading.Event()
+    w.add_waker(woken.set, when="writable")
+    w.bound_in_flight(2)
+    w.start()
+    try:
+        jobs = [Job(seq=i) for i in range(6)]
+        assert w.offer_many(jobs) == 3  # the bound, and one for the actor's hands
+        assert not w.offer(jobs[3])
+        _until(lambda: w.pending_input == 2, "the actor to take the first")
+        # the actor finishes the first and takes the next: its reply still counts
+        _until(lambda: w.statistics()["outbox"]["pending_records"] == 1, "the first reply")
+        assert not w.offer(jobs[3])
+        woken.clear()
+        assert [r.seq for r in w.poll_replies(10)] == [0]  # read: that opens the bound
+        assert woken.is_set()
+        assert w.offer(jobs[3])
+        assert w.pending_input == 2
+        assert not w.offer(jobs[4])
+    finally:
+        w.stop(0.1)
+    assert [m.seq for m in w.take_undelivered()] == [1, 2, 3]

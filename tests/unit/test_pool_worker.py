@@ -70,6 +70,13 @@ class Member(TierWorker):
             raise KernelStateError("m", "STOPPED", "receive from", "")
         return None
 
+    def poll_replies(self, max_count: int) -> list[Any]:
+        n = min(max_count, len(self.replies))
+        if not n:
+            reply = self.poll_reply()
+            return [] if reply is None else [reply]
+        return [self.replies.popleft() for _ in range(n)]
+
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
         return lambda: None
 
@@ -209,6 +216,30 @@ def test_poll_reply_takes_turns_and_reports_a_failure_after_the_others() -> None
     with pytest.raises(KernelFailedError):
         pool.poll_reply()
     assert pool.failure is a.error
+
+
+def test_poll_replies_takes_one_members_batch_in_turn() -> None:
+    pool, (a, b), _ = _pool()
+    for i in range(6):
+        pool.offer(i)  # a: 0, 2, 4; b: 1, 3, 5
+    for m in (a, b):
+        for _ in range(3):
+            m.take()
+            m.reply()
+    assert [g[1] for g in pool.poll_replies(2)] == [0, 2]  # a's, up to the budget
+    assert [g[1] for g in pool.poll_replies(8)] == [1, 3, 5]  # then b's whole batch
+    assert [g[1] for g in pool.poll_replies(8)] == [4]
+    assert pool.poll_replies(8) == []
+    assert pool.replied == [3, 3]
+    pool.offer(10)
+    pool.offer(11)
+    a.take()
+    a.error = ValueError("boom")
+    b.take()
+    b.reply()
+    assert pool.poll_replies(8) == [("done", 11)]  # the healthy member's first
+    with pytest.raises(KernelFailedError):
+        pool.poll_replies(8)
 
 
 def test_take_undelivered_puts_the_failed_member_first() -> None:

@@ -750,3 +750,105 @@ def test_a_signal_interrupts_a_waiting_acquire(impl: Any) -> None:
     lock.release()
     assert lock.acquire(False)  # still usable
     lock.release()
+
+
+# --- batches: many records in one call ------------------------------------------------------
+
+
+def test_write_many_publishes_a_prefix_that_fits(impl: Any) -> None:
+    w = impl.SharedByteRing(4096, max_records=3)
+    r = impl.SharedByteRing.attach(w.name)
+    try:
+        assert w.write_many([]) == (0, False)
+        assert w.write_many([b"a", bytearray(b"bc")]) == (2, False)  # any bytes-like record
+        assert w.records_written == 2
+        assert w.write_many([b"d", b"e", b"f"]) == (1, False)  # the record bound stops it
+        r.set_reader_waiting(True)
+        assert w.write_many([b"e"]) == (0, False)  # nothing written: nothing to ring
+        assert r.read_many(10) == [b"a", b"bc", b"d"]
+        assert w.write_many([b"e", b"f"]) == (2, True)  # the reader is parked: ring once
+        r.set_reader_waiting(False)
+        assert r.read_many(1) == [b"e"]
+        assert r.read_many(0) == []
+        assert r.read_many(5) == [b"f"]
+        assert r.read_many(5) == []
+    finally:
+        r.close()
+        w.close()
+        w.unlink()
+
+
+def test_write_many_wraps_and_refuses_what_never_fits(ring_pair: Any) -> None:
+    w, r = ring_pair  # 256 data bytes
+    recs = [bytes([i]) * (20 + i) for i in range(30)]
+    got: list[bytes] = []
+    sent = 0
+    while sent < len(recs):  # wraps around the end several times, payloads split
+        n, _ = w.write_many(recs[sent:])
+        assert n > 0
+        sent += n
+        got += r.read_many(3)
+    got += r.read_many(100)
+    assert got == recs
+    with pytest.raises(InvalidConfigurationError, match="larger"):
+        w.write_many([b"x" * 300, b"y"])  # the first never fits: an error, nothing written
+    assert w.write_many([b"y", b"x" * 300, b"z"]) == (1, False)  # a later one: stops there
+    assert r.read_many(5) == [b"y"]
+    r.close_reader()
+    with pytest.raises(QueueClosedError):
+        w.write_many([b"z"])
+
+
+def test_read_many_rings_a_parked_writer_once(ring_pair: Any) -> None:
+    w, r = ring_pair
+    bell_r, bell_w = os.pipe()
+    os.set_blocking(bell_r, False)
+    try:
+        w.write_many([b"a", b"b", b"c"])
+        assert r.read_many(2, bell_w) == [b"a", b"b"]  # not parked: no byte
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        w.set_writer_waiting(True)
+        assert r.read_many(5, bell_w) == [b"c"]
+        assert os.read(bell_r, 16) == b"\x00"  # one byte for the batch
+        assert r.read_many(5, bell_w) == []  # nothing read: nothing rung
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+    finally:
+        os.close(bell_r)
+        os.close(bell_w)
+
+
+def test_mark_done_stores_the_answer_rings_count_first(impl: Any) -> None:
+    inbox = impl.SharedByteRing(4096)
+    outbox = impl.SharedByteRing(4096)
+    child_in = impl.SharedByteRing.attach(inbox.name)
+    bell_r, bell_w = os.pipe()
+    os.set_blocking(bell_r, False)
+    try:
+        inbox.write_many([b"m1", b"m2"])
+        assert (inbox.records_done, inbox.done_mark) == (0, 0)
+        child_in.try_read()
+        outbox.write_many([b"r1a", b"r1b"])  # two answers to the first message
+        child_in.mark_done(outbox, bell_w)  # finished it: the writer is not parked
+        assert (inbox.records_done, inbox.done_mark) == (1, 2)
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        inbox.set_writer_waiting(True)
+        child_in.mark_done(outbox, bell_w)  # parked, but a record is left: a read rings
+        with pytest.raises(BlockingIOError):
+            os.read(bell_r, 16)
+        child_in.try_read()
+        outbox.try_write(b"r2")
+        child_in.mark_done(outbox, bell_w)  # parked and the ring is empty: rung here
+        assert os.read(bell_r, 16) == b"\x00"
+        assert (inbox.records_done, inbox.done_mark) == (2, 3)
+        child_in.mark_done()  # without an answer ring the mark stays
+        assert inbox.done_mark == 3
+    finally:
+        os.close(bell_r)
+        os.close(bell_w)
+        for ring in (child_in, inbox, outbox):
+            ring.close()
+        inbox.unlink()
+        outbox.unlink()

@@ -94,6 +94,7 @@ cdef enum:
     H_HEAD = 16
     H_RCOUNT = 17
     H_DONE = 18
+    H_DONE_MARK = 19
     H_WWAIT = 24
     H_WCLOSED = 25
     H_RWAIT = 26
@@ -326,6 +327,75 @@ cdef class SharedByteRing:
         self._check_open()
         return self._write_obj(data)
 
+    def write_many(self, list records):
+        """Append the records of ``records`` (bytes) in order while they fit, and publish
+        them at once: one release of the tail, one look at the reader's flag.
+
+        Returns:
+            ``(count, wake)``: how many were written (a prefix of ``records``), and True
+            when the reader is parked (ring its doorbell once for the batch).
+
+        Raises:
+            InvalidConfigurationError: the first record is larger than the ring can ever
+                hold (a later one stops the batch before it, unwritten).
+            QueueClosedError: the reader closed the ring.
+        """
+        self._check_open()
+        cdef Py_ssize_t i = 0, count = len(records)
+        cdef uint64_t cap = self._cap
+        cdef uint64_t tail, head, used, need, n, off, p, first, written
+        cdef const char *src
+        cdef object data
+        if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
+            raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
+        tail = pdc_load_relaxed(&self._hdr[H_TAIL])
+        written = pdc_load_relaxed(&self._hdr[H_WCOUNT])
+        while i < count:
+            data = records[i]
+            if type(data) is not bytes:
+                data = bytes(data)
+            n = <uint64_t>len(<bytes>data)
+            src = PyBytes_AS_STRING(data)
+            need = C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
+            if need > cap:
+                if i == 0:
+                    raise _twin.too_large_error(n, cap, self._name)
+                break
+            used = tail - self._head_cache
+            if used > cap or need > cap - used or (tail & 7):
+                head = self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
+                used = tail - head
+                if used > cap or ((head | tail) & 7):
+                    raise _twin.corrupt_error(
+                        self._name, _twin.positions_detail(head, tail, cap)
+                    )
+                if need > cap - used:
+                    break
+            if self._max_records and written - self._rcount_cache >= self._max_records:
+                self._rcount_cache = pdc_load_acquire(&self._hdr[H_RCOUNT])
+                if written - self._rcount_cache >= self._max_records:
+                    break
+            off = tail % cap
+            (<uint64_t *>(self._data + off))[0] = n
+            p = off + C_RECORD_HEADER
+            if p == cap:
+                p = 0
+            first = cap - p
+            if n <= first:
+                memcpy(self._data + p, src, n)
+            else:
+                memcpy(self._data + p, src, first)
+                memcpy(self._data, src + first, n - first)
+            tail += need
+            written += 1
+            i += 1
+        if not i:
+            return (0, False)
+        pdc_store_relaxed(&self._hdr[H_WCOUNT], written)
+        pdc_store_release(&self._hdr[H_TAIL], tail)  # publish the whole batch
+        pdc_fence()
+        return (i, pdc_load_relaxed(&self._hdr[H_RWAIT]) != 0)
+
     def writable(self, size):
         """True when a record of ``size`` payload bytes would fit now."""
         self._check_open()
@@ -468,6 +538,22 @@ cdef class SharedByteRing:
         if pdc_load_relaxed(&self._hdr[H_WWAIT]):
             ignored = write(fd, &byte, 1)  # a failure needs nothing (see spin_read)
 
+    def read_many(self, Py_ssize_t max_count, int wake_fd=-1):
+        """Pop up to ``max_count`` committed records, oldest first (``[]``: none), in one
+        call; with a ``wake_fd``, ring it once if the writer is parked for space."""
+        self._check_open()
+        out = []
+        cdef object rec
+        while max_count > 0:
+            rec = self._read()
+            if rec is None:
+                break
+            out.append(rec)
+            max_count -= 1
+        if out and wake_fd >= 0:
+            self._wake_writer(wake_fd)
+        return out
+
     def read_all(self):
         """Pop every committed record (used to recover what a dead peer left behind)."""
         self._check_open()
@@ -478,15 +564,46 @@ cdef class SharedByteRing:
                 return out
             out.append(rec)
 
-    def mark_done(self):
+    def mark_done(self, SharedByteRing out=None, int wake_fd=-1):
         """Record that every record read so far is finished with (``records_done``).
 
         The consumer calls it when it has dealt with what it took (a process actor asking
         for its next message), so the producer can tell records merely taken from records
         finished: after the consumer dies, ``records_read - records_done`` were in its hands.
+
+        Args:
+            out: The ring the consumer answers into: its ``records_written`` now is stored
+                first as ``done_mark`` (every answer to a finished record is among those).
+            wake_fd: The writer's space doorbell, rung when the writer is parked and this
+                ring is empty (no read follows to ring it).
         """
         self._check_open()
-        pdc_store_release(&self._hdr[H_DONE], pdc_load_relaxed(&self._hdr[H_RCOUNT]))
+        cdef uint64_t *hdr = self._hdr
+        cdef char byte = 0
+        cdef ssize_t ignored
+        if out is not None:
+            out._check_open()
+            pdc_store_relaxed(&hdr[H_DONE_MARK], pdc_load_relaxed(&out._hdr[H_WCOUNT]))
+        pdc_store_release(&hdr[H_DONE], pdc_load_relaxed(&hdr[H_RCOUNT]))
+        if wake_fd >= 0:
+            pdc_fence()  # Dekker, as in a read: our count is visible before we look
+            if pdc_load_relaxed(&hdr[H_WWAIT]) and (
+                pdc_load_acquire(&hdr[H_TAIL]) == pdc_load_relaxed(&hdr[H_HEAD])
+            ):
+                ignored = write(wake_fd, &byte, 1)
+
+    @property
+    def done_mark(self):
+        """The answer ring's ``records_written`` when records were last marked done (read
+        ``records_done`` first: the mark is stored before it)."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_DONE_MARK])
+
+    @property
+    def records_written(self):
+        """Records the producer has written so far."""
+        self._check_open()
+        return pdc_load_acquire(&self._hdr[H_WCOUNT])
 
     @property
     def records_done(self):

@@ -18,7 +18,7 @@ Shared ring layout (all integers native-endian ``uint64``, 64-byte cache lines):
 ```text
 line 0   magic, capacity, max_records                      written once by the creator
 line 1   tail, records_written                             written by the producer per record
-line 2   head, records_read, records_done                  written by the consumer per record
+line 2   head, records_read, records_done, done_mark       written by the consumer per record
 line 3   writer_waiting, writer_closed, reader_waiting, reader_closed
                                                            written only to park, wake or close
 256..    data: ``capacity`` bytes (a multiple of 8)
@@ -101,7 +101,7 @@ H_MAGIC, H_CAPACITY, H_MAX_RECORDS = 0, 1, 2
 # header words are uint64: counters and positions wrap as the compiled ring's do
 _U64 = (1 << 64) - 1
 H_TAIL, H_WCOUNT = 8, 9
-H_HEAD, H_RCOUNT, H_DONE = 16, 17, 18
+H_HEAD, H_RCOUNT, H_DONE, H_DONE_MARK = 16, 17, 18, 19
 H_WWAIT, H_WCLOSED, H_RWAIT, H_RCLOSED = 24, 25, 26, 27
 
 WRITE_FULL, WRITE_OK, WRITE_WAKE = 0, 1, 2
@@ -524,6 +524,68 @@ class SharedByteRing:
         _fence()
         return WRITE_WAKE if q[H_RWAIT] else WRITE_OK
 
+    def write_many(self, records: list[bytes]) -> tuple[int, bool]:
+        """Append the records of ``records`` in order while they fit, and publish them at
+        once: one store of the tail, one look at the reader's flag.
+
+        Returns:
+            ``(count, wake)``: how many were written (a prefix of ``records``), and True
+            when the reader is parked (ring its doorbell once for the batch).
+
+        Raises:
+            InvalidConfigurationError: the first record is larger than the ring can ever
+                hold (a later one stops the batch before it, unwritten).
+            QueueClosedError: the reader closed the ring.
+        """
+        q = self._q
+        cap = self._capacity
+        if q[H_RCLOSED]:
+            raise QueueClosedError(f"shared ring {self.name!r}: the reader has closed it")
+        tail = q[H_TAIL]
+        written = q[H_WCOUNT]
+        i = 0
+        for data in records:
+            if type(data) is not bytes:
+                data = bytes(data)
+            n = len(data)
+            need = RECORD_HEADER_BYTES + ((n + 7) & ~7)
+            if need > cap:
+                if i == 0:
+                    raise too_large_error(n, cap, self.name)
+                break
+            used = tail - self._head_cache
+            if need > cap - used or tail & 7:
+                head = self._head_cache = q[H_HEAD]
+                used = tail - head
+                if not 0 <= used <= cap or (head | tail) & 7:
+                    raise corrupt_error(self.name, positions_detail(head, tail, cap))
+                if need > cap - used:
+                    break
+            if self._max_records and (written - self._rcount_cache) & _U64 >= self._max_records:
+                self._rcount_cache = q[H_RCOUNT]
+                if (written - self._rcount_cache) & _U64 >= self._max_records:
+                    break
+            off = tail % cap
+            self._words[off >> 3] = n
+            p = off + RECORD_HEADER_BYTES
+            if p == cap:
+                p = 0
+            first = cap - p
+            if n <= first:
+                self._data[p : p + n] = data
+            else:
+                self._data[p:cap] = data[:first]
+                self._data[: n - first] = data[first:]
+            tail = (tail + need) & _U64
+            written = (written + 1) & _U64
+            i += 1
+        if not i:
+            return 0, False
+        q[H_WCOUNT] = written
+        q[H_TAIL] = tail  # publish the whole batch
+        _fence()
+        return i, bool(q[H_RWAIT])
+
     def writable(self, size: int) -> bool:
         """True when a record of ``size`` payload bytes would fit now."""
         need = RECORD_HEADER_BYTES + ((size + 7) & ~7)
@@ -615,6 +677,20 @@ class SharedByteRing:
                 pass
         return out
 
+    def read_many(self, max_count: int, wake_fd: int = -1) -> list[bytes]:
+        """Pop up to ``max_count`` committed records, oldest first (``[]``: none), in one
+        call; with a ``wake_fd``, ring it once if the writer is parked for space."""
+        out: list[bytes] = []
+        while max_count > 0 and (rec := self.try_read()) is not None:
+            out.append(rec)
+            max_count -= 1
+        if out and wake_fd >= 0 and self.writer_waiting:
+            try:
+                os.write(wake_fd, b"\x00")
+            except OSError:
+                pass
+        return out
+
     def read_all(self) -> list[bytes]:
         """Pop every committed record (used to recover what a dead peer left behind)."""
         out: list[bytes] = []
@@ -622,15 +698,41 @@ class SharedByteRing:
             out.append(rec)
         return out
 
-    def mark_done(self) -> None:
+    def mark_done(self, out: SharedByteRing | None = None, wake_fd: int = -1) -> None:
         """Record that every record read so far is finished with (``records_done``).
 
         The consumer calls it when it has dealt with what it took (a process actor asking
         for its next message), so the producer can tell records merely taken from records
         finished: after the consumer dies, ``records_read - records_done`` were in its hands.
+
+        Args:
+            out: The ring the consumer answers into: its ``records_written`` now is stored
+                first as ``done_mark`` (every answer to a finished record is among those).
+            wake_fd: The writer's space doorbell, rung when the writer is parked and this
+                ring is empty (no read follows to ring it).
         """
         q = self._q
+        if out is not None:
+            q[H_DONE_MARK] = out.records_written
         q[H_DONE] = q[H_RCOUNT]
+        if wake_fd >= 0:
+            _fence()
+            if q[H_WWAIT] and q[H_TAIL] == q[H_HEAD]:
+                try:
+                    os.write(wake_fd, b"\x00")
+                except OSError:
+                    pass
+
+    @property
+    def done_mark(self) -> int:
+        """The answer ring's ``records_written`` when records were last marked done (read
+        ``records_done`` first: the mark is stored before it)."""
+        return int(self._q[H_DONE_MARK])
+
+    @property
+    def records_written(self) -> int:
+        """Records the producer has written so far."""
+        return int(self._q[H_WCOUNT])
 
     @property
     def records_done(self) -> int:

@@ -222,8 +222,9 @@ class ProcessKernelContext:
             self._timed += 1
             if self._timed >= FLUSH_EVERY:
                 self.flush_timing()
+        out = self._out
         while True:
-            ring.mark_done()
+            ring.mark_done(out, wake)  # (with the replies written so far: see `worker`)
             if timeout is None:  # read_wait inlined: this is every message's path
                 data = ring.spin_read(waiter.spin_s, wake)
                 if data is None:
@@ -262,7 +263,7 @@ class ProcessKernelContext:
         if rec is not None:
             rec.idle()
         while True:
-            ring.mark_done()
+            ring.mark_done(self._out, self._in_space_fd)
             data = ring.spin_read(0, self._in_space_fd)  # rings a parked parent
             if data is None:
                 if rec is not None:

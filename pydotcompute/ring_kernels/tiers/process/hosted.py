@@ -6,7 +6,10 @@ hosting bridge `HostedKernel`; this class only builds the tier's `ProcessWorker`
 Design notes:
 - The child's inbox ring is bounded by message count as well as bytes: the runtime gives
   it `bridge_queue_size` as its `input_queue_size`, so the user's inbox bound and
-  priority bands act on everything the child has not yet been handed.
+  priority bands act on everything the child has not yet been handed. That alone let the
+  child run ahead (replies waiting in the outbox come out before anything handed over
+  later), so the worker also counts a message until its replies were read here
+  (`ProcessWorker.bound_in_flight`): an urgent message waits behind at most the bridge.
 - One encode per message: the size check at the edge serializes the message anyway, so
   the worker is handed those bytes (`ProcessWorker.keep_encoded`) and writes them.
 - ``reply_spin_us`` spins on the event loop's thread, blocking the loop for up to that
@@ -127,6 +130,7 @@ class ProcessHostedKernel(HostedKernel):
             input_type=self.input_type,
             output_type=self.output_type,
         )
+        worker.bound_in_flight(bridge)  # replies not yet read count against the bridge
         self._reply_spin_max = self._reply_spin_s = spin / 1e6
         self._process_worker = worker
         return worker

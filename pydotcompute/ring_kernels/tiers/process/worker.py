@@ -61,6 +61,11 @@ Design notes:
   ending a process (stderr tap, exit codes, forks) `launch`.
 - Only the process that started a child acts on it at exit (see `launch`): a kernel's
   finalizer does nothing in a process other than the one that created it.
+- Batches: `offer_many` encodes each message once and writes the batch with one publish
+  (`SharedByteRing.write_many`) and at most one doorbell; `poll_replies` reads every
+  ready reply in one call (`read_many`). The hand-over bound (`bound_in_flight`) counts
+  a message until the child finished it *and* its replies were read here: the child
+  stores the outbox's record count before it marks a message done, which is what tells.
 - The worker IS the tier: the contract's methods are its own (`offer` is
   ``send_nowait``, `poll_reply` is ``receive_nowait``), and the loop watches the reply
   doorbell itself (`watch`; the child's exit reaches it from the shared watcher): one
@@ -298,6 +303,13 @@ class ProcessWorker(TierWorker):
         self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
         self._pruned = 0  # finished messages dropped from the front of ``_inflight``
         self._prune_at = 2 * (config.input_queue_size + 1)
+        # the hand-over bound plus the actor's hand (`bound_in_flight`; 0: none): messages
+        # whose replies were all read here (``_consumed``, inbox records) leave it;
+        # ``_gated``: an offer was refused by it, so the reads and the child's finishes
+        # that open it wake the writable wakers
+        self._bound = 0
+        self._consumed = 0
+        self._gated = False
         self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
         self._undelivered_taken = False
         self._rx: Any = None  # the outbox ring while receiving from it is allowed
@@ -385,15 +397,75 @@ class ProcessWorker(TierWorker):
         """Messages sent and not yet taken by the actor (the inbox ring's records).
 
         At most ``config.input_queue_size``; 0 before ``start``. After the child ended and
-        ``stop`` collected the leftovers, the number of messages it never took.
+        ``stop`` collected the leftovers, the number of messages it never took. With a
+        hand-over bound (`bound_in_flight`): the messages it counts, at most the bound.
         """
         ring = self._in_ring
         if ring is not None and not self._cleaned:
             try:
+                if self._bound:  # (less the actor's hand)
+                    sent = self._pruned + len(self._inflight)
+                    return max(self._bound - 1 - self._exact_room(sent), 0)
                 return len(ring)
             except ValueError:  # closed by a concurrent stop
                 pass
         return len(self._unprocessed)
+
+    def bound_in_flight(self, bound: int) -> None:
+        """Have `offer` and `offer_many` hand over at most ``bound`` messages beyond the
+        one in the actor's hands (the runtime's ``bridge_queue_size``) that are not
+        *consumed*; `pending_input` then counts those, less the actor's hand.
+
+        A message is consumed once the actor asked for its next message after it and
+        every reply the child wrote until then was read here (`poll_reply`). Taken is
+        not enough: replies already waiting in the outbox come out before whatever is
+        handed over next, so a late urgent message would wait behind them too.
+        """
+        if bound < 1:
+            raise InvalidConfigurationError(
+                f"kernel {self._kernel_id!r}: the hand-over bound must be >= 1, got {bound!r}"
+            )
+        self._bound = bound + 1  # (the actor's hand)
+
+    def _room(self) -> int:
+        """How many more messages the hand-over bound lets through now (may be <= 0)."""
+        sent = self._pruned + len(self._inflight)
+        room = self._bound - (sent - self._consumed)
+        return room if room > 0 else self._exact_room(sent)
+
+    def _exact_room(self, sent: int) -> int:
+        """`_room`, with what was consumed read from the shared headers first."""
+        ring, out = self._in_ring, self._rx
+        consumed = self._consumed
+        if ring is not None and out is not None:
+            try:
+                # the child stores how many replies it had written (`done_mark`) before it
+                # marks a message done, so reading them in that order and finding that
+                # many replies read here means every reply to those messages was read
+                done = ring.records_done
+                caught_up = out.records_read - len(self._pending_out) >= ring.done_mark
+            except ValueError:  # closed by a concurrent stop: the send reports it
+                caught_up = False
+            if caught_up and done > consumed:
+                consumed = self._consumed = done
+        return self._bound - (sent - consumed)
+
+    def _done_mark(self) -> tuple[int, int] | None:
+        """(``records_done``, ``done_mark``) of the inbox, in that order; None if closed.
+        Taken before a read of the outbox while the bound refuses, it lets that read
+        consume those messages even while the child goes on (`_exact_room` needs the
+        outbox caught up with the latest mark)."""
+        ring = self._in_ring
+        try:
+            return (ring.records_done, ring.done_mark) if ring is not None else None
+        except ValueError:  # closed by a concurrent stop
+            return None
+
+    def _opened(self) -> None:
+        """After reading replies: wake the writable wakers if that opened the bound."""
+        if self._gated and self._room() > 0:
+            self._gated = False
+            _call_wakers(self._wakers.writable)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -562,8 +634,16 @@ class ProcessWorker(TierWorker):
         _call_wakers(self._wakers.readable)
 
     def _on_space(self) -> None:
-        """Watcher thread: the child freed inbox space for an armed writer."""
+        """Watcher thread: the child freed inbox space (or finished a message) for an armed
+        writer. One bell per arming: the child would otherwise ring on every message it
+        takes while the writer waits; a refused offer arms again, and then looks again."""
         drain_bell(self._space_fd)
+        with self._send_lock:
+            if self._space_armed:
+                self._space_armed = False
+                ring = self._in_ring
+                if ring is not None and not ring.closed:
+                    ring.set_writer_waiting(False)
         _call_wakers(self._wakers.writable)
 
     def _on_sentinel(self) -> None:
@@ -1195,12 +1275,166 @@ class ProcessWorker(TierWorker):
     # -- the tier contract ----------------------------------------------------------------
 
     def offer(self, msg: Any) -> bool:
-        """`send_nowait`: hand ``msg`` to the child's inbox, False when it is full."""
+        """`send_nowait`: hand ``msg`` to the child's inbox, False when it is full (or the
+        hand-over bound is reached, see `bound_in_flight`)."""
+        if self._bound and self._room() <= 0 and not self._refused():
+            return False
         return self.send(msg, 0)
+
+    def _refused(self) -> bool:
+        """The bound refused a message: arm the wake-ups that open it, then look again
+        (True: room after all). The child rings the space doorbell when it finishes a
+        message (`SharedByteRing.mark_done`) or reads one while this is armed; reading
+        replies here checks it too (`_opened`)."""
+        self._gated = True
+        ring = self._in_ring
+        if self._wakers.writable and ring is not None and not self._space_armed:
+            with self._send_lock:
+                if not ring.closed:
+                    self._space_armed = True
+                    ring.set_writer_waiting(True)
+        return self._room() > 0
+
+    def offer_many(self, msgs: list[Any]) -> int:
+        """Hand over the longest prefix of ``msgs`` that fits, encoded once each and written
+        with one publish; one doorbell for the batch, only if the child is parked."""
+        if not msgs:
+            return 0
+        most = len(msgs)
+        if self._bound:
+            room = self._room()
+            if room <= 0 and not self._refused():
+                return 0
+            most = min(most, max(self._room(), 1))
+        lock = self._send_lock
+        if not lock.acquire(True, 0):
+            return 0
+        try:
+            if self._state is not _ACTIVE:
+                raise self._state_error("send to")
+            datas: list[bytes] = []
+            codec = self._codec
+            encoded = self._encoded
+            self._encoded = None
+            for msg in msgs[:most]:
+                try:
+                    if type(msg) is not codec[0]:  # validate each new type once
+                        codec = self._codec = (type(msg), self._encoder_for(msg))
+                    if encoded is not None and encoded[0] is msg:
+                        datas.append(encoded[1])
+                    else:
+                        datas.append(codec[1](msg))
+                except Exception:
+                    if datas:
+                        break  # the rest go one by one, where this one raises
+                    raise
+            ring = self._in_ring
+            n: int
+            wake: bool
+            try:
+                n, wake = ring.write_many(datas)
+            except InvalidConfigurationError:  # the first can never fit
+                msg = msgs[0]
+                raise too_large(
+                    self._kernel_id, msg, len(datas[0]), self._in_max, "inbox"
+                ) from None
+            except QueueClosedError:  # the child closed its inbox: it is exiting
+                self._await_child()
+                raise self._state_error("send to") from None
+            except RingCorruptedError as exc:
+                self._ring_failed(exc)
+                raise self._state_error("send to") from exc
+            if n:
+                if self._space_armed:
+                    self._space_armed = False
+                    ring.set_writer_waiting(False)
+                self._gated = False
+                inflight = self._inflight
+                if len(inflight) + n >= self._prune_at:
+                    self._prune(ring)
+                inflight.extend(msgs[:n])
+        finally:
+            lock.release()
+        if not n:  # full: the one-by-one path waits for room (and arms its wake-up)
+            return 1 if self.send(msgs[0], 0) else 0
+        if wake:
+            ring_bell(self._in_data_fd)
+        return n
 
     def poll_reply(self) -> Any:
         """`receive_nowait`: the next reply, or None when none is ready."""
-        return self.receive(0)
+        reply = self.receive(0)
+        if self._gated:
+            self._opened()
+        return reply
+
+    def poll_replies(self, max_count: int) -> list[Any]:
+        """Up to ``max_count`` replies read in one call, oldest first (``[]``: none).
+
+        A reply that does not decode (or a message the child rejected) after others ends
+        the batch: it is kept and raised by the next poll, so nothing precedes an error.
+        """
+        lock = self._recv_lock
+        if max_count < 2 or not lock.acquire(False):
+            reply = self.poll_reply()  # (a receiving thread holds the lock: it gets them)
+            return [] if reply is None else [reply]
+        records: list[bytes] = []
+        report = False  # nothing read and the child may have ended: `poll_reply` says
+        try:
+            pending = self._pending_out
+            while pending and len(records) < max_count:
+                records.append(pending.popleft())
+            ring = self._rx
+            if ring is None:
+                report = not records
+            elif len(records) < max_count:
+                wake = self._out_space_fd
+                mark = self._done_mark() if self._gated else None
+                try:
+                    records += ring.read_many(max_count - len(records), wake)
+                    if not records and self._lent and self.BATCH_BELLS:
+                        # found it empty while a loop watches: ask for the bell again,
+                        # then look once more (as `receive` does; a batch that got some
+                        # leaves that to the poll after it, so replies that arrive while
+                        # these are delivered ring nothing)
+                        ring.set_reader_waiting(True)
+                        records += ring.read_many(max_count, wake)
+                    if not records:
+                        report = self._child_exited or ring.writer_closed
+                    elif mark is not None and ring.records_read - len(pending) >= mark[1]:
+                        # every reply to the messages done before this read was read
+                        self._consumed = max(self._consumed, mark[0])
+                except RingCorruptedError:
+                    report = not records  # (else the next poll meets it and reports it)
+        finally:
+            lock.release()
+        if not records:
+            if report:
+                reply = self.poll_reply()
+                return [] if reply is None else [reply]
+            if self._gated:
+                self._opened()
+            return []
+        out: list[Any] = []
+        decode, frame = self._decode_reply, self._decode_frame
+        for i, data in enumerate(records):
+            try:
+                out.append(decode(data) if data[0] != FRAME_TAG else frame(data))
+            except MessageDeserializationError:
+                if not out:
+                    self._unread(records[i + 1 :])
+                    raise
+                self._unread(records[i:])
+                break
+        if self._gated:
+            self._opened()
+        return out
+
+    def _unread(self, records: list[bytes]) -> None:
+        """Put records read but not returned back in front of the next poll."""
+        if records:
+            with self._recv_lock:
+                self._pending_out.extendleft(reversed(records))
 
     def on_writable(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the inbox may have room again (see `add_waker`)."""
