@@ -327,9 +327,10 @@ def request_key(msg: Any) -> Any:
         AttributeError: ``msg`` has no ``message_id``.
     """
     if isinstance(msg, RingKernelMessage):
-        mid = msg._pdc_mid
+        mid = _raw_mid_get(msg)
         if mid is None:
-            mid = msg._pdc_mid = next_id_bytes()
+            mid = next_id_bytes()
+            _raw_mid_set(msg, mid)
             return mid
         return mid if mid.__class__ is bytes else id_key(mid)
     return id_key(msg.message_id)
@@ -339,7 +340,7 @@ def reply_key(reply: Any) -> Any:
     """`id_key` of ``reply``'s ``correlation_id``: the key of the caller it answers, or
     None."""
     if isinstance(reply, RingKernelMessage):
-        cid = reply._pdc_cid
+        cid = _raw_cid_get(reply)
         return cid if cid is None or cid.__class__ is bytes else id_key(cid)
     return id_key(getattr(reply, "correlation_id", None))
 
@@ -393,6 +394,8 @@ if _fast is not None:
 check_priority: Callable[[Any], None] = RingKernelMessage.__post_init__
 
 _raw_cid_get = _CID_SLOT.__get__
+_raw_mid_get = _MID_SLOT.__get__
+_raw_mid_set = _MID_SLOT.__set__
 #: Write a message's correlation slot as stored (a UUID, or the request being answered).
 raw_correlation_set: Callable[[Any, Any], None] = _CID_SLOT.__set__
 
