@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     ratios = []
     for label, ours, floor, kind in RATIOS:
         idx = 0 if kind == "p50" else 1
+        if not all(ours in r and floor in r for r in rounds):
+            continue  # (an older checkout without reply_spin_us)
         vals = [r[ours][idx] / r[floor][idx] for r in rounds]
         ratios.append(
             {
