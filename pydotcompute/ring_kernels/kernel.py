@@ -700,72 +700,72 @@ class RingKernel:
         return None
 
     async def _supervise(self, index: int) -> None:
-        """Run actor ``index`` under the restart policy (its own restart budget)."""
-        intensity = self.restart_intensity()
-        log = restart_log()
-        own = self._replica_telemetry(index)
-        try:
-            await self._supervise_loop(index, intensity, log)
-        finally:
-            total = (own or self.telemetry).restarts
-            self._log_restarts_left(log, self._actor_name(index), total)
-
-    async def _supervise_loop(self, index: int, intensity: RestartIntensity, log: BurstLog) -> None:
+        """Run actor ``index`` under the restart policy: its own restart budget and restart
+        log, made at its first failure (an idle actor keeps one coroutine frame here)."""
         ctx = self._ctxs[index]
         own = self._replica_telemetry(index)
         taken_at_restart: int | None = None
-        while True:
-            try:
-                await self._func(ctx)
-            except QueueClosedError:
-                ctx.message_done()  # it asked for the next message: the last one is done
-                if self._stopping or self._state is KernelState.FAILED:
-                    return
-                self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
-                return
-            except asyncio.CancelledError:
-                if self._state is KernelState.FAILED:  # another replica failed the kernel
-                    self.hand_back(ctx.take_unfinished())
-                    return
-                if self._stopping:
-                    return
-                raise
-            except Exception as exc:
-                if self._state is KernelState.FAILED:  # woken by another replica's failure
-                    self.hand_back(ctx.take_unfinished())
-                    return
-                self.telemetry.record_error(exc)
-                if own is not None:
-                    own.record_error(exc)
-                if self._stopping:  # the message it raised on is handed back by terminate
-                    self.error = exc
-                    logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
-                    return
-                pause = self._restart_pause(intensity, taken_at_restart)
-                if pause is not None:
-                    self.telemetry.restarts += 1
-                    if own is not None:
-                        own.restarts += 1
-                    note = self._restart_note(intensity, (own or self.telemetry).restarts)
-                    self._log_restart(log, self._actor_name(index), exc, note)
-                    self._fail_request(ctx.current_message, exc, note)
-                    if ctx.take_unfinished():  # the message it raised on: dropped, and counted
-                        self.telemetry.record_drop(reason="actor_failed")
-                        if self._inbox is not None:
-                            self._inbox.count_dropped(1)
-                    ctx.forget_current()
-                    if pause and not await self._backoff(pause):
+        intensity: RestartIntensity | None = None
+        log: BurstLog | None = None
+        try:
+            while True:
+                try:
+                    await self._func(ctx)
+                except QueueClosedError:
+                    ctx.message_done()  # it asked for the next message: the last one is done
+                    if self._stopping or self._state is KernelState.FAILED:
                         return
-                    taken_at_restart = self._taken()
-                    continue
-                self.hand_back(ctx.take_unfinished())  # the message it raised on goes first
-                self._fail(exc)
-                return
-            else:
-                ctx.message_done()  # returning finishes the message it held
-                if not self._stopping:
-                    self._actor_returned(index)
-                return
+                    self._fail(QueueClosedError(f"kernel {self.kernel_id!r}: inbox closed"))
+                    return
+                except asyncio.CancelledError:
+                    if self._state is KernelState.FAILED:  # another replica failed the kernel
+                        self.hand_back(ctx.take_unfinished())
+                        return
+                    if self._stopping:
+                        return
+                    raise
+                except Exception as exc:
+                    if self._state is KernelState.FAILED:  # woken by another replica's failure
+                        self.hand_back(ctx.take_unfinished())
+                        return
+                    self.telemetry.record_error(exc)
+                    if own is not None:
+                        own.record_error(exc)
+                    if self._stopping:  # the message it raised on is handed back by terminate
+                        self.error = exc
+                        logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
+                        return
+                    if intensity is None or log is None:
+                        intensity, log = self.restart_intensity(), restart_log()
+                    pause = self._restart_pause(intensity, taken_at_restart)
+                    if pause is not None:
+                        self.telemetry.restarts += 1
+                        if own is not None:
+                            own.restarts += 1
+                        note = self._restart_note(intensity, (own or self.telemetry).restarts)
+                        self._log_restart(log, self._actor_name(index), exc, note)
+                        self._fail_request(ctx.current_message, exc, note)
+                        if ctx.take_unfinished():  # the message it raised on: dropped, and counted
+                            self.telemetry.record_drop(reason="actor_failed")
+                            if self._inbox is not None:
+                                self._inbox.count_dropped(1)
+                        ctx.forget_current()
+                        if pause and not await self._backoff(pause):
+                            return
+                        taken_at_restart = self._taken()
+                        continue
+                    self.hand_back(ctx.take_unfinished())  # the message it raised on goes first
+                    self._fail(exc)
+                    return
+                else:
+                    ctx.message_done()  # returning finishes the message it held
+                    if not self._stopping:
+                        self._actor_returned(index)
+                    return
+        finally:
+            if log is not None:
+                total = (own or self.telemetry).restarts
+                self._log_restarts_left(log, self._actor_name(index), total)
 
     def _actor_returned(self, index: int) -> None:
         """Actor ``index`` returned on its own (not asked to stop): the kernel ends."""
