@@ -105,6 +105,10 @@ SKIPS: dict[str, str] = {
     "scenario_shutdown_from_inside_an_actor_is_refused": (
         "a device handler cannot call the runtime"
     ),
+    "scenario_batched_hand_over_keeps_promises": (
+        "the GPU tier has no hosting bridge: the host writes records straight into the "
+        "device ring (its slots are the bound), nothing is handed over in batches"
+    ),
     "scenario_message_in_hand_at_grace_end": (
         "the simulator cannot interrupt a device function; on hardware a kernel finishes "
         "the message in hand before it reads TERMINATE"

@@ -690,7 +690,7 @@ class GPURingKernel(RingKernel):
                 text = f"the handler rejected message {cid} with status {int(status)}"
                 tel.last_error = text
                 tel.record_drop(1, "rejected")
-                fut = waiters.pop(cid, None)
+                fut = waiters.pop(cid.bytes, None)  # callers are filed under id bytes
                 if fut is not None and not fut.done():
                     fut.set_exception(KernelError(f"GPU kernel {self.kernel_id!r}: {text}"))
             recs = recs[~bad]
@@ -698,8 +698,8 @@ class GPURingKernel(RingKernel):
             keep = np.ones(len(recs), dtype=bool)
             for k in range(len(recs)):
                 rec = recs[k]
-                cid = uuid.UUID(int=(int(rec["_cid_hi"]) << 64) | int(rec["_cid_lo"]))
-                fut = waiters.pop(cid, None)
+                key = ((int(rec["_cid_hi"]) << 64) | int(rec["_cid_lo"])).to_bytes(16, "big")
+                fut = waiters.pop(key, None)
                 if fut is not None:
                     keep[k] = False
                     if not fut.done():
