@@ -153,3 +153,32 @@ def test_a_fork_child_leaves_the_kernel_children_alone(tmp_path: Path) -> None:
     assert "reply 2" in done.stdout, (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     assert time.monotonic() - started < BOUND_S * 3
+
+
+# --- plain values the ring can never carry ---
+
+
+@pytest.mark.parametrize("queued_ahead", [False, True])
+async def test_a_plain_value_too_large_for_the_ring_is_refused_to_the_caller(
+    queued_ahead: bool,
+) -> None:
+    """A plain value (not a ``@message``) that encodes to more than the ring holds is
+    refused at the send, naming the size and ``ring_bytes``, as a ``@message`` is: not
+    dropped later by the bridge with the caller told nothing. The kernel keeps serving."""
+    from pydotcompute.exceptions import MessageSerializationError
+    from tests.integration.tier_actors import forward_sync
+
+    async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("p", forward_sync, tier="process", ring_bytes=1 << 16)
+        await rt.activate("p")
+        if queued_ahead:  # the inbox path: messages wait ahead of it
+            await rt.deactivate("p")
+            await rt.send("p", b"small")
+        with pytest.raises(MessageSerializationError, match=r"ring_bytes=\d+"):
+            await rt.send("p", b"x" * (1 << 17))
+        if queued_ahead:
+            await rt.reactivate("p")
+            assert await rt.receive("p", timeout=sc.BOUND_S) == b"small"
+        await rt.send("p", b"after")
+        assert await rt.receive("p", timeout=sc.BOUND_S) == b"after"
+        assert rt.get_telemetry("p").messages_dropped == 0

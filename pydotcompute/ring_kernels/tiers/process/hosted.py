@@ -66,7 +66,9 @@ class ProcessHostedKernel(HostedKernel):
     def _check_size(self, msg: Any) -> bytes | None:
         data = super()._check_size(msg)
         worker = self._process_worker
-        if data is not None and worker is not None:
+        if worker is not None:
+            if data is None:  # a plain value: measured (and refused) here too, not by
+                data = worker.encode_checked(msg)  # the pump, which could only drop it
             worker.keep_encoded(msg, data)  # the send writes these bytes
         return data
 

@@ -990,8 +990,28 @@ class ProcessWorker(TierWorker):
             ring_bell(self._in_data_fd)
         return True
 
+    def encode_checked(self, msg: Any) -> bytes:
+        """The record `send` would write for ``msg``, checked as `send` checks it (its type
+        against ``input_type``, its size against `max_message_bytes`) and nothing queued:
+        how a caller refuses at once a value the ring can never carry. Hand the bytes to
+        `keep_encoded` so the send writes them instead of encoding again.
+
+        Raises:
+            TypeValidationError: ``msg`` is not the ``input_type``.
+            MessageSerializationError: it cannot be encoded, or encodes too large.
+        """
+        codec = self._codec
+        if type(msg) is not codec[0]:
+            codec = self._codec = (type(msg), self._encoder_for(msg))
+        data: bytes = codec[1](msg)
+        limit = self._in_max
+        if limit and len(data) > limit:
+            raise too_large(self._kernel_id, msg, len(data), limit, "inbox")
+        return data
+
     def keep_encoded(self, msg: Any, data: bytes | None) -> None:
-        """``data`` is what ``msg`` (a ``@message``) serializes to, measured by the caller:
+        """``data`` is what ``msg`` encodes to (`encode_checked`, or a ``@message``'s
+        ``serialize``), measured by the caller:
         the next `send` writes it if that send is of this very object, and forgets it
         either way. ``data=None`` forgets it now; a traced worker (`trace_wire`) ignores
         it, since its records carry a header first. Call it right before the send, on the
