@@ -263,15 +263,17 @@ cdef class SharedByteRing:
 
     # -- producer -----------------------------------------------------------------------
 
-    cdef int _write(self, const char *src, uint64_t n) except -1:
+    cdef inline long long _place(
+        self, const char *src, uint64_t n, uint64_t tail, uint64_t written
+    ) except -2:
+        """Copy one record of ``n`` bytes in at ``tail`` (``written`` records so far), not
+        yet published; the ring bytes it takes, 0 when it does not fit now, -1 when it can
+        never fit. What `_write` and `write_many` share."""
         cdef uint64_t cap = self._cap
         cdef uint64_t need = C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
-        cdef uint64_t tail, head, used, off, p, first, written
+        cdef uint64_t head, used, off, p, first
         if need > cap:
-            raise _twin.too_large_error(n, cap, self._name)
-        if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
-            raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
-        tail = pdc_load_relaxed(&self._hdr[H_TAIL])
+            return -1
         used = tail - self._head_cache
         if used > cap or need > cap - used or (tail & 7):
             head = self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
@@ -280,7 +282,6 @@ cdef class SharedByteRing:
                 raise _twin.corrupt_error(self._name, _twin.positions_detail(head, tail, cap))
             if need > cap - used:
                 return 0
-        written = pdc_load_relaxed(&self._hdr[H_WCOUNT])
         if self._max_records and written - self._rcount_cache >= self._max_records:
             self._rcount_cache = pdc_load_acquire(&self._hdr[H_RCOUNT])
             if written - self._rcount_cache >= self._max_records:
@@ -296,8 +297,23 @@ cdef class SharedByteRing:
         else:
             memcpy(self._data + p, src, first)
             memcpy(self._data, src + first, n - first)
+        return <long long>need
+
+    cdef int _write(self, const char *src, uint64_t n) except -1:
+        cdef uint64_t cap = self._cap
+        cdef uint64_t tail, written
+        cdef long long need
+        if C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7)) > cap:
+            raise _twin.too_large_error(n, cap, self._name)
+        if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
+            raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
+        tail = pdc_load_relaxed(&self._hdr[H_TAIL])
+        written = pdc_load_relaxed(&self._hdr[H_WCOUNT])
+        need = self._place(src, n, tail, written)
+        if need == 0:
+            return 0
         pdc_store_relaxed(&self._hdr[H_WCOUNT], written + 1)
-        pdc_store_release(&self._hdr[H_TAIL], tail + need)  # publish the record
+        pdc_store_release(&self._hdr[H_TAIL], tail + <uint64_t>need)  # publish the record
         pdc_fence()
         return 2 if pdc_load_relaxed(&self._hdr[H_RWAIT]) else 1
 
@@ -342,9 +358,8 @@ cdef class SharedByteRing:
         """
         self._check_open()
         cdef Py_ssize_t i = 0, count = len(records)
-        cdef uint64_t cap = self._cap
-        cdef uint64_t tail, head, used, need, n, off, p, first, written
-        cdef const char *src
+        cdef uint64_t tail, written
+        cdef long long need
         cdef object data
         if pdc_load_relaxed(&self._hdr[H_RCLOSED]):
             raise QueueClosedError(f"shared ring {self._name!r}: the reader has closed it")
@@ -354,39 +369,14 @@ cdef class SharedByteRing:
             data = records[i]
             if type(data) is not bytes:
                 data = bytes(data)
-            n = <uint64_t>len(<bytes>data)
-            src = PyBytes_AS_STRING(data)
-            need = C_RECORD_HEADER + ((n + 7) & ~(<uint64_t>7))
-            if need > cap:
-                if i == 0:
-                    raise _twin.too_large_error(n, cap, self._name)
+            need = self._place(
+                PyBytes_AS_STRING(data), <uint64_t>len(<bytes>data), tail, written
+            )
+            if need < 0 and i == 0:
+                raise _twin.too_large_error(len(<bytes>data), self._cap, self._name)
+            if need <= 0:
                 break
-            used = tail - self._head_cache
-            if used > cap or need > cap - used or (tail & 7):
-                head = self._head_cache = pdc_load_acquire(&self._hdr[H_HEAD])
-                used = tail - head
-                if used > cap or ((head | tail) & 7):
-                    raise _twin.corrupt_error(
-                        self._name, _twin.positions_detail(head, tail, cap)
-                    )
-                if need > cap - used:
-                    break
-            if self._max_records and written - self._rcount_cache >= self._max_records:
-                self._rcount_cache = pdc_load_acquire(&self._hdr[H_RCOUNT])
-                if written - self._rcount_cache >= self._max_records:
-                    break
-            off = tail % cap
-            (<uint64_t *>(self._data + off))[0] = n
-            p = off + C_RECORD_HEADER
-            if p == cap:
-                p = 0
-            first = cap - p
-            if n <= first:
-                memcpy(self._data + p, src, n)
-            else:
-                memcpy(self._data + p, src, first)
-                memcpy(self._data, src + first, n - first)
-            tail += need
+            tail += <uint64_t>need
             written += 1
             i += 1
         if not i:

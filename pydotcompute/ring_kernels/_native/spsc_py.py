@@ -473,6 +473,40 @@ class SharedByteRing:
 
     # -- producer -----------------------------------------------------------------------
 
+    def _place(self, data: Any, n: int, tail: int, written: int) -> int:
+        """Copy one record of ``n`` bytes in at ``tail`` (``written`` records so far), not
+        yet published; the ring bytes it takes, 0 when it does not fit now, -1 when it can
+        never fit. What `try_write` and `write_many` share."""
+        q = self._q
+        cap = self._capacity
+        need = RECORD_HEADER_BYTES + ((n + 7) & ~7)
+        if need > cap:
+            return -1
+        used = tail - self._head_cache
+        if need > cap - used or tail & 7:
+            head = self._head_cache = q[H_HEAD]
+            used = tail - head
+            if not 0 <= used <= cap or (head | tail) & 7:
+                raise corrupt_error(self.name, positions_detail(head, tail, cap))
+            if need > cap - used:
+                return 0
+        if self._max_records and (written - self._rcount_cache) & _U64 >= self._max_records:
+            self._rcount_cache = q[H_RCOUNT]
+            if (written - self._rcount_cache) & _U64 >= self._max_records:
+                return 0
+        off = tail % cap
+        self._words[off >> 3] = n
+        p = off + RECORD_HEADER_BYTES
+        if p == cap:
+            p = 0
+        first = cap - p
+        if n <= first:
+            self._data[p : p + n] = data
+        else:
+            self._data[p:cap] = data[:first]
+            self._data[: n - first] = data[first:]
+        return need
+
     def try_write(self, data: bytes | bytearray | memoryview) -> int:
         """Append one record if it fits now.
 
@@ -488,37 +522,16 @@ class SharedByteRing:
         if type(data) is not bytes:
             data = memoryview(data).cast("B")
         n = len(data)
-        need = RECORD_HEADER_BYTES + ((n + 7) & ~7)
         cap = self._capacity
-        if need > cap:
+        if RECORD_HEADER_BYTES + ((n + 7) & ~7) > cap:
             raise too_large_error(n, cap, self.name)
         if q[H_RCLOSED]:
             raise QueueClosedError(f"shared ring {self.name!r}: the reader has closed it")
         tail = q[H_TAIL]
-        used = tail - self._head_cache
-        if need > cap - used or tail & 7:
-            head = self._head_cache = q[H_HEAD]
-            used = tail - head
-            if not 0 <= used <= cap or (head | tail) & 7:
-                raise corrupt_error(self.name, positions_detail(head, tail, cap))
-            if need > cap - used:
-                return WRITE_FULL
         written = q[H_WCOUNT]
-        if self._max_records and (written - self._rcount_cache) & _U64 >= self._max_records:
-            self._rcount_cache = q[H_RCOUNT]
-            if (written - self._rcount_cache) & _U64 >= self._max_records:
-                return WRITE_FULL
-        off = tail % cap
-        self._words[off >> 3] = n
-        p = off + RECORD_HEADER_BYTES
-        if p == cap:
-            p = 0
-        first = cap - p
-        if n <= first:
-            self._data[p : p + n] = data
-        else:
-            self._data[p:cap] = data[:first]
-            self._data[: n - first] = data[first:]
+        need = self._place(data, n, tail, written)
+        if not need:
+            return WRITE_FULL
         q[H_WCOUNT] = (written + 1) & _U64
         q[H_TAIL] = (tail + need) & _U64  # publish: the record is committed from here on
         _fence()
@@ -538,7 +551,6 @@ class SharedByteRing:
             QueueClosedError: the reader closed the ring.
         """
         q = self._q
-        cap = self._capacity
         if q[H_RCLOSED]:
             raise QueueClosedError(f"shared ring {self.name!r}: the reader has closed it")
         tail = q[H_TAIL]
@@ -547,35 +559,11 @@ class SharedByteRing:
         for data in records:
             if type(data) is not bytes:
                 data = bytes(data)
-            n = len(data)
-            need = RECORD_HEADER_BYTES + ((n + 7) & ~7)
-            if need > cap:
-                if i == 0:
-                    raise too_large_error(n, cap, self.name)
+            need = self._place(data, len(data), tail, written)
+            if need < 0 and i == 0:
+                raise too_large_error(len(data), self._capacity, self.name)
+            if need <= 0:
                 break
-            used = tail - self._head_cache
-            if need > cap - used or tail & 7:
-                head = self._head_cache = q[H_HEAD]
-                used = tail - head
-                if not 0 <= used <= cap or (head | tail) & 7:
-                    raise corrupt_error(self.name, positions_detail(head, tail, cap))
-                if need > cap - used:
-                    break
-            if self._max_records and (written - self._rcount_cache) & _U64 >= self._max_records:
-                self._rcount_cache = q[H_RCOUNT]
-                if (written - self._rcount_cache) & _U64 >= self._max_records:
-                    break
-            off = tail % cap
-            self._words[off >> 3] = n
-            p = off + RECORD_HEADER_BYTES
-            if p == cap:
-                p = 0
-            first = cap - p
-            if n <= first:
-                self._data[p : p + n] = data
-            else:
-                self._data[p:cap] = data[:first]
-                self._data[: n - first] = data[first:]
             tail = (tail + need) & _U64
             written = (written + 1) & _U64
             i += 1
