@@ -325,24 +325,6 @@ def test_top_parses_rates_and_percentiles() -> None:
 # --- OpenTelemetry tracing ---
 
 
-@pytest.fixture(scope="module")
-def span_exporter() -> Any:
-    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
-    pytest.importorskip("opentelemetry.sdk")
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
 def ancestors(span: Any, by_id: dict[int, Any]) -> list[Any]:
     """The recorded spans above ``span``, nearest first."""
     out = []

@@ -32,23 +32,6 @@ from .trace_actors import Seen, idle, report_context, report_then_idle, span_of_
 BOUND_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def span_exporter() -> Any:
-    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
 async def finished(exporter: Any, name: str, n: int) -> list[Any]:
     """The finished spans called ``name``, once there are ``n`` of them."""
     deadline = time.monotonic() + BOUND_S
@@ -63,11 +46,18 @@ def hex_ids(span: Any) -> tuple[str, str]:
     return f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"
 
 
-async def test_a_process_actor_sees_its_process_span_as_current(span_exporter: Any) -> None:
+@pytest.mark.parametrize(("tier", "replicas"), [("process", 1), ("thread", 1), ("thread", 2)])
+async def test_an_actor_sees_its_process_span_as_current(
+    span_exporter: Any, tier: str, replicas: int
+) -> None:
+    """While it handles a message, the actor (in a child process, or on its own thread)
+    has the parent's ``process`` span of that message as its current span."""
     n = 5
     span_exporter.clear()
     async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
-        await rt.launch("b", report_context, input_type=Job, output_type=Seen, tier="process")
+        await rt.launch(
+            "b", report_context, input_type=Job, output_type=Seen, tier=tier, replicas=replicas
+        )
         await rt.activate("b")
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
@@ -159,30 +149,6 @@ def test_trace_header_round_trip_and_malformed_frames() -> None:
 
 
 # --- the thread tier: the context beside the message, in one process ---
-
-
-@pytest.mark.parametrize("replicas", [1, 2])
-async def test_a_thread_actor_sees_its_process_span_as_current(
-    span_exporter: Any, replicas: int
-) -> None:
-    n = 5
-    span_exporter.clear()
-    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
-        await rt.launch(
-            "t", report_context, input_type=Job, output_type=Seen, tier="thread", replicas=replicas
-        )
-        await rt.activate("t")
-        jobs = [Job(seq=i) for i in range(n)]
-        for job in jobs:
-            await rt.send("t", job)
-        seen = {s.seq: s for s in [await rt.receive("t", timeout=BOUND_S) for _ in range(n)]}
-        spans = await finished(span_exporter, "process t", n)
-    by_id = {s.attributes["messaging.message.id"]: s for s in spans}
-    assert len(by_id) == n
-    for job in jobs:
-        span = by_id[str(job.message_id)]
-        assert (seen[job.seq].trace_id, seen[job.seq].span_id) == hex_ids(span)
-    assert len({s.trace_id for s in seen.values()}) == n  # each message its own trace
 
 
 async def test_a_thread_actor_leaves_the_context_on_its_next_receive(

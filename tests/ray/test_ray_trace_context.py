@@ -26,23 +26,6 @@ pytestmark = pytest.mark.ray
 BOUND_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def span_exporter() -> Any:
-    """The SDK's in-memory exporter behind the global tracer provider (set once a process)."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
 def send_spans(exporter: Any, kernel_id: str) -> dict[str, Any]:
     """The driver's ``send <kernel_id>`` spans by message id."""
     spans = exporter.get_finished_spans()
