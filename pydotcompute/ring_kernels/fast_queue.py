@@ -75,6 +75,7 @@ __all__ = (
     "QueueStats",
     "RingBuffer",
     "get_priority_band",
+    "wait_until",
 )
 
 T = TypeVar("T")
@@ -429,7 +430,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             putters.insert(_putter_place(putters, bands, band, woken), fut)
             bands[fut] = band
             try:
-                await _wait(fut, deadline, loop)
+                await wait_until(fut, deadline, loop)
             except TimeoutError:
                 _forget(putters, fut, False)
                 raise QueueTimeoutError(
@@ -519,7 +520,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
                 if deadline is None:
                     await fut
                 else:
-                    await _wait(fut, deadline, loop)
+                    await wait_until(fut, deadline, loop)
             except TimeoutError:
                 _forget(self._getters, fut, False)
                 raise QueueTimeoutError(
@@ -660,24 +661,26 @@ def _putter_place(
     return i
 
 
-async def _wait(
-    fut: asyncio.Future[None], deadline: float | None, loop: asyncio.AbstractEventLoop
-) -> None:
-    """Await ``fut``; past ``deadline`` the future fails with TimeoutError instead."""
+async def wait_until(
+    fut: asyncio.Future[Any], deadline: float | None, loop: asyncio.AbstractEventLoop
+) -> Any:
+    """Await ``fut`` and return its result; past ``deadline`` (``loop.time()``; None: no
+    limit) the future fails with TimeoutError instead (cancelled, if the deadline has
+    already passed). A timer on the future, not an ``asyncio.timeout`` scope: no task
+    cancel and uncancel, and a cancellation from outside cancels ``fut`` as any await."""
     if deadline is None:
-        await fut
-        return
+        return await fut
     if deadline <= loop.time():
         fut.cancel()
         raise TimeoutError
     handle = loop.call_at(deadline, _expire, fut)
     try:
-        await fut
+        return await fut
     finally:
         handle.cancel()
 
 
-def _expire(fut: asyncio.Future[None]) -> None:
+def _expire(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError())
 

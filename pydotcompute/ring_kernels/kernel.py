@@ -80,7 +80,7 @@ from ..exceptions import (
 )
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
-from .fast_queue import BackpressureStrategy, FastMessageQueue
+from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
 from .message import RingKernelMessage, new_message_id, reply_key, request_key
 from .queue import MessageQueue
 from .states import KernelState
@@ -159,15 +159,6 @@ _HINTS: dict[tuple[str, KernelState], str] = {
     ("launch", KernelState.LAUNCHED): "it is already launched",
     ("terminate", KernelState.TERMINATED): "it is already terminated",
 }
-
-
-class _ReplyTimedOut(Exception):
-    """Set on a `send_and_receive` reply future when its time is up (never escapes)."""
-
-
-def _time_out_reply(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_exception(_ReplyTimedOut())
 
 
 class RingKernel:
@@ -1049,17 +1040,15 @@ class RingKernel:
             raise self._not_active("send_and_receive to")
         msg, key = self.expect_reply(msg, fut)
         accepted = timed_out = False
-        timer = None
         try:
             if timeout is None:
                 await self.accept(msg, None)
                 accepted = True
                 return await fut
             # The time limit is the intake's own (a send that waits for room) and then a
-            # timer on the reply future: no `asyncio.timeout` scope (its task cancel and
-            # uncancel cost a round trip microseconds), no extra task (on 3.11 ``wait_for``
-            # can swallow a cancellation that lands as the reply arrives). A cancellation
-            # from outside cancels the awaited future, as any await.
+            # timer on the reply future (`wait_until`): no `asyncio.timeout` scope (its task
+            # cancel and uncancel cost a round trip microseconds), no extra task (on 3.11
+            # ``wait_for`` can swallow a cancellation that lands as the reply arrives).
             deadline = loop.time() + timeout
             try:
                 await self.accept(msg, timeout)
@@ -1067,16 +1056,14 @@ class RingKernel:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None
             accepted = True
-            if not fut.done():
-                timer = loop.call_at(deadline, _time_out_reply, fut)
+            if fut.done():
+                return fut.result()
             try:
-                return await fut
-            except _ReplyTimedOut:
+                return await wait_until(fut, deadline, loop)
+            except TimeoutError:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None
         finally:
-            if timer is not None:
-                timer.cancel()
             if accepted and (timed_out or not fut.done() or fut.cancelled()):
                 if not fut.done():
                     fut.cancel()
