@@ -68,7 +68,7 @@ from ..exceptions import (
 )
 from .context import SEND_YIELD_EVERY
 from .kernel import RingKernel
-from .message import id_key, reply_key
+from .message import id_key
 from .states import KernelState
 from .supervision import BurstLog
 from .tiers.contract import TierWorker
@@ -596,17 +596,10 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(reply_key(reply), None)
-            if fut is not None:
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                if not fut.done():
-                    fut.set_result(reply)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self.count_lost_reply()
-                return True
+        if self._waiters and self.hand_to_caller(reply):
+            if self._timed:
+                self.telemetry.messages_sent += 1
+            return True
         target = self._forward
         if target is not None:
             try:
@@ -684,15 +677,8 @@ class HostedKernel(RingKernel):
         """
         if self._timed:
             self.telemetry.messages_sent += 1
-        waiters = self._waiters
-        if waiters:
-            fut = waiters.pop(reply_key(reply), None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(reply)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self.count_lost_reply()
-                return
+        if self._waiters and self.hand_to_caller(reply):
+            return
         target = self._forward
         if target is not None:
             try:
