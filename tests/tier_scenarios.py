@@ -123,6 +123,9 @@ RESTARTS = frozenset({"asyncio", "ray"})
 ASYNCIO = TierCase("asyncio", echo_async, plain_def_actor)
 THREAD = TierCase("thread", echo_sync, echo_async)
 PROCESS = TierCase("process", echo_sync, echo_async)
+#: The process tier with the loop polling for replies: a request that finds the bridge idle
+#: is made inline (handed over, its reply caught and returned without a future).
+PROCESS_SPIN = TierCase("process", echo_sync, echo_async, options=(("reply_spin_us", 200.0),))
 
 
 # --- helpers --------------------------------------------------------------------------------

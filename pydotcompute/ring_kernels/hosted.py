@@ -251,7 +251,7 @@ class HostedKernel(RingKernel):
             return False
         inbox = self._inbox
         worker = self._worker
-        if inbox is None or worker is None or len(inbox):
+        if inbox is None or worker is None or inbox.qsize:
             return False
         try:
             if not worker.offer(msg):
@@ -557,16 +557,8 @@ class HostedKernel(RingKernel):
         an error the collector must report go to ``ready`` (and the collector is woken)."""
         try:
             replies = worker.poll_replies(most)
-        except MessageRejectedError as exc:
-            self._rejected(exc)
-            return 1
-        except MessageDeserializationError as exc:
-            self._undecodable_reply(exc)
-            return 1
-        except Exception as exc:  # stopped, failed, a fault: the collector reports it
-            ready.append(_Raised(exc))
-            readable.set()
-            return 0
+        except Exception as exc:
+            return self._polled_error(exc)
         n = len(replies)
         if not n:
             return 0
@@ -592,6 +584,30 @@ class HostedKernel(RingKernel):
                 return done
             done += 1
         return n
+
+    def _polled_error(self, exc: Exception) -> int:
+        """Report what polling the worker raised: a message the tier rejected, or a reply
+        that does not decode, each one dropped message (returns 1: it took one record);
+        anything else (stopped, failed, a fault of the tier) is left to the collector, in
+        order after what `_ready` holds (returns 0)."""
+        if isinstance(exc, MessageRejectedError):
+            self._rejected(exc)
+            return 1
+        if isinstance(exc, MessageDeserializationError):
+            self._undecodable_reply(exc)
+            return 1
+        self._ready.append(_Raised(exc))
+        if self._readable is not None:
+            self._readable.set()
+        return 0
+
+    def _reply_polled(self, reply: Any) -> None:
+        """A reply polled outside the callback (an inline request's that was not its own):
+        delivered in order, by the collector when anything waits before it."""
+        if self._ready or self._reply_in_hand or self._collecting or not self._deliver_now(reply):
+            self._ready.append(reply)
+            if self._readable is not None:
+                self._readable.set()
 
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched

@@ -1064,12 +1064,40 @@ class RingKernel:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None
         finally:
-            if accepted and (timed_out or not fut.done() or fut.cancelled()):
-                if not fut.done():
-                    fut.cancel()
-                self.abandon_request(key, fut)  # its late reply is dropped and counted
-            else:
-                self.forget_request(key, fut)
+            self.end_request(key, fut, accepted, timed_out)
+
+    async def await_reply(
+        self, msg: Any, key: Any, fut: asyncio.Future[Any], timeout: float | None, deadline: float
+    ) -> Any:
+        """The second half of `send_and_receive`, for a tier that accepted ``msg`` itself
+        (registered with `expect_reply` under ``key`` to ``fut``): wait for the reply until
+        ``deadline`` (the loop's clock; ignored when ``timeout`` is None), then end the
+        request as `send_and_receive` does."""
+        timed_out = False
+        try:
+            if timeout is None:
+                return await fut
+            if fut.done():
+                return fut.result()
+            try:
+                return await wait_until(fut, deadline, asyncio.get_running_loop())
+            except TimeoutError:
+                timed_out = True
+                raise self._no_reply(msg, timeout) from None
+        finally:
+            self.end_request(key, fut, True, timed_out)
+
+    def end_request(
+        self, key: Any, fut: asyncio.Future[Any], accepted: bool, timed_out: bool
+    ) -> None:
+        """A `send_and_receive` call ends: a request accepted but not answered (timed out,
+        cancelled) is abandoned, its late reply dropped and counted; any other is forgotten."""
+        if accepted and (timed_out or not fut.done() or fut.cancelled()):
+            if not fut.done():
+                fut.cancel()
+            self.abandon_request(key, fut)
+        else:
+            self.forget_request(key, fut)
 
     def _no_reply(self, msg: Any, timeout: float) -> QueueTimeoutError:
         return QueueTimeoutError(

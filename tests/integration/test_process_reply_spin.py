@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pydotcompute import RingKernelRuntime
-from pydotcompute.exceptions import InvalidConfigurationError
+from pydotcompute.exceptions import InvalidConfigurationError, KernelFailedError
+from pydotcompute.ring_kernels import KernelState
 from tests import tier_scenarios as sc
 
 BOUND_S = sc.BOUND_S
@@ -27,6 +28,14 @@ def slow_echo(ctx: Any) -> None:
         job = ctx.receive()
         time.sleep(0.002)
         ctx.send(job)
+
+
+def twice_echo(ctx: Any) -> None:
+    """Answers each job twice: a ``Done`` with its seq, then one with its seq negated."""
+    while True:
+        job = ctx.receive()
+        ctx.send(sc.Done(seq=job.seq))
+        ctx.send(sc.Done(seq=-job.seq))
 
 
 @pytest.mark.parametrize("spin", [0, 25, 100.0, 5_000])
@@ -70,3 +79,77 @@ async def test_reply_spin_is_a_process_tier_option() -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
         with pytest.raises(InvalidConfigurationError, match="reply_spin_us"):
             await rt.launch("k", sc.echo_sync, tier="thread", reply_spin_us=10)
+
+
+# --- the inline request: a lone caller's request handed over and its reply polled at once ---
+
+
+async def test_inline_requests_are_accounted_as_any_other() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", sc.echo_sync, tier="process", input_type=sc.Job, reply_spin_us=5_000)
+        await rt.activate("k")
+        for i in range(300):
+            assert (await rt.send_and_receive("k", sc.Job(seq=i), timeout=BOUND_S)).seq == i
+            assert (await rt.send_and_receive("k", sc.Job(seq=i))).seq == i  # no timeout
+        telemetry = rt.get_telemetry("k")
+        assert telemetry is not None
+        assert telemetry.messages_received == 600
+        assert telemetry.messages_processed == 600
+        assert telemetry.messages_sent == 600
+        kernel = rt.get_kernel("k")
+        assert kernel.pending_requests == 0  # nothing left registered
+        assert rt.receive_nowait("k") is None  # no reply strayed into the outbox
+
+
+async def test_a_reply_polled_ahead_of_the_callers_goes_on_in_order() -> None:
+    """The reply to a plain send, ahead of the request's own, is what the inline poll
+    catches first: it goes to the outbox, and the caller still gets its own reply."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", sc.echo_sync, tier="process", input_type=sc.Job, reply_spin_us=5_000)
+        await rt.activate("k")
+        for i in range(0, 100, 2):
+            await rt.send("k", sc.Job(seq=i))
+            assert (await rt.send_and_receive("k", sc.Job(seq=i + 1), timeout=BOUND_S)).seq == i + 1
+            assert (await rt.receive("k", timeout=BOUND_S)).seq == i
+        assert rt.receive_nowait("k") is None
+
+
+async def test_a_second_reply_to_an_inline_request_reaches_the_outbox() -> None:
+    """The caller gets the first reply correlated with its request; the second, written
+    while the loop polled with the reply doorbell off, still reaches the outbox, once."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", twice_echo, tier="process", input_type=sc.Job, reply_spin_us=5_000)
+        await rt.activate("k")
+        for i in range(1, 101):
+            assert (await rt.send_and_receive("k", sc.Job(seq=i), timeout=BOUND_S)).seq == i
+            assert (await rt.receive("k", timeout=BOUND_S)).seq == -i
+        assert rt.receive_nowait("k") is None
+        telemetry = rt.get_telemetry("k")
+        assert telemetry is not None
+        assert telemetry.messages_sent == 200
+
+
+async def test_an_actor_failing_on_an_inline_request_fails_its_caller() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", sc.echo_sync, tier="process", input_type=sc.Job, reply_spin_us=5_000)
+        await rt.activate("k")
+        assert (await rt.send_and_receive("k", sc.Job(seq=1), timeout=BOUND_S)).seq == 1
+        with pytest.raises(KernelFailedError, match="boom at 2"):
+            await rt.send_and_receive("k", sc.Job(seq=2, payload="boom"), timeout=BOUND_S)
+        assert rt.get_kernel_state("k") is KernelState.FAILED
+        assert rt.get_kernel("k").pending_requests == 0
+
+
+async def test_an_inline_request_that_times_out_is_abandoned() -> None:
+    """A reply slower than both the spin and the caller's timeout: the caller gets the
+    runtime's timeout error, and the late reply is counted as lost, not left in the outbox."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", slow_echo, tier="process", input_type=sc.Job, reply_spin_us=50)
+        await rt.activate("k")
+        with pytest.raises(TimeoutError, match="no reply from kernel 'k'"):
+            await rt.send_and_receive("k", sc.Job(seq=1), timeout=0.0005)
+        assert (await rt.send_and_receive("k", sc.Job(seq=2), timeout=BOUND_S)).seq == 2
+        assert rt.receive_nowait("k") is None
+        telemetry = rt.get_telemetry("k")
+        assert telemetry is not None
+        assert telemetry.messages_dropped == 1

@@ -15,6 +15,7 @@ CASES = [
     pytest.param(sc.ASYNCIO, id="asyncio"),
     pytest.param(sc.THREAD, id="thread"),
     pytest.param(sc.PROCESS, id="process"),
+    pytest.param(sc.PROCESS_SPIN, id="process-spin"),
 ]
 
 

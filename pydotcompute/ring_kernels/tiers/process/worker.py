@@ -286,6 +286,7 @@ class ProcessWorker(TierWorker):
         self._recv_waiter: Waiter | None = None
         self._watched: tuple[int, ...] = ()  # what the shared watcher watches for us
         self._lent = False  # an event loop watches the bell socket (see `watch`)
+        self._rebell: Callable[[], None] | None = None  # ring the loop's bell callback
         self._lent_close: Any = None  # the bell socket, to close when the loop gives it back
         self._exit_hooks: list[Callable[[], None]] = []
         self._wakers = WakerSet()
@@ -940,7 +941,7 @@ class ProcessWorker(TierWorker):
         lock = self._send_lock
         if timeout is None:
             lock.acquire()
-        elif not lock.acquire(True, max(timeout, 0.0)):
+        elif not lock.acquire(timeout > 0, timeout if timeout > 0 else -1):
             return False
         try:
             if self._state is not _ACTIVE:
@@ -1027,15 +1028,38 @@ class ProcessWorker(TierWorker):
         here needs no wake-up); the request is re-armed, and the ring checked once more,
         before it returns, so no wake-up is lost.
         """
+        found = self._spin_take(budget_s, keep=True)
+        return found is not None
+
+    def reply_within(self, budget_s: float) -> Any:
+        """`spin_for_reply` and `poll_reply` in one call: the next reply when one is ready
+        within ``budget_s`` seconds, else None (the wake-ups re-armed as `spin_for_reply`
+        leaves them). Raises what `poll_reply` raises."""
+        data = self._spin_take(budget_s, keep=False)
+        if data is None:
+            return None
+        if data is True:  # kept replies, another thread's read, or a ring error
+            return self.poll_reply()
+        if self._gated:
+            self._opened()
+        if data[0] != FRAME_TAG:
+            return self._decode_reply(data)
+        return self._decode_frame(data)
+
+    def _spin_take(self, budget_s: float, *, keep: bool) -> Any:
+        """`spin_for_reply`'s poll: None when nothing came; True when `poll_reply` has
+        one to give (or an error to raise); else the record read (kept for `poll_reply`
+        with ``keep``, in which case True)."""
         lock = self._recv_lock
         if not lock.acquire(False):
-            return False  # another thread receives: it gets the reply
+            return None  # another thread receives: it gets the reply
+        behind = False
         try:
             if self._pending_out:
                 return True
             ring = self._rx
             if ring is None:
-                return False
+                return None
             armed = ring.reader_waiting
             try:
                 if armed:
@@ -1045,14 +1069,26 @@ class ProcessWorker(TierWorker):
                     ring.set_reader_waiting(True)
                     if data is None:
                         data = ring.spin_read(0, self._out_space_fd)
+                    elif not keep and ring.readable():
+                        behind = True  # written while the bell was off: nobody was told
             except RingCorruptedError:
                 return True  # `poll_reply` meets it and reports it
-            if data is None:
-                return False
+            if data is None or not keep:
+                return data
             self._pending_out.append(data)
             return True
         finally:
             lock.release()
+            if behind:
+                self._announce_replies()
+
+    def _announce_replies(self) -> None:
+        """Tell whoever reads replies that some are ready, as the child's bell would."""
+        rebell = self._rebell
+        if self._lent and rebell is not None:
+            rebell()
+        else:
+            _call_wakers(self._wakers.readable)
 
     def _prune(self, ring: Any) -> None:
         """Drop the kept messages the child has finished (``_send_lock`` held)."""
@@ -1297,7 +1333,14 @@ class ProcessWorker(TierWorker):
     def offer(self, msg: Any) -> bool:
         """`send_nowait`: hand ``msg`` to the child's inbox, False when it is full (or the
         hand-over bound is reached, see `bound_in_flight`)."""
-        if self._bound and self._room() <= 0 and not self._refused():
+        bound = self._bound
+        if (
+            bound
+            # (`_room`'s quick answer inline: this is every hand-over's path)
+            and bound - (self._pruned + len(self._inflight) - self._consumed) <= 0
+            and self._room() <= 0
+            and not self._refused()
+        ):
             return False
         return self.send(msg, 0)
 
@@ -1490,6 +1533,12 @@ class ProcessWorker(TierWorker):
         def on_exit() -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 aloop.call_soon_threadsafe(callback)
+
+        def rebell() -> None:
+            with contextlib.suppress(RuntimeError):
+                aloop.call_soon_threadsafe(on_bell)
+
+        self._rebell = rebell
 
         with self._exit_lock:
             self._lent = True
