@@ -377,6 +377,31 @@ async def scenario_cancel_send_and_receive_loops(case: TierCase) -> None:
         assert rt.get_kernel_state("k") is KernelState.ACTIVE
 
 
+async def scenario_request_loop_lets_other_tasks_run(case: TierCase) -> None:
+    """A caller looping on ``send_and_receive`` leaves the loop to other tasks now and then,
+    even where a reply can come back without the caller ever suspending."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        for i in range(1000):
+            assert (await rt.send_and_receive("k", Job(seq=i), timeout=BOUND_S)).seq == i
+        ran = ticks - before
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert ran >= 1000 // 64, f"another task ran {ran} times during 1,000 requests"
+
+
 # --- 9: receive on a kernel that is not active -------------------------------------------------
 
 

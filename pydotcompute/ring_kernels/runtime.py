@@ -503,15 +503,21 @@ class RingKernelRuntime:
         """The next reply, or None when the outbox is empty."""
         return self._kernel(kernel_id).receive_nowait()
 
-    async def send_and_receive(
+    def send_and_receive(
         self, kernel_id: str, msg: Any, *, timeout: float | None = None
-    ) -> Any:
-        """Send ``msg`` and wait for the reply correlated with it.
+    ) -> Coroutine[Any, Any, Any]:
+        """Send ``msg`` and wait for the reply correlated with it
+        (``await runtime.send_and_receive(...)``; as with `send`, the kernel's own coroutine
+        is returned to be awaited, and an unknown id raises at the call).
 
         The actor's reply is matched by ``correlation_id`` (stamped automatically when the
         actor replies while handling ``msg``), so concurrent callers each get their own.
         """
-        return await self._kernel(kernel_id).send_and_receive(msg, timeout)
+        try:
+            kernel = self._kernels[kernel_id]
+        except (KeyError, TypeError):
+            kernel = self._kernel(kernel_id)
+        return kernel.send_and_receive(msg, timeout)
 
     async def broadcast(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> int:
         """Send every replica of a pool (``launch(..., replicas=N)``) its own copy of ``msg``.

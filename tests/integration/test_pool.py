@@ -164,6 +164,10 @@ async def test_cancel_send_and_receive_loops(case: sc.TierCase) -> None:
     await sc.scenario_cancel_send_and_receive_loops(case)
 
 
+async def test_request_loop_lets_other_tasks_run(case: sc.TierCase) -> None:
+    await sc.scenario_request_loop_lets_other_tasks_run(case)
+
+
 async def test_receive_on_launched_kernel(case: sc.TierCase) -> None:
     await sc.scenario_receive_on_launched_kernel(case)
 

@@ -24,6 +24,10 @@ def case(request: pytest.FixtureRequest) -> sc.TierCase:
     return request.param  # type: ignore[no-any-return]
 
 
+async def test_request_loop_lets_other_tasks_run(case: sc.TierCase) -> None:
+    await sc.scenario_request_loop_lets_other_tasks_run(case)
+
+
 async def test_terminate_with_unread_replies(case: sc.TierCase) -> None:
     await sc.scenario_terminate_with_unread_replies(case)
 

@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from ....exceptions import InvalidConfigurationError
+from ...context import SEND_YIELD_EVERY
 from ...hosted import HostedKernel
 from ...message import reply_key, request_key
 from ...states import KernelState
@@ -61,13 +62,20 @@ class ProcessHostedKernel(HostedKernel):
     # the child often just missed it, parked, and each message then paid a wake-up
     # (round trips 80-110 us instead of ~50). Adaptive spinning still shrinks it when idle.
     HOSTED_SPIN_US = 200.0
-    __slots__ = ("_process_worker", "_reply_misses", "_reply_spin_max", "_reply_spin_s")
+    __slots__ = (
+        "_inline_turn",
+        "_process_worker",
+        "_reply_misses",
+        "_reply_spin_max",
+        "_reply_spin_s",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reply_spin_max = 0.0  # reply_spin_us, in seconds
         self._reply_spin_s = 0.0  # the budget now (adaptive, as the child's spin is)
         self._reply_misses = 0
+        self._inline_turn = SEND_YIELD_EVERY  # inline requests until the loop gets a turn
         self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
 
     def _check_size(self, msg: Any) -> bytes | None:
@@ -85,13 +93,15 @@ class ProcessHostedKernel(HostedKernel):
             if worker is not None:
                 worker.keep_encoded(msg, None)  # the pump encodes it when it hands it over
             return False
-        if (  # a caller waits for this reply: poll for it before the loop parks
-            self._reply_spin_max
-            and worker is not None
-            and self._awaited(msg)
-            and self._spin_for_reply(worker)
-        ):
-            self._drain_ready_replies()
+        if self._reply_spin_max and worker is not None and self._awaited(msg):
+            # a caller waits for this reply: poll for it before the loop parks
+            try:
+                reply = self._spin_for_reply(worker)
+            except Exception as exc:
+                self._polled_error(exc)
+            else:
+                if reply is not None:
+                    self._reply_polled(reply)
         return True
 
     async def send_and_receive(self, msg: Any, timeout: float | None = None) -> Any:
@@ -117,48 +127,58 @@ class ProcessHostedKernel(HostedKernel):
                     data = None
                 if data is not None:
                     worker.keep_encoded(msg, data)
-                    if super()._hand_over(msg):  # (the bridge's: this path spins, below)
-                        loop = asyncio.get_running_loop()
-                        caught, got = self._reply_inline(msg, key, worker, loop)
-                        if caught:
-                            return got
+                    if super()._hand_over(msg):  # (the bridge's: this path spins, here)
+                        reply = error = None
+                        try:
+                            reply = self._spin_for_reply(worker)
+                        except Exception as exc:
+                            error = exc
+                        else:
+                            try:
+                                mine = reply is not None and reply_key(reply) == key
+                            except AttributeError:  # a plain value: nobody's reply
+                                mine = False
+                            if mine:
+                                if self._timed:
+                                    self.telemetry.messages_sent += 1
+                                self._inline_turn -= 1
+                                if not self._inline_turn:
+                                    await self._give_the_loop_a_turn()
+                                return reply
+                        fut = self._register_inline(msg, reply, error)
                         # (the clock starts after the spin: the wait may end up to
                         # `reply_spin_us` later than ``timeout`` after the call)
-                        deadline = 0.0 if timeout is None else loop.time() + timeout
-                        return await self.await_reply(msg, key, got, timeout, deadline)
+                        deadline = 0.0 if timeout is None else fut.get_loop().time() + timeout
+                        return await self.await_reply(msg, key, fut, timeout, deadline)
                     worker.keep_encoded(msg, None)
         return await super().send_and_receive(msg, timeout)
 
-    def _reply_inline(
-        self, msg: Any, key: bytes, worker: ProcessWorker, loop: asyncio.AbstractEventLoop
-    ) -> tuple[bool, Any]:
-        """After an inline request's hand-over: ``(True, reply)`` when its own reply came
-        first within the spin; else ``(False, future)``, the request registered
-        (`expect_reply`) and whatever was polled instead (another reply, an error) passed
-        on in order, for `await_reply`. Nothing else ran on the loop in between, so no
-        reply could have been delivered to a caller not yet registered."""
-        reply = None
-        error: Exception | None = None
+    async def _give_the_loop_a_turn(self) -> None:
+        """An inline request never suspends: a caller looping on them would keep every
+        other task off the loop, so every `SEND_YIELD_EVERY`-th yields once (as a tier-1
+        actor's ``ctx.send`` does). A caller cancelled there loses the reply it was
+        given: counted as lost, as a reply to a caller who gave up always is."""
+        self._inline_turn = SEND_YIELD_EVERY
         try:
-            reply = self._spin_for_reply(worker, take=True)
-        except Exception as exc:
-            error = exc
-        else:
-            try:
-                mine = reply is not None and reply_key(reply) == key
-            except AttributeError:  # a plain value: nobody's reply
-                mine = False
-            if mine:
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                return True, reply
-        fut: asyncio.Future[Any] = loop.create_future()
-        self.expect_reply(msg, fut)  # (not awaited yet: the key is free, msg goes as it is)
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.count_lost_reply()
+            raise
+
+    def _register_inline(
+        self, msg: Any, polled: Any, error: Exception | None
+    ) -> asyncio.Future[Any]:
+        """An inline request whose own reply did not come first: register it
+        (`expect_reply`), then pass on in order what was polled instead (another reply,
+        an error). Nothing else ran on the loop since the hand-over, so no reply could
+        have been delivered to this caller before it was registered."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.expect_reply(msg, fut)  # (the key is free: ``msg`` goes as it is)
         if error is not None:
             self._polled_error(error)
-        elif reply is not None:
-            self._reply_polled(reply)
-        return False, fut
+        elif polled is not None:
+            self._reply_polled(polled)
+        return fut
 
     def _awaited(self, msg: Any) -> bool:
         """Whether a caller waits for the reply to ``msg``."""
@@ -167,27 +187,27 @@ class ProcessHostedKernel(HostedKernel):
         except AttributeError:  # a plain value
             return False
 
-    def _spin_for_reply(self, worker: ProcessWorker, *, take: bool = False) -> Any:
-        """Poll for the reply (True: one is ready; with ``take``, the reply itself, or
-        None), adapting the budget as the child's waits do: a reply caught while spinning
+    def _spin_for_reply(self, worker: ProcessWorker) -> Any:
+        """Poll for the next reply (`ProcessWorker.reply_within`; None: none came),
+        adapting the budget as the child's waits do: a reply caught while spinning
         restores the full budget; a miss quarters it, down to none, and every
         `PROBE_EVERY`-th miss in a row tries the full budget again. A slow actor, or a
         machine too loaded for the child to answer within the budget, so stops costing
         the loop its budget on every request."""
         spin = self._reply_spin_s
         if spin:
-            got = worker.reply_within(spin) if take else worker.spin_for_reply(spin)
-            if got is not None and got is not False:
+            reply = worker.reply_within(spin)
+            if reply is not None:
                 self._reply_spin_s = self._reply_spin_max
                 self._reply_misses = 0
-                return got
+                return reply
         self._reply_misses += 1
         if self._reply_misses % PROBE_EVERY == 0:
             self._reply_spin_s = self._reply_spin_max
         else:
             quarter = spin / 4
             self._reply_spin_s = quarter if quarter >= 1e-6 else 0.0
-        return None if take else False
+        return None
 
     def _make_worker(self, bridge: int) -> TierWorker:
         kwargs: dict[str, Any] = {

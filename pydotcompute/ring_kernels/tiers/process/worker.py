@@ -1019,68 +1019,57 @@ class ProcessWorker(TierWorker):
         sending thread: a message changed in between would go as it was measured."""
         self._encoded = None if data is None or self._traced else (msg, data)
 
-    def spin_for_reply(self, budget_s: float) -> bool:
-        """Poll the outbox for a reply for up to ``budget_s`` seconds, holding the calling
-        thread (an event loop, while a caller waits for a reply); True when a reply is
-        ready for `poll_reply`.
+    def reply_within(self, budget_s: float) -> Any:
+        """Poll the outbox for the next reply for up to ``budget_s`` seconds, holding the
+        calling thread (an event loop, while a caller waits for a reply): the reply, or
+        None when none came. Raises what `poll_reply` raises.
 
         While it polls, the child is asked not to ring the reply doorbell (a reply found
         here needs no wake-up); the request is re-armed, and the ring checked once more,
-        before it returns, so no wake-up is lost.
+        before it returns, so no wake-up is lost; replies found behind the one returned,
+        written while the doorbell was off, are announced as the doorbell would.
         """
-        found = self._spin_take(budget_s, keep=True)
-        return found is not None
-
-    def reply_within(self, budget_s: float) -> Any:
-        """`spin_for_reply` and `poll_reply` in one call: the next reply when one is ready
-        within ``budget_s`` seconds, else None (the wake-ups re-armed as `spin_for_reply`
-        leaves them). Raises what `poll_reply` raises."""
-        data = self._spin_take(budget_s, keep=False)
-        if data is None:
-            return None
-        if data is True:  # kept replies, another thread's read, or a ring error
-            return self.poll_reply()
-        if self._gated:
-            self._opened()
-        if data[0] != FRAME_TAG:
-            return self._decode_reply(data)
-        return self._decode_frame(data)
-
-    def _spin_take(self, budget_s: float, *, keep: bool) -> Any:
-        """`spin_for_reply`'s poll: None when nothing came; True when `poll_reply` has
-        one to give (or an error to raise); else the record read (kept for `poll_reply`
-        with ``keep``, in which case True)."""
         lock = self._recv_lock
         if not lock.acquire(False):
             return None  # another thread receives: it gets the reply
         behind = False
         try:
             if self._pending_out:
-                return True
-            ring = self._rx
-            if ring is None:
-                return None
-            armed = ring.reader_waiting
-            try:
-                if armed:
-                    ring.set_reader_waiting(False)
-                data = ring.spin_read(budget_s, self._out_space_fd)
-                if armed:
-                    ring.set_reader_waiting(True)
+                data = None  # kept replies come first: `poll_reply` gives them
+            else:
+                ring = self._rx
+                if ring is None:
+                    return None
+                armed = ring.reader_waiting
+                try:
+                    if armed:
+                        ring.set_reader_waiting(False)
+                    data = ring.spin_read(budget_s, self._out_space_fd)
+                    if armed:
+                        ring.set_reader_waiting(True)
+                        if data is None:
+                            data = ring.spin_read(0, self._out_space_fd)
+                        elif ring.readable():
+                            behind = True  # written while the bell was off: nobody was told
+                except RingCorruptedError:
+                    data = None  # `poll_reply` meets it and reports it
+                else:
                     if data is None:
-                        data = ring.spin_read(0, self._out_space_fd)
-                    elif not keep and ring.readable():
-                        behind = True  # written while the bell was off: nobody was told
-            except RingCorruptedError:
-                return True  # `poll_reply` meets it and reports it
-            if data is None or not keep:
-                return data
-            self._pending_out.append(data)
-            return True
+                        return None
         finally:
             lock.release()
             if behind:
                 self._announce_replies()
+        if data is None:
+            return self.poll_reply()
+        if self._gated:
+            self._opened()
+        if data[0] != FRAME_TAG:
+            try:
+                return self._decode(data)
+            except MessageDeserializationError as exc:
+                raise self._undecodable(data, exc) from exc
+        return self._decode_frame(data)
 
     def _announce_replies(self) -> None:
         """Tell whoever reads replies that some are ready, as the child's bell would."""
