@@ -32,13 +32,14 @@ from ....exceptions import InvalidConfigurationError
 from ...context import SEND_YIELD_EVERY
 from ...hosted import HostedKernel
 from ...message import reply_key, request_key
-from ...states import KernelState
 from ..contract import TierWorker
 from .config import ProcessKernelConfig
 from .waiting import PROBE_EVERY
 from .worker import ProcessWorker
 
 __all__ = ("ProcessHostedKernel",)
+
+_NOT_YET: Any = object()  # `_spin_for_reply`: the caller has not polled yet
 
 
 class ProcessHostedKernel(HostedKernel):
@@ -110,8 +111,7 @@ class ProcessHostedKernel(HostedKernel):
         caught is its own, returned without a future or a delivery in between."""
         worker = self._process_worker
         if (
-            self._reply_spin_s
-            and self._state is KernelState.ACTIVE
+            self._reply_spin_s  # (its state, like the rest, is `_hand_over`'s to check)
             and type(msg) is self.input_type
             and worker is self._worker  # (not wrapped: a tracing bridge takes the general path)
             and worker is not None
@@ -122,15 +122,17 @@ class ProcessHostedKernel(HostedKernel):
                 key = None
             if key is not None and key not in self._waiters:
                 try:
-                    data = worker.encode_checked(msg)
+                    data = worker.encode_checked(msg, keep=True)  # the send writes these
                 except Exception:  # the general path raises it, in the runtime's words
                     data = None
                 if data is not None:
-                    worker.keep_encoded(msg, data)
                     if super()._hand_over(msg):  # (the bridge's: this path spins, here)
                         reply = error = None
                         try:
-                            reply = self._spin_for_reply(worker)
+                            # (`_spin_for_reply` inline while replies come in time)
+                            reply = worker.reply_within(self._reply_spin_s)
+                            if reply is None or self._reply_misses:
+                                reply = self._spin_for_reply(worker, reply)
                         except Exception as exc:
                             error = exc
                         else:
@@ -187,16 +189,16 @@ class ProcessHostedKernel(HostedKernel):
         except AttributeError:  # a plain value
             return False
 
-    def _spin_for_reply(self, worker: ProcessWorker) -> Any:
-        """Poll for the next reply (`ProcessWorker.reply_within`; None: none came),
-        adapting the budget as the child's waits do: a reply caught while spinning
-        restores the full budget; a miss quarters it, down to none, and every
-        `PROBE_EVERY`-th miss in a row tries the full budget again. A slow actor, or a
-        machine too loaded for the child to answer within the budget, so stops costing
-        the loop its budget on every request."""
+    def _spin_for_reply(self, worker: ProcessWorker, polled: Any = _NOT_YET) -> Any:
+        """Poll for the next reply (`ProcessWorker.reply_within`; None: none came; a
+        caller that polled already passes what it got as ``polled``), adapting the budget
+        as the child's waits do: a reply caught while spinning restores the full budget;
+        a miss quarters it, down to none, and every `PROBE_EVERY`-th miss in a row tries
+        the full budget again. A slow actor, or a machine too loaded for the child to
+        answer within the budget, so stops costing the loop its budget on every request."""
         spin = self._reply_spin_s
         if spin:
-            reply = worker.reply_within(spin)
+            reply = worker.reply_within(spin) if polled is _NOT_YET else polled
             if reply is not None:
                 self._reply_spin_s = self._reply_spin_max
                 self._reply_misses = 0

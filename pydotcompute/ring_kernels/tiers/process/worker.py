@@ -991,11 +991,12 @@ class ProcessWorker(TierWorker):
             ring_bell(self._in_data_fd)
         return True
 
-    def encode_checked(self, msg: Any) -> bytes:
+    def encode_checked(self, msg: Any, keep: bool = False) -> bytes:
         """The record `send` would write for ``msg``, checked as `send` checks it (its type
         against ``input_type``, its size against `max_message_bytes`) and nothing queued:
         how a caller refuses at once a value the ring can never carry. Hand the bytes to
-        `keep_encoded` so the send writes them instead of encoding again.
+        `keep_encoded` so the send writes them instead of encoding again (``keep=True``
+        does that here).
 
         Raises:
             TypeValidationError: ``msg`` is not the ``input_type``.
@@ -1008,6 +1009,8 @@ class ProcessWorker(TierWorker):
         limit = self._in_max
         if limit and len(data) > limit:
             raise too_large(self._kernel_id, msg, len(data), limit, "inbox")
+        if keep and not self._traced:
+            self._encoded = (msg, data)
         return data
 
     def keep_encoded(self, msg: Any, data: bytes | None) -> None:
