@@ -209,6 +209,9 @@ class HostedKernel(RingKernel):
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         self._check_size(msg)
         self._validate_in(msg)
+        inbox = self._inbox
+        if inbox is not None and inbox.qsize and not self._stopping and inbox.offer(msg):
+            return  # queued behind others (no hand-over to try): the pump keeps the order
         if not self._hand_over(msg):
             await super().accept(msg, timeout)
 

@@ -80,8 +80,13 @@ class ProcessHostedKernel(HostedKernel):
         self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
 
     def _check_size(self, msg: Any) -> bytes | None:
-        data = super()._check_size(msg)
         worker = self._process_worker
+        if worker is not None and worker is self._worker:  # (untraced: no header to add)
+            try:  # checked and kept in one call: every send on this tier comes here
+                return worker.encode_checked(msg, keep=True)
+            except Exception:  # raised below in the runtime's words (or the worker's)
+                pass
+        data = super()._check_size(msg)
         if worker is not None:
             if data is None:  # a plain value: measured (and refused) here too, not by
                 data = worker.encode_checked(msg)  # the pump, which could only drop it
