@@ -206,19 +206,23 @@ class HostedKernel(RingKernel):
             )
         return data
 
-    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+    def _accept_now(self, msg: Any) -> bool:
+        """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
+        messages already in the inbox, or hand it straight to the worker; False when it
+        must take the inbox's own path (empty inbox and no hand-over, or a full one)."""
         self._check_size(msg)
         self._validate_in(msg)
         inbox = self._inbox
-        if inbox is not None and inbox.qsize and not self._stopping and inbox.offer(msg):
-            return  # queued behind others (no hand-over to try): the pump keeps the order
-        if not self._hand_over(msg):
+        if inbox is not None and inbox.qsize and not self._stopping:
+            return bool(inbox.offer(msg))  # behind others: the pump keeps the order
+        return self._hand_over(msg)
+
+    async def accept(self, msg: Any, timeout: float | None = None) -> None:
+        if not self._accept_now(msg):
             await super().accept(msg, timeout)
 
     def accept_nowait(self, msg: Any) -> None:
-        self._check_size(msg)
-        self._validate_in(msg)
-        if not self._hand_over(msg):
+        if not self._accept_now(msg):
             super().accept_nowait(msg)
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -235,7 +239,8 @@ class HostedKernel(RingKernel):
             and inbox.offer(msg)
         ):
             return True
-        await self.accept(msg, timeout)
+        if not self._accept_now(msg):  # (`accept` without a coroutine of its own)
+            await RingKernel.accept(self, msg, timeout)
         return True
 
     def _hand_over(self, msg: Any) -> bool:

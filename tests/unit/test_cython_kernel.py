@@ -1146,6 +1146,30 @@ def test_a_batch_goes_in_at_once_and_replies_come_out_in_order_before_an_error()
         w.stop(5.0)
 
 
+def test_a_batch_of_mixed_messages_and_plain_values_keeps_order_and_types() -> None:
+    """Batches are encoded and decoded in one C loop while every item is a message of one
+    class; a plain value (a frame on the ring) or another class anywhere in a batch must
+    come out as itself, in its place."""
+    w = process_worker.ProcessWorker("mixed", echo, config=CythonKernelConfig("mixed"))
+    w.start()
+    try:
+        sent: list[Any] = [Job(seq=0), Job(seq=1), 7, Job(seq=2), "eight", Done(seq=9, pid=1)]
+        sent += [Job(seq=i) for i in range(10, 20)] + [[1, 2], Job(seq=20)]
+        assert w.offer_many(sent) == len(sent)
+        _until(lambda: w.statistics()["outbox"]["pending_records"] == len(sent), "replies")
+        got: list[Any] = []
+        while len(got) < len(sent):
+            got += w.poll_replies(4)
+        assert [type(g) for g in got] == [type(x) for x in sent]
+
+        def key(x: Any) -> Any:  # a reply carries its request's id as its correlation
+            return x.seq if isinstance(x, (Job, Done)) else x
+
+        assert [key(g) for g in got] == [key(x) for x in sent]
+    finally:
+        w.stop(5.0)
+
+
 def test_the_hand_over_bound_counts_replies_not_yet_read() -> None:
     w = process_worker.ProcessWorker("bound", sleeper, config=CythonKernelConfig("bound"))
     woken = threading.Event()

@@ -1371,7 +1371,13 @@ class ProcessWorker(TierWorker):
             codec = self._codec
             encoded = self._encoded
             self._encoded = None
-            for msg in msgs[:most]:
+            batch = msgs[:most]
+            if set(map(type, batch)) == {codec[0]}:
+                # one type, checked already: encoded in one C loop (a kept record is only
+                # ever the last send's, which a queued batch rarely holds: encoded again)
+                with contextlib.suppress(Exception):
+                    datas.extend(map(codec[1], batch))
+            for msg in batch[len(datas) :]:
                 try:
                     if type(msg) is not codec[0]:  # validate each new type once
                         codec = self._codec = (type(msg), self._encoder_for(msg))
@@ -1471,8 +1477,14 @@ class ProcessWorker(TierWorker):
                 self._opened()
             return []
         out: list[Any] = []
+        # the common case, every record a message: decoded in one C loop; the first that
+        # is not (a frame, or one that does not decode) and the rest take the loop below
+        # (``extend`` keeps what it decoded before the error: nothing is decoded twice)
+        with contextlib.suppress(Exception):
+            out.extend(map(self._decode, records))
         decode, frame = self._decode_reply, self._decode_frame
-        for i, data in enumerate(records):
+        for i in range(len(out), len(records)):
+            data = records[i]
             try:
                 out.append(decode(data) if data[0] != FRAME_TAG else frame(data))
             except MessageDeserializationError:
