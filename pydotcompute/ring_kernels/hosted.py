@@ -210,12 +210,17 @@ class HostedKernel(RingKernel):
         """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
         messages already in the inbox, or hand it straight to the worker; False when it
         must take the inbox's own path (empty inbox and no hand-over, or a full one)."""
-        self._check_size(msg)
-        self._validate_in(msg)
+        self._admit(msg)
         inbox = self._inbox
         if inbox is not None and inbox.qsize and not self._stopping:
             return bool(inbox.offer(msg))  # behind others: the pump keeps the order
         return self._hand_over(msg)
+
+    def _admit(self, msg: Any) -> None:
+        """Refuse at once what this kernel can never carry (`_check_size`) and what is not
+        its ``input_type``: the edge checks of every message it accepts."""
+        self._check_size(msg)
+        self._validate_in(msg)
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         if not self._accept_now(msg):

@@ -79,13 +79,18 @@ class ProcessHostedKernel(HostedKernel):
         self._inline_turn = SEND_YIELD_EVERY  # inline requests until the loop gets a turn
         self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
 
-    def _check_size(self, msg: Any) -> bytes | None:
+    def _admit(self, msg: Any) -> None:
         worker = self._process_worker
         if worker is not None and worker is self._worker:  # (untraced: no header to add)
-            try:  # checked and kept in one call: every send on this tier comes here
-                return worker.encode_checked(msg, keep=True)
+            try:  # type, size and the bytes kept in one call: every send comes here
+                worker.encode_checked(msg, keep=True)
+                return
             except Exception:  # raised below in the runtime's words (or the worker's)
                 pass
+        super()._admit(msg)
+
+    def _check_size(self, msg: Any) -> bytes | None:
+        worker = self._process_worker
         data = super()._check_size(msg)
         if worker is not None:
             if data is None:  # a plain value: measured (and refused) here too, not by
