@@ -755,6 +755,41 @@ def test_a_signal_interrupts_a_waiting_acquire(impl: Any) -> None:
 # --- batches: many records in one call ------------------------------------------------------
 
 
+def test_spin_read_quiet_withdraws_the_flag_and_reports_records_behind(impl: Any) -> None:
+    w = impl.SharedByteRing(4096)
+    r = impl.SharedByteRing.attach(w.name)
+    try:
+        # armed, empty: nothing read, the flag set again
+        r.set_reader_waiting(True)
+        assert r.spin_read_quiet(0.0) == (None, False)
+        assert r.reader_waiting
+        # armed, one record: it is read, none behind, the flag set again
+        w.try_write(b"one")
+        assert r.spin_read_quiet(0.0) == (b"one", False)
+        assert r.reader_waiting
+        # armed, two records: the first is read and the second reported behind it
+        w.try_write(b"two")
+        w.try_write(b"three")
+        assert r.spin_read_quiet(0.0) == (b"two", True)
+        assert r.reader_waiting
+        assert r.try_read() == b"three"
+        # not armed (a burst under way, its reader polls on): nothing reported, flag left off
+        r.set_reader_waiting(False)
+        w.try_write(b"four")
+        w.try_write(b"five")
+        assert r.spin_read_quiet(0.0) == (b"four", False)
+        assert not r.reader_waiting
+        # armed again: after an empty poll the flag is back, so the next record rings
+        r.set_reader_waiting(True)
+        assert r.spin_read_quiet(0.0) == (b"five", False)
+        assert r.spin_read_quiet(0.001) == (None, False)
+        assert w.try_write(b"six") == 2  # WRITE_WAKE: the flag is back, the writer rings
+    finally:
+        r.close()
+        w.close()
+        w.unlink()
+
+
 def test_write_many_publishes_a_prefix_that_fits(impl: Any) -> None:
     w = impl.SharedByteRing(4096, max_records=3)
     r = impl.SharedByteRing.attach(w.name)

@@ -504,6 +504,37 @@ cdef class SharedByteRing:
         already holds a wake-up, a closed one means the writer is gone).
         """
         self._check_open()
+        return self._spin_read(budget_s, wake_fd)
+
+    def spin_read_quiet(self, double budget_s, int wake_fd=-1):
+        """:meth:`spin_read` with the reader's waiting flag (the writer's cue to ring the
+        doorbell) withdrawn meanwhile: a record found while polling needs no wake-up. A
+        flag that was set is set again, and the ring looked at once more, before it
+        returns, so no wake-up is lost.
+
+        Returns ``(record or None, behind)``: ``behind`` is True when more records,
+        written while the flag was withdrawn (nobody was rung for them), wait after the
+        one returned.
+        """
+        self._check_open()
+        cdef uint64_t *hdr = self._hdr
+        cdef bint behind = False
+        pdc_fence()
+        cdef bint armed = pdc_load_relaxed(&hdr[H_RWAIT]) != 0
+        if armed:
+            pdc_store_relaxed(&hdr[H_RWAIT], 0)
+            pdc_fence()
+        cdef object out = self._spin_read(budget_s, wake_fd)
+        if armed:
+            pdc_store_relaxed(&hdr[H_RWAIT], 1)
+            pdc_fence()
+            if out is None:
+                out = self._spin_read(0, wake_fd)
+            else:
+                behind = pdc_load_acquire(&hdr[H_TAIL]) != pdc_load_relaxed(&hdr[H_HEAD])
+        return out, behind
+
+    cdef object _spin_read(self, double budget_s, int wake_fd):
         cdef object out = self._read()
         cdef uint64_t *hdr = self._hdr
         cdef uint64_t head, now, deadline

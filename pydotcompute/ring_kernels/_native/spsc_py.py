@@ -750,6 +750,29 @@ class SharedByteRing:
         _fence()
         return bool(self._q[H_RWAIT])
 
+    def spin_read_quiet(self, budget_s: float, wake_fd: int = -1) -> tuple[bytes | None, bool]:
+        """`spin_read` with the reader's waiting flag (the writer's cue to ring the
+        doorbell) withdrawn meanwhile: a record found while polling needs no wake-up. A
+        flag that was set is set again, and the ring looked at once more, before it
+        returns, so no wake-up is lost.
+
+        Returns ``(record or None, behind)``: ``behind`` is True when more records,
+        written while the flag was withdrawn (nobody was rung for them), wait after the
+        one returned.
+        """
+        armed = self.reader_waiting
+        if armed:
+            self.set_reader_waiting(False)
+        out = self.spin_read(budget_s, wake_fd)
+        behind = False
+        if armed:
+            self.set_reader_waiting(True)
+            if out is None:
+                out = self.spin_read(0, wake_fd)
+            else:
+                behind = self.readable()
+        return out, behind
+
     def set_reader_waiting(self, waiting: bool) -> None:
         """Announce (or withdraw) that the reader is about to sleep; then re-check the ring."""
         self._q[H_RWAIT] = 1 if waiting else 0

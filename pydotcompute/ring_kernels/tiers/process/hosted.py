@@ -132,11 +132,13 @@ class ProcessHostedKernel(HostedKernel):
                 key = None
             if key is not None and key not in self._waiters:
                 try:
-                    data = worker.encode_checked(msg, keep=True)  # the send writes these
+                    data = worker.encode_checked(msg, True)  # kept: the send writes these
                 except Exception:  # the general path raises it, in the runtime's words
                     data = None
                 if data is not None:
-                    if super()._hand_over(msg):  # (the bridge's: this path spins, here)
+                    # the bridge's hand-over (this path spins itself, below; called through
+                    # the class: a zero-argument ``super()`` builds an object per call)
+                    if HostedKernel._hand_over(self, msg):
                         reply = error = None
                         try:
                             # (`_spin_for_reply` inline while replies come in time)

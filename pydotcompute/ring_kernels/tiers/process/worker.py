@@ -1043,17 +1043,9 @@ class ProcessWorker(TierWorker):
                 ring = self._rx
                 if ring is None:
                     return None
-                armed = ring.reader_waiting
                 try:
-                    if armed:
-                        ring.set_reader_waiting(False)
-                    data = ring.spin_read(budget_s, self._out_space_fd)
-                    if armed:
-                        ring.set_reader_waiting(True)
-                        if data is None:
-                            data = ring.spin_read(0, self._out_space_fd)
-                        elif ring.readable():
-                            behind = True  # written while the bell was off: nobody was told
+                    # (``behind``: replies written while the bell was off, nobody told)
+                    data, behind = ring.spin_read_quiet(budget_s, self._out_space_fd)
                 except RingCorruptedError:
                     data = None  # `poll_reply` meets it and reports it
                 else:
