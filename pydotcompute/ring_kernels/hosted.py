@@ -54,6 +54,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -312,6 +313,8 @@ class HostedKernel(RingKernel):
             with contextlib.suppress(RuntimeError):  # loop closed during teardown
                 loop.call_soon_threadsafe(drain_on_loop)
 
+        loop_thread = threading.get_ident()
+
         def wake_writable() -> None:
             if not self._want_room:  # nobody waits for room: no wake-up
                 return
@@ -320,6 +323,9 @@ class HostedKernel(RingKernel):
                 # flag first, then look: a drain that already ran schedules anew
                 room[0] = True
                 wake_readable()
+                return
+            if threading.get_ident() == loop_thread:  # (a worker the loop itself watches)
+                writable.set()
                 return
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(writable.set)

@@ -1170,6 +1170,39 @@ def test_a_batch_of_mixed_messages_and_plain_values_keeps_order_and_types() -> N
         w.stop(5.0)
 
 
+def test_a_watching_loop_runs_the_writable_wakers_on_its_own_thread() -> None:
+    """With an event loop watching the worker (`watch`), the child's space rings are the
+    loop's to handle: the writable wakers run on the loop's thread (not on a watcher
+    thread that would take the GIL from the loop), and the space pipe closes with the
+    undo even when the worker stopped first."""
+    w = process_worker.ProcessWorker("watched", echo, config=CythonKernelConfig("watched"))
+    called_on: list[int] = []
+    w.add_waker(lambda: called_on.append(threading.get_ident()), when="writable")
+    w.bound_in_flight(1)
+    w.start()
+
+    async def run() -> tuple[int, Any]:
+        loop = asyncio.get_running_loop()
+        unwatch = w.watch(loop, lambda: None)
+        assert unwatch is not None
+        jobs = [Job(seq=i) for i in range(4)]
+        assert w.offer_many(jobs) == 2  # the bound, and one for the actor's hands
+        assert not w.offer(jobs[2])  # refused: the space pipe is armed
+        deadline = loop.time() + 30
+        while not called_on:  # the child finishes a message and rings the space pipe
+            assert loop.time() < deadline, "no writable wake-up"
+            await asyncio.sleep(0.005)
+        return threading.get_ident(), unwatch
+
+    try:
+        loop_thread, unwatch = asyncio.run(run())
+        assert called_on
+        assert set(called_on) == {loop_thread}
+    finally:
+        w.stop(5.0)
+    unwatch()  # after the stop: closes what the loop was lent, once
+
+
 def test_the_hand_over_bound_counts_replies_not_yet_read() -> None:
     w = process_worker.ProcessWorker("bound", sleeper, config=CythonKernelConfig("bound"))
     woken = threading.Event()

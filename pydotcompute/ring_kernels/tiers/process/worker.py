@@ -287,7 +287,7 @@ class ProcessWorker(TierWorker):
         self._watched: tuple[int, ...] = ()  # what the shared watcher watches for us
         self._lent = False  # an event loop watches the bell socket (see `watch`)
         self._rebell: Callable[[], None] | None = None  # ring the loop's bell callback
-        self._lent_close: Any = None  # the bell socket, to close when the loop gives it back
+        self._lent_close: Any = None  # the bell and space pipe, closed when the loop is done
         self._exit_hooks: list[Callable[[], None]] = []
         self._wakers = WakerSet()
         self._space_armed = False
@@ -606,7 +606,7 @@ class ProcessWorker(TierWorker):
             want = {self._process.sentinel}
             if readable and not self._lent:
                 want.add(self._bell_fd)
-            if writable:
+            if writable and not self._lent:
                 want.add(self._space_fd)
             gone = [fd for fd in self._watched if fd not in want]
             new = [fd for fd in want if fd not in self._watched]
@@ -869,9 +869,9 @@ class ProcessWorker(TierWorker):
                     ring.close()
             with self._exit_lock:  # an event loop still watching the bell closes it
                 lent = self._lent
-                if lent:
-                    self._lent_close = self._conns[0]  # kept open (and alive) until then
-            for conn in self._conns[1:] if lent else self._conns:
+                if lent:  # the bell and the space pipe: kept open (and alive) until then
+                    self._lent_close = self._conns[:2]
+            for conn in self._conns[2:] if lent else self._conns:
                 conn.close()
             self._conns = []
             self._close_latency_block()
@@ -1507,10 +1507,11 @@ class ProcessWorker(TierWorker):
     def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Have ``loop`` watch the reply doorbell and the child's exit itself.
 
-        The loop watches the bell socket itself; the shared watcher records the child's
-        exit and then schedules ``callback`` on the loop. While the loop watches, `stop`
-        leaves the socket open: the returned undo closes it if the worker has been
-        cleaned up meanwhile, so a descriptor is never pulled from under the loop.
+        The loop watches the bell socket itself, and the space pipe (its rings run the
+        writable wakers on the loop's thread); the shared watcher records the child's exit
+        and then schedules ``callback`` on the loop. While the loop watches, `stop` leaves
+        both open: the returned undo closes them if the worker has been cleaned up
+        meanwhile, so a descriptor is never pulled from under the loop.
         """
         if self._process is None or not self._conns:
             raise self._state_error("wait on")
@@ -1544,7 +1545,11 @@ class ProcessWorker(TierWorker):
             with self._exit_lock:
                 self._lent = False
             return None
-        self._sync_watch()  # the loop watches the bell from now on
+        space = self._space_fd
+        # the space pipe too: a thread woken for each of its rings would then take the GIL
+        # from the loop, and hand its wake-up over through the loop's self-pipe anyway
+        aloop.add_reader(space, self._on_space)
+        self._sync_watch()  # the loop watches the bell and the space pipe from now on
         self._exit_hooks.append(on_exit)
         if self._child_exited:
             on_exit()
@@ -1552,13 +1557,15 @@ class ProcessWorker(TierWorker):
 
         def unwatch() -> None:
             aloop.remove_reader(bell)
+            aloop.remove_reader(space)
             with contextlib.suppress(ValueError):
                 self._exit_hooks.remove(on_exit)
             with self._exit_lock:
                 self._lent = False
                 close, self._lent_close = self._lent_close, None
             if close is not None:
-                close.close()
+                for conn in close:
+                    conn.close()
             else:
                 self._sync_watch()
 
