@@ -1175,7 +1175,9 @@ def test_a_watching_loop_runs_the_writable_wakers_on_its_own_thread() -> None:
     loop's to handle: the writable wakers run on the loop's thread (not on a watcher
     thread that would take the GIL from the loop), and the space pipe closes with the
     undo even when the worker stopped first."""
-    w = process_worker.ProcessWorker("watched", echo, config=CythonKernelConfig("watched"))
+    # (a slow actor: it is still at its first message when the refused offer arms the
+    # space pipe, so the ring that the test waits for comes when it finishes it)
+    w = process_worker.ProcessWorker("watched", sleeper, config=CythonKernelConfig("watched"))
     called_on: list[int] = []
     w.add_waker(lambda: called_on.append(threading.get_ident()), when="writable")
     w.bound_in_flight(1)
@@ -1189,7 +1191,7 @@ def test_a_watching_loop_runs_the_writable_wakers_on_its_own_thread() -> None:
         assert w.offer_many(jobs) == 2  # the bound, and one for the actor's hands
         assert not w.offer(jobs[2])  # refused: the space pipe is armed
         deadline = loop.time() + 30
-        while not called_on:  # the child finishes a message and rings the space pipe
+        while not called_on:  # the child finishes its message and rings the space pipe
             assert loop.time() < deadline, "no writable wake-up"
             await asyncio.sleep(0.005)
         return threading.get_ident(), unwatch

@@ -136,9 +136,8 @@ class ProcessHostedKernel(HostedKernel):
                 except Exception:  # the general path raises it, in the runtime's words
                     data = None
                 if data is not None:
-                    # the bridge's hand-over (this path spins itself, below; called through
-                    # the class: a zero-argument ``super()`` builds an object per call)
-                    if HostedKernel._hand_over(self, msg):
+                    # the bridge's hand-over (not this class's: this path spins, below)
+                    if self._bridge_hand_over(msg):
                         reply = error = None
                         try:
                             # (`_spin_for_reply` inline while replies come in time)

@@ -1059,12 +1059,7 @@ class ProcessWorker(TierWorker):
             return self.poll_reply()
         if self._gated:
             self._opened()
-        if data[0] != FRAME_TAG:
-            try:
-                return self._decode(data)
-            except MessageDeserializationError as exc:
-                raise self._undecodable(data, exc) from exc
-        return self._decode_frame(data)
+        return self._decode_record(data)
 
     def _announce_replies(self) -> None:
         """Tell whoever reads replies that some are ready, as the child's bell would."""
@@ -1117,10 +1112,7 @@ class ProcessWorker(TierWorker):
             return None
         try:
             if self._pending_out:
-                record = self._pending_out.popleft()
-                if record[0] != FRAME_TAG:
-                    return self._decode_reply(record)
-                return self._decode_frame(record)
+                return self._decode_record(self._pending_out.popleft())
             ring = self._rx
             if ring is None:
                 raise self._state_error("receive from")
@@ -1156,6 +1148,11 @@ class ProcessWorker(TierWorker):
                 return None
         finally:
             lock.release()
+        return self._decode_record(data)
+
+    def _decode_record(self, data: bytes) -> Any:
+        """A reply record taken from the ring: a ``@message`` (`ReplyDecodeError` when it
+        does not decode here), or a frame (a plain value, a rejection)."""
         if data[0] != FRAME_TAG:
             try:
                 return self._decode(data)
