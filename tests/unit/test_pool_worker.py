@@ -194,6 +194,16 @@ def test_replies_keep_the_pool_reply_driven(monkeypatch: pytest.MonkeyPatch) -> 
     assert a.armed + b.armed == 0
 
 
+def _fail_one_while_the_other_replies(pool: Any, a: Any, b: Any) -> None:
+    """Hand each member one more message: ``a`` fails on its own, ``b`` answers 11."""
+    pool.offer(10)
+    pool.offer(11)
+    a.take()
+    a.error = ValueError("boom")
+    b.take()
+    b.reply()
+
+
 def test_poll_reply_takes_turns_and_reports_a_failure_after_the_others() -> None:
     pool, (a, b), _ = _pool()
     for i in range(4):
@@ -206,12 +216,7 @@ def test_poll_reply_takes_turns_and_reports_a_failure_after_the_others() -> None
     got = [pool.poll_reply() for _ in range(4)]
     assert [g[1] for g in got] == [0, 1, 2, 3]  # a, b, a, b
     assert pool.poll_reply() is None
-    pool.offer(10)
-    pool.offer(11)
-    a.take()
-    a.error = ValueError("boom")
-    b.take()
-    b.reply()
+    _fail_one_while_the_other_replies(pool, a, b)
     assert pool.poll_reply() == ("done", 11)  # the healthy member's reply first
     with pytest.raises(KernelFailedError):
         pool.poll_reply()
@@ -231,12 +236,7 @@ def test_poll_replies_takes_one_members_batch_in_turn() -> None:
     assert [g[1] for g in pool.poll_replies(8)] == [4]
     assert pool.poll_replies(8) == []
     assert pool.replied == [3, 3]
-    pool.offer(10)
-    pool.offer(11)
-    a.take()
-    a.error = ValueError("boom")
-    b.take()
-    b.reply()
+    _fail_one_while_the_other_replies(pool, a, b)
     assert pool.poll_replies(8) == [("done", 11)]  # the healthy member's first
     with pytest.raises(KernelFailedError):
         pool.poll_replies(8)

@@ -941,7 +941,7 @@ class ProcessWorker(TierWorker):
         lock = self._send_lock
         if timeout is None:
             lock.acquire()
-        elif not lock.acquire(timeout > 0, timeout if timeout > 0 else -1):
+        elif not (lock.acquire(True, timeout) if timeout > 0 else lock.acquire(False)):
             return False
         try:
             if self._state is not _ACTIVE:
@@ -1471,11 +1471,10 @@ class ProcessWorker(TierWorker):
         # (``extend`` keeps what it decoded before the error: nothing is decoded twice)
         with contextlib.suppress(Exception):
             out.extend(map(self._decode, records))
-        decode, frame = self._decode_reply, self._decode_frame
+        decode = self._decode_record
         for i in range(len(out), len(records)):
-            data = records[i]
             try:
-                out.append(decode(data) if data[0] != FRAME_TAG else frame(data))
+                out.append(decode(records[i]))
             except MessageDeserializationError:
                 if not out:
                     self._unread(records[i + 1 :])
