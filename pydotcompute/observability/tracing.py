@@ -410,6 +410,9 @@ class TracingWorker(TierWorker):
     def start(self) -> None:
         self.inner.start()
 
+    def set_room(self, n: int) -> bool:
+        return self.inner.set_room(n)
+
     def on_writable(self, callback: Callable[[], None]) -> None:
         self.inner.on_writable(callback)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from pydotcompute import message
@@ -38,6 +39,15 @@ def echo_sync(ctx: Any) -> None:
         if job.payload == "exit":  # the process dies without a word
             os._exit(3)
         ctx.send(Done(seq=job.seq, tier="worker"))
+
+
+def slow_echo_sync(ctx: Any) -> None:
+    """`echo_sync` taking a millisecond a message."""
+    while not ctx.should_terminate:
+        job = ctx.receive(timeout=0.05)
+        if job is not None:
+            time.sleep(0.001)
+            ctx.send(Done(seq=job.seq, tier="slow"))
 
 
 async def forward_async(ctx: Any) -> None:

@@ -93,6 +93,51 @@ def test_blocked_put_wakes_on_get(qtype: Any) -> None:
     assert q.get() == "second"
 
 
+def test_resize_changes_what_a_put_finds_room_for(qtype: Any) -> None:
+    q = qtype(2)
+    assert q.put_nowait(1)
+    assert q.put_nowait(2)
+    assert not q.put_nowait(3)
+    q.resize(4)
+    assert q.capacity == 4
+    assert q.put_nowait(3)
+    assert q.put_nowait(4)
+    assert not q.put_nowait(5)
+    q.resize(1)  # what it holds beyond the new capacity stays; puts wait for it to drain
+    assert len(q) == 4
+    assert not q.put_nowait(5)
+    assert [q.get() for _ in range(3)] == [1, 2, 3]
+    assert not q.put_nowait(5)  # one still held: at capacity
+    assert q.get() == 4
+    assert q.put_nowait(5)
+    assert q.put_many([6, 7]) == 0  # full at 1
+    assert q.get() == 5
+
+
+def test_resize_wakes_a_put_waiting_for_room(qtype: Any) -> None:
+    q = qtype(1)
+    q.put("first")
+    t, out = _run(q.put, "second", 5.0)
+    time.sleep(0.05)
+    assert out == []  # still waiting
+    q.resize(2)
+    t.join(5)
+    assert out == [True]
+    assert [q.get(), q.get()] == ["first", "second"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_resize_refuses_a_bad_capacity(bad: Any) -> None:
+    q = SPSCQueue(2)
+    with pytest.raises(InvalidConfigurationError, match="capacity"):
+        q.resize(bad)
+    assert q.capacity == 2
+    s = SyncQueue(2)
+    with pytest.raises(InvalidConfigurationError, match="maxsize"):
+        s.resize(-1 if bad == 0 else bad)
+    assert s.capacity == 2
+
+
 def test_shutdown_lets_consumers_drain_then_raises(qtype: Any) -> None:
     q = qtype(8)
     q.put(1)

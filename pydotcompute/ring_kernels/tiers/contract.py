@@ -103,8 +103,9 @@ class TierWorker(abc.ABC):
         """Hand `msg` to the actor without waiting; False when the tier's side is full.
 
         A tier is built with room for `bridge_queue_size` messages its actor has not taken
-        (`HostedKernel._make_worker(bridge)`): beyond that `offer` returns False, so the
-        runtime's banded inbox, not the tier's backlog, decides what the actor gets next.
+        (`HostedKernel._make_worker(bridge)`, or later `set_room`): beyond that `offer`
+        returns False, so the runtime's banded inbox, not the tier's backlog, decides what
+        the actor gets next.
 
         Raises:
             KernelFailedError: the actor failed (the runtime reports it).
@@ -130,6 +131,16 @@ class TierWorker(abc.ABC):
                 raise
             n += 1
         return n
+
+    def set_room(self, n: int) -> bool:
+        """Let the actor hold up to `n` (>= 1) messages it has not taken, from the next
+        `offer` on (what it holds beyond a smaller `n` stays; offers wait for it to drain).
+
+        Returns False, changing nothing, when the tier's room is fixed once built (the
+        default: a shared ring's records). A tier that can returns True, and the runtime
+        then sizes the bridge to the actor's measured speed (`HostedKernel`).
+        """
+        return False
 
     @abc.abstractmethod
     def on_writable(self, callback: Callable[[], None]) -> None:

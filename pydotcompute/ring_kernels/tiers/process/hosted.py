@@ -10,6 +10,8 @@ Design notes:
   child run ahead (replies waiting in the outbox come out before anything handed over
   later), so the worker also counts a message until its replies were read here
   (`ProcessWorker.bound_in_flight`): an urgent message waits behind at most the bridge.
+  Without a ``bridge_queue_size`` of the user's, the ring holds the widest bridge's
+  records (`BRIDGE_WIDEST`) and that bound starts at 64, for the bridge to widen.
 - One encode per message: the size check at the edge serializes the message anyway, so
   the worker is handed those bytes (`ProcessWorker.keep_encoded`) and writes them.
 - ``reply_spin_us`` spins on the event loop's thread, blocking the loop for up to that
@@ -30,7 +32,7 @@ from typing import Any
 
 from ....exceptions import InvalidConfigurationError
 from ...context import SEND_YIELD_EVERY
-from ...hosted import HostedKernel
+from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ...message import reply_key, request_key
 from ..contract import TierWorker
 from .config import ProcessKernelConfig
@@ -223,9 +225,10 @@ class ProcessHostedKernel(HostedKernel):
         return None
 
     def _make_worker(self, bridge: int) -> TierWorker:
+        given = "bridge_queue_size" in self.config.extra  # else the bridge may widen
         kwargs: dict[str, Any] = {
             "spin_us": self.config.extra.get("spin_us", self.HOSTED_SPIN_US),
-            "input_queue_size": bridge,
+            "input_queue_size": bridge if given else max(bridge, BRIDGE_WIDEST),
             "record_latency": self._timed,
         }
         ring_bytes = self.config.extra.get("ring_bytes")

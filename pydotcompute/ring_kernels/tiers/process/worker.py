@@ -428,6 +428,16 @@ class ProcessWorker(TierWorker):
             )
         self._bound = bound + 1  # (the actor's hand)
 
+    def set_room(self, n: int) -> bool:
+        """The contract's room is the hand-over bound (`bound_in_flight`), which can change
+        within the inbox ring's records (``config.input_queue_size``, fixed once built):
+        False, changing nothing, beyond them or without a bound."""
+        if not self._bound or n > self._config.input_queue_size:
+            return False
+        self.bound_in_flight(n)
+        self._opened()  # widened while the bound refused: the writable wakers run
+        return True
+
     def _room(self) -> int:
         """How many more messages the hand-over bound lets through now (may be <= 0)."""
         sent = self._pruned + len(self._inflight)

@@ -262,6 +262,19 @@ class SyncQueue(_QueueBase[T]):
             except ValueError:
                 pass  # signalled just after the timeout: the caller's re-check sees why
 
+    def resize(self, maxsize: int) -> None:
+        """Change the capacity (``0``: unbounded). Items beyond a smaller one stay; puts
+        wait until they drain below it. Producers waiting for room look again.
+
+        Raises:
+            InvalidConfigurationError: ``maxsize`` is not an int >= 0.
+        """
+        maxsize = _check_size("SyncQueue", "maxsize", maxsize, 0)
+        with self._mutex:
+            self._maxsize = maxsize
+            while self._putters:
+                self._putters.popleft().release()
+
     # -- put --------------------------------------------------------------------------
 
     def put(self, item: T, timeout: float | None = None) -> bool:
@@ -539,6 +552,13 @@ class SPSCQueue(_QueueBase[T]):
     def full(self) -> bool:
         """True when at capacity."""
         return len(self._items) >= self._capacity
+
+    def resize(self, capacity: int) -> None:
+        """Change the capacity (same contract as `SyncQueue.resize`, >= 1). Only the
+        producer reads it, so the producer side calls it (or serializes with it)."""
+        self._capacity = _check_size("SPSCQueue", "capacity", capacity, 1)
+        if self._producer.waiting:
+            self._producer.wake()
 
     # -- producer ---------------------------------------------------------------------
 

@@ -434,6 +434,17 @@ class ThreadWorker(TierWorker):
         finally:
             lock.release()
 
+    def set_room(self, n: int) -> bool:
+        """Let the inbox hold up to ``n`` messages from now on (`SPSCQueue.resize`); the
+        runtime's bridge widens it for a quick actor. Always True: a thread's inbox is
+        a queue in this process.
+
+        Raises:
+            InvalidConfigurationError: ``n`` is not an int >= 1.
+        """
+        self._inbox.resize(n)
+        return True
+
     def on_writable(self, callback: Callable[[], None]) -> None:
         # once a burst: after `offer` was refused, as the contract asks
         self._inbox.add_burst_waker(callback, when="writable")
