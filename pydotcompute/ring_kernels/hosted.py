@@ -45,7 +45,8 @@ Design notes:
   measured to take that many within `BRIDGE_WINDOW_S` (0.5 ms). Each batch hand-over costs
   the actor a wake-up and, in one interpreter, two hand-overs of the GIL: at 64 a quick
   actor spends more time waking than working. An urgent message still waits behind at most
-  about 0.5 ms of the actor's work, or 64 messages.
+  about 0.5 ms of the actor's work, or 64 messages, as far as its recent work predicts the
+  next: messages that turn slow are held until four windows pass with fewer than 16 taken.
 
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
@@ -478,14 +479,19 @@ class HostedKernel(RingKernel):
         it takes in `BRIDGE_WINDOW_S`, between 64 and the widest. The time includes the
         loop's share of the interpreter, which an urgent message waits through too;
         messages handed over one by one meanwhile are not counted, so the estimate errs
-        narrow. A change of less than an eighth is not made."""
+        narrow. Fewer than `_BRIDGE_TIMED` taken over four windows (a slow actor, or one
+        that sat idle since) narrows it back to 64. A change of less than an eighth is
+        not made."""
         since, held = self._bridge_mark
         taken = held - pending
-        if taken < _BRIDGE_TIMED:
-            return
         elapsed = _perf() - since
-        fit = int(BRIDGE_WINDOW_S * taken / elapsed) if elapsed > 0 else self._bridge_widest
-        fit = max(BRIDGE_LEAST, min(self._bridge_widest, fit))
+        if taken >= _BRIDGE_TIMED:
+            fit = int(BRIDGE_WINDOW_S * taken / elapsed) if elapsed > 0 else self._bridge_widest
+            fit = max(BRIDGE_LEAST, min(self._bridge_widest, fit))
+        elif elapsed > 4 * BRIDGE_WINDOW_S:
+            fit = BRIDGE_LEAST  # too few taken to time in a while (slow, or idle): narrow
+        else:
+            return
         width = self._bridge
         if abs(fit - width) * 8 > width and worker.set_room(fit):
             self._bridge = fit

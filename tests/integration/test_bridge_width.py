@@ -18,7 +18,7 @@ from pydotcompute import RingKernelRuntime
 from pydotcompute.exceptions import KernelStateError
 from pydotcompute.ring_kernels import hosted
 
-from .tier_actors import Done, Job, echo_sync, slow_echo_sync
+from .tier_actors import Done, Job, echo_sync, paced_echo_sync
 
 BOUND_S = 30.0
 
@@ -26,7 +26,9 @@ BOUND_S = 30.0
 TIERS = pytest.mark.parametrize("tier", ["thread", "process"])
 
 
-async def _pipeline(rt: RingKernelRuntime, n: int, base: int = 0) -> tuple[list[int], int]:
+async def _pipeline(
+    rt: RingKernelRuntime, n: int, base: int = 0, payload: str = ""
+) -> tuple[list[int], int]:
     """Send ``n`` jobs from a producer task while reading ``n`` replies; returns the seqs
     read and the widest bridge seen, checking at each reply that the worker holds no more
     than the bridge allows."""
@@ -35,7 +37,7 @@ async def _pipeline(rt: RingKernelRuntime, n: int, base: int = 0) -> tuple[list[
 
     async def produce() -> None:
         for i in range(base, base + n):
-            await rt.send("k", Job(seq=i))
+            await rt.send("k", Job(seq=i, payload=payload))
 
     producer = asyncio.ensure_future(produce())
     got = []
@@ -84,11 +86,29 @@ async def test_a_quick_actor_gets_a_wider_bridge_and_order_holds(
 @TIERS
 async def test_a_slow_actor_keeps_the_narrow_bridge(tier: str) -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", slow_echo_sync, input_type=Job, output_type=Done, tier=tier)
+        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier=tier)
         await rt.activate("k")
-        got, widest = await _pipeline(rt, 400)
+        got, widest = await _pipeline(rt, 400, payload="0.001")
         assert got == list(range(400))
         assert widest == 64  # 64 ms of work held already: never widened
+
+
+@TIERS
+async def test_an_actor_turning_slow_gets_the_narrow_bridge_back(
+    tier: str, wide_window: None
+) -> None:
+    """Measured on the messages it took lately: after a quick stretch, a slow one narrows
+    the bridge to 64 again once too few were taken over four windows."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier=tier)
+        await rt.activate("k")
+        kernel: Any = rt.get_kernel("k")
+        _, widest = await _pipeline(rt, 20_000)
+        assert widest > 64
+        n = kernel.bridge_room + 300  # more than the widened bridge holds
+        got, _ = await _pipeline(rt, n, base=100_000, payload="0.0005")
+        assert got == list(range(100_000, 100_000 + n))
+        assert kernel.bridge_room == 64
 
 
 @TIERS

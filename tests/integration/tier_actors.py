@@ -41,13 +41,14 @@ def echo_sync(ctx: Any) -> None:
         ctx.send(Done(seq=job.seq, tier="worker"))
 
 
-def slow_echo_sync(ctx: Any) -> None:
-    """`echo_sync` taking a millisecond a message."""
+def paced_echo_sync(ctx: Any) -> None:
+    """`echo_sync` that first sleeps the seconds a job's payload names (if any)."""
     while not ctx.should_terminate:
         job = ctx.receive(timeout=0.05)
         if job is not None:
-            time.sleep(0.001)
-            ctx.send(Done(seq=job.seq, tier="slow"))
+            if job.payload:
+                time.sleep(float(job.payload))
+            ctx.send(Done(seq=job.seq, tier="paced"))
 
 
 async def forward_async(ctx: Any) -> None:
