@@ -157,3 +157,26 @@ async def test_terminate_in_a_widened_bridge_accounts_for_every_message(
         assert sorted(read + undelivered) == accepted, (len(read), len(undelivered), dropped)
         assert dropped == 0
         assert kernel.bridge_room <= 1024
+
+
+async def test_the_process_tier_keeps_sent_messages_by_its_bridge_not_its_ring() -> None:
+    """The parent keeps each message sent until the child finished it, pruned lazily at
+    twice the hand-over bound: with the ring built for the widest bridge, a narrow bridge
+    still keeps about 2 x 65 of them, not 2 x 1,025 (large messages would add up)."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier="process")
+        await rt.activate("k")
+        kernel: Any = rt.get_kernel("k")
+        kept = 0
+
+        async def produce() -> None:
+            for i in range(1_500):
+                await rt.send("k", Job(seq=i, payload="0.0001"))
+
+        producer = asyncio.ensure_future(produce())
+        for _ in range(1_500):
+            await rt.receive("k", timeout=BOUND_S)
+            kept = max(kept, kernel.worker.statistics()["in_flight"])
+        await producer
+        assert kernel.bridge_room == 64
+        assert kept <= 2 * (64 + 1), kept

@@ -137,8 +137,8 @@ class TierWorker(abc.ABC):
         `offer` on (what it holds beyond a smaller `n` stays; offers wait for it to drain).
 
         Returns False, changing nothing, when the tier's room is fixed once built (the
-        default: a shared ring's records). A tier that can returns True, and the runtime
-        then sizes the bridge to the actor's measured speed (`HostedKernel`).
+        default) or cannot hold `n`. A tier that can returns True, and the runtime then
+        sizes the bridge to the actor's measured speed (`HostedKernel`).
         """
         return False
 

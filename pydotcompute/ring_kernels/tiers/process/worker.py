@@ -42,8 +42,8 @@ Design notes:
   has *finished* it (the actor asked for its next message, or returned), counted by the
   inbox ring's ``records_done``; when the child ends early, `take_undelivered` hands
   back exactly the unfinished ones, in send order, the one in the actor's hands first.
-  Kept objects are pruned lazily, so at most twice the in-flight window
-  (``input_queue_size`` + 1) is held.
+  Kept objects are pruned lazily, so at most twice the in-flight window (the hand-over
+  bound + 1 where the runtime set one, else ``input_queue_size`` + 1) is held.
 - A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
   header) fails the kernel and kills the child; it is never read past its end.
 - Startup failures name their likely cause, and a spawned child's stderr from before it
@@ -427,6 +427,7 @@ class ProcessWorker(TierWorker):
                 f"kernel {self._kernel_id!r}: the hand-over bound must be >= 1, got {bound!r}"
             )
         self._bound = bound + 1  # (the actor's hand)
+        self._prune_at = 2 * self._bound  # kept messages follow the bound, not the ring
 
     def set_room(self, n: int) -> bool:
         """The contract's room is the hand-over bound (`bound_in_flight`), which can change
@@ -595,7 +596,7 @@ class ProcessWorker(TierWorker):
         if self._lat_seg is not None:
             self._lat_seg.unlink()
         self._in_max = self._in_ring.max_record_size
-        self._prune_at = 2 * (cfg.input_queue_size + 1)
+        self._prune_at = 2 * (self._bound or cfg.input_queue_size + 1)
         self._rx = self._out_ring
         self._watched = (process.sentinel,)
         WATCHER.set(process.sentinel, self._on_sentinel)
