@@ -231,3 +231,35 @@ async def test_only_a_tracing_runtime_gives_a_thread_actor_a_traced_context(
         await rt.send("t", 1)
         name = await rt.receive("t", timeout=BOUND_S)
     assert name == ("TracedThreadedKernelContext" if tracing else "ThreadedKernelContext")
+
+
+@pytest.mark.parametrize("tier", ["thread", "process"])
+async def test_a_tracing_runtime_still_widens_the_bridge(
+    span_exporter: Any, tier: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracing wrapper of a worker passes `set_room` on: its bridge widens for a quick
+    actor as an untraced one does (a 50 ms window, so the SDK's cost per span leaves it
+    quick enough on any machine)."""
+    from pydotcompute.ring_kernels import hosted
+
+    monkeypatch.setattr(hosted, "BRIDGE_WINDOW_S", 0.05)
+    n = 3000
+    async with asyncio.timeout(BOUND_S * 4), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", forward_sync, input_type=Job, output_type=Job, tier=tier)
+        await rt.activate("k")
+        kernel: Any = rt.get_kernel("k")
+
+        async def produce() -> None:
+            for i in range(n):
+                await rt.send("k", Job(seq=i))
+
+        producer = asyncio.ensure_future(produce())
+        widest = 0
+        got = []
+        for _ in range(n):
+            got.append((await rt.receive("k", timeout=BOUND_S)).seq)
+            widest = max(widest, kernel.bridge_room)
+        await producer
+    span_exporter.clear()
+    assert got == list(range(n))
+    assert widest > 64, widest
