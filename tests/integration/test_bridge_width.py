@@ -26,6 +26,13 @@ BOUND_S = 30.0
 TIERS = pytest.mark.parametrize("tier", ["thread", "process"])
 
 
+async def _launch(rt: RingKernelRuntime, tier: str, actor: Any = echo_sync, **opts: Any) -> Any:
+    """Launch and activate kernel ``k`` (Job in, Done out); returns the kernel."""
+    await rt.launch("k", actor, input_type=Job, output_type=Done, tier=tier, **opts)
+    await rt.activate("k")
+    return rt.get_kernel("k")
+
+
 async def _pipeline(
     rt: RingKernelRuntime, n: int, base: int = 0, payload: str = ""
 ) -> tuple[list[int], int]:
@@ -62,9 +69,7 @@ async def test_a_quick_actor_gets_a_wider_bridge_and_order_holds(
     tier: str, wide_window: None
 ) -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", echo_sync, input_type=Job, output_type=Done, tier=tier)
-        await rt.activate("k")
-        kernel: Any = rt.get_kernel("k")
+        kernel: Any = await _launch(rt, tier)
         assert kernel.bridge_room == 64
         got, widest = await _pipeline(rt, 20_000)
         assert got == list(range(20_000))
@@ -86,8 +91,7 @@ async def test_a_quick_actor_gets_a_wider_bridge_and_order_holds(
 @TIERS
 async def test_a_slow_actor_keeps_the_narrow_bridge(tier: str) -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier=tier)
-        await rt.activate("k")
+        await _launch(rt, tier, paced_echo_sync)
         got, widest = await _pipeline(rt, 400, payload="0.001")
         assert got == list(range(400))
         assert widest == 64  # 64 ms of work held already: never widened
@@ -100,9 +104,7 @@ async def test_an_actor_turning_slow_gets_the_narrow_bridge_back(
     """Measured on the messages it took lately: after a quick stretch, a slow one narrows
     the bridge to 64 again once too few were taken over four windows."""
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier=tier)
-        await rt.activate("k")
-        kernel: Any = rt.get_kernel("k")
+        kernel: Any = await _launch(rt, tier, paced_echo_sync)
         _, widest = await _pipeline(rt, 20_000)
         assert widest > 64
         n = kernel.bridge_room + 300  # more than the widened bridge holds
@@ -114,10 +116,7 @@ async def test_an_actor_turning_slow_gets_the_narrow_bridge_back(
 @TIERS
 async def test_a_size_the_user_gives_is_kept(tier: str, wide_window: None) -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch(
-            "k", echo_sync, input_type=Job, output_type=Done, tier=tier, bridge_queue_size=32
-        )
-        await rt.activate("k")
+        await _launch(rt, tier, bridge_queue_size=32)
         got, widest = await _pipeline(rt, 5_000)
         assert got == list(range(5_000))
         assert widest == 32, widest
@@ -126,8 +125,7 @@ async def test_a_size_the_user_gives_is_kept(tier: str, wide_window: None) -> No
 async def test_a_pool_keeps_its_members_share(wide_window: None) -> None:
     """A pool's members share the bridge (``ceil(64 / N)`` each): it is not widened."""
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", echo_sync, input_type=Job, output_type=Done, tier="thread", replicas=2)
-        await rt.activate("k")
+        await _launch(rt, "thread", replicas=2)
         got, widest = await _pipeline(rt, 5_000)
         assert sorted(got) == list(range(5_000))
         assert widest == 64, widest
@@ -138,9 +136,7 @@ async def test_terminate_in_a_widened_bridge_accounts_for_every_message(
     tier: str, wide_window: None
 ) -> None:
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", echo_sync, input_type=Job, output_type=Done, tier=tier)
-        await rt.activate("k")
-        kernel: Any = rt.get_kernel("k")
+        kernel: Any = await _launch(rt, tier)
         _, widest = await _pipeline(rt, 10_000)
         assert widest > 64
         accepted = list(range(50_000, 54_000))
@@ -164,9 +160,7 @@ async def test_the_process_tier_keeps_sent_messages_by_its_bridge_not_its_ring()
     twice the hand-over bound: with the ring built for the widest bridge, a narrow bridge
     still keeps about 2 x 65 of them, not 2 x 1,025 (large messages would add up)."""
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
-        await rt.launch("k", paced_echo_sync, input_type=Job, output_type=Done, tier="process")
-        await rt.activate("k")
-        kernel: Any = rt.get_kernel("k")
+        kernel: Any = await _launch(rt, "process", paced_echo_sync)
         kept = 0
 
         async def produce() -> None:
