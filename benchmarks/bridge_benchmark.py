@@ -63,6 +63,11 @@ _ns = time.perf_counter_ns
 #: down to parking and needs up to ~1,500 quiet trips to spin again: with a short warm-up
 #: the direct kernel's p50 read 10-14 us instead of its steady 1.3-2 us.
 WARMUP = 3000
+#: Seconds to let the process settle before the first round. Importing numpy starts
+#: OpenBLAS's thread pool, which spins a core for ~0.1 s; wake-ups are faster while another
+#: core is busy, so the first contender (the thread floor) read 15-20 us instead of ~50 us
+#: in about one run in three, and a two-round (--quick) median took it for a 2-3x ratio.
+SETTLE_S = 0.5
 
 _ECHO_CHILD = """
 import os, socket, sys
@@ -333,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     proc_opts = json.loads(args.process_options)
+    time.sleep(SETTLE_S)
     rounds = [one_round(args.trips, args.pipe, proc_opts) for _ in range(args.rounds)]
 
     rows = []
