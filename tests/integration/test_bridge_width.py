@@ -156,9 +156,9 @@ async def test_terminate_in_a_widened_bridge_accounts_for_every_message(
 
 
 async def test_the_process_tier_keeps_sent_messages_by_its_bridge_not_its_ring() -> None:
-    """The parent keeps each message sent until the child finished it, pruned lazily at
-    twice the hand-over bound: with the ring built for the widest bridge, a narrow bridge
-    still keeps about 2 x 65 of them, not 2 x 1,025 (large messages would add up)."""
+    """The parent keeps each message sent until the child finished it, pruned lazily past
+    the hand-over bound: with the ring built for the widest bridge, a narrow bridge still
+    keeps about 2 x 65 of them, not 2 x 1,025 (large messages would add up)."""
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
         kernel: Any = await _launch(rt, "process", paced_echo_sync)
         kept = 0
@@ -174,3 +174,27 @@ async def test_the_process_tier_keeps_sent_messages_by_its_bridge_not_its_ring()
         await producer
         assert kernel.bridge_room == 64
         assert kept <= 2 * (64 + 1), kept
+
+
+async def test_a_widened_process_bridge_keeps_at_most_64_finished_messages(
+    wide_window: None,
+) -> None:
+    """Kept messages are pruned every 64 sends, not at twice the in-flight window: a
+    bridge widened to 1,024 keeps its unfinished ones and at most 64 finished, not up to
+    2,050 in all."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        kernel: Any = await _launch(rt, "process")
+        kept = widest = 0
+
+        async def produce() -> None:
+            for i in range(20_000):
+                await rt.send("k", Job(seq=i))
+
+        producer = asyncio.ensure_future(produce())
+        for _ in range(20_000):
+            await rt.receive("k", timeout=BOUND_S)
+            widest = max(widest, kernel.bridge_room)
+            kept = max(kept, kernel.worker.statistics()["in_flight"])
+        await producer
+        assert widest > 64
+        assert kept <= widest + 1 + 64, (kept, widest)

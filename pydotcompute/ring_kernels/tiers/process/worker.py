@@ -42,8 +42,9 @@ Design notes:
   has *finished* it (the actor asked for its next message, or returned), counted by the
   inbox ring's ``records_done``; when the child ends early, `take_undelivered` hands
   back exactly the unfinished ones, in send order, the one in the actor's hands first.
-  Kept objects are pruned lazily, so at most twice the in-flight window (the hand-over
-  bound + 1 where the runtime set one, else ``input_queue_size`` + 1) is held.
+  Kept objects are pruned lazily, every 64 sends (or every in-flight window, the hand-over
+  bound + 1 where the runtime set one, else ``input_queue_size`` + 1, if smaller): at most
+  that many finished messages are held beside the unfinished ones, whatever the window.
 - A corrupted ring (``RingCorruptedError``: impossible positions or lengths in the shared
   header) fails the kernel and kills the child; it is never read past its end.
 - Startup failures name their likely cause, and a spawned child's stderr from before it
@@ -303,7 +304,9 @@ class ProcessWorker(TierWorker):
         # messages sent and not known to be finished by the child, oldest first
         self._inflight: list[Any] = []  # a list: pruning drops a prefix in one call
         self._pruned = 0  # finished messages dropped from the front of ``_inflight``
-        self._prune_at = 2 * (config.input_queue_size + 1)
+        # kept messages are pruned every `_prune_step` sends (see the design notes)
+        self._prune_step = min(config.input_queue_size + 1, 64)
+        self._prune_at = self._prune_step
         # the hand-over bound plus the actor's hand (`bound_in_flight`; 0: none): messages
         # whose replies were all read here (``_consumed``, inbox records) leave it;
         # ``_gated``: an offer was refused by it, so the reads and the child's finishes
@@ -427,7 +430,7 @@ class ProcessWorker(TierWorker):
                 f"kernel {self._kernel_id!r}: the hand-over bound must be >= 1, got {bound!r}"
             )
         self._bound = bound + 1  # (the actor's hand)
-        self._prune_at = 2 * self._bound  # kept messages follow the bound, not the ring
+        self._prune_step = min(self._bound, 64)
 
     def set_room(self, n: int) -> bool:
         """The contract's room is the hand-over bound (`bound_in_flight`), which can change
@@ -596,7 +599,8 @@ class ProcessWorker(TierWorker):
         if self._lat_seg is not None:
             self._lat_seg.unlink()
         self._in_max = self._in_ring.max_record_size
-        self._prune_at = 2 * (self._bound or cfg.input_queue_size + 1)
+        self._prune_step = min(self._bound or cfg.input_queue_size + 1, 64)
+        self._prune_at = self._prune_step
         self._rx = self._out_ring
         self._watched = (process.sentinel,)
         WATCHER.set(process.sentinel, self._on_sentinel)
@@ -1090,6 +1094,7 @@ class ProcessWorker(TierWorker):
         if drop > 0:
             del self._inflight[:drop]
             self._pruned += drop
+        self._prune_at = len(self._inflight) + self._prune_step
 
     def _await_child(self, timeout: float | None = 5.0) -> None:
         """Wait for a child that is known to be exiting (it closed a ring), then record it."""
