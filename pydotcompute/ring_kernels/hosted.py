@@ -115,7 +115,7 @@ class HostedKernel(RingKernel):
         "_backlog",
         "_bridge",
         "_bridge_mark",
-        "_bridge_widest",
+        "_bridge_widens",
         "_budget",
         "_collecting",
         "_collector",
@@ -138,7 +138,7 @@ class HostedKernel(RingKernel):
         super().__init__(*args, **kwargs)
         self._worker: TierWorker | None = None
         self._bridge = BRIDGE_LEAST  # how many messages the worker may hold not taken
-        self._bridge_widest = BRIDGE_LEAST  # ... and the most it is widened to
+        self._bridge_widens = False  # ... sized by `_fit_bridge` (no size given)
         # when the last batch was handed over, and what the worker held then
         self._bridge_mark = (0.0, 0)
         # the message the pump took from the inbox and has not handed to the worker yet
@@ -194,7 +194,7 @@ class HostedKernel(RingKernel):
         self._bridge = int(extra.get("bridge_queue_size", BRIDGE_LEAST))
         self._worker = self._make_worker(self._bridge)
         if "bridge_queue_size" not in extra and self._worker.set_room(self._bridge):
-            self._bridge_widest = BRIDGE_WIDEST
+            self._bridge_widens = True
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
 
@@ -455,9 +455,10 @@ class HostedKernel(RingKernel):
         order) and hand them over in one call, which wakes the actor once. What the
         worker does not take (or an error) goes to ``_backlog``, handed over one by one."""
         pending = worker.pending_input
-        widening = self._bridge_widest > BRIDGE_LEAST
-        if widening:
-            self._fit_bridge(worker, pending)
+        widens = self._bridge_widens
+        if widens:
+            now = _perf()
+            self._fit_bridge(worker, pending, now)
         room = self._bridge - pending
         if room < 2:
             return  # no batch to speak of: the per-message path
@@ -471,12 +472,12 @@ class HostedKernel(RingKernel):
             self.telemetry.messages_processed += n
         if n < len(batch):
             self._backlog.extend(batch[n:])
-        if widening:
-            self._bridge_mark = (_perf(), pending + n)
+        if widens:
+            self._bridge_mark = (now, pending + n)
 
-    def _fit_bridge(self, worker: TierWorker, pending: int) -> None:
+    def _fit_bridge(self, worker: TierWorker, pending: int, now: float) -> None:
         """Size the bridge to what the actor took since the last batch: as many messages as
-        it takes in `BRIDGE_WINDOW_S`, between 64 and the widest. The time includes the
+        it takes in `BRIDGE_WINDOW_S`, between 64 and 1,024. The time includes the
         loop's share of the interpreter, which an urgent message waits through too;
         messages handed over one by one meanwhile are not counted, so the estimate errs
         narrow. Fewer than `_BRIDGE_TIMED` taken over four windows (a slow actor, or one
@@ -484,10 +485,10 @@ class HostedKernel(RingKernel):
         not made."""
         since, held = self._bridge_mark
         taken = held - pending
-        elapsed = _perf() - since
+        elapsed = now - since
         if taken >= _BRIDGE_TIMED:
-            fit = int(BRIDGE_WINDOW_S * taken / elapsed) if elapsed > 0 else self._bridge_widest
-            fit = max(BRIDGE_LEAST, min(self._bridge_widest, fit))
+            fit = int(BRIDGE_WINDOW_S * taken / elapsed) if elapsed > 0 else BRIDGE_WIDEST
+            fit = max(BRIDGE_LEAST, min(BRIDGE_WIDEST, fit))
         elif elapsed > 4 * BRIDGE_WINDOW_S:
             fit = BRIDGE_LEAST  # too few taken to time in a while (slow, or idle): narrow
         else:

@@ -599,8 +599,6 @@ class ProcessWorker(TierWorker):
         if self._lat_seg is not None:
             self._lat_seg.unlink()
         self._in_max = self._in_ring.max_record_size
-        self._prune_step = min(self._bound or cfg.input_queue_size + 1, 64)
-        self._prune_at = self._prune_step
         self._rx = self._out_ring
         self._watched = (process.sentinel,)
         WATCHER.set(process.sentinel, self._on_sentinel)
@@ -1024,7 +1022,7 @@ class ProcessWorker(TierWorker):
         limit = self._in_max
         if limit and len(data) > limit:
             raise too_large(self._kernel_id, msg, len(data), limit, "inbox")
-        if keep and not self._traced:
+        if keep and not self._traced:  # (`keep_encoded`, inline: every send comes here)
             self._encoded = (msg, data)
         return data
 
