@@ -1483,3 +1483,40 @@ async def scenario_batched_hand_over_keeps_promises(case: TierCase) -> None:
         read += _read_all(rt, "k")
         assert read == sorted(read), "the order of a band changed"
         assert_exactly_once(accepted, read, _seqs(left), await _dropped(rt, "k"))
+
+
+# --- round 4: spin caps ---
+
+
+async def scenario_spin_options_capped(case: TierCase) -> None:
+    """The spin budgets (``spin_us``, ``reply_spin_us``) are the process tier's options,
+    each capped at ``MAX_SPIN_US``: above it they are refused at launch naming the option,
+    the value and the cap (other tiers refuse the option itself, named), and nothing is
+    left launched. At the cap, requests to a busy actor with a timeout far below it still
+    end by that timeout (a hang check: a generous margin, well short of the actor's
+    pause), and the kernel answers once the actor is free again."""
+    from pydotcompute.ring_kernels.tiers.process.config import MAX_SPIN_US
+
+    process = case.name == "process"
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        for option in ("spin_us", "reply_spin_us"):
+            for bad in (MAX_SPIN_US + 1, 20e6, 1e9):
+                with pytest.raises(InvalidConfigurationError, match=option) as info:
+                    await _launch(rt, case, activate=False, **{option: bad})
+                if process:
+                    text = str(info.value)
+                    assert f"at most {MAX_SPIN_US:g} microseconds" in text, text
+                    assert repr(bad) in text, text
+                assert "k" not in rt.kernel_ids
+        capped = {"spin_us": MAX_SPIN_US, "reply_spin_us": MAX_SPIN_US} if process else {}
+        await _launch(rt, case, **capped)
+        pause, timeout, margin = 2.0, 0.005, 1.0
+        for i in range(3):  # the first keeps the actor busy; the others wait behind it
+            job = Job(seq=i, payload=f"sleep:{pause}" if i == 0 else "")
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match="no reply from kernel 'k'"):
+                await rt.send_and_receive("k", job, timeout=timeout)
+            waited = time.monotonic() - start
+            assert waited < timeout + margin, f"request {i} ended after {waited:.3f}s"
+        assert (await rt.send_and_receive("k", Job(seq=10), timeout=BOUND_S)).seq == 10
+        assert await _dropped(rt, "k") == 3  # the late replies, counted

@@ -1,8 +1,9 @@
 """``reply_spin_us``: the event loop polls the reply ring while a caller waits.
 
 Real child processes. Timing is never asserted: only that every reply reaches its own
-caller, whether the spin catches it or the loop parks first, and that bad values are
-refused at launch naming the option and the value.
+caller, whether the spin catches it or the loop parks first, that bad values (and values
+above the cap) are refused at launch naming the option and the value, and that a request
+against a silent actor ends by its timeout (a hang check with a generous margin).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 
 from pydotcompute import RingKernelRuntime
 from pydotcompute.exceptions import InvalidConfigurationError, KernelFailedError
-from pydotcompute.ring_kernels import KernelState
+from pydotcompute.ring_kernels import CythonKernelConfig, KernelState
+from pydotcompute.ring_kernels.tiers.process.config import MAX_SPIN_US
+from pydotcompute.ring_kernels.tiers.process.worker import ProcessWorker
 from tests import tier_scenarios as sc
 
 BOUND_S = sc.BOUND_S
@@ -153,3 +156,81 @@ async def test_an_inline_request_that_times_out_is_abandoned() -> None:
         telemetry = rt.get_telemetry("k")
         assert telemetry is not None
         assert telemetry.messages_dropped == 1
+
+
+# --- caps: no spin past MAX_SPIN_US, and none past the caller's timeout ---------------------
+
+
+def silent(ctx: Any) -> None:
+    """Takes every job and never answers (until the inbox closes)."""
+    while True:
+        ctx.receive()
+
+
+def _cap_text(option: str) -> str:
+    return rf"{option} of kernel 'k' must be >= 0 and at most {MAX_SPIN_US:g} microseconds"
+
+
+@pytest.mark.parametrize("option", ["spin_us", "reply_spin_us"])
+@pytest.mark.parametrize("bad", [MAX_SPIN_US + 1, 20e6, 1e9, 10**12])
+async def test_spin_options_above_the_cap_refused(option: str, bad: float) -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        with pytest.raises(InvalidConfigurationError, match=_cap_text(option)) as info:
+            await rt.launch("k", sc.echo_sync, tier="process", **{option: bad})
+        assert repr(bad) in str(info.value)
+        assert "MAX_SPIN_US" in str(info.value)  # where the cap comes from
+        assert "k" not in rt.kernel_ids
+
+
+def test_spin_us_of_a_direct_kernel_above_the_cap_refused() -> None:
+    with pytest.raises(InvalidConfigurationError, match=_cap_text("spin_us")):
+        CythonKernelConfig("k", spin_us=1e9)
+    assert CythonKernelConfig("k", spin_us=MAX_SPIN_US).spin_us == MAX_SPIN_US
+
+
+async def test_spin_options_at_the_cap_are_taken() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch(
+            "k",
+            sc.echo_sync,
+            tier="process",
+            input_type=sc.Job,
+            spin_us=MAX_SPIN_US,
+            reply_spin_us=MAX_SPIN_US,
+        )
+        await rt.activate("k")
+        for i in range(20):
+            assert (await rt.send_and_receive("k", sc.Job(seq=i), timeout=BOUND_S)).seq == i
+
+
+@pytest.mark.parametrize("typed", [True, False], ids=["inline", "general"])
+async def test_a_reply_spin_at_the_cap_ends_by_the_callers_timeout(
+    typed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A silent actor, the loop allowed to spin the cap per request, and a timeout far
+    below it: every request fails by its timeout, and no spin was given more than what was
+    left of it. With an ``input_type`` a lone request is made inline; without one it takes
+    the bridge's path, which spins in the hand-over."""
+    budgets: list[float] = []
+    reply_within = ProcessWorker.reply_within
+
+    def spy(self: ProcessWorker, budget_s: float) -> Any:
+        budgets.append(budget_s)
+        return reply_within(self, budget_s)
+
+    monkeypatch.setattr(ProcessWorker, "reply_within", spy)
+    timeout = 0.002
+    typing: dict[str, Any] = {"input_type": sc.Job} if typed else {}
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("k", silent, tier="process", reply_spin_us=MAX_SPIN_US, **typing)
+        await rt.activate("k")
+        for i in range(5):
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match="no reply from kernel 'k'"):
+                await rt.send_and_receive("k", sc.Job(seq=i), timeout=timeout)
+            assert time.monotonic() - start < timeout + 1.0  # a hang check, not a timing
+        assert budgets, "the loop never spun for a reply"
+        assert max(budgets) <= timeout, budgets
+        budgets.clear()
+        await rt.send("k", sc.Job(seq=99))  # plain sends are never spun for
+        assert budgets == []

@@ -1,15 +1,34 @@
-"""The settings of a process kernel, checked when they are made."""
+"""The settings of a process kernel, checked when they are made.
+
+Design note: the spin budgets (``spin_us``, and the hosted kernel's ``reply_spin_us``) are
+capped at `MAX_SPIN_US` rather than left to the caller: past a few milliseconds a spin saves
+nothing a wake-up would cost and only holds a core (or the event loop), so a larger value
+is a mistake (microseconds read as seconds), refused at once rather than run.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ....exceptions import InvalidConfigurationError
 
-__all__ = ("ProcessKernelConfig", "check_kernel_config", "resolve_config")
+__all__ = (
+    "MAX_SPIN_US",
+    "ProcessKernelConfig",
+    "check_kernel_config",
+    "check_spin_us",
+    "resolve_config",
+)
+
+#: The most microseconds a spin budget (``spin_us``, ``reply_spin_us``) may be: 10 ms.
+#: A parked wait's wake-up costs tens of microseconds (docs/concepts/tiers.md), so spinning
+#: past a millisecond or two buys no latency and holds a core the whole time (the event
+#: loop too, for ``reply_spin_us``). 10 ms leaves room above the largest budget measured
+#: (1 ms, the benchmarks' spin sweep) and used (5 ms, the tests), and is about a scheduler
+#: time slice: a spinner descheduled for that long stalls its peer anyway.
+MAX_SPIN_US = 10_000.0
 
 
 class _KernelConfig(Protocol):
@@ -33,6 +52,22 @@ def check_kernel_config(config: _KernelConfig) -> None:
             raise InvalidConfigurationError(
                 f"{name} of kernel {config.kernel_id!r} must be an int >= 1, got {value!r}"
             )
+
+
+def check_spin_us(option: str, kernel_id: str, value: Any) -> float:
+    """``value`` when it is a spin budget in microseconds: a real number from 0 to
+    `MAX_SPIN_US`; anything else raises, naming the option, the value and the cap.
+
+    Raises:
+        InvalidConfigurationError: not an int or float, negative, not finite, or above the cap.
+    """
+    if type(value) not in (int, float) or not 0 <= value <= MAX_SPIN_US:
+        raise InvalidConfigurationError(
+            f"{option} of kernel {kernel_id!r} must be >= 0 and at most {MAX_SPIN_US:g} "
+            f"microseconds (MAX_SPIN_US, 10 ms: past that, parking costs less than "
+            f"spinning; 0: park at once), got {value!r}"
+        )
+    return float(value)
 
 
 def resolve_config(
@@ -63,8 +98,8 @@ class ProcessKernelConfig:
             message must encode to at most this minus 8 bytes (``max_message_bytes``).
         output_ring_bytes: Outbox ring capacity in bytes (same rule for replies).
         spin_us: Most microseconds a waiting side polls before parking on its doorbell (0 =
-            park at once). Higher keeps round trips in microseconds through longer gaps
-            and costs CPU while idle.
+            park at once; at most `MAX_SPIN_US`, 10 ms). Higher keeps round trips in
+            microseconds through longer gaps and costs CPU while idle.
         start_method: ``"spawn"`` (default) or ``"forkserver"`` (faster starts on POSIX).
         startup_timeout: Seconds to wait for the child to import the actor and report ready.
         daemon: Kill the child when the parent exits without stopping it.
@@ -101,12 +136,7 @@ class ProcessKernelConfig:
                 raise InvalidConfigurationError(
                     f"{name} of kernel {self.kernel_id!r} must be an int >= 1024, got {value!r}"
                 )
-        spin = self.spin_us
-        if type(spin) not in (int, float) or not 0 <= spin < math.inf:
-            raise InvalidConfigurationError(
-                f"spin_us of kernel {self.kernel_id!r} must be >= 0 and finite "
-                f"(microseconds; 0: park at once), got {spin!r}"
-            )
+        check_spin_us("spin_us", self.kernel_id, self.spin_us)
         if self.start_method not in (None, "spawn", "forkserver"):
             raise InvalidConfigurationError(
                 f"start_method of kernel {self.kernel_id!r} must be 'spawn' or 'forkserver', "

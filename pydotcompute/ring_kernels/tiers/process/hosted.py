@@ -17,6 +17,10 @@ Design notes:
 - ``reply_spin_us`` spins on the event loop's thread, blocking the loop for up to that
   long per request: it trades the loop's time (and a core) for a reply without a
   wake-up, and only ever when a caller waits for that reply (``send_and_receive``).
+  It is capped (`MAX_SPIN_US`), and a spin never runs past what is left of the caller's
+  timeout: on the bridge's path that timeout reaches the hand-over through
+  ``_spin_limit_s``, set right before the call whose first, synchronous steps hand the
+  message over (nothing else runs on the loop in between).
 - With it, a request that finds the bridge idle is made inline: handed over, spun for,
   and its own reply returned straight from the poll, with no future, registration or
   delivery (they cost 1.7 us a trip, more than the child's whole round trip). Nothing
@@ -27,15 +31,13 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
-from ....exceptions import InvalidConfigurationError
 from ...context import SEND_YIELD_EVERY
 from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ...message import reply_key, request_key
 from ..contract import TierWorker
-from .config import ProcessKernelConfig
+from .config import ProcessKernelConfig, check_spin_us
 from .waiting import PROBE_EVERY
 from .worker import ProcessWorker
 
@@ -54,7 +56,8 @@ class ProcessHostedKernel(HostedKernel):
     (default 0: park at once): while a ``send_and_receive`` caller waits for its reply,
     the event loop polls the reply ring for up to this many microseconds before it parks,
     so a quick actor's reply needs no wake-up. The loop runs nothing else meanwhile, and
-    the spin costs CPU (see the performance guide's table); a finite number ``>= 0``.
+    the spin costs CPU (see the performance guide's table); a number from 0 to
+    `MAX_SPIN_US` (10 ms; ``spin_us`` too), and never spun past the caller's timeout.
     The budget adapts: spins that miss shrink it (down to parking at once), with a full
     try every few requests.
     """
@@ -71,6 +74,7 @@ class ProcessHostedKernel(HostedKernel):
         "_reply_misses",
         "_reply_spin_max",
         "_reply_spin_s",
+        "_spin_limit_s",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -78,6 +82,7 @@ class ProcessHostedKernel(HostedKernel):
         self._reply_spin_max = 0.0  # reply_spin_us, in seconds
         self._reply_spin_s = 0.0  # the budget now (adaptive, as the child's spin is)
         self._reply_misses = 0
+        self._spin_limit_s: float | None = None  # the next hand-over's caller's timeout
         self._inline_turn = SEND_YIELD_EVERY  # inline requests until the loop gets a turn
         self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
 
@@ -107,9 +112,11 @@ class ProcessHostedKernel(HostedKernel):
                 worker.keep_encoded(msg, None)  # the pump encodes it when it hands it over
             return False
         if self._reply_spin_max and worker is not None and self._awaited(msg):
-            # a caller waits for this reply: poll for it before the loop parks
+            # a caller waits for this reply: poll for it before the loop parks (no longer
+            # than its timeout, which `send_and_receive` left here just before)
+            limit, self._spin_limit_s = self._spin_limit_s, None
             try:
-                reply = self._spin_for_reply(worker)
+                reply = self._spin_for_reply(worker, limit=limit)
             except Exception as exc:
                 self._polled_error(exc)
             else:
@@ -138,12 +145,17 @@ class ProcessHostedKernel(HostedKernel):
                 except Exception:  # the general path raises it, in the runtime's words
                     data = None
                 if data is not None:
+                    budget = self._reply_spin_s
+                    deadline = 0.0
+                    if timeout is not None:  # the clock starts now: the spin counts
+                        deadline = asyncio.get_running_loop().time() + timeout
+                        budget = min(budget, max(timeout, 0.0))
                     # the bridge's hand-over (not this class's: this path spins, below)
                     if self._bridge_hand_over(msg):
                         reply = error = None
                         try:
                             # (`_spin_for_reply` inline while replies come in time)
-                            reply = worker.reply_within(self._reply_spin_s)
+                            reply = worker.reply_within(budget)
                             if reply is None or self._reply_misses:
                                 reply = self._spin_for_reply(worker, reply)
                         except Exception as exc:
@@ -161,11 +173,10 @@ class ProcessHostedKernel(HostedKernel):
                                     await self._give_the_loop_a_turn()
                                 return reply
                         fut = self._register_inline(msg, reply, error)
-                        # (the clock starts after the spin: the wait may end up to
-                        # `reply_spin_us` later than ``timeout`` after the call)
-                        deadline = 0.0 if timeout is None else fut.get_loop().time() + timeout
                         return await self.await_reply(msg, key, fut, timeout, deadline)
                     worker.keep_encoded(msg, None)
+        if self._reply_spin_max:
+            self._spin_limit_s = timeout  # for `_hand_over`, reached before any await
         return await super().send_and_receive(msg, timeout)
 
     async def _give_the_loop_a_turn(self) -> None:
@@ -202,16 +213,22 @@ class ProcessHostedKernel(HostedKernel):
         except AttributeError:  # a plain value
             return False
 
-    def _spin_for_reply(self, worker: ProcessWorker, polled: Any = _NOT_YET) -> Any:
+    def _spin_for_reply(
+        self, worker: ProcessWorker, polled: Any = _NOT_YET, limit: float | None = None
+    ) -> Any:
         """Poll for the next reply (`ProcessWorker.reply_within`; None: none came; a
-        caller that polled already passes what it got as ``polled``), adapting the budget
+        caller that polled already passes what it got as ``polled``; ``limit``: the most
+        seconds the caller may still wait, None for no limit), adapting the budget
         as the child's waits do: a reply caught while spinning restores the full budget;
         a miss quarters it, down to none, and every `PROBE_EVERY`-th miss in a row tries
         the full budget again. A slow actor, or a machine too loaded for the child to
         answer within the budget, so stops costing the loop its budget on every request."""
         spin = self._reply_spin_s
         if spin:
-            reply = worker.reply_within(spin) if polled is _NOT_YET else polled
+            if polled is _NOT_YET:
+                reply = worker.reply_within(spin if limit is None else min(spin, max(limit, 0.0)))
+            else:
+                reply = polled
             if reply is not None:
                 self._reply_spin_s = self._reply_spin_max
                 self._reply_misses = 0
@@ -234,12 +251,9 @@ class ProcessHostedKernel(HostedKernel):
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:
             kwargs["ring_bytes"] = ring_bytes
-        spin = self.config.extra.get("reply_spin_us", 0.0)
-        if type(spin) not in (int, float) or not 0 <= spin < math.inf:
-            raise InvalidConfigurationError(
-                f"reply_spin_us of kernel {self.kernel_id!r} must be >= 0 and finite "
-                f"(microseconds; 0: park at once), got {spin!r}"
-            )
+        spin = check_spin_us(
+            "reply_spin_us", self.kernel_id, self.config.extra.get("reply_spin_us", 0.0)
+        )
         worker = ProcessWorker(
             self.kernel_id,
             self._func,
