@@ -12,20 +12,27 @@ Default location: ``$PYDOTCOMPUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/pydotcompu
 else ``~/.cache/pydotcompute/kernels``.
 
 Trust: a cached artifact is code the process will run, so the directory must be one only
-this user can write. It is created private (0700); an existing one owned by another user,
-or writable by its group or by others, is not used at all: a ``RuntimeWarning`` says why and
-the cache moves to a new private directory for the life of the process (removed at exit).
-Each entry's record holds the SHA-256 of its artifact and its key; ``load`` returns nothing
-for an artifact that does not match its record (a torn, copied or replaced file) or whose
-record lacks what the caller expects (``expect=``: the compiler passes the hash of the source
-and options it compiles). A record does not stop someone who can write the directory, which
-is why the directory itself is checked.
+this user can write or replace. It is created private (0700, missing parents too); an
+existing one owned by another user, or writable by its group or by others, or inside a
+directory through which another user could rename it (each ancestor must be root's or ours,
+and not writable by group or others unless sticky, as ``/tmp`` is), is not used at all: a
+``RuntimeWarning`` says why and the cache moves to a new private directory for the life of
+the process (removed at exit). The directory is checked once and opened once: every read,
+write and listing goes through that handle (`trusted_dir.PinnedDir`), so a directory put
+at the path later is never read; when the path stops leading to the one checked, or it is
+opened up to others, the cache warns and moves to a private directory as above. Each file
+is opened without following links and used only when it is a regular file of ours that
+others cannot write (else a ``RuntimeWarning`` and a miss). Each entry's record holds the
+SHA-256 of its artifact and its key; ``load`` returns nothing for an artifact that does not
+match its record (a torn, copied or replaced file) or whose record lacks what the caller
+expects (``expect=``: the compiler passes the hash of the source and options it compiles). A
+record does not stop someone who can write the directory, which is why the directory itself
+is checked.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import json
 import os
@@ -42,6 +49,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from ..exceptions import InvalidConfigurationError
+from .trusted_dir import GONE, PinnedDir, UntrustedPathError, make_private_dirs
 
 __all__ = ("CacheEntry", "CacheStats", "KernelCache", "default_cache_dir", "get_kernel_cache")
 
@@ -57,22 +65,6 @@ def default_cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pydotcompute" / "kernels"
-
-
-def _unsafe_dir(path: Path) -> str | None:
-    """Why another user could put files in the existing directory ``path`` (None: only we
-    can; also None where owners and modes do not apply)."""
-    geteuid = getattr(os, "geteuid", None)
-    if geteuid is None:
-        return None
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {geteuid()})"
-    if st.st_mode & 0o022:
-        return f"can be written by its group or by others (mode {oct(stat.S_IMODE(st.st_mode))})"
-    return None
 
 
 def _private_dir() -> Path:
@@ -181,44 +173,87 @@ class KernelCache:
         self.max_size_bytes = int(max_size_mb * 2**20)
         self._lock = threading.Lock()
         self._hits = self._misses = self._stores = self._evictions = 0
-        self._checked = False  # the directory was found safe (or replaced by a private one)
+        self._pin: PinnedDir | None = None  # the directory checked, and opened (see notes)
         self._dir_lock = threading.Lock()
 
     @property
     def cache_dir(self) -> Path:
         """The directory entries live in (a private one if the given one is not safe)."""
-        return self._usable_dir()
+        pin = self._where()
+        return self._dir if pin is None else pin.path
 
-    def _usable_dir(self, *, create: bool = False) -> Path:
-        """The directory, checked once it exists (see the module notes); ``create`` makes
-        it, private, when it does not exist yet."""
-        if self._checked:
-            return self._dir
+    def _where(self, *, create: bool = False) -> PinnedDir | None:
+        """The directory, checked and opened on first use (see the module notes) and
+        checked again on each use; None while it does not exist (``create`` makes it,
+        private)."""
+        pin = self._pin
+        if pin is not None and pin.problem() is None:
+            return pin
         with self._dir_lock:
-            if self._checked:
-                return self._dir
+            pin = self._pin
+            problem = None if pin is None else pin.problem()
+            if pin is not None and problem is None:
+                return pin
+            if pin is not None and problem != GONE:
+                self._distrust(
+                    pin.path,
+                    f"is no longer used: since it was checked, it {problem}, so what is there "
+                    "now need not be what this process wrote",
+                    "Find out what changed it, and keep the cache where only this user can "
+                    "write or rename it",
+                )
+                return self._pin
+            self._pin = None  # (removed: checked afresh, as on first use)
             path = self._dir
             if create:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(FileExistsError):
-                    path.mkdir(mode=0o700)
+                make_private_dirs(path)
             try:
-                problem = _unsafe_dir(path)
+                self._pin = PinnedDir(path)
             except FileNotFoundError:
-                return path  # nothing there to read; checked when it is made
-            if problem is not None:
-                self._dir = _private_dir()
-                warnings.warn(
-                    f"kernel cache directory {path} is not used: it {problem}, so another "
-                    "user could have put compiled code in it. Kernels are cached in "
-                    f"{self._dir} for this process instead. Remove that directory or make "
-                    f"it yours and private (chmod 700 {path}), or set PYDOTCOMPUTE_CACHE_DIR "
-                    "to a directory of your own",
-                    RuntimeWarning,
-                    stacklevel=4,
+                return None  # nothing there to read; checked when it is made
+            except UntrustedPathError as exc:
+                above = exc.ancestor
+                fix = (
+                    f"Remove that directory or make it yours and private (chmod 700 {path})"
+                    if above is None
+                    else f"Let only its owner write {above} (chmod go-w {above}, or chmod +t "
+                    "for a shared one like /tmp)"
                 )
-            self._checked = True
-            return self._dir
+                self._distrust(
+                    path,
+                    f"is not used: it {exc}, so another user could have put compiled code in "
+                    "it or swapped it",
+                    fix,
+                )
+            return self._pin
+
+    def _distrust(self, path: Path, what: str, fix: str) -> None:
+        """Move to a new private directory for the life of the process, saying why."""
+        self._dir = _private_dir()
+        self._pin = PinnedDir(self._dir, ancestors=False)  # made private, opened: ours
+        warnings.warn(
+            f"kernel cache directory {path} {what}. Kernels are cached in {self._dir} for "
+            f"this process instead. {fix}, or set PYDOTCOMPUTE_CACHE_DIR to a directory of "
+            "your own",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _read(self, pin: PinnedDir, name: str) -> bytes | None:
+        """File ``name`` of ``pin``; None when missing, unreadable, or not to be trusted
+        (a link, another's, writable by others: said in a ``RuntimeWarning``)."""
+        try:
+            return pin.read(name)
+        except UntrustedPathError as exc:
+            warnings.warn(
+                f"kernel cache entry {pin.path_of(name)} is not used: it {exc}, so another "
+                "user could have written it. Remove it (the cache writes its files 0600)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        except OSError:
+            pass
+        return None
 
     @staticmethod
     def _check_key(key: str) -> None:
@@ -226,11 +261,6 @@ class KernelCache:
             raise InvalidConfigurationError(
                 f"cache keys are 1-128 characters of A-Z a-z 0-9 _ . -, got {key!r}"
             )
-
-    def _paths(self, key: str, *, create: bool = False) -> tuple[Path, Path]:
-        self._check_key(key)
-        where = self._usable_dir(create=create)
-        return where / f"{key}{_DATA}", where / f"{key}{_META}"
 
     # --- operations ------------------------------------------------------------------------
 
@@ -335,7 +365,10 @@ class KernelCache:
         metadata: dict[str, Any] | None,
         extra: dict[str, Any] | None = None,
     ) -> Path:
-        data_path, meta_path = self._paths(key, create=True)
+        self._check_key(key)
+        pin = self._where(create=True)
+        if pin is None:
+            raise FileNotFoundError(f"kernel cache directory {self._dir} could not be made")
         payload = data.encode() if isinstance(data, str) else bytes(data)
         meta = {
             "key": key,
@@ -346,23 +379,12 @@ class KernelCache:
             "metadata": metadata or {},
             **(extra or {}),
         }
-        self._atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode())
-        self._atomic_write(data_path, payload)
+        pin.write(key + _META, json.dumps(meta, sort_keys=True).encode())
+        pin.write(key + _DATA, payload)
         with self._lock:
             self._stores += 1
         self._evict(keep=key)
-        return data_path
-
-    def _atomic_write(self, path: Path, payload: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        return pin.path_of(key + _DATA)
 
     def _resolve(self, key: str | None, source_hash: str | None, kernel_name: str | None) -> str:
         name = kernel_name if kernel_name is not None else key
@@ -386,31 +408,40 @@ class KernelCache:
         `expect`; anything else is a miss (see the module notes).
         """
         name = self._resolve(key, source_hash, kernel_name)
-        data_path, _ = self._paths(name)
-        try:
-            payload = data_path.read_bytes()
-        except OSError:
-            payload = None
-        if payload is not None:
-            meta = self.metadata(name) or {}
-            user_meta = meta.get("metadata")
-            if (
-                meta.get("key") != name
-                or meta.get("sha256") != hashlib.sha256(payload).hexdigest()
-                or (source_hash is not None and meta.get("source_hash") != str(source_hash))
-                or not isinstance(user_meta, dict)
-                or any(user_meta.get(k) != v for k, v in (expect or {}).items())
-            ):
-                payload = None
-        if payload is None:
+        self._check_key(name)
+        pin = self._where()
+        payload = None if pin is None else self._read(pin, name + _DATA)
+        if (
+            pin is None
+            or payload is None
+            or not self._matches(pin, name, payload, source_hash, expect)
+        ):
             with self._lock:
                 self._misses += 1
             return None
-        with contextlib.suppress(OSError):
-            os.utime(data_path)
+        pin.touch(name + _DATA)
         with self._lock:
             self._hits += 1
         return payload
+
+    def _matches(
+        self,
+        pin: PinnedDir,
+        name: str,
+        payload: bytes,
+        source_hash: str | None,
+        expect: Mapping[str, Any] | None,
+    ) -> bool:
+        """Whether ``payload`` is what the record of ``name`` describes (see `load`)."""
+        meta = self._record(pin, name) or {}
+        user_meta = meta.get("metadata")
+        return not (
+            meta.get("key") != name
+            or meta.get("sha256") != hashlib.sha256(payload).hexdigest()
+            or (source_hash is not None and meta.get("source_hash") != str(source_hash))
+            or not isinstance(user_meta, dict)
+            or any(user_meta.get(k) != v for k, v in (expect or {}).items())
+        )
 
     def load_text(self, key: str, *, expect: Mapping[str, Any] | None = None) -> str | None:
         """``load`` decoded as UTF-8 (PTX is text); None for bytes that are not UTF-8."""
@@ -431,19 +462,30 @@ class KernelCache:
     ) -> bool:
         """Whether `key` (or `(kernel_name, source_hash)`) is cached (does not count as a
         hit or refresh recency)."""
-        data_path, _ = self._paths(self._resolve(key, source_hash, kernel_name))
-        return data_path.is_file()
+        name = self._resolve(key, source_hash, kernel_name)
+        self._check_key(name)
+        pin = self._where()
+        st = None if pin is None else pin.lstat(name + _DATA)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.contains(key)
 
     def metadata(self, key: str) -> dict[str, Any] | None:
         """The JSON metadata stored with ``key``, or ``None``."""
-        _, meta_path = self._paths(key)
-        try:
-            return json.loads(meta_path.read_text())  # type: ignore[no-any-return]
-        except (OSError, ValueError):
+        self._check_key(key)
+        pin = self._where()
+        return None if pin is None else self._record(pin, key)
+
+    def _record(self, pin: PinnedDir, key: str) -> dict[str, Any] | None:
+        data = self._read(pin, key + _META)
+        if data is None:
             return None
+        try:
+            record = json.loads(data)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
 
     def remove(
         self,
@@ -453,11 +495,13 @@ class KernelCache:
         kernel_name: str | None = None,
     ) -> bool:
         """Delete `key` (or `(kernel_name, source_hash)`); returns whether it existed."""
-        data_path, meta_path = self._paths(self._resolve(key, source_hash, kernel_name))
-        existed = data_path.is_file()
-        for path in (data_path, meta_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        name = self._resolve(key, source_hash, kernel_name)
+        self._check_key(name)
+        pin = self._where()
+        if pin is None:
+            return False
+        existed = pin.unlink(name + _DATA)
+        pin.unlink(name + _META)
         return existed
 
     def clear(self) -> int:
@@ -469,19 +513,18 @@ class KernelCache:
 
     def entries(self) -> list[CacheEntry]:
         """Every entry, least recently used first."""
-        where = self._usable_dir()
-        if not where.is_dir():
+        pin = self._where()
+        if pin is None:
             return []
         found = []
-        for data_path in where.glob(f"*{_DATA}"):
-            key = data_path.name[: -len(_DATA)]
-            if not _KEY_RE.match(key):
+        for name in pin.names():
+            key = name[: -len(_DATA)]
+            if not name.endswith(_DATA) or not _KEY_RE.match(key):
                 continue
-            try:
-                st = data_path.stat()
-            except OSError:
+            st = pin.lstat(name)
+            if st is None:
                 continue
-            meta = self.metadata(key) or {}
+            meta = self._record(pin, key) or {}
             user_meta = dict(meta.get("metadata", {}))
             found.append(
                 CacheEntry(
@@ -492,7 +535,7 @@ class KernelCache:
                     metadata=user_meta,
                     kernel_name=str(meta.get("kernel_name") or user_meta.get("name") or ""),
                     source_hash=str(meta.get("source_hash") or ""),
-                    ptx_path=str(data_path),
+                    ptx_path=str(pin.path_of(name)),
                     created_timestamp=float(meta.get("created") or 0.0),
                     last_accessed=st.st_mtime,
                 )
@@ -518,7 +561,7 @@ class KernelCache:
     def get_stats(self) -> CacheStats:
         """Counters of this object and the directory's current contents."""
         entries = self.entries()
-        where = self._usable_dir()
+        where = self.cache_dir
         with self._lock:
             return CacheStats(
                 cache_dir=str(where),

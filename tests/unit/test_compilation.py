@@ -6,9 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -605,3 +608,168 @@ def test_warmup_kernels_compiles_ahead(compiler: KernelCompiler) -> None:
     out = np.empty(2)
     compiled["scale"](np.ones(2), out)
     assert out.tolist() == [3.0, 3.0]
+
+
+# --- the cache reads only the directory it checked ----------------------------------------
+
+
+@posix_only
+def test_a_directory_swapped_in_after_the_check_is_not_read(tmp_path: Path) -> None:
+    """Ours renamed away and another put in its place (private, with a well-formed entry
+    under the same key) after the cache checked it: the cache never reads the newcomer."""
+    where = tmp_path / "kc"
+    cache = KernelCache(where)
+    cache.store("k", "our ptx")
+    assert cache.load_text("k") == "our ptx"
+    os.rename(where, tmp_path / "moved")
+    KernelCache(where).store("k", "their ptx")  # same name, same key, a valid record
+    with pytest.warns(RuntimeWarning, match=r"kernel cache directory .*kc is no longer used"):
+        got = cache.load("k")
+    assert got is None  # a miss: neither theirs nor anything read through the new path
+    assert cache.cache_dir not in (where, tmp_path / "moved")
+    cache.store("k", "our ptx again")  # the cache goes on in a private directory
+    assert cache.load_text("k") == "our ptx again"
+    assert (where / "k.bin").read_text() == "their ptx"  # theirs is left alone
+
+
+@posix_only
+def test_a_directory_swapped_in_is_caught_by_its_identity(tmp_path: Path) -> None:
+    """The check is the directory's identity (device and inode), not its name or its
+    owner and mode, which the newcomer can match."""
+    where = tmp_path / "kc"
+    cache = KernelCache(where)
+    cache.store("k", "our ptx")
+    os.rename(where, tmp_path / "moved")
+    os.mkdir(where, 0o700)
+    os.rename(tmp_path / "moved" / "k.bin", where / "k.bin")  # even our own files, moved
+    os.rename(tmp_path / "moved" / "k.json", where / "k.json")
+    with pytest.warns(RuntimeWarning, match=r"now leads to another directory \(device "):
+        assert cache.load("k") is None
+
+
+@posix_only
+@pytest.mark.parametrize("suffix", [".bin", ".json"])
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_an_entry_file_others_can_write_is_not_used(
+    cache: KernelCache, suffix: str, mode: int
+) -> None:
+    cache.store("k", "ptx")
+    os.chmod(cache.cache_dir / f"k{suffix}", mode)
+    why = rf"can be written by its group or by others \(mode {oct(mode)}\)"
+    with pytest.warns(
+        RuntimeWarning, match=rf"kernel cache entry .*k\{suffix} is not used: .*{why}"
+    ):
+        assert cache.load("k") is None
+    os.chmod(cache.cache_dir / f"k{suffix}", 0o600)
+    assert cache.load_text("k") == "ptx"  # fixed: used again
+
+
+@posix_only
+@pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs root")
+def test_an_entry_file_of_another_user_is_not_used(cache: KernelCache) -> None:
+    cache.store("k", "ptx")
+    os.chown(cache.cache_dir / "k.bin", 65534, 65534)
+    with pytest.warns(RuntimeWarning, match=r"k\.bin is not used: it is owned by uid 65534"):
+        assert cache.load("k") is None
+
+
+@posix_only
+def test_an_entry_that_is_a_link_is_not_followed(cache: KernelCache, tmp_path: Path) -> None:
+    cache.store("k", "ptx")
+    elsewhere = tmp_path / "elsewhere.bin"
+    os.replace(cache.cache_dir / "k.bin", elsewhere)
+    os.symlink(elsewhere, cache.cache_dir / "k.bin")
+    with pytest.warns(RuntimeWarning, match=r"k\.bin is not used: it is a symbolic link"):
+        assert cache.load("k") is None
+
+
+@posix_only
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_cache_under_a_directory_others_can_write_is_not_trusted(
+    tmp_path: Path, mode: int
+) -> None:
+    """As ssh's StrictModes: every ancestor must be root's or ours and not writable by
+    others, unless sticky (as /tmp is): else another user could swap the cache away."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    where = shared / "me" / "kernels"
+    cache = KernelCache(where)
+    why = (
+        rf"is inside {re.escape(str(shared))}, which can be written by its group or by others "
+        rf"\(mode {oct(mode)}\) and is not sticky"
+    )
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"kernel cache directory {re.escape(str(where))} is not used: it {why}",
+    ) as record:
+        cache.store("k", "ptx")
+    assert "PYDOTCOMPUTE_CACHE_DIR" in str(record[0].message)
+    assert f"chmod go-w {shared}" in str(record[0].message)  # how to fix it
+    assert cache.cache_dir != where
+    assert cache.load_text("k") == "ptx"  # cached privately instead
+    assert not (where / "k.bin").exists()
+
+
+@posix_only
+def test_a_cache_under_a_sticky_directory_is_trusted(tmp_path: Path) -> None:
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # as /tmp
+    where = sticky / "kernels"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache = KernelCache(where)
+        cache.store("k", "ptx")
+        assert cache.load_text("k") == "ptx"
+    assert cache.cache_dir == where
+
+
+@posix_only
+@pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs root")
+def test_a_cache_under_a_directory_of_another_user_is_not_trusted(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    os.chmod(theirs, 0o755)
+    cache = KernelCache(theirs / "kernels")
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"is inside {re.escape(str(theirs))}, which is owned by uid 65534, not by this user",
+    ):
+        cache.store("k", "ptx")
+    assert cache.cache_dir != theirs / "kernels"
+
+
+@posix_only
+def test_the_directories_the_cache_makes_are_private(tmp_path: Path) -> None:
+    """Missing parents are made private too (``mkdir -p`` would leave them to the umask,
+    group-writable under a 002 umask, and the ancestor check would then refuse them)."""
+    old = os.umask(0o002)
+    try:
+        cache = KernelCache(tmp_path / "a" / "b" / "kernels")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cache.store("k", "ptx")
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "kernels"):
+        assert made.stat().st_mode & 0o077 == 0, made
+    assert cache.load_text("k") == "ptx"
+
+
+@posix_only
+def test_a_cache_directory_removed_by_hand_is_made_again(tmp_path: Path) -> None:
+    """Nothing at the path is not a swap: it is checked and made afresh when next needed."""
+    where = tmp_path / "kc"
+    cache = KernelCache(where)
+    cache.store("k", "ptx")
+    shutil.rmtree(where)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.load("k") is None
+        assert cache.entries() == []
+        cache.store("k", "ptx again")
+        assert cache.load_text("k") == "ptx again"
+    assert cache.cache_dir == where
+    assert (where / "k.bin").read_text() == "ptx again"
