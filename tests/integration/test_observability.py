@@ -7,6 +7,7 @@ The metrics endpoint is scraped over real HTTP on 127.0.0.1 and parsed with
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import logging
 import os
@@ -709,3 +710,38 @@ def test_server_options_are_checked() -> None:
         serve_metrics(rt, port=0, max_connections=0)
     with pytest.raises(InvalidConfigurationError, match="snapshot_wait must be"):
         serve_metrics(rt, port=0, snapshot_wait=float("nan"))
+
+
+async def test_requests_are_parsed_as_prometheus_sends_them_and_garbage_is_refused() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        host, port = rt.serve_metrics(port=0)
+
+        def ask(raw: bytes) -> bytes:
+            with socket.create_connection((host, port), timeout=BOUND_S) as sock:
+                sock.sendall(raw)
+                out = b""
+                while chunk := sock.recv(65536):
+                    out += chunk
+            return out
+
+        # Prometheus asks for OpenMetrics and gzip; name[] picks families
+        got = await asyncio.to_thread(
+            ask,
+            b"GET /metrics?name[]=pydotcompute_inbox_depth HTTP/1.1\r\nHost: x\r\n"
+            b"Accept: application/openmetrics-text; version=1.0.0\r\n"
+            b"Accept-Encoding: gzip\r\n\r\n",
+        )
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        assert b"Content-Type: application/openmetrics-text" in head
+        assert b"Content-Encoding: gzip" in head
+        text = gzip.decompress(body).decode()
+        assert 'pydotcompute_inbox_depth{kernel="a",replica="",tier="asyncio"} 0' in text
+        assert "pydotcompute_messages_received" not in text
+        assert text.endswith("# EOF\n")
+        bad = await asyncio.to_thread(ask, b"NONSENSE\r\n\r\n")
+        assert bad.startswith(b"HTTP/1.1 400 Bad Request")
+        samples = await scrape(host, port)
+        key = ("pydotcompute_metrics_client_errors_total", (("reason", "bad_request"),))
+        assert samples.get(key) == 1
