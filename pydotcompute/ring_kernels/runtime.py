@@ -675,8 +675,11 @@ class RingKernelRuntime:
         """Serve Prometheus metrics at ``http://host:port/metrics`` until shutdown.
 
         Values are read from the telemetry at scrape time (`pydotcompute.observability`).
-        ``port=0`` picks a free port. Serving again returns the address already served
-        when ``host`` is the same and ``port`` is the same or 0; another address raises.
+        Connections are served concurrently, each within 5 s, and a blocked loop does not
+        fail a scrape (the observability guide); to choose these, use
+        ``pydotcompute.observability.serve_metrics``. ``port=0`` picks a free port.
+        Serving again returns the address already served when ``host`` is the same and
+        ``port`` is the same or 0; another address raises.
         Safe to call from any thread.
 
         Returns:
