@@ -190,10 +190,11 @@ class RingKernelRuntime:
         if self._closed:
             return {}
         self._refuse_from_actor("shutdown")
+        started = time.monotonic()
         try:
             report = await self.terminate_all(timeout=timeout, ordered=ordered)
         finally:
-            await self._stop_metrics()
+            await self._stop_metrics(started, timeout)
         for kid in list(self._kernels):
             self._park(kid)
         self._active = False
@@ -674,8 +675,11 @@ class RingKernelRuntime:
         """Serve Prometheus metrics at ``http://host:port/metrics`` until shutdown.
 
         Values are read from the telemetry at scrape time (`pydotcompute.observability`).
-        ``port=0`` picks a free port. Serving again returns the address already served
-        when ``host`` is the same and ``port`` is the same or 0; another address raises.
+        Connections are served concurrently, each within 5 s, and a blocked loop does not
+        fail a scrape (the observability guide); to choose these, use
+        ``pydotcompute.observability.serve_metrics``. ``port=0`` picks a free port.
+        Serving again returns the address already served when ``host`` is the same and
+        ``port`` is the same or 0; another address raises.
         Safe to call from any thread.
 
         Returns:
@@ -706,11 +710,15 @@ class RingKernelRuntime:
             address: tuple[str, int] = server.address
             return address
 
-    async def _stop_metrics(self) -> None:
+    async def _stop_metrics(self, started: float, timeout: float) -> None:
         with self._metrics_lock:
             server, self._metrics = self._metrics, False
-        if server:  # in a thread: a scrape in flight needs this loop to finish
-            await asyncio.to_thread(server.stop)
+        if server:  # in a thread: a scrape in flight may wait for this loop
+            try:  # what is left of shutdown's timeout (it closes live connections at once)
+                left = min(max(0.0, float(timeout) - (time.monotonic() - started)), 10.0)
+            except (TypeError, ValueError):
+                left = 0.0
+            await asyncio.to_thread(server.stop, left)
 
     def get_loop_info(self) -> dict[str, Any]:
         return _get_loop_info()

@@ -7,10 +7,15 @@ The metrics endpoint is scraped over real HTTP on 127.0.0.1 and parsed with
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
+import logging
 import os
+import select
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +34,7 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelStateError,
 )
-from pydotcompute.observability import collector
+from pydotcompute.observability import collector, serve_metrics
 
 from .tier_actors import Done, Job, echo_sync, forward_async, forward_sync
 
@@ -433,3 +438,310 @@ def test_tracing_without_the_extra_names_it() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "tracing=True needs the 'opentelemetry' package" in proc.stdout
     assert 'pip install "pydotcompute[observability]"' in proc.stdout
+
+
+# --- round 4: the metrics server under slow clients, idle connections, a blocked loop ---
+
+
+class SlowClient:
+    """A slowloris: a request line, then one header line every ``period`` s, never the
+    blank line that ends the request. Notes when the server closes the connection."""
+
+    def __init__(self, host: str, port: int, period: float) -> None:
+        self.sock = socket.create_connection((host, port), timeout=BOUND_S)
+        self.sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\n")
+        self.period = period
+        self.received = b""
+        self.closed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._trickle, daemon=True)
+        self._thread.start()
+
+    def _trickle(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            readable, _, _ = select.select([self.sock], [], [], self.period)
+            if readable:
+                try:
+                    data = self.sock.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    self.closed.set()
+                    return
+                self.received += data
+                continue
+            try:
+                self.sock.sendall(f"X-Slow-{n}: 1\r\n".encode())
+            except OSError:
+                self.closed.set()
+                return
+            n += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(BOUND_S)
+        self.sock.close()
+
+
+def still_open(sock: socket.socket) -> bool:
+    """True when the peer has neither closed ``sock`` nor written to it."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+    return False
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Wait (up to BOUND_S) for the server to close ``sock``; what it wrote first is read."""
+    sock.settimeout(BOUND_S)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True  # reset: closed too
+    return True
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def metrics_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pydotcompute-metrics")]
+
+
+async def test_a_slow_client_is_cut_at_the_request_deadline_and_holds_no_scrape() -> None:
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        server = serve_metrics(rt, port=0, request_deadline=1.0)
+        host, port = server.address
+        slow = [SlowClient(host, port, period=0.2) for _ in range(3)]
+        try:
+            # served while three clients trickle headers at it
+            samples = await scrape(host, port)
+            assert value(samples, "pydotcompute_kernel_state", kernel="a", tier="asyncio",
+                         state="launched") == 1  # fmt: skip
+            assert not any(s.closed.is_set() for s in slow)  # the deadline is not up yet
+            # each is cut at the whole request's deadline, though it never paused 1 s
+            for s in slow:
+                assert await asyncio.to_thread(s.closed.wait, BOUND_S)
+            assert all(s.received.startswith(b"HTTP/1.1 408") for s in slow if s.received)
+            samples = await scrape(host, port)
+            errors = samples.get(("pydotcompute_metrics_client_errors_total",
+                                  (("reason", "timeout"),)))  # fmt: skip
+            assert errors == 3
+        finally:
+            for s in slow:
+                s.close()
+            assert server.stop(BOUND_S)
+
+
+async def test_shutdown_ends_within_its_timeout_whatever_clients_do() -> None:
+    rt = RingKernelRuntime()
+    await rt.start()
+    await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+    host, port = rt.serve_metrics(port=0)  # the default deadline, 5 s: longer than 2 s
+    slow = [SlowClient(host, port, period=0.2) for _ in range(3)]
+    idle = [socket.create_connection((host, port), timeout=BOUND_S) for _ in range(3)]
+    try:
+        await asyncio.sleep(0.3)  # accepted, and being read
+        async with asyncio.timeout(2.0 + 3.0):  # the timeout, and a margin for a busy machine
+            await rt.shutdown(timeout=2.0)
+        assert not metrics_threads()  # every connection's thread ended
+        for s in slow:  # closed by the shutdown, long before their deadline
+            assert s.closed.is_set() or await asyncio.to_thread(s.closed.wait, 1.0)
+        for sock in idle:
+            assert await asyncio.to_thread(closed_by_server, sock)
+        with pytest.raises(urllib.error.URLError):
+            _scrape(f"http://{host}:{port}/metrics")
+    finally:
+        for s in slow:
+            s.close()
+        for sock in idle:
+            sock.close()
+
+
+async def test_idle_connections_neither_delay_scrapes_nor_print_tracebacks(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pydotcompute")
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        server = serve_metrics(rt, port=0, request_deadline=2.0)
+        host, port = server.address
+        idle = [socket.create_connection((host, port), timeout=BOUND_S) for _ in range(3)]
+        try:
+            await asyncio.sleep(0.2)  # accepted: each holds a connection of the server
+            samples = await scrape(host, port)
+            assert value(samples, "pydotcompute_inbox_depth", kernel="a", tier="asyncio") == 0
+            # the scrape did not wait for them: all three are still held open
+            assert all(still_open(sock) for sock in idle)
+            for sock in idle:  # then the deadline closes them
+                assert await asyncio.to_thread(closed_by_server, sock)
+            samples = await scrape(host, port)
+            key = ("pydotcompute_metrics_client_errors_total", (("reason", "timeout"),))
+            assert samples.get(key) == 3
+        finally:
+            for sock in idle:
+                sock.close()
+            assert server.stop(BOUND_S)
+    assert "Traceback" not in capfd.readouterr().err
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1, [r.getMessage() for r in logged]  # once, not per connection
+    line = logged[0].getMessage()
+    assert "\n" not in line
+    assert logged[0].exc_info is None
+    assert f"127.0.0.1:{port}" in line
+    assert "sent no complete request within 2 s" in line
+
+
+async def test_a_scrape_while_the_loop_is_blocked_serves_figures_and_the_lag() -> None:
+    n = 5
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        await rt.activate("a")
+        for i in range(n):
+            await rt.send("a", Job(seq=i))
+            await rt.receive("a", timeout=BOUND_S)
+        host, port = rt.serve_metrics(port=0)
+        url = f"http://{host}:{port}/metrics"
+        got: dict[str, Any] = {}
+
+        def scrape_during_the_block() -> None:
+            time.sleep(0.5)  # the loop is asleep by now
+            try:
+                got["text"] = _scrape(url)
+            except Exception as exc:
+                got["error"] = exc
+            got["at"] = time.monotonic()
+
+        scraper = threading.Thread(target=scrape_during_the_block)
+        scraper.start()
+        time.sleep(4.0)  # the loop is blocked: no callback runs for 4 s
+        woke = time.monotonic()
+        await asyncio.to_thread(scraper.join, BOUND_S)
+        assert "error" not in got, got["error"]
+        assert got["at"] < woke  # answered without the loop
+        samples = parse(got["text"])
+        labels = {"kernel": "a", "tier": "asyncio"}
+        assert value(samples, "pydotcompute_messages_processed_total", **labels) == n
+        assert value(samples, "pydotcompute_kernel_state", state="active", **labels) == 1
+        lag = samples[("pydotcompute_loop_lag_seconds", ())]
+        assert lag > 0.5  # blocked at least since the scrape began (0.5 s in)
+        assert samples[("pydotcompute_metrics_age_seconds", ())] == 0  # read directly
+        # the loop runs again: once its heartbeat has run on time (every 0.25 s), the lag
+        # falls back (the first beat after the block reports how late it ran: 4 s)
+        await asyncio.sleep(0.6)
+        after = await scrape(host, port)
+        assert after[("pydotcompute_loop_lag_seconds", ())] < lag
+
+
+async def test_a_failed_direct_read_serves_the_last_figures_with_their_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydotcompute.observability import metrics
+
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        registry = CollectorRegistry()
+        figures = collector(rt, snapshot_wait=0.1)
+        registry.register(figures)
+        try:
+            generate_latest(registry)  # on the loop: figures read, and kept
+
+            def broken(runtime: RingKernelRuntime) -> list[Any]:
+                raise RuntimeError("a record changed under the reader")
+
+            monkeypatch.setattr(metrics, "_read_direct", broken)
+            got: dict[str, Any] = {}
+            scraper = threading.Thread(
+                target=lambda: got.update(text=generate_latest(registry).decode())
+            )
+            scraper.start()
+            time.sleep(1.0)  # blocked: the scrape can neither ask the loop nor read
+            await asyncio.to_thread(scraper.join, BOUND_S)
+            samples = parse(got["text"])
+            assert value(samples, "pydotcompute_kernel_state", kernel="a", tier="asyncio",
+                         state="launched") == 1  # fmt: skip
+            assert samples[("pydotcompute_metrics_age_seconds", ())] > 0.05
+        finally:
+            figures.close()
+
+
+async def test_connections_over_the_limit_are_refused_at_once() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        server = serve_metrics(rt, port=0, request_deadline=3.0, max_connections=2)
+        host, port = server.address
+        idle = [socket.create_connection((host, port), timeout=BOUND_S) for _ in range(2)]
+        try:
+            await asyncio.sleep(0.2)
+            with pytest.raises(urllib.error.HTTPError) as info:
+                await scrape(host, port)
+            assert info.value.code == 503
+            for sock in idle:
+                assert await asyncio.to_thread(closed_by_server, sock)
+            samples = await scrape(host, port)  # a slot is free again
+            key = ("pydotcompute_metrics_client_errors_total", (("reason", "over_limit"),))
+            assert samples.get(key) == 1
+        finally:
+            for sock in idle:
+                sock.close()
+            assert server.stop(BOUND_S)
+
+
+def test_server_options_are_checked() -> None:
+    rt = RingKernelRuntime()
+    with pytest.raises(InvalidConfigurationError, match="request_deadline must be"):
+        serve_metrics(rt, port=0, request_deadline=0)
+    with pytest.raises(InvalidConfigurationError, match="max_connections must be"):
+        serve_metrics(rt, port=0, max_connections=0)
+    with pytest.raises(InvalidConfigurationError, match="snapshot_wait must be"):
+        serve_metrics(rt, port=0, snapshot_wait=float("nan"))
+
+
+async def test_requests_are_parsed_as_prometheus_sends_them_and_garbage_is_refused() -> None:
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch("a", forward_async, input_type=Job, output_type=Job)
+        host, port = rt.serve_metrics(port=0)
+
+        def ask(raw: bytes) -> bytes:
+            with socket.create_connection((host, port), timeout=BOUND_S) as sock:
+                sock.sendall(raw)
+                out = b""
+                while chunk := sock.recv(65536):
+                    out += chunk
+            return out
+
+        # Prometheus asks for OpenMetrics and gzip; name[] picks families
+        got = await asyncio.to_thread(
+            ask,
+            b"GET /metrics?name[]=pydotcompute_inbox_depth HTTP/1.1\r\nHost: x\r\n"
+            b"Accept: application/openmetrics-text; version=1.0.0\r\n"
+            b"Accept-Encoding: gzip\r\n\r\n",
+        )
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        assert b"Content-Type: application/openmetrics-text" in head
+        assert b"Content-Encoding: gzip" in head
+        text = gzip.decompress(body).decode()
+        assert 'pydotcompute_inbox_depth{kernel="a",replica="",tier="asyncio"} 0' in text
+        assert "pydotcompute_messages_received" not in text
+        assert text.endswith("# EOF\n")
+        bad = await asyncio.to_thread(ask, b"NONSENSE\r\n\r\n")
+        assert bad.startswith(b"HTTP/1.1 400 Bad Request")
+        samples = await scrape(host, port)
+        key = ("pydotcompute_metrics_client_errors_total", (("reason", "bad_request"),))
+        assert samples.get(key) == 1
