@@ -19,7 +19,11 @@ matched by benchmark and name. A row's change is new over old in the better dire
 1 is better). By default the change is taken on the ratio against the same-run baseline
 when both runs have one (robust to a busier or faster machine), else on the raw value.
 ``--fail-on-regression`` exits with status 1 when a row got worse by more than
-``--tolerance`` (default 0.25, i.e. 25 %).
+``--tolerance`` (default 0.25, i.e. 25 %). ``--markdown FILE`` writes the summary as a
+Markdown table, followed by the comparison table when there is one.
+
+An error is one line on stderr that names the fix (status 2), never a traceback; output
+into a pipe whose reader went away ends quietly with status 141.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -427,11 +431,55 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def comparison_markdown(
+    old: dict[str, Any], new: dict[str, Any], rows: list[dict[str, Any]], tolerance: float
+) -> str:
+    """The rows of `compare` as a Markdown table, under a line naming the two runs."""
+    o, n = old.get("machine", {}), new.get("machine", {})
+    columns = ["benchmark", "metric", "compared", "old", "new", "change", "verdict"]
+    lines = [
+        f"Comparison: old {o.get('time', '?')} ({o.get('cpu', '?')}) -> new "
+        f"{n.get('time', '?')} ({n.get('cpu', '?')}); change = new / old in the better "
+        f"direction (> 1 is better; tolerance {tolerance:.0%}).",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)).replace("|", "/") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line that points at --help (not the usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _load(path: str, ap: argparse.ArgumentParser) -> dict[str, Any]:
+    """A saved run, or a one-line usage error naming the file and what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        ap.error(f"cannot read {path}: {exc.strerror or exc}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        ap.error(f"{path} is not JSON ({exc}): give a file written by --save")
+    if not isinstance(data, dict) or not isinstance(data.get("scripts"), dict):
+        ap.error(f"{path} is not a saved run (no 'scripts'): give a file written by --save")
+    return data
+
+
+def _write_markdown(path: str, text: str) -> None:
+    Path(path).write_text(text)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m pydotcompute bench",
         description="Run the pydotcompute benchmark suite and print one summary table.",
     )
@@ -505,18 +553,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.show:
-        saved = json.loads(Path(args.show).read_text())
+        saved = _load(args.show, ap)
         print_summary(saved)
         if args.markdown:
-            Path(args.markdown).write_text(markdown(saved))
-            print(f"wrote {args.markdown}")
+            _write_markdown(args.markdown, markdown(saved))
         return 0
 
     if args.compare and len(args.compare) > 2:
         ap.error("--compare takes OLD.json, or OLD.json NEW.json")
-    if args.compare and len(args.compare) == 2:
-        old, new = (json.loads(Path(p).read_text()) for p in args.compare)
-        return _report_comparison(old, new, args)
+    old = _load(args.compare[0], ap) if args.compare else None
+    if old is not None and len(args.compare) == 2:
+        new = _load(args.compare[1], ap)
+        status, rows = _report_comparison(old, new, args)
+        if args.markdown:
+            text = markdown(new) + "\n" + comparison_markdown(old, new, rows, args.tolerance)
+            _write_markdown(args.markdown, text)
+        return status
 
     if args.only:
         wanted = {n.strip() for n in args.only.split(",") if n.strip()}
@@ -559,18 +611,22 @@ def main(argv: list[str] | None = None) -> int:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(json.dumps(results, indent=2, default=str))
         print(f"saved {target}")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(results))
-        print(f"wrote {args.markdown}")
 
     status = 1 if failed else 0
-    if args.compare:
-        old = json.loads(Path(args.compare[0]).read_text())
-        status = max(status, _report_comparison(old, results, args))
+    text = markdown(results)
+    if old is not None:
+        compared, rows = _report_comparison(old, results, args)
+        status = max(status, compared)
+        text += "\n" + comparison_markdown(old, results, rows, args.tolerance)
+    if args.markdown:
+        _write_markdown(args.markdown, text)
     return status
 
 
-def _report_comparison(old: dict[str, Any], new: dict[str, Any], args: Any) -> int:
+def _report_comparison(
+    old: dict[str, Any], new: dict[str, Any], args: Any
+) -> tuple[int, list[dict[str, Any]]]:
+    """Print the comparison; returns (exit status, its rows)."""
     rows, regressions = compare(old, new, args.tolerance, args.compare_by)
     if old.get("quick") != new.get("quick"):
         print("\nnote: comparing a quick run with a full run: sizes differ, rows may not match")
@@ -585,11 +641,24 @@ def _report_comparison(old: dict[str, Any], new: dict[str, Any], args: Any) -> i
     if regressions:
         print(f"\n{regressions} regression(s) beyond {args.tolerance:.0%}")
         if args.fail_on_regression:
-            return 1
+            return 1, rows
     else:
         print("\nno regressions beyond the tolerance")
-    return 0
+    return 0, rows
+
+
+def _run() -> int:
+    try:
+        status = main()
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return status
+    except BrokenPipeError:
+        # Python flushes stdout once more on the way out: point it at /dev/null first
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -142,3 +144,35 @@ def test_the_quick_memory_and_message_scripts_run(tmp_path: Path) -> None:
     out = bench("--quick", "--only", "memory,message", "--results-dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "(failed)" not in out.stdout
+
+
+def test_compare_of_two_saved_runs_writes_markdown(tmp_path: Path) -> None:
+    old = suite(
+        tmp_path, "old", [summary_row("latency", 10.0, "us", higher_is_better=False, baseline=5.0)]
+    )
+    new = suite(
+        tmp_path, "new", [summary_row("latency", 8.0, "us", higher_is_better=False, baseline=2.0)]
+    )
+    md = tmp_path / "compare.md"
+    out = bench("--compare", str(old), str(new), "--markdown", str(md))
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {md}" in out.stdout
+    text = md.read_text()
+    assert "| demo | latency | 8 | us | 2 |" in text  # the new run's summary
+    assert "| demo | latency | ratio | 2 | 4 | 0.5 | REGRESSION |" in text  # and the comparison
+
+
+@pytest.mark.parametrize("flag", ["--show", "--compare"])
+def test_an_unreadable_saved_run_is_one_line(tmp_path: Path, flag: str) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    good = suite(tmp_path, "good", [summary_row("latency", 8.0, "us", higher_is_better=False)])
+    for path, expected in ((tmp_path / "missing.json", "No such file"), (broken, "not JSON")):
+        args = (flag, str(path)) if flag == "--show" else (flag, str(path), str(good))
+        out = bench(*args)
+        assert "Traceback" not in out.stderr, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, out.stderr
+        assert out.returncode == 2
+        assert str(path) in lines[0], lines[0]
+        assert expected in lines[0], lines[0]
