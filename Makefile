@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install demo bench test lint types test-main test-purepython test-cudasim test-versions docs gpu-check gpu-wheels gpu-check-step clean
+.PHONY: install demo bench dist test lint types test-main test-purepython test-cudasim test-versions docs gpu-check gpu-wheels gpu-check-step clean
 
 $(STAMP): pyproject.toml $(wildcard setup.py setup_cython.py)
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,20 @@ demo: $(DEMO_STAMP)
 
 bench: install
 	$(BIN)/python -m pydotcompute bench
+
+## For users of the library: dist/pydotcompute-<version>.tar.gz and a wheel for this Python
+## with the compiled extensions, built from the sdist as pip would (without a C compiler the
+## wheel still builds, on the pure-Python twins). Needs only `build`, in a small venv of its
+## own. tests/integration/test_distribution.py builds the same way and installs the wheel.
+BUILD_VENV := .venv-build
+$(BUILD_VENV)/.stamp:
+	$(PY) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip --disable-pip-version-check -q install "build>=1.0"
+	touch $@
+
+dist: $(BUILD_VENV)/.stamp
+	rm -rf dist
+	$(BUILD_VENV)/bin/python -m build --outdir dist .
 
 ## Everything CI checks: every step runs (a failing one does not stop the rest), then one
 ## summary of them all; make exits non-zero when any step failed.
@@ -131,4 +145,4 @@ gpu-check-step:
 	$(MAKE) --no-print-directory gpu-check GPU_CHECK_ARGS="--steps install,build,$(shell echo $(STEP) | tr ' ' ',') $(GPU_CHECK_ARGS)"
 
 clean:
-	rm -rf $(VENV) .venv-py3.* build site *.egg-info .test-steps.jsonl
+	rm -rf $(VENV) .venv-py3.* $(BUILD_VENV) build dist site *.egg-info .test-steps.jsonl

@@ -8,8 +8,8 @@ timeline (the picture in docs/guides/observability.md comes from this script).
 
     python examples/traced_pipeline.py --messages 5 --svg trace.svg
 
-Needs the ``observability`` extra (``pip install 'pydotcompute[observability]'``) and the
-OpenTelemetry SDK (``pip install opentelemetry-sdk``).
+Needs the ``observability`` extra (``pip install '.[observability]'`` from a clone: it has
+the OpenTelemetry API and SDK).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import difflib
 import logging
 import threading
 import time
@@ -75,6 +76,10 @@ class RingKernelRuntime:
         await runtime.send("compute", ComputeRequest(values=[1.0]))
         reply = await runtime.receive("compute")
     ```
+
+    ``len(runtime)`` and ``kernel_id in runtime`` look at the launched kernels, but a
+    runtime is always true (``__bool__``): ``if runtime:`` asks whether there is one, not
+    whether it has kernels yet; test ``len(runtime)`` or `kernel_ids` for that.
 
     Args:
         enable_telemetry: Time every message (one clock read each, binned into a latency
@@ -167,6 +172,11 @@ class RingKernelRuntime:
 
     def __len__(self) -> int:
         return len(self._kernels)
+
+    def __bool__(self) -> bool:
+        """Always True: without it ``__len__`` would make a runtime with no kernels false,
+        and ``if runtime:`` (is there a runtime?) would take the wrong branch."""
+        return True
 
     async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
         """Terminate every kernel, draining, within ``timeout`` seconds in all.
@@ -847,9 +857,12 @@ def _apply_options(
             logger.debug("kernel %r runs in-process: Ray option %r ignored", kernel_id, key)
         else:
             asked = tier or canonical_tier(options.get("tier") or config.tier)
+            known = fields | set(OPTION_ALIASES) | extra_allowed | {"replicas"}
+            close = difflib.get_close_matches(key, sorted(known | PLACEMENT_OPTIONS), n=3)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
             raise InvalidConfigurationError(
-                f"unknown option {key!r} for kernel {kernel_id!r} on tier {asked!r}; "
-                f"known: {sorted(fields | set(OPTION_ALIASES) | extra_allowed)}; Ray "
+                f"unknown option {key!r} for kernel {kernel_id!r} on tier {asked!r}{hint}; "
+                f"known: {sorted(known)}; Ray "
                 f"placement options ({', '.join(sorted(PLACEMENT_OPTIONS))}) are accepted "
                 "and ignored in-process"
             )

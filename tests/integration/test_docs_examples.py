@@ -118,7 +118,7 @@ def missing(requirement: str) -> str | None:
     if requirement == "observability":
         for module in ("prometheus_client", "opentelemetry", "opentelemetry.sdk"):
             if importlib.util.find_spec(module) is None:
-                return "needs pip install 'pydotcompute[observability]' and opentelemetry-sdk"
+                return "needs the observability extra: pip install '.[observability]'"
         return None
     if requirement == "numba":
         if importlib.util.find_spec("numba") is None:

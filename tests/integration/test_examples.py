@@ -45,6 +45,14 @@ def test_every_example_is_covered() -> None:
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
+def test_the_readme_lists_every_example() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"Runnable programs live in `examples/`\s*\(([^)]*)\)", readme)
+    assert listed is not None, "README.md: the list of examples/ is gone"
+    names = set(re.findall(r"`([\w.]+\.py)`", listed.group(1)))
+    assert names == {p.name for p in EXAMPLES.glob("*.py")}
+
+
 def test_vector_add() -> None:
     out = run_example("vector_add.py", "--size", "10000")
     assert "WRONG" not in out

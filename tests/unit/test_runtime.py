@@ -894,3 +894,44 @@ def test_the_thread_worker_hands_back_what_it_never_took_once() -> None:
     assert kernel.take_undelivered() == []
     assert [m.x for m in kernel.unprocessed()] == [0, 1, 2]
     kernel.stop()
+
+
+# --- round 4: first-day surprises ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typo", "hint"),
+    [("replica", "replicas"), ("queue_sise", "queue_size"), ("backpresure", "backpressure")],
+)
+async def test_a_misspelt_option_gets_the_close_match(
+    rt: RingKernelRuntime, typo: str, hint: str
+) -> None:
+    """`replicas` is a launch option like the config's fields: a near miss is named, the
+    closest first."""
+    with pytest.raises(
+        InvalidConfigurationError,
+        match=rf"unknown option '{typo}' for kernel 'k' on tier 'asyncio' "
+        rf"\(did you mean '{hint}'(?: or '\w+')*\?\); known: \[.*'replicas'",
+    ):
+        await rt.launch("k", doubler, **{typo: 2})
+    assert "k" not in rt
+
+
+async def test_an_option_like_nothing_known_gets_no_guess(rt: RingKernelRuntime) -> None:
+    with pytest.raises(InvalidConfigurationError) as info:
+        await rt.launch("k", doubler, colour="red")
+    assert "did you mean" not in str(info.value)
+
+
+async def test_a_runtime_is_true_even_with_no_kernels() -> None:
+    """`if runtime:` asks whether there is a runtime, not whether it has kernels (len 0)."""
+    rt = RingKernelRuntime()
+    assert len(rt) == 0
+    assert bool(rt) is True
+    async with rt:
+        assert rt
+        await rt.launch("k", doubler)
+        assert len(rt) == 1
+        assert rt
+    assert len(rt) == 0
+    assert rt
