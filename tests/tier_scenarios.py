@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -1520,3 +1522,159 @@ async def scenario_spin_options_capped(case: TierCase) -> None:
             assert waited < timeout + margin, f"request {i} ended after {waited:.3f}s"
         assert (await rt.send_and_receive("k", Job(seq=10), timeout=BOUND_S)).seq == 10
         assert await _dropped(rt, "k") == 3  # the late replies, counted
+
+
+# --- round 4: tracing ---
+
+
+def _traced_runtime(case: TierCase) -> Any:
+    """The case's runtime, made with ``tracing=True``."""
+    make: Any = case.make_runtime
+    return make(tracing=True)
+
+
+def _kept_alive(messages: list[Any]) -> list[int]:
+    """The seqs of those ``messages`` that something besides ``messages`` holds (a fresh
+    message held by one list alone is the measure)."""
+    probe = [Job(seq=-1)]
+    alone = next(sys.getrefcount(m) for m in probe)
+    return [m.seq for m in messages if sys.getrefcount(m) > alone]
+
+
+@functools.cache
+def span_exporter() -> Any:
+    """The OpenTelemetry SDK's in-memory exporter behind the global tracer provider, one
+    per process (skips where the SDK is not installed)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def scenario_tracing_lets_go_of_dropped_and_refused_messages(case: TierCase) -> None:
+    """A tracing runtime remembers each message's trace context from its send until an
+    actor takes it. A message a full ``drop_oldest`` inbox drops, one a full ``reject``
+    inbox refuses (sent by the caller, or forwarded by an actor) and one whose send
+    raises are let go at once: the tracer keeps none of them alive, and holds nothing
+    once every accepted message was taken."""
+    n = 40
+    big = "x" * 10_000
+    async with asyncio.timeout(BOUND_S), _traced_runtime(case) as rt:
+        tracer = rt.tracer
+        await _launch(rt, case, "d", activate=False, queue_size=4, backpressure="drop_oldest")
+        await _launch(rt, case, "r", activate=False, queue_size=4, backpressure="reject")
+        to_d = [Job(seq=i, payload=big) for i in range(n)]
+        for job in to_d:
+            await rt.send("d", job)
+        refused: list[Any] = []
+        accepted: list[int] = []
+        for i in range(n):
+            job = Job(seq=i, payload=big)
+            try:
+                await rt.send("r", job)
+            except QueueFullError:
+                refused.append(job)
+            else:
+                accepted.append(i)
+        del job  # (the loop's name would keep the last one alive)
+        assert len(refused) == n - 4, len(refused)
+        raised = [Done(seq=n + 1)]  # not the kernel's input type
+        with pytest.raises((TypeValidationError, PyDotComputeError)):
+            await rt.send("r", raised[0])
+        dropped = await _dropped(rt, "d")
+        assert dropped == n - 4, dropped
+        assert not (kept := _kept_alive(refused)), kept
+        assert not (kept := _kept_alive(raised)), kept
+        # the four each inbox holds (a GPU kernel's device handler takes no context, and
+        # its replies carry none: nothing is kept for it)
+        carried = case.name != "gpu"
+        assert tracer.in_flight() == (8 if carried else 0), tracer.in_flight()
+
+        # an actor's forward that a full reject inbox refuses
+        await _launch(rt, case, "a", queue_size=64)
+        await rt.launch(
+            "b", echo_async, input_type=Done, output_type=Done, queue_size=2, backpressure="reject"
+        )
+        rt.connect("a", "b")  # b is not active: its inbox fills after two
+        for i in range(20):
+            await rt.send("a", Job(seq=i))
+        deadline = time.monotonic() + BOUND_S / 2
+        while time.monotonic() < deadline:  # until a has handled all 20
+            if rt.get_telemetry("a").messages_dropped + len(rt.get_kernel("b").inbox) >= 20:  # type: ignore[arg-type]
+                break
+            await asyncio.sleep(0.02)
+        assert tracer.in_flight() == (8 + 2 if carried else 0), tracer.in_flight()
+
+        for kid in "drb":
+            await rt.activate(kid)
+        got_d = [(await rt.receive("d", timeout=BOUND_S)).seq for _ in range(n - dropped)]
+        got_r = [(await rt.receive("r", timeout=BOUND_S)).seq for _ in accepted]
+        got_b = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(2)]
+        assert got_d == list(range(n - 4, n))
+        assert got_r == accepted
+        assert len(got_b) == 2
+        gone = [job for job in to_d if job.seq not in got_d]
+        del to_d  # the dropped ones are held by ``gone`` alone now
+        assert not (kept := _kept_alive(gone)), kept
+        assert tracer.in_flight() == 0, tracer.in_flight()
+
+
+async def scenario_failed_message_spans_say_so(case: TierCase) -> None:
+    """The ``process`` span of a message its actor raised on has status ERROR and the
+    exception as an event (OpenTelemetry's conventions); every other message's span is
+    left unset. Where the tier restarts actors 10 of 100 messages raise; elsewhere the
+    first that raises fails the kernel."""
+    from opentelemetry.trace import StatusCode
+
+    exporter = span_exporter()
+    exporter.clear()
+    restarts = case.name in RESTARTS
+    n = 100 if restarts else 10
+    booms = {i for i in range(n) if i % 10 == 3} if restarts else {5}
+    opts: dict[str, Any] = (
+        {"restart": "on_failure", "max_restarts": None, "restart_backoff": 0.001}
+        if restarts
+        else {}
+    )
+    jobs = [Job(seq=i, payload="boom" if i in booms else "") for i in range(n)]
+    ids = {str(job.message_id): job.seq for job in jobs}
+
+    def process_spans() -> dict[int, Any]:
+        return {
+            ids[s.attributes["messaging.message.id"]]: s
+            for s in exporter.get_finished_spans()
+            if s.name == "process k" and s.attributes.get("messaging.message.id") in ids
+        }
+
+    async with asyncio.timeout(BOUND_S), _traced_runtime(case) as rt:
+        await _launch(rt, case, queue_size=n, **opts)
+        for job in jobs:
+            await rt.send("k", job)
+        answered = n - len(booms) if restarts else min(booms)
+        got = sorted([(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(answered)])
+        assert got == (sorted(set(range(n)) - booms) if restarts else list(range(answered)))
+        deadline = time.monotonic() + BOUND_S / 2
+        while not booms <= set(process_spans()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    spans = process_spans()
+    assert set(got) | booms <= set(spans), sorted(set(got) | booms - set(spans))
+    failed = {seq for seq, s in spans.items() if s.status.status_code is StatusCode.ERROR}
+    assert failed == booms, (sorted(failed), sorted(booms))
+    for seq, span in spans.items():
+        events = [e for e in span.events if e.name == "exception"]
+        if seq in booms:
+            assert [e.attributes["exception.type"] for e in events] == ["ValueError"]
+            assert f"boom at {seq}" in events[0].attributes["exception.message"]
+            assert f"boom at {seq}" in (span.status.description or "")
+        else:
+            assert span.status.status_code is StatusCode.UNSET, (seq, span.status)
+            assert events == []

@@ -331,6 +331,10 @@ class KernelContext:
         """The actor finished the message in hand (it returned, or asked for the next)."""
         self._handling = False
 
+    def actor_raised(self, exc: BaseException) -> None:
+        """The actor raised ``exc`` (the message in hand, if any, unfinished). Nothing to
+        do here: a tracing runtime's context records it on that message's span."""
+
     def forget_current(self) -> None:
         """The actor restarts: no message in hand, and the one it raised on is not timed."""
         self._current = None

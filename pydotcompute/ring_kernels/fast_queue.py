@@ -210,6 +210,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         "_strategy",
         "kernel_id",
         "on_drop",
+        "on_drop_item",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -269,6 +270,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._loop: asyncio.AbstractEventLoop | None = None  # bound by the first wait
         #: Called with 1 for every message ``drop_oldest`` drops (a kernel counts them).
         self.on_drop: Callable[[int], None] | None = None
+        #: Called with each message ``drop_oldest`` drops, as it was queued (bytes on a
+        #: ``serialize=True`` queue): a tracing runtime lets go of its trace context.
+        self.on_drop_item: Callable[[Any], None] | None = None
 
     def __del__(self) -> None:
         # a serializing queue thrown away with frames in it (a runtime discarded with
@@ -351,6 +355,8 @@ class FastMessageQueue(_QueueCore, Generic[T]):
                 _discard((item,))
                 if self.on_drop is not None:
                     self.on_drop(1)
+                if self.on_drop_item is not None:
+                    self.on_drop_item(item)
                 return
 
     def put_overflow(self, item: T) -> None:

@@ -787,6 +787,9 @@ class HostedKernel(RingKernel):
             except (QueueFullError, KernelStateError) as exc:
                 # a full reject-policy kernel (or one that is stopping) downstream
                 self.count_lost_reply()
+                tracer = getattr(self._runtime, "tracer", None)
+                if tracer is not None:  # a tracing runtime: the reply's context goes too
+                    tracer.release(reply)
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,

@@ -722,6 +722,7 @@ class RingKernel:
                     self.telemetry.record_error(exc)
                     if own is not None:
                         own.record_error(exc)
+                    ctx.actor_raised(exc)
                     if self._stopping:  # the message it raised on is handed back by terminate
                         self.error = exc
                         logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)

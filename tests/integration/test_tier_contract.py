@@ -205,3 +205,14 @@ async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+# --- round 4: tracing ---
+
+
+async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase) -> None:
+    await sc.scenario_tracing_lets_go_of_dropped_and_refused_messages(case)
+
+
+async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:
+    await sc.scenario_failed_message_spans_say_so(case)

@@ -252,3 +252,26 @@ async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> No
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+# --- round 4: tracing ---
+
+NO_TRACING_OPTION = (
+    "RayRingKernelRuntime takes no tracing option; a RingKernelRuntime(tracing=True) "
+    "driver (the tier case) makes its Ray actors' runtimes trace"
+)
+SPANS_IN_ACTORS = (
+    "a Ray kernel's process spans are recorded by the runtime inside its Ray actor (the "
+    "asyncio tier's context, which the asyncio case pins), in a process whose tracer "
+    "provider this test cannot read"
+)
+
+
+async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase) -> None:
+    if case is RAY_RUNTIME:
+        pytest.skip(NO_TRACING_OPTION)
+    pytest.skip(MIXED)
+
+
+async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:
+    pytest.skip(NO_TRACING_OPTION if case is RAY_RUNTIME else SPANS_IN_ACTORS)

@@ -246,6 +246,13 @@ class TierWorker(abc.ABC):
     def failure(self) -> BaseException | None:
         """Why the actor failed (its exception, or the death of its process), or None."""
 
+    @property
+    def failed_on(self) -> Any:
+        """After a failure, until `take_undelivered`: the message in the actor's hands
+        when it failed (it raised on it, or its process died), or None (it held none, or
+        the tier cannot tell). A tracing runtime marks that message's span failed."""
+        return None
+
 
 # -- the actor kind: the one check --------------------------------------------------------
 

@@ -366,6 +366,21 @@ class ProcessWorker(TierWorker):
         return self._error
 
     @property
+    def failed_on(self) -> Any:
+        """The message in the actor's hands when it failed (it raised, or the child died):
+        taken and not finished. None when it held none, or before the child exited and
+        after `take_undelivered` handed it back."""
+        with self._send_lock:
+            counts = self._final_counts
+            if self._error is None or counts is None:
+                return None
+            taken, done = counts
+            i = done - self._pruned
+            if taken <= done or not 0 <= i < len(self._inflight):
+                return None
+            return self._inflight[i]
+
+    @property
     def failed(self) -> bool:
         """True when the actor raised (or the child died unexpectedly)."""
         return self._error is not None

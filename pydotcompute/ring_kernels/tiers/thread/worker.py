@@ -181,6 +181,7 @@ class ThreadWorker(TierWorker):
         self._context: ThreadedKernelContext | None = None
         self._unprocessed: list[Any] = []
         self._taken_n = 0  # how many of ``_unprocessed`` take_undelivered handed out
+        self._failed_on: Any = None  # the message in the actor's hands when it raised
         self._started_at = 0.0
         self._stopped_at = 0.0
         self._recorder: PyLatencyRecorder | None = (
@@ -218,6 +219,11 @@ class ThreadWorker(TierWorker):
     def failure(self) -> BaseException | None:
         """The actor's exception when it raised, else None."""
         return self._error
+
+    @property
+    def failed_on(self) -> Any:
+        """The message the actor raised on (in its hands then), else None."""
+        return self._failed_on
 
     @property
     def inbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
@@ -304,6 +310,7 @@ class ThreadWorker(TierWorker):
         if error is not None and ctx.handling:
             # the message it raised on was not finished: handed back first
             ctx.handling = False
+            self._failed_on = ctx.current
             self._unprocessed.append(ctx.current)
             if rec is not None:
                 rec.cancel()
