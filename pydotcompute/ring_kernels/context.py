@@ -211,7 +211,9 @@ class KernelContext:
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Send a reply: to a waiting ``send_and_receive`` caller, a connected kernel, or
-        the outbox (waiting for space under ``block`` backpressure).
+        the outbox (waiting for space under ``block`` backpressure). A connected kernel
+        that stopped taking messages leaves the reply in this kernel's outbox, readable;
+        a full ``reject`` one raises ``QueueFullError`` (the reply counted as dropped).
 
         A reply without ``correlation_id`` is stamped with the current request's id.
         Every `SEND_YIELD_EVERY` calls this lets the loop run other tasks first, so an
