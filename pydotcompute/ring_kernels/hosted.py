@@ -833,10 +833,12 @@ class HostedKernel(RingKernel):
         collector = self._collector
         if collector is not None and not collector.done():
             # it delivers what the worker produced; if it cannot (a full outbox nobody
-            # reads), what is left is delivered below without waiting
-            _, pending = await asyncio.wait(
-                {collector}, timeout=max(0.05 if not failed else 1.0, deadline - loop.time())
-            )
+            # reads), what is left is delivered below without waiting (at once, hurried)
+            least = 0.05 if not failed else 1.0
+            if self.hurried:
+                _, pending = await asyncio.wait({collector}, timeout=least)
+            else:
+                pending = await self.within_grace({collector}, max(least, deadline - loop.time()))
             if pending:
                 collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
