@@ -1211,8 +1211,9 @@ async def _telemetry(rt: Any, kid: str) -> Any:
 
 
 async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -> None:
-    """``shutdown(ordered=False)`` stops every stage at once: what the tail refuses is
-    counted (exactly once overall) and logged in a few lines, not one line a message."""
+    """``shutdown(ordered=False)`` stops every stage at once: what the tail refuses stays
+    readable in the head's outbox (or is counted), exactly once overall, and is logged in a
+    few lines, not one line a message."""
     async with asyncio.timeout(BOUND_S):
         rt = case.make_runtime()
         seen: list[int] = []
@@ -1234,8 +1235,9 @@ async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -
         dropped = (
             rt.get_telemetry("head").messages_dropped + rt.get_telemetry("sink").messages_dropped
         )
-        assert_exactly_once(accepted, seen, _seqs(left), dropped)
-        assert dropped > 0  # the point of the scenario: some were refused
+        kept = _read_all(rt, "head")  # refused by the stopped sink: kept, readable
+        assert_exactly_once(accepted, seen + kept, _seqs(left), dropped)
+        assert len(kept) + dropped > 0  # the point of the scenario: some were refused
         assert len(lines) <= 6, f"{len(lines)} log lines: {lines[:8]}"
 
 
@@ -1678,3 +1680,187 @@ async def scenario_failed_message_spans_say_so(case: TierCase) -> None:
         else:
             assert span.status.status_code is StatusCode.UNSET, (seq, span.status)
             assert events == []
+
+
+# --- round 4: shutdown accounting ---
+
+
+async def job_of_async(ctx: Any) -> None:
+    """Done -> Job: with an echo (Job -> Done) it closes a cycle."""
+    while not ctx.should_terminate:
+        done = await ctx.receive()
+        await ctx.send(Job(seq=done.seq))
+
+
+def _lost_in(report: dict[str, int]) -> int:
+    """The messages a shutdown report counts as lost (``-1`` marks a broken kernel)."""
+    assert all(n > 0 for n in report.values()), report
+    return sum(report.values())
+
+
+async def scenario_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case: TierCase) -> None:
+    """``a`` (asyncio) and ``b`` (the tier) forward into each other; 100 messages circulate
+    when the runtime shuts down. The cycle is broken at ``a`` (launched first), so ``b``
+    forwards into a kernel that stopped: it keeps those replies, readable in its own
+    outbox, instead of dropping them. Every message ends once, the report counts every
+    loss (none here: the cycle has time to drain) and the replies left unread."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch("a", job_of_async, input_type=Done, output_type=Job, queue_size=256)
+        await _launch(rt, case, "b", activate=False, queue_size=256)
+        rt.connect("a", "b")
+        rt.connect("b", "a")
+        await rt.activate("a")
+        await rt.activate("b")
+        for i in range(100):
+            await rt.send("b", Job(seq=i))
+        await asyncio.sleep(0.2)  # circulating
+        report = await rt.shutdown(timeout=5)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = rt.get_kernel("a").undelivered + rt.get_kernel("b").undelivered
+        dropped = await _dropped(rt, "a") + await _dropped(rt, "b")
+        assert_exactly_once(list(range(100)), read, _seqs(left), dropped)
+        assert _lost_in(report) == dropped, (report, dropped)  # every loss is in the report
+        assert (report, dropped) == ({}, 0), (report, dropped)
+        assert sorted(read) == list(range(100))
+        assert sum(report.unread.values()) == len(read), report  # type: ignore[attr-defined]
+
+
+async def scenario_every_way_of_stopping_honours_drain_timeout(case: TierCase) -> None:
+    """A kernel with 10 messages of 0.5 s queued and ``drain_timeout=0.2``: ``terminate``,
+    ``shutdown`` (given 30 s), leaving ``async with``, and leaving it because its task was
+    cancelled (Ctrl-C under ``asyncio.run``) each stop draining after ``drain_timeout`` and
+    hand the rest back, counted in the report, instead of draining all 10 (5 s of work)
+    within the shutdown's timeout."""
+    for way in ("terminate", "shutdown", "leave", "cancelled"):
+        rt = case.make_runtime()
+        queued = asyncio.Event()
+        reports: list[dict[str, int]] = []
+
+        async def app(
+            rt: Any = rt,
+            way: str = way,
+            queued: asyncio.Event = queued,
+            reports: list[dict[str, int]] = reports,
+        ) -> None:
+            async with rt:
+                # a device handles a whole burst of what its ring holds before it looks at
+                # TERMINATE: give it one message at a time, as the other tiers' actors take
+                one_by_one = {"bridge_queue_size": 1} if case.name == "gpu" else {}
+                await _launch(rt, case, drain_timeout=0.2, **one_by_one)
+                for i in range(10):
+                    await rt.send("k", Job(seq=i, payload="sleep:0.5"))
+                if way == "terminate":
+                    reports.append({"k": len(await rt.terminate("k"))})
+                elif way == "shutdown":
+                    reports.append(await rt.shutdown(timeout=30))
+                elif way == "cancelled":
+                    queued.set()
+                    await asyncio.Event().wait()  # until cancelled
+
+        async with asyncio.timeout(BOUND_S):
+            task = asyncio.ensure_future(app())
+            if way == "cancelled":
+                await queued.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                await task
+        if way in ("leave", "cancelled"):  # the report of the shutdown ``async with`` ran
+            reports.append(rt.shutdown_report)
+        handed = len(rt.get_kernel("k").undelivered)
+        assert handed >= 6, f"{way}: {handed} of 10 handed back: it drained past 0.2 s"
+        assert reports[0]["k"] >= handed, (way, reports)  # handed back, maybe a reply lost
+
+
+async def scenario_unread_replies_reported_at_shutdown(case: TierCase) -> None:
+    """Replies waiting in the last outbox when the runtime's scope is left because its
+    task was cancelled (as Ctrl-C does under ``asyncio.run``) are not lost without a word:
+    the shutdown drains the pipeline into that outbox, counts what is there in
+    ``runtime.shutdown_report.unread``, logs it in one line, and ``take_unread`` reads
+    each of them once afterwards."""
+    rt = case.make_runtime()
+    sent = asyncio.Event()
+
+    async def app() -> None:
+        async with rt:
+            await _launch(rt, case, "head", activate=False, queue_size=64)
+            await rt.launch("tail", relay_async, input_type=Done, output_type=Done, queue_size=64)
+            rt.connect("head", "tail")
+            await rt.activate("tail")
+            await rt.activate("head")
+            for i in range(50):
+                await rt.send("head", Job(seq=i))
+            sent.set()
+            await asyncio.Event().wait()  # nobody reads the tail; until cancelled
+
+    with _log_lines() as lines:
+        async with asyncio.timeout(BOUND_S):
+            task = asyncio.ensure_future(app())
+            await sent.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    report = rt.shutdown_report
+    assert report == {}, report
+    assert report.unread == {"tail": 50}, report
+    (said,) = [line for line in lines if "unread" in line]
+    assert "50 repl" in said, said
+    assert "'tail'" in said, said
+    replies = rt.take_unread("tail")
+    assert sorted(r.seq for r in replies) == list(range(50))
+    assert rt.take_unread("tail") == []
+
+
+async def scenario_shutdown_cancelled_again_closes_its_books(case: TierCase) -> None:
+    """A backed-up pipeline (nobody reads the tail) whose task is cancelled once (leaving
+    ``async with`` starts the shutdown, which cannot drain) and again while the shutdown
+    runs, as ``asyncio.run`` does on a second Ctrl-C: the shutdown stops every kernel at
+    once instead of being broken off, so every message ends once (readable, handed back
+    or counted), the report says so, and the cancellation still comes through."""
+    rt = case.make_runtime()
+    accepted: list[int] = []
+    backed_up = asyncio.Event()
+
+    async def app() -> None:
+        async with rt:
+            await _launch(rt, case, "head", activate=False, queue_size=32, drain_timeout=20)
+            await rt.launch(
+                "tail",
+                relay_async,
+                input_type=Done,
+                output_type=Done,
+                queue_size=32,
+                drain_timeout=20,
+            )
+            rt.connect("head", "tail")
+            await rt.activate("tail")
+            await rt.activate("head")
+            i = 0
+            while True:
+                sending = asyncio.ensure_future(rt.send("head", Job(seq=i)))
+                done, _ = await asyncio.wait({sending}, timeout=0.3)
+                if not done:
+                    backed_up.set()
+                await sending
+                accepted.append(i)
+                i += 1
+
+    async with asyncio.timeout(BOUND_S):
+        task = asyncio.ensure_future(app())
+        await backed_up.wait()
+        task.cancel()  # the first Ctrl-C: the shutdown starts, and cannot drain
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()  # the second one, while the shutdown runs
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    report = rt.shutdown_report
+    assert report.interrupted, report
+    read = _read_all(rt, "head") + _read_all(rt, "tail")
+    left = rt.get_kernel("head").undelivered + rt.get_kernel("tail").undelivered
+    dropped = await _dropped(rt, "head") + await _dropped(rt, "tail")
+    assert {rt.get_kernel_state(k) for k in ("head", "tail")} == {KernelState.TERMINATED}
+    assert_exactly_once(accepted, read, _seqs(left), dropped)
+    assert _lost_in(report) == dropped, (report, dropped)
+    assert sum(report.unread.values()) == len(read), report

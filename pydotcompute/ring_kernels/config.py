@@ -36,7 +36,8 @@ class RingKernelConfig:
         restart_backoff_max: The cap of that pause, in seconds.
         backend: Where the actor computes (``cpu``, ``cuda``, ``metal``).
         tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
-        drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
+        drain_timeout: Seconds the actor may drain its inbox when the kernel is stopped,
+            however: ``terminate``, ``shutdown`` (at most), leaving ``async with``, Ctrl-C.
         extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
 
     Raises:

@@ -211,7 +211,9 @@ class KernelContext:
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Send a reply: to a waiting ``send_and_receive`` caller, a connected kernel, or
-        the outbox (waiting for space under ``block`` backpressure).
+        the outbox (waiting for space under ``block`` backpressure). A connected kernel
+        that stopped taking messages leaves the reply in this kernel's outbox, readable;
+        a full ``reject`` one raises ``QueueFullError`` (the reply counted as dropped).
 
         A reply without ``correlation_id`` is stamped with the current request's id.
         Every `SEND_YIELD_EVERY` calls this lets the loop run other tasks first, so an
@@ -236,12 +238,18 @@ class KernelContext:
         if target is not None:
             try:
                 await target.accept(msg, timeout)
-            except (QueueFullError, KernelStateError):
-                # a reject-policy kernel downstream refused it, or that kernel stopped:
-                # the reply is counted as dropped and the actor told
+            except QueueFullError:
+                # a reject-policy kernel downstream refused it: the reply is counted as
+                # dropped and the actor told
                 self._handling = False
                 self._count_lost_reply()
                 raise
+            except KernelStateError as exc:
+                # the kernel downstream stopped: the reply stays here, readable (below)
+                k.reply_kept(target, exc)
+                if self._stopping:  # draining: never wait for room any more
+                    self._outbox.put_overflow(msg)
+                    return True
             except asyncio.CancelledError:
                 if self.state in (KernelState.TERMINATING, KernelState.FAILED):
                     # cut off while the kernel downstream was full: the reply never got
@@ -253,7 +261,8 @@ class KernelContext:
                 self._handling = False  # the message ended: its reply is counted
                 self._count_lost_reply()
                 raise
-            return True
+            else:
+                return True
         out = self._outbox
         if out.offer(msg):  # open, with room: appended
             return True
@@ -282,8 +291,14 @@ class KernelContext:
             return True
         target = self._forward
         if target is not None:
-            target.accept_nowait(msg)
-            return True
+            try:
+                target.accept_nowait(msg)
+                return True
+            except KernelStateError as exc:  # stopped downstream: kept here, as in `send`
+                self._kernel.reply_kept(target, exc)
+                if self._stopping:
+                    self._outbox.put_overflow(msg)
+                    return True
         return self._outbox.put_nowait(msg)
 
     async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:

@@ -21,7 +21,8 @@ Design notes:
   destination (a full downstream kernel, a caller that gave up) cannot take them.
 - A reply forwarded into a `reject`-policy kernel that is full is counted as dropped on
   the source; the source keeps running (its actor, elsewhere, cannot be handed the
-  error as a tier-1 actor is).
+  error as a tier-1 actor is). One forwarded into a kernel that stopped is kept in the
+  source's outbox, as on every tier (`RingKernel.reply_kept`).
 - The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
   ``ctx.send`` does: a worker that replies faster than they are delivered would
   otherwise keep it running without a break.
@@ -161,8 +162,7 @@ class HostedKernel(RingKernel):
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
         self._undecodable_seen = False  # a reply that does not decode was logged
-        # replies a connected kernel refused: one line, then a count (a stopped target
-        # can refuse thousands)
+        # replies a full reject-policy kernel downstream refused: one line, then a count
         self._drop_log = BurstLog(
             logger,
             logging.WARNING,
@@ -702,17 +702,8 @@ class HostedKernel(RingKernel):
         if target is not None:
             try:
                 target.accept_nowait(reply)
-            except KernelStateError as exc:  # stopping downstream: as `_deliver` counts it
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                self.count_lost_reply()
-                self._drop_log.event(
-                    "kernel %r: a reply forwarded to %r was dropped: %s",
-                    self.kernel_id,
-                    target.kernel_id,
-                    exc,
-                )
-                return True
+            except KernelStateError:  # stopped downstream: kept in the outbox, by `_deliver`
+                return False
             except Exception:  # full (wait or count per its policy), or wrong: `_deliver`
                 return False
         else:
@@ -784,8 +775,8 @@ class HostedKernel(RingKernel):
                     target.accept_nowait(reply)
                 else:
                     await target.accept(reply, None)
-            except (QueueFullError, KernelStateError) as exc:
-                # a full reject-policy kernel (or one that is stopping) downstream
+                return
+            except QueueFullError as exc:  # a full reject-policy kernel downstream
                 self.count_lost_reply()
                 tracer = getattr(self._runtime, "tracer", None)
                 if tracer is not None:  # a tracing runtime: the reply's context goes too
@@ -796,7 +787,10 @@ class HostedKernel(RingKernel):
                     target.kernel_id,
                     exc,
                 )
-            return
+                return
+            except KernelStateError as exc:  # stopped downstream: kept in the outbox
+                self.reply_kept(target, exc)
+                final = final or self._stopping
         out = self._outbox
         assert out is not None
         if final:
@@ -831,22 +825,23 @@ class HostedKernel(RingKernel):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pump = self._pump
-        if pump is not None and not pump.done():
-            _, pending = await asyncio.wait({pump}, timeout=timeout)
-            if pending:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+        if pump is not None and not pump.done() and await self.within_grace({pump}, timeout):
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, max(0.1, deadline - loop.time()))
+            grace = 0.0 if self.hurried else deadline - loop.time()
+            await asyncio.to_thread(worker.stop, max(0.1, grace))
         collector = self._collector
         if collector is not None and not collector.done():
             # it delivers what the worker produced; if it cannot (a full outbox nobody
-            # reads), what is left is delivered below without waiting
-            _, pending = await asyncio.wait(
-                {collector}, timeout=max(0.05 if not failed else 1.0, deadline - loop.time())
-            )
+            # reads), what is left is delivered below without waiting (at once, hurried)
+            least = 0.05 if not failed else 1.0
+            if self.hurried:
+                _, pending = await asyncio.wait({collector}, timeout=least)
+            else:
+                pending = await self.within_grace({collector}, max(least, deadline - loop.time()))
             if pending:
                 collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

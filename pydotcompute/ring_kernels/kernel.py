@@ -30,6 +30,12 @@ Design notes:
   whose id is already awaited (a retry after a timeout, two callers sharing one object)
   is sent as a copy with a fresh id. Reusing the key was rejected: two replies would
   race for one caller and the other would land in the outbox.
+- A reply forwarded into a kernel that stopped taking messages (terminating, terminated,
+  failed) stays with the sender, readable in its outbox (logged once, then counted): in a
+  cycle, or a tail closed first, the last stage would otherwise lose what it still made.
+  A full ``reject`` kernel downstream is a policy, not a stop: that reply is dropped.
+- `hurry` ends a terminate's grace period at once (an interrupted shutdown): the actors are
+  cut off as when ``drain_timeout`` passes, so everything still queued is handed back.
 - A caller that gives up leaves its key registered as abandoned, so its late reply is
   counted as dropped rather than left in the outbox; at most `ABANDONED_REQUESTS_KEPT`
   such keys are kept (oldest forgotten first), as a reply that never comes would
@@ -183,7 +189,9 @@ class RingKernel:
         "_forward",
         "_func",
         "_gate",
+        "_grace_cut",
         "_inbox",
+        "_kept_log",
         "_lookup",
         "_on_failed",
         "_outbox",
@@ -280,6 +288,8 @@ class RingKernel:
         self.telemetry = RingKernelTelemetry(kernel_id, live=True)
         self.error: BaseException | None = None
         self._undelivered: list[Any] | None = None  # made on first use
+        self._grace_cut: asyncio.Future[None] | None = None  # set by `hurry`
+        self._kept_log: BurstLog | None = None  # replies a stopped target refused
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
 
     # -- introspection ------------------------------------------------------------------
@@ -489,6 +499,7 @@ class RingKernel:
                 "an actor cannot await its own termination; return from the actor function instead",
             )
         self._state = KernelState.TERMINATING
+        self._grace_cut = asyncio.get_running_loop().create_future()
         self._stop_intake()
         if self._inbox is not None:
             self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
@@ -509,7 +520,7 @@ class RingKernel:
         timeout = self._begin_terminating(self._tasks, timeout)
         running = {t for t in self._tasks if not t.done()}
         if running:
-            _, pending = await asyncio.wait(running, timeout=timeout)
+            pending = await self.within_grace(running, timeout)
             for task in pending:
                 task.cancel()
             for task in pending:
@@ -521,6 +532,41 @@ class RingKernel:
         if held is None:  # the place could not be stopped: the kernel was failed instead
             return []
         return self._finish_termination(left + held)
+
+    def hurry(self) -> None:
+        """End the grace period of a `terminate` under way now, as if its ``drain_timeout``
+        had passed: the actors are cut off and what is still queued is handed back (an
+        interrupted shutdown calls it). No effect on a kernel that is not terminating."""
+        cut = self._grace_cut
+        if cut is not None and not cut.done():
+            cut.set_result(None)
+
+    @property
+    def hurried(self) -> bool:
+        """Whether `hurry` cut the current terminate's grace period short."""
+        cut = self._grace_cut
+        return cut is not None and cut.done()
+
+    async def within_grace(self, waits: set[Any], timeout: float) -> set[Any]:
+        """Wait until every future of ``waits`` is done, ``timeout`` seconds pass or `hurry`
+        is called; returns those not done. A terminate's wait for its actor (or its
+        bridge) to drain."""
+        cut = self._grace_cut
+        if cut is None:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            return pending
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = {w for w in waits if not w.done()}
+        while pending and not cut.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(
+                pending | {cut}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(cut)
+        return {w for w in pending if not w.done()}
 
     def _cut_off(self) -> list[Any]:
         """The messages the actors were handling when they were cancelled, if any: never
@@ -553,6 +599,44 @@ class RingKernel:
             self._inbox.count_dropped(n)
         if log is not None:
             logger.warning(log, self.kernel_id, n)
+
+    def reply_kept(self, target: Any, exc: BaseException) -> None:
+        """A reply forwarded into ``target`` was refused because ``target`` stopped taking
+        messages (``exc``); the caller keeps it in this kernel's outbox, readable. Logged
+        once, then counted in summaries: a stopped target can refuse thousands."""
+        log = self._kept_log
+        if log is None:
+            log = self._kept_log = BurstLog(
+                logger,
+                logging.WARNING,
+                "%d more repl(ies) kept in the outbox since the last line",
+            )
+        log.event(
+            "kernel %r: %r stopped taking messages (%s); what %r forwards to it is kept in "
+            "its own outbox instead (runtime.receive / runtime.take_unread)",
+            self.kernel_id,
+            getattr(target, "kernel_id", target),
+            exc,
+            self.kernel_id,
+        )
+
+    def _log_kept_summary(self) -> None:
+        log = self._kept_log
+        kept = log.take_pending() if log is not None else 0
+        if kept:
+            logger.warning(
+                "kernel %r: %d more repl(ies) kept in its outbox (the kernel it forwards "
+                "into had stopped)",
+                self.kernel_id,
+                kept,
+            )
+
+    @property
+    def unread_replies(self) -> int:
+        """How many replies wait in the outbox, unread (a tier with a reply buffer of its
+        own counts that)."""
+        out = self._outbox
+        return len(out) if out is not None else 0
 
     def count_lost_reply(self) -> None:
         """A reply that got nowhere (its caller gave up, or the kernel it was forwarded to
@@ -625,6 +709,7 @@ class RingKernel:
             left,
             log="kernel %r terminated with %d undelivered message(s) (counted as dropped)",
         )
+        self._log_kept_summary()
         self._state = KernelState.TERMINATED
         return left
 

@@ -216,3 +216,19 @@ async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase
 
 async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:
     await sc.scenario_failed_message_spans_say_so(case)
+
+
+async def test_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case)
+
+
+async def test_every_way_of_stopping_honours_drain_timeout(case: sc.TierCase) -> None:
+    await sc.scenario_every_way_of_stopping_honours_drain_timeout(case)
+
+
+async def test_unread_replies_reported_at_shutdown(case: sc.TierCase) -> None:
+    await sc.scenario_unread_replies_reported_at_shutdown(case)
+
+
+async def test_shutdown_cancelled_again_closes_its_books(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_cancelled_again_closes_its_books(case)

@@ -503,6 +503,8 @@ class GPURingKernel(RingKernel):
         deadline = time.monotonic() + seconds
         delay = 0.0
         while time.monotonic() < deadline and self._state is not KernelState.FAILED:
+            if self.hurried:  # an interrupted shutdown: no more draining
+                return
             staged = self._staged()
             if not staged and not r.in_flight() and not r.ready() and not self._fwd_backlog:
                 return
@@ -551,6 +553,11 @@ class GPURingKernel(RingKernel):
         self._pump_stop = True
         self._kick()
         return lost
+
+    @property
+    def unread_replies(self) -> int:
+        """How many replies wait in the reply buffer, unread."""
+        return int(self._replies.count)
 
     def close_replies(self, error: BaseException) -> None:
         """No reply will come any more: receivers drain the reply buffer, then get
@@ -717,14 +724,15 @@ class GPURingKernel(RingKernel):
 
     async def _forward_replies(self) -> None:
         """Send collected replies on to the connected kernel, waiting for its room; one it
-        refuses (a full ``reject`` inbox, a kernel that stopped) is counted as dropped."""
+        refuses is counted as dropped (a full ``reject`` inbox) or kept in the reply
+        buffer (a kernel that stopped)."""
         target = self._forward
         backlog = self._fwd_backlog
         while backlog and target is not None:
             try:
                 await target.accept(backlog[0], None)
             except (QueueFullError, KernelStateError, KernelFailedError) as exc:
-                self._refused_downstream(target, exc)
+                self._refused_downstream(target, exc, backlog[0])
             backlog.popleft()
 
     def _flush_forward_backlog(self) -> None:
@@ -739,7 +747,7 @@ class GPURingKernel(RingKernel):
             try:
                 target.accept_nowait(reply)
             except (QueueFullError, KernelStateError, KernelFailedError) as exc:
-                self._refused_downstream(target, exc)
+                self._refused_downstream(target, exc, reply)
         refused = self._drop_log.take_pending()
         if refused:
             logger.warning(
@@ -749,7 +757,12 @@ class GPURingKernel(RingKernel):
                 refused,
             )
 
-    def _refused_downstream(self, target: RingKernel, exc: BaseException) -> None:
+    def _refused_downstream(self, target: RingKernel, exc: BaseException, reply: Any) -> None:
+        if isinstance(exc, KernelStateError):  # it stopped: the reply stays here, readable
+            self.reply_kept(target, exc)
+            self._replies.push(self.output_type.to_records([reply]))  # type: ignore[union-attr]
+            self._wake_all(self._recv_waiters)
+            return
         self.count_lost_reply()
         self._drop_log.event(
             "kernel %r: a reply forwarded to %r was dropped: %s",
