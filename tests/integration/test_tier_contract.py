@@ -201,3 +201,7 @@ async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
     if case.name == "asyncio":
         pytest.skip("the asyncio tier has no bridge: nothing is handed over")
     await sc.scenario_batched_hand_over_keeps_promises(case)
+
+
+async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
+    await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)

@@ -248,3 +248,7 @@ async def test_reply_nobody_waits_for_counted_as_lost(case: sc.TierCase) -> None
 
 async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> None:
     await sc.scenario_returned_actor_hands_back_as_undelivered(case)
+
+
+async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
+    await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)
