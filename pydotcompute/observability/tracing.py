@@ -46,6 +46,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from ..ring_kernels.message import RingKernelMessage, claim_request_key, request_space
 from ..ring_kernels.tiers.contract import TierWorker
 from .deps import require
 
@@ -189,6 +190,10 @@ class MessageTracer:
             kernel_id: str, msg: Any, *, timeout: float | None = None
         ) -> Any:
             runtime.get_kernel(kernel_id)  # unknown ids raise before a span is made
+            if isinstance(msg, RingKernelMessage):
+                # the id the span names is the one the kernel's request gets: made in
+                # its request space (see `RingKernel.claim_request`), not by the span
+                claim_request_key(msg, request_space(kernel_id))
             sent(kernel_id, msg)
             return await send_and_receive(kernel_id, msg, timeout=timeout)
 

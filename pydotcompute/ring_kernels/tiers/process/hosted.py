@@ -30,7 +30,7 @@ import asyncio
 import math
 from typing import Any
 
-from ....exceptions import InvalidConfigurationError
+from ....exceptions import InvalidConfigurationError, TypeValidationError
 from ...context import SEND_YIELD_EVERY
 from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ...message import reply_key, request_key
@@ -129,8 +129,8 @@ class ProcessHostedKernel(HostedKernel):
             and worker is not None
         ):
             try:
-                key = request_key(msg)
-            except AttributeError:
+                key = self.claim_request(msg)  # (its id made in the kernel's request space)
+            except TypeValidationError:
                 key = None
             if key is not None and key not in self._waiters:
                 try:
