@@ -13,7 +13,7 @@ Design notes:
   two sources never hand out the same counter value.
 - A `send_and_receive` request whose id is not made yet gets one from its kernel's
   *request space* (`request_space`, `next_request_id`): the high 8 bytes are fixed per
-  kernel id, the low 8 a per-process random base XOR a counter. A runtime can so tell a
+  kernel id, the low 8 are those of a fresh id (unique in the process). A runtime can so tell a
   reply correlated with one of its callers' requests from any other reply without
   remembering each request: a reply in the space that no caller waits for was abandoned.
   The space is derived from the kernel id, not drawn per process, so a request made in one
@@ -111,32 +111,6 @@ def uuid_from_bytes(raw: bytes) -> uuid.UUID:
 
 # -- request spaces -------------------------------------------------------------------------
 
-_LOW62 = (1 << 62) - 1
-_VARIANT = 1 << 63  # the RFC 4122 variant bits (10) at the top of the low half
-
-
-class _RequestCounter:
-    """The low halves of request ids: a random 62-bit base (read once per process, and
-    again in a forked child) XOR a counter, with the variant bits set."""
-
-    __slots__ = ("base", "counter")
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.counter = itertools.count(1)
-        self.reseed()
-
-    def reseed(self) -> None:
-        self.base = int.from_bytes(os.urandom(8), "big") & _LOW62
-        self.counter = itertools.count(1)
-
-    def next_low(self) -> bytes:
-        return (_VARIANT | (self.base ^ next(self.counter))).to_bytes(8, "big")
-
-
-_requests = _RequestCounter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_requests.reseed)
 _spaces: dict[str, bytes] = {}
 
 
@@ -157,8 +131,9 @@ def request_space(kernel_id: str) -> bytes:
 
 def next_request_id(space: bytes) -> bytes:
     """A fresh id, as its 16 wire bytes, in request space ``space`` (`request_space`): a
-    well-formed version-4 UUID, never repeated in this process."""
-    return space + _requests.next_low()
+    well-formed version-4 UUID, never repeated in this process (its low 8 bytes are those
+    of a fresh `next_id_bytes`: the process's base XOR its counter, variant bits set)."""
+    return space + next_id_bytes()[8:]
 
 
 def in_request_space(key: object, space: bytes) -> bool:
