@@ -1864,3 +1864,47 @@ async def scenario_shutdown_cancelled_again_closes_its_books(case: TierCase) -> 
     assert_exactly_once(accepted, read, _seqs(left), dropped)
     assert _lost_in(report) == dropped, (report, dropped)
     assert sum(report.unread.values()) == len(read), report
+
+
+# --- round 4: replies nobody waits for never wedge a request/reply kernel ---
+
+
+async def scenario_mass_timeouts_do_not_wedge_request_reply(case: TierCase) -> None:
+    """A kernel used only through ``send_and_receive`` stalls while more callers time out
+    than it remembers abandoned requests (`ABANDONED_REQUESTS_KEPT`): every late reply is
+    dropped and counted (none waits in the outbox, none blocks the actor on a full one),
+    the drops are logged in a line or two, not one per reply, and the next callers are
+    all answered."""
+    from pydotcompute.ring_kernels.lifecycle import ABANDONED_REQUESTS_KEPT as kept
+
+    callers = kept + 256
+    async with asyncio.timeout(BOUND_S * 3), case.make_runtime() as rt:
+        # room for every request, none for more than two replies (the default
+        # backpressure, block: a reply that reached the full outbox would wait there)
+        await _launch(rt, case, input_queue_size=callers + 64, output_queue_size=2)
+        with _log_lines() as lines:
+            # the stall: deactivated, the kernel takes no message until every caller has
+            # given up (a stalled actor, without depending on how fast callers get in)
+            await rt.deactivate("k")
+            results: list[Any] = []
+            for first in range(0, callers, 1024):  # in waves: a Ray actor serves 64 calls
+                # at a time, and a call queued past its grace is abandoned by the driver
+                wave = range(first, min(first + 1024, callers))
+                calls = [rt.send_and_receive("k", Job(seq=i), timeout=0.5) for i in wave]
+                results += await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(r, QueueTimeoutError) for r in results), [
+                r for r in results if not isinstance(r, QueueTimeoutError)
+            ][:3]
+            # it now answers every abandoned request, late, and then these
+            await rt.reactivate("k")
+            answered = []
+            for i in range(5):
+                fresh = await rt.send_and_receive("k", Job(seq=100_000 + i), timeout=10)
+                answered.append(fresh.seq)
+            assert answered == [100_000 + i for i in range(5)]
+            assert rt.receive_nowait("k") is None, "a late reply was left in the outbox"
+            dropped = await _dropped(rt, "k")
+            assert dropped == callers, (dropped, callers)
+            assert rt.get_kernel_state("k") is KernelState.ACTIVE
+        told = [line for line in lines if "nobody waits" in line]
+        assert 1 <= len(told) <= 3, told[:5]

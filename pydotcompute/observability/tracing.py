@@ -63,9 +63,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..ring_kernels.message import (
     RingKernelMessage,
+    claim_request_key,
     frame_header,
     reply_key,
     request_key,
+    request_space,
     stamp_reply,
 )
 from ..ring_kernels.tiers.contract import TierWorker
@@ -309,6 +311,10 @@ class MessageTracer:
             kernel_id: str, msg: Any, *, timeout: float | None = None
         ) -> Any:
             runtime.get_kernel(kernel_id)  # unknown ids raise before a span is made
+            if isinstance(msg, RingKernelMessage):
+                # the id the span names is the one the kernel's request gets: made in
+                # its request space (see `RingKernel.claim_request`), not by the span
+                claim_request_key(msg, request_space(kernel_id))
             ctx = sent(kernel_id, msg)
             try:
                 return await send_and_receive(kernel_id, msg, timeout=timeout)

@@ -3,8 +3,9 @@
 The context holds what ``ctx.receive``/``ctx.send`` read on every message in its own
 slots, so that each costs one call on the hot path and reads no attribute of the kernel:
 the queues, the reply waiters and the runtime's lookup are bound at construction; the
-deactivation gate, the forward target and the stopping flag are pushed to it by the
-kernel when they change (`KernelContext.kernel_changed`). The kernel reads back the
+deactivation gate, the forward target, the stopping flag and whether the kernel answers
+``send_and_receive`` requests are pushed to it by the kernel when they change
+(`KernelContext.kernel_changed`). The kernel reads back the
 message in hand through `take_unfinished`, `message_done` and `forget_current`.
 """
 
@@ -44,6 +45,7 @@ class KernelContext:
     """
 
     __slots__ = (
+        "_answers",
         "_current",
         "_forward",
         "_gate",
@@ -74,6 +76,9 @@ class KernelContext:
         self._gate: asyncio.Future[None] | None = None
         self._forward: RingKernel | None = kernel.forwards_to
         self._stopping = kernel.stopping
+        # a kernel that had a send_and_receive request: each reply goes by `hand_to_caller`
+        # even with no caller waiting, so one whose caller gave up is dropped, not queued
+        self._answers = kernel.answers_requests
         tel = kernel.telemetry if telemetry is None else telemetry
         self._tel: RingKernelTelemetry | None = tel if kernel.telemetry_enabled else None
         # times each message, from ``receive`` taking it to the next ``receive``
@@ -232,7 +237,7 @@ class KernelContext:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        if self._waiters and k.hand_to_caller(msg):  # a caller's reply: delivered
+        if (self._waiters or self._answers) and k.hand_to_caller(msg):  # a caller's reply
             return True
         target = self._forward
         if target is not None:
@@ -287,7 +292,7 @@ class KernelContext:
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        if self._waiters and self._kernel.hand_to_caller(msg):  # a caller's reply: delivered
+        if (self._waiters or self._answers) and self._kernel.hand_to_caller(msg):
             return True
         target = self._forward
         if target is not None:
@@ -324,12 +329,18 @@ class KernelContext:
     # -- the kernel's side (called by the kernel, not by actors) --------------------------
 
     def kernel_changed(
-        self, gate: asyncio.Future[None] | None, forward: RingKernel | None, stopping: bool
+        self,
+        gate: asyncio.Future[None] | None,
+        forward: RingKernel | None,
+        stopping: bool,
+        answers: bool = False,
     ) -> None:
-        """Take the kernel's new deactivation gate, forward target and stopping flag."""
+        """Take the kernel's new deactivation gate, forward target, stopping flag and
+        `RingKernel.answers_requests`."""
         self._gate = gate
         self._forward = forward
         self._stopping = stopping
+        self._answers = answers
 
     def take_unfinished(self) -> list[Any]:
         """The message the actor was handling (taken, and it has not asked for the next

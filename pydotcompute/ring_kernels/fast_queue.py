@@ -368,10 +368,20 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._append(item)
 
     def _full_error(self) -> QueueFullError:
+        """The refusal of a full queue, with the advice its own policy leaves: under
+        ``block`` only a hand-over that cannot wait is refused (``send_nowait``, a reply
+        delivered as its kernel stops), so choosing ``block`` is no advice there."""
+        full = f"{self._describe()} is full ({self._count}/{self._maxsize} messages)"
+        if self._strategy is BackpressureStrategy.BLOCK:
+            return QueueFullError(
+                f"{full}; its backpressure is 'block', but this hand-over cannot wait for "
+                "room (send_nowait, or a reply delivered while its sender stops): receive "
+                "faster, raise queue_size, or choose backpressure='drop_oldest' to make room "
+                "by dropping the oldest message"
+            )
         return QueueFullError(
-            f"{self._describe()} is full ({self._count}/{self._maxsize} messages) and its "
-            f"backpressure is {self._strategy.value!r}; receive faster, raise queue_size, or "
-            "choose backpressure='block' or 'drop_oldest'"
+            f"{full} and its backpressure is {self._strategy.value!r}; receive faster, raise "
+            "queue_size, or choose backpressure='block' or 'drop_oldest'"
         )
 
     # -- put ----------------------------------------------------------------------------

@@ -647,7 +647,7 @@ class HostedKernel(RingKernel):
         done = 0
         out = self._outbox
         offer = getattr(out, "offer", None)
-        if offer is not None and not self._waiters and self._forward is None:
+        if offer is not None and not self._answers and self._forward is None:
             # all for the outbox: offered in a row (a loop in C that stops at the first
             # refusal); how many it took is what its size grew by
             before = out.qsize  # type: ignore[union-attr]
@@ -694,7 +694,7 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        if self._waiters and self.hand_to_caller(reply):
+        if (self._waiters or self._answers) and self.hand_to_caller(reply):
             if self._timed:
                 self.telemetry.messages_sent += 1
             return True
@@ -766,7 +766,7 @@ class HostedKernel(RingKernel):
         """
         if self._timed:
             self.telemetry.messages_sent += 1
-        if self._waiters and self.hand_to_caller(reply):
+        if (self._waiters or self._answers) and self.hand_to_caller(reply):
             return
         target = self._forward
         if target is not None:

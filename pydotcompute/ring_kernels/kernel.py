@@ -29,17 +29,23 @@ Design notes:
   concurrent callers never see each other's replies. Each call owns its key: a request
   whose id is already awaited (a retry after a timeout, two callers sharing one object)
   is sent as a copy with a fresh id. Reusing the key was rejected: two replies would
-  race for one caller and the other would land in the outbox.
+  race for one caller and the other would be dropped.
 - A reply forwarded into a kernel that stopped taking messages (terminating, terminated,
   failed) stays with the sender, readable in its outbox (logged once, then counted): in a
   cycle, or a tail closed first, the last stage would otherwise lose what it still made.
   A full ``reject`` kernel downstream is a policy, not a stop: that reply is dropped.
 - `hurry` ends a terminate's grace period at once (an interrupted shutdown): the actors are
   cut off as when ``drain_timeout`` passes, so everything still queued is handed back.
-- A caller that gives up leaves its key registered as abandoned, so its late reply is
-  counted as dropped rather than left in the outbox; at most `ABANDONED_REQUESTS_KEPT`
-  such keys are kept (oldest forgotten first), as a reply that never comes would
-  otherwise hold one for good.
+- A reply correlated with a ``send_and_receive`` request that no caller waits for (its
+  caller gave up, or it was answered already) is dropped and counted, never queued in the
+  outbox: a full outbox nobody reads would otherwise block the actor, and every caller
+  behind it, for good. Requests get ids from the kernel's request space
+  (`message.request_space`), so such a reply is known by its id alone: remembering every
+  abandoned key was rejected, as a reply that never comes would hold one for good. A
+  caller that gives up still leaves its key registered as abandoned, at most
+  `ABANDONED_REQUESTS_KEPT` of them (oldest forgotten first): a retry of the same object
+  is then sent with a fresh id, and a request whose id was made before the call (outside
+  the space) has its late reply dropped while its key is kept.
 - An actor's ``ctx.send`` yields to the loop every `SEND_YIELD_EVERY` messages: a send
   that finds room never suspends, and a producer would otherwise starve every other task.
 - Per-message cost: once a reply class has passed validation (for the current
@@ -87,7 +93,16 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
-from .message import RingKernelMessage, new_message_id, reply_key, request_key
+from .message import (
+    RingKernelMessage,
+    claim_request_key,
+    in_request_space,
+    next_request_id,
+    reply_key,
+    request_key,
+    request_space,
+)
+from .message.ids import uuid_from_bytes
 from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
@@ -112,9 +127,11 @@ logger = logging.getLogger("pydotcompute")
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 
 #: How many requests whose ``send_and_receive`` caller gave up (timed out or was
-#: cancelled) a kernel keeps registered, so that a late reply is counted as dropped
-#: instead of reaching the outbox. Beyond this the oldest are forgotten: a reply to one
-#: of those, should it still come, goes where a reply to a plain ``send`` goes.
+#: cancelled) a kernel keeps registered: sending one of those message objects again gives
+#: the new call a fresh id, so the late reply to the old one cannot answer it. Beyond this
+#: the oldest are forgotten. A late reply is dropped and counted either way when its
+#: request's id was made by ``send_and_receive`` (the usual case); for a request whose id
+#: was made before the call (read, set or decoded), only while its key is kept.
 ABANDONED_REQUESTS_KEPT = 4096
 
 
@@ -183,6 +200,7 @@ class RingKernel:
 
     __slots__ = (
         "_abandoned",
+        "_answers",
         "_ctx",
         "_ctxs",
         "_direct",
@@ -193,9 +211,11 @@ class RingKernel:
         "_inbox",
         "_kept_log",
         "_lookup",
+        "_lost_log",
         "_on_failed",
         "_outbox",
         "_runtime",
+        "_space",
         "_state",
         "_stopping",
         "_task",
@@ -284,6 +304,11 @@ class RingKernel:
         self._waiters: dict[Any, asyncio.Future[Any]] = {}
         # keys of abandoned requests, oldest first (made on first use)
         self._abandoned: deque[Any] | None = None
+        # the high bytes of the ids this kernel's send_and_receive requests get, and
+        # whether it has had one (its replies are then checked for an abandoned caller)
+        self._space = request_space(kernel_id)
+        self._answers = False
+        self._lost_log: BurstLog | None = None  # replies nobody waits for (made on first)
         self._forward: RingKernel | None = None
         self.telemetry = RingKernelTelemetry(kernel_id, live=True)
         self.error: BaseException | None = None
@@ -336,6 +361,13 @@ class RingKernel:
         `expect_reply`). Whoever delivers the kernel's replies (its context, the hosting
         bridge) pops a caller from it and completes its future."""
         return self._waiters
+
+    @property
+    def answers_requests(self) -> bool:
+        """True once a ``send_and_receive`` request was made to this kernel: from then on
+        whoever delivers its replies asks `hand_to_caller` about each, even with no caller
+        waiting, so that a reply to a caller who gave up is dropped, not queued."""
+        return self._answers
 
     @property
     def lookup(self) -> Callable[[str], RingKernel] | None:
@@ -475,9 +507,10 @@ class RingKernel:
 
     def _sync_contexts(self) -> None:
         """Hand the actors' contexts what they read on every message and the kernel
-        changes: the deactivation gate, the forward target, the stopping flag."""
+        changes: the deactivation gate, the forward target, the stopping flag, and
+        `answers_requests`."""
         for ctx in self._ctxs:
-            ctx.kernel_changed(self._gate, self._forward, self._stopping)
+            ctx.kernel_changed(self._gate, self._forward, self._stopping, self._answers)
 
     def _stop_intake(self) -> None:
         """Take no more messages: new sends are refused, actors see ``should_terminate``
@@ -648,16 +681,49 @@ class RingKernel:
 
     def hand_to_caller(self, reply: Any) -> bool:
         """Complete the caller awaiting ``reply`` (registered in `reply_waiters` under its
-        ``correlation_id``). True when the reply was a caller's: delivered, or counted as
-        lost when that caller already gave up (timed out, cancelled); False when no caller
-        waits for it and it goes on to the forward target or the outbox."""
-        fut = self._waiters.pop(reply_key(reply), None)
+        ``correlation_id``). True when the reply was a caller's: delivered, or dropped and
+        counted when no caller waits for it any more (`drop_unawaited`); False when it
+        answers no ``send_and_receive`` request and goes on to the forward target or the
+        outbox."""
+        key = reply_key(reply)
+        fut = self._waiters.pop(key, None)
         if fut is None:
-            return False
+            return self.drop_unawaited(key)
         if not fut.done():
             fut.set_result(reply)
         else:  # its caller timed out or was cancelled: nobody reads it
-            self.count_lost_reply()
+            self.drop_unawaited(key, abandoned=True)
+        return True
+
+    def drop_unawaited(self, key: Any, *, abandoned: bool = False) -> bool:
+        """Drop a reply correlated with a ``send_and_receive`` request that no caller
+        waits for (it timed out, was cancelled, or has its reply already): counted as a
+        lost reply and logged, one line then a count every few seconds. Every tier's reply
+        delivery asks it about a reply whose correlation key ``key`` matched no waiting
+        caller.
+
+        Returns:
+            True when the reply was dropped: ``key`` is in this kernel's request space, or
+            ``abandoned`` (its caller's registration was found, abandoned). False, and
+            nothing done, for any other reply (one to a plain ``send``, an uncorrelated
+            one): it goes on to the forward target or the outbox.
+        """
+        if not abandoned and not in_request_space(key, self._space):
+            return False
+        self.count_lost_reply()
+        log = self._lost_log
+        if log is None:
+            log = self._lost_log = BurstLog(
+                logger,
+                logging.WARNING,
+                "%d more since the last line",
+            )
+        log.event(
+            "kernel %r: dropped a reply nobody waits for: it answers a send_and_receive "
+            "request whose caller timed out, was cancelled or has its reply already "
+            "(counted in telemetry as dropped, reason 'reply_lost')",
+            self.kernel_id,
+        )
         return True
 
     def close_replies(self, error: BaseException) -> None:
@@ -1066,15 +1132,12 @@ class RingKernel:
             TypeValidationError: ``msg`` has no ``message_id``, or it needs a fresh id and
                 cannot be copied.
         """
-        try:
-            key = request_key(msg)
-        except AttributeError:
-            raise self._no_message_id(msg) from None
+        key = self.claim_request(msg)
         waiters = self._waiters
         if key in waiters:
             try:
                 msg = copy.copy(msg)
-                msg.message_id = new_message_id()
+                msg.message_id = uuid_from_bytes(next_request_id(self._space))
                 key = request_key(msg)
             except (AttributeError, TypeError) as exc:
                 raise TypeValidationError(
@@ -1084,6 +1147,24 @@ class RingKernel:
                 ) from None
         waiters[key] = waiter
         return msg, key
+
+    def claim_request(self, msg: Any) -> Any:
+        """The key a reply to request ``msg`` is filed under (`request_key`), its id made
+        now in this kernel's request space when it has none (`claim_request_key`), and
+        the kernel marked as answering requests (`answers_requests`). Every tier's
+        ``send_and_receive`` takes its key here before the request is sent.
+
+        Raises:
+            TypeValidationError: ``msg`` has no ``message_id``.
+        """
+        try:
+            key = claim_request_key(msg, self._space)
+        except AttributeError:
+            raise self._no_message_id(msg) from None
+        if not self._answers:
+            self._answers = True
+            self._sync_contexts()
+        return key
 
     def forget_request(self, key: Any, waiter: Any) -> None:
         """Unregister ``waiter``: its call ended (its reply came, or its request was never

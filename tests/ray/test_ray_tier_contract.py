@@ -307,3 +307,7 @@ async def test_unread_replies_reported_at_shutdown(case: sc.TierCase) -> None:
 
 async def test_shutdown_cancelled_again_closes_its_books(case: sc.TierCase) -> None:
     await sc.scenario_shutdown_cancelled_again_closes_its_books(case)
+
+
+async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
+    await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)

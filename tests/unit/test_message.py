@@ -1063,3 +1063,40 @@ def test_keys_of_duck_typed_messages() -> None:
     assert reply_key(object()) is None
     with pytest.raises(AttributeError):
         request_key(object())
+
+
+def test_request_ids_are_recognisable_by_kernel_without_being_remembered() -> None:
+    from pydotcompute.ring_kernels.message import (
+        claim_request_key,
+        in_request_space,
+        next_request_id,
+        request_key,
+        request_space,
+    )
+
+    @message
+    class Ask:
+        x: int
+
+    space = request_space("k")
+    assert space == request_space("k")  # the same in every process: a hash of the id
+    assert space != request_space("j")
+    keys = {next_request_id(space) for _ in range(10_000)}
+    assert len(keys) == 10_000
+    for key in list(keys)[:50]:
+        made = uuid.UUID(bytes=key)
+        assert (made.version, made.variant) == (4, uuid.RFC_4122)
+        assert in_request_space(key, space)
+        assert not in_request_space(key, request_space("j"))
+    # an id not made yet is made in the space; one made already (read, set) is kept
+    fresh = Ask(x=1)
+    key = claim_request_key(fresh, space)
+    assert in_request_space(key, space)
+    assert fresh.message_id.bytes == key
+    read = Ask(x=2)
+    known = read.message_id
+    assert claim_request_key(read, space) == known.bytes == request_key(read)
+    assert not in_request_space(known.bytes, space)
+    assert not in_request_space(None, space)
+    assert not in_request_space(uuid.uuid4().bytes, space)
+    assert not in_request_space(key[:8], space)

@@ -26,6 +26,7 @@ from .arrays import (
 from .base import (
     ArrayMessage,
     RingKernelMessage,
+    claim_request_key,
     id_key,
     raw_correlation_get,
     raw_correlation_set,
@@ -51,7 +52,7 @@ from .codec import (
     release_frame,
 )
 from .decorate import array_message, message
-from .ids import new_message_id
+from .ids import in_request_space, new_message_id, next_request_id, request_space
 from .layout import (
     HEADER_FIELD_NAMES,
     field_layout,
@@ -68,6 +69,7 @@ __all__ = (
     "FrameHeader",
     "RingKernelMessage",
     "array_message",
+    "claim_request_key",
     "codec_of",
     "decode_error",
     "deserialize_message",
@@ -79,12 +81,14 @@ __all__ = (
     "get_buffer_registry",
     "get_message_type",
     "id_key",
+    "in_request_space",
     "is_fixed_layout",
     "message",
     "message_decoder",
     "message_field_names",
     "message_tag",
     "new_message_id",
+    "next_request_id",
     "raw_correlation_get",
     "raw_correlation_set",
     "register_buffer",
@@ -94,6 +98,7 @@ __all__ = (
     "release_frame",
     "reply_key",
     "request_key",
+    "request_space",
     "serialize_message",
     "stamp_reply",
 )

@@ -50,12 +50,13 @@ from .codec import (
     serialize_error,
 )
 from .ids import new_message_id as _new_id
-from .ids import next_id_bytes, uuid_from_bytes
+from .ids import next_id_bytes, next_request_id, uuid_from_bytes
 
 __all__ = (
     "ArrayMessage",
     "RingKernelMessage",
     "check_priority",
+    "claim_request_key",
     "correlation_to",
     "id_key",
     "raw_correlation_get",
@@ -330,6 +331,25 @@ def request_key(msg: Any) -> Any:
         mid = _raw_mid_get(msg)
         if mid is None:
             mid = next_id_bytes()
+            _raw_mid_set(msg, mid)
+            return mid
+        return mid if mid.__class__ is bytes else id_key(mid)
+    return id_key(msg.message_id)
+
+
+def claim_request_key(msg: Any, space: bytes) -> Any:
+    """`request_key` of a ``send_and_receive`` request: an id not made yet is made in
+    request space ``space`` (`ids.request_space` of the kernel it goes to), so that a reply
+    to it can be told apart from any other; an id already made (read, set, decoded) is
+    kept, as its holder may know it.
+
+    Raises:
+        AttributeError: ``msg`` has no ``message_id``.
+    """
+    if isinstance(msg, RingKernelMessage):
+        mid = _raw_mid_get(msg)
+        if mid is None:
+            mid = next_request_id(space)
             _raw_mid_set(msg, mid)
             return mid
         return mid if mid.__class__ is bytes else id_key(mid)

@@ -686,7 +686,8 @@ class GPURingKernel(RingKernel):
     def _deliver(self, recs: np.ndarray[Any, Any], stats: np.ndarray[Any, Any]) -> None:
         """Route replies: rejected ones to their waiter as errors, correlated ones to their
         ``send_and_receive`` caller, the rest onward (``connect``) or to the reply buffer.
-        A rejected message and a reply whose caller gave up are counted as dropped."""
+        A rejected message and a reply whose caller gave up are counted as dropped (never
+        buffered: a full buffer nobody reads would stop the replies of waiting callers)."""
         out_t: Any = self.output_type
         waiters = self._waiters
         tel = self.telemetry
@@ -701,7 +702,7 @@ class GPURingKernel(RingKernel):
                 if fut is not None and not fut.done():
                     fut.set_exception(KernelError(f"GPU kernel {self.kernel_id!r}: {text}"))
             recs = recs[~bad]
-        if waiters and len(recs):
+        if (waiters or self._answers) and len(recs):
             keep = np.ones(len(recs), dtype=bool)
             for k in range(len(recs)):
                 rec = recs[k]
@@ -712,7 +713,9 @@ class GPURingKernel(RingKernel):
                     if not fut.done():
                         fut.set_result(out_t.from_records(recs[k : k + 1])[0])
                     else:  # its caller timed out or was cancelled: nobody reads it
-                        self.count_lost_reply()
+                        self.drop_unawaited(key, abandoned=True)
+                elif self.drop_unawaited(key):  # a request's, its caller gone: dropped
+                    keep[k] = False
             recs = recs[keep]
         if not len(recs):
             return

@@ -65,7 +65,7 @@ from ....exceptions import (
 from ...config import RingKernelConfig
 from ...fast_queue import PriorityBand, get_priority_band
 from ...kernel import KernelFunc
-from ...message import RingKernelMessage, deserialize_message
+from ...message import RingKernelMessage, claim_request_key, deserialize_message, request_space
 from ...states import KernelState
 from ...telemetry import RingKernelTelemetry
 from .. import check_actor_kind, tier_class
@@ -963,6 +963,10 @@ class RayTierKernel:
         self._require("send_and_receive to")
         if self._state is KernelState.LAUNCHED:
             raise _never_activated(self.kernel_id, "send_and_receive to")
+        if isinstance(msg, RingKernelMessage):
+            # an id not made yet is made in the kernel's request space, which the runtime
+            # in the actor recognises: a reply whose caller gave up is dropped there
+            claim_request_key(msg, request_space(self.kernel_id))
         data = self._encode(msg)
         if self._queued or self._setup is not None or self._restoring is not None:
             await self.flush()
