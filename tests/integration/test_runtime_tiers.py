@@ -311,7 +311,7 @@ async def test_a_process_actor_that_dies_fails_its_kernel() -> None:
 
 @pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
 async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us() -> None:
-    from pydotcompute.ring_kernels.hosted import ProcessHostedKernel
+    from pydotcompute.ring_kernels.extend import ProcessHostedKernel
 
     async with RingKernelRuntime() as rt:
         k = await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier="process")
