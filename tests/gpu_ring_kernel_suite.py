@@ -29,8 +29,8 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState, RingKernelConfig
-from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
 from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.tiers.gpu import GPURingKernel
 
 cuda = pytest.importorskip("numba.cuda")  # a module global: the simulator swaps it
 

@@ -29,9 +29,8 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState
-from pydotcompute.ring_kernels._gpu import layout
-from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
 from pydotcompute.ring_kernels.registry import unregister_ring_kernel
+from pydotcompute.ring_kernels.tiers.gpu import GPURingKernel, layout
 from tests import gpu_ring_kernel_suite as suite
 from tests.gpu_ring_kernel_suite import SIM, Add, Seq, SeqOut, Sum, launch_gpu, poke_state
 
@@ -312,7 +311,7 @@ async def test_buffer_synchronize_waits_on_a_stream_while_an_actor_runs(
 
 
 async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
     assert _device_threads()
@@ -328,7 +327,7 @@ async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> No
 async def test_an_actor_started_beside_a_running_one_allocates_nothing(
     rt: RingKernelRuntime,
 ) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     slabs = resources.memory_slabs()
     await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
@@ -346,7 +345,7 @@ async def test_an_actor_started_beside_a_running_one_allocates_nothing(
 async def test_a_full_slab_refuses_a_start_beside_running_actors(
     rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     slabs = resources.memory_slabs()
     await launch_gpu(rt, "a", suite.add_handler, Add, Sum, ring_size=8)
@@ -360,8 +359,7 @@ async def test_a_full_slab_refuses_a_start_beside_running_actors(
 
 
 async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
-    from pydotcompute.ring_kernels.gpu_kernel import reserve_gpu_memory
+    from pydotcompute.ring_kernels.tiers.gpu import reserve_gpu_memory, resources
 
     slabs = resources.memory_slabs()
     reserve_gpu_memory(mapped_mb=100)
@@ -372,8 +370,7 @@ async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
 
 
 async def test_a_handler_is_prepared_before_actors_run(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
-    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
+    from pydotcompute.ring_kernels.tiers.gpu import prepare_gpu_kernel, resources
 
     slabs = resources.memory_slabs()
     free = slabs.stats()["mapped"]["bytes_free"]

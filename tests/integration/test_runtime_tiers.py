@@ -29,7 +29,7 @@ from .tier_actors import Done, Job, echo_async, echo_sync, forward_async, forwar
 
 
 def _process_tier_available() -> bool:
-    return importlib.util.find_spec("pydotcompute.ring_kernels.cython_kernel") is not None
+    return importlib.util.find_spec("pydotcompute.ring_kernels.tiers.process") is not None
 
 
 TIERS = [
@@ -39,7 +39,7 @@ TIERS = [
         ("process", echo_sync),
         id="process",
         marks=pytest.mark.skipif(
-            not _process_tier_available(), reason="the process tier (cython_kernel) is missing"
+            not _process_tier_available(), reason="the process tier is missing"
         ),
     ),
 ]
@@ -204,7 +204,7 @@ async def test_a_message_sent_on_as_its_own_reply_is_freed(name: str, fn: Any) -
     """An actor that sends on the message it handles answers it with itself: the message
     is correlated to its own id, holds no reference to itself, and is freed."""
     if name == "process" and not _process_tier_available():
-        pytest.skip("the process tier (cython_kernel) is missing")
+        pytest.skip("the process tier is missing")
     async with RingKernelRuntime() as rt:
         await rt.launch("k", fn, input_type=Job, output_type=Job, tier=name)
         await rt.activate("k")
@@ -311,7 +311,7 @@ async def test_a_process_actor_that_dies_fails_its_kernel() -> None:
 
 @pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
 async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us() -> None:
-    from pydotcompute.ring_kernels.hosted import ProcessHostedKernel
+    from pydotcompute.ring_kernels.extend import ProcessHostedKernel
 
     async with RingKernelRuntime() as rt:
         k = await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier="process")

@@ -19,7 +19,8 @@ import pytest
 
 from pydotcompute import KernelContext, RingKernelRuntime, message
 from pydotcompute.exceptions import KernelFailedError, KernelStateError, QueueClosedError
-from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernel
+from pydotcompute.ring_kernels.kernel import RingKernel
+from pydotcompute.ring_kernels.states import KernelState
 from pydotcompute.testing import event_loop_kinds, loop_factory
 
 GUARD = 60.0  # seconds before a blocked call counts as a hang

@@ -36,13 +36,13 @@ from pydotcompute.exceptions import (
 )
 from pydotcompute.ring_kernels import _native as _cython
 from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
-from pydotcompute.ring_kernels.cython_kernel import (
+from pydotcompute.ring_kernels.tiers.process import worker as process_worker
+from pydotcompute.ring_kernels.tiers.process.kernel import (
     CythonKernelConfig,
     CythonKernelState,
     CythonRingKernel,
     is_cython_kernel_available,
 )
-from pydotcompute.ring_kernels.tiers.process import worker as process_worker
 
 
 @message
@@ -644,7 +644,7 @@ def test_child_exits_when_the_parent_dies(tmp_path: Path) -> None:
             import os, sys
             sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
             from test_cython_kernel import worker
-            from pydotcompute.ring_kernels.cython_kernel import CythonRingKernel
+            from pydotcompute.ring_kernels import CythonRingKernel
             if __name__ == "__main__":
                 k = CythonRingKernel("orphan", worker, config=None).start()
                 print(k.pid, flush=True)
@@ -945,7 +945,7 @@ _SCRIPT_HEAD = f"""
 import sys
 sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
 from pydotcompute.exceptions import KernelFailedError
-from pydotcompute.ring_kernels.cython_kernel import CythonRingKernel
+from pydotcompute.ring_kernels import CythonRingKernel
 """
 
 

@@ -19,15 +19,12 @@ from pydotcompute.exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
+from pydotcompute.ring_kernels.config import RingKernelConfig
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.fast_queue import FastMessageQueue
-from pydotcompute.ring_kernels.lifecycle import (
-    KernelContext,
-    KernelState,
-    RingKernel,
-    RingKernelConfig,
-    managed_kernel,
-)
+from pydotcompute.ring_kernels.kernel import RingKernel, managed_kernel
 from pydotcompute.ring_kernels.queue import MessageQueue
+from pydotcompute.ring_kernels.states import KernelState
 
 S = KernelState
 _ids = itertools.count()
