@@ -1520,3 +1520,33 @@ async def scenario_spin_options_capped(case: TierCase) -> None:
             assert waited < timeout + margin, f"request {i} ended after {waited:.3f}s"
         assert (await rt.send_and_receive("k", Job(seq=10), timeout=BOUND_S)).seq == 10
         assert await _dropped(rt, "k") == 3  # the late replies, counted
+
+
+# --- round 4: one contract for every tier (the GPU behind the bridge) ---
+
+
+async def scenario_remove_reports_unread_replies(case: TierCase) -> None:
+    """`runtime.remove` of a terminated kernel drops the replies nobody read and says how
+    many, in one warning, on every tier: every tier's replies wait in the kernel's outbox
+    (the GPU tier's too, since it is hosted by the same bridge)."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    keep = Keep(logging.WARNING)
+    log = logging.getLogger("pydotcompute")
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=64)
+        for i in range(3):
+            await rt.send("k", Job(seq=i))
+        assert await rt.terminate("k") == []  # drained: three replies, none read
+        assert len(rt.get_kernel("k").outbox) == 3
+        log.addHandler(keep)
+        try:
+            rt.remove("k")
+        finally:
+            log.removeHandler(keep)
+        assert "kernel 'k' removed with 3 unread replies; they are dropped" in said, said
+        assert "k" not in rt.terminated_ids

@@ -205,3 +205,7 @@ async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_remove_reports_unread_replies(case)

@@ -252,3 +252,7 @@ async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> No
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_remove_reports_unread_replies(case)

@@ -22,7 +22,6 @@ only when a GPU actor is launched or compiled.
 from __future__ import annotations
 
 from .kernel import STATUS_OK, GPUKernel, GPUKernelOptions, GPUKernelStatistics, GPURingKernel
-from .worker import GPUWorker, HandlerRejectedError
 from .prepare import (
     check_gpu_kernel_spec,
     compile_gpu_kernel_cuda_c,
@@ -30,6 +29,7 @@ from .prepare import (
     prepare_gpu_kernel,
     reserve_gpu_memory,
 )
+from .worker import GPUWorker, HandlerRejectedError
 
 __all__ = (
     "STATUS_OK",
