@@ -371,6 +371,7 @@ async def handler_rejection_is_an_error(rt: RingKernelRuntime, env: Env) -> None
     assert tel.last_error is not None
     assert "status 3" in tel.last_error
     assert k.statistics().last_status == 3
+    assert tel.drop_reasons() == {"rejected": 2}  # each rejected message ends as a drop
     assert k.receive_nowait() is None  # rejected messages produce no reply
     assert rt.get_kernel_state("picky") is KernelState.ACTIVE
 
