@@ -423,3 +423,33 @@ async def test_the_hardware_check_probe_runs_on_the_simulator() -> None:
     assert {x["phase"] for x in result["launches"]} == {"prepared", "careless"}
     assert result["a_round_trips"] > 0
     assert not _device_threads()
+
+
+# --- the worker thread of start/stop makes no CUDA call ------------------------------------------
+
+
+async def test_device_calls_are_made_on_the_loop_thread(
+    rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start` and `stop` run in a worker thread, but every CUDA call they need (has the
+    kernel ended, copy its state back, give its memory back) is made on the loop's thread,
+    where the kernel was started: in a thread without a current CUDA context the question
+    "has it ended?" fails, which reads as "still running"."""
+    from pydotcompute.ring_kernels._gpu import resources
+
+    seen: list[tuple[str, int]] = []
+    for name in ("finished", "failure", "read_state", "release"):
+        original = getattr(resources.DeviceActor, name)
+
+        def spy(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
+            seen.append((_name, threading.get_ident()))
+            return _original(self, *args)
+
+        monkeypatch.setattr(resources.DeviceActor, name, spy)
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum, state=np.zeros(1, np.int64))
+    assert (await rt.send_and_receive("add", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+    await rt.terminate("add")
+    assert {"finished", "read_state", "release"} <= {name for name, _ in seen}
+    assert {thread for _, thread in seen} == {threading.get_ident()}, seen
+    assert k.final_state is not None
+    assert k.final_state.tolist() == [1]

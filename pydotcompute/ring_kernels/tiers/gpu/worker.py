@@ -25,7 +25,10 @@ Design notes:
   control block from that thread while the loop may publish: the doorbell word is
   composed under the rings' lock (`HostRings`), the only place two host threads write.
   Replies are taken under this worker's lock, since `stop` takes the last ones itself
-  before it gives the memory back.
+  before it gives the memory back. Every CUDA call (asking whether the kernel ended,
+  copying the state back, releasing memory) is made on the loop's thread, where the actor
+  was started (`_device_call`: a worker thread may have no CUDA context current, and an
+  error there would read as "still running"); the ring words are plain mapped memory.
 - A stopped kernel's memory goes back to the slab at once (`DeviceActor.release`), so
   `stop` first copies out what is still readable: the replies, the requests the kernel
   never took, the latencies, the final state and the control block (counters stay
@@ -39,6 +42,7 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -71,6 +75,9 @@ if TYPE_CHECKING:
 __all__ = ("GPUWorker", "HandlerRejectedError")
 
 Latencies = tuple[int, int, int, int, list[tuple[int, int]]]
+#: Longest a worker thread waits for the loop to make a CUDA call for it before making it
+#: itself (a loop that does not answer is stuck or gone).
+_LOOP_CALL_S = 10.0
 
 
 class HandlerRejectedError(MessageRejectedError, KernelError):
@@ -338,8 +345,9 @@ class GPUWorker(TierWorker):
             return True
         if self._failure is not None:
             return self._failure
-        if dev.finished():
-            return dev.failure() or RuntimeError("the persistent kernel exited on its own")
+        exited = self._device_call(self._exit_reason)
+        if exited is not None:
+            return exited
         if time.monotonic() > deadline:
             tt = self._opts.terminate_timeout
             return TimeoutError(f"the GPU kernel did not acknowledge {operation} within {tt}s")
@@ -430,16 +438,21 @@ class GPUWorker(TierWorker):
                 r.set_word(L.ACTIVE, 1)  # a deactivated kernel drains too
                 self._kick_any_thread()
                 drained = self._wait(
-                    lambda: not r.in_flight() or dev.finished() or self._failure is not None,
+                    lambda: (
+                        not r.in_flight()
+                        or self._failure is not None
+                        or self._device_call(dev.finished)
+                    ),
                     timeout,
                 )
             r.set_word(L.TERMINATE, 1)
             tt = self._opts.terminate_timeout
             ended = self._wait(
-                dev.finished, tt if self._failure is None else min(tt, max(timeout, 0.1))
+                lambda: self._device_call(dev.finished),
+                tt if self._failure is None else min(tt, max(timeout, 0.1)),
             )
             if ended:
-                failure = dev.failure()
+                failure = self._device_call(dev.failure)
                 if failure is not None and self._failure is None:
                     self._failure = failure
                 self._hung = None
@@ -454,7 +467,7 @@ class GPUWorker(TierWorker):
                     "its handler may be stuck. Its memory is kept alive, and the kernel keeps "
                     "its GPU block until it returns or the process exits",
                 )
-                dev.release()  # kept alive: the kernel may still run
+                self._device_call(dev.release)  # kept alive: the kernel may still run
             self._stopped = True
         self._kick_any_thread()  # the monitor tells the reader, then ends
         return ended and drained
@@ -471,7 +484,9 @@ class GPUWorker(TierWorker):
         return True
 
     def _finish_device(self, dev: DeviceActor, r: HostRings) -> None:
-        """The kernel ended: copy out what stays readable, then give the memory back."""
+        """The kernel ended: copy out what stays readable, then give the memory back.
+        (``_lock`` is never held across a `_device_call`: the loop may wait for it.)"""
+        final = self._device_call(dev.read_state)
         with self._lock:
             n = r.ready()
             if n:
@@ -481,9 +496,44 @@ class GPUWorker(TierWorker):
                 self._leftovers.extend(self._in_t.from_records(left))
             self._fold_latencies(r)
             self._ctl_final = r.ctl.copy()
-            self.final_state = dev.read_state()
+            self.final_state = final
             self._released = True
-        dev.release()
+        self._device_call(dev.release)
+
+    def _exit_reason(self) -> BaseException | None:
+        """Why the kernel ended (its fault, or that it exited by itself), or None while it
+        runs. Makes CUDA calls: on the loop's thread (`_device_call`)."""
+        dev = self._dev
+        if dev is None or not dev.finished():
+            return None
+        return dev.failure() or RuntimeError("the persistent kernel exited on its own")
+
+    def _device_call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` (a CUDA call) made on the loop's thread: at once there, else handed to
+        the loop and waited for (the loop is free: `start` and `stop` run in a worker
+        thread the loop awaits). A loop that is gone, or does not answer within
+        `_LOOP_CALL_S`, leaves the call to this thread."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return fn()
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the waiting thread, which raises it
+                done.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop is closed
+            return fn()
+        try:
+            return done.result(_LOOP_CALL_S)
+        except concurrent.futures.TimeoutError:
+            if done.done():
+                raise  # ``fn``'s own error
+            return fn()  # the loop does not answer
 
     # -- messages in ----------------------------------------------------------------------
 
@@ -812,8 +862,9 @@ class GPUWorker(TierWorker):
             self._wake_room_waiters()
         if now - self._last_health >= 0.01:  # a driver call on a GPU: not on every pass
             self._last_health = now
-            if dev.finished():
-                return dev.failure() or RuntimeError("the persistent kernel exited on its own")
+            exited = self._exit_reason()
+            if exited is not None:
+                return exited
         wd = self._opts.watchdog_timeout
         pending = r.in_flight()
         if wd is not None and pending and r.word(L.ACTIVE) and live.stalled_for(now) > wd:
