@@ -170,7 +170,7 @@ def ring_raw_rtt(kernel: Any, n: int, warm: int, spin_timeout: float | None = No
         TimeoutError: a reply did not arrive within ``spin_timeout`` seconds (the kernel
             hung, or never saw the message): the spin would otherwise never end.
     """
-    r = kernel._rings
+    r = kernel.rings
     rec = Work.to_records([_work(1)])
     clock = time.perf_counter_ns
     limit_ns = int(1e9 * (SPIN_TIMEOUT_S if spin_timeout is None else spin_timeout))

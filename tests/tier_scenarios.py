@@ -1908,3 +1908,33 @@ async def scenario_mass_timeouts_do_not_wedge_request_reply(case: TierCase) -> N
             assert rt.get_kernel_state("k") is KernelState.ACTIVE
         told = [line for line in lines if "nobody waits" in line]
         assert 1 <= len(told) <= 3, told[:5]
+
+
+# --- round 4: one contract for every tier (the GPU behind the bridge) ---
+
+
+async def scenario_remove_reports_unread_replies(case: TierCase) -> None:
+    """`runtime.remove` of a terminated kernel drops the replies nobody read and says how
+    many, in one warning, on every tier: every tier's replies wait in the kernel's outbox
+    (the GPU tier's too, since it is hosted by the same bridge)."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    keep = Keep(logging.WARNING)
+    log = logging.getLogger("pydotcompute")
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=64)
+        for i in range(3):
+            await rt.send("k", Job(seq=i))
+        assert await rt.terminate("k") == []  # drained: three replies, none read
+        assert len(rt.get_kernel("k").outbox) == 3
+        log.addHandler(keep)
+        try:
+            rt.remove("k")
+        finally:
+            log.removeHandler(keep)
+        assert "kernel 'k' removed with 3 unread replies; they are dropped" in said, said
+        assert "k" not in rt.terminated_ids

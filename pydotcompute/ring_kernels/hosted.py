@@ -2,7 +2,7 @@
 
 A hosted kernel keeps the tier-1 face (a banded asyncio inbox with the user's backpressure,
 an asyncio outbox, correlated `send_and_receive`, `connect`) and runs the actor in a
-`TierWorker`: a thread, a child process.
+`TierWorker`: a thread, a child process, a persistent GPU kernel.
 It talks to the worker only through that contract.
 
 Design notes:
@@ -313,6 +313,31 @@ class HostedKernel(RingKernel):
     # `_hand_over` and needs this one on a hot path (a zero-argument ``super()`` builds an
     # object per call)
     _bridge_hand_over = _hand_over
+
+    def _hand_over_many(self, offer: Callable[[TierWorker], int]) -> int:
+        """The direct path for a tier's own bulk send (the GPU tier's ``send_batch`` and
+        ``send_records``): where `_hand_over` would offer one message straight to the
+        worker, ``offer(worker)`` hands over as many as the worker takes and returns how
+        many; they are counted as `_hand_over` counts one. 0: nothing was done (the inbox
+        goes first, or the kernel does not run ungated). Errors of ``offer`` propagate."""
+        if (
+            self._state is not KernelState.ACTIVE
+            or self._stopping
+            or self._gate is not None
+            or self._held is not None
+            or self._backlog
+            or self.config.serialize
+        ):
+            return 0
+        inbox = self._inbox
+        worker = self._worker
+        if inbox is None or worker is None or inbox.qsize:
+            return 0
+        n = offer(worker)
+        self._handed_direct += n
+        if self._timed:
+            self.telemetry.messages_processed += n
+        return n
 
     def messages_received(self) -> int:
         """Messages accepted so far: through the inbox, and offered straight to the worker."""
@@ -725,11 +750,13 @@ class HostedKernel(RingKernel):
         return [r for r in ready if type(r) is not _Raised]
 
     def _rejected(self, exc: MessageRejectedError) -> None:
-        """The tier could not decode one message: counted as dropped, its caller told."""
+        """The tier could not decode (a GPU handler: rejected) one message: counted as
+        dropped, under the error's ``drop_reason`` (default ``undecodable``), its caller
+        told."""
         self.telemetry.record_error(exc)
         if self._timed:
             self.telemetry.messages_processed -= 1
-        self._count_dropped(1, "undecodable")
+        self._count_dropped(1, getattr(exc, "drop_reason", "undecodable"))
         fut = self._waiters.pop(id_key(exc.correlation_id), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)

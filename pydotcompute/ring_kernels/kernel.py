@@ -59,8 +59,9 @@ Design notes:
   each actor task, a pool's replicas included (`_supervise`). Kernels forward to each
   other through the public `accept`/`accept_nowait`, and reach the runtime only through
   the `lookup` and `on_failed` callables it hands them.
-- A tier whose actor runs elsewhere (the GPU's device) does not override the verbs or
-  `_fail`: it adds its steps through the `_place_*` hooks (no-ops here), written once.
+- A tier whose actor runs elsewhere adds its steps through the `_place_*` hooks (no-ops
+  here), written once: the GPU tier's kernel (a hosted one) adds its device's side of
+  launch, deactivate/reactivate and failure there.
 - The context holds what ``ctx.receive``/``ctx.send`` read on every message (queues,
   waiters, gate, forward target, stopping flag) in its own slots: bound at construction,
   and pushed to it by the kernel when they change (`_sync_contexts`), so the hot path

@@ -77,21 +77,20 @@ async def _async_actor(ctx: Any) -> None:  # not a device handler
 
 GPU = sc.TierCase("gpu", gpu_echo, _async_actor, options=(("block_size", 1),))
 
-#: Scenarios the GPU tier cannot run, and why.
+#: Scenarios the GPU tier cannot run, and why: each needs an actor a device handler cannot
+#: be. Everything else (the bridge's delivery, correlation, forwarding, accounting, batched
+#: hand-over) is the same code on every hosted tier and runs here.
 SKIPS: dict[str, str] = {
     "scenario_actor_returns_by_itself": (
         "a device handler cannot end the persistent kernel: it runs until terminated"
     ),
     "scenario_pool_routes_around_a_returned_replica": (
-        "a device handler cannot end the persistent kernel, and the GPU tier has no pools"
-    ),
-    "scenario_wrong_actor_kind_refused": (
-        "the GPU tier runs device functions, not Python actors: the handler's signature is "
-        "checked instead (tests/unit/test_gpu_kernel_spec.py)"
+        "a device handler cannot end the persistent kernel, and a GPU actor is one kernel "
+        "(the gpu tier refuses replicas)"
     ),
     "scenario_abandoned_requests_bounded": (
-        "needs an actor that never replies; a device handler that rejects every message "
-        "answers each request with an error instead"
+        "needs an actor that never replies: the device answers every message, with a reply "
+        "or a rejection that ends its request"
     ),
     "scenario_producer_actor_yields": (
         "a device handler answers each message with exactly one reply, never a burst"
@@ -101,17 +100,6 @@ SKIPS: dict[str, str] = {
     ),
     "scenario_value_too_deep_refused_at_send": (
         "nested values have no fixed layout: the GPU tier refuses such a class at launch"
-    ),
-    "scenario_shutdown_from_inside_an_actor_is_refused": (
-        "a device handler cannot call the runtime"
-    ),
-    "scenario_batched_hand_over_keeps_promises": (
-        "the GPU tier has no hosting bridge: the host writes records straight into the "
-        "device ring (its slots are the bound), nothing is handed over in batches"
-    ),
-    "scenario_message_in_hand_at_grace_end": (
-        "the simulator cannot interrupt a device function; on hardware a kernel finishes "
-        "the message in hand before it reads TERMINATE"
     ),
     "scenario_failed_message_spans_say_so": (
         "a tracing runtime records no process span for a GPU kernel (its handler runs on "

@@ -113,8 +113,7 @@ async def test_exit_hook_stops_a_running_kernel(rt: RingKernelRuntime) -> None:
     k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
     left = await asyncio.to_thread(resources.terminate_running_kernels, 10.0)
     assert left == []
-    assert k._rings is not None
-    assert k._rings.word(layout.TERMINATED) == 1
+    assert k.control_word(layout.TERMINATED) == 1
 
 
 @pytest.mark.slow

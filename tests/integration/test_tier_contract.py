@@ -236,3 +236,7 @@ async def test_shutdown_cancelled_again_closes_its_books(case: sc.TierCase) -> N
 
 async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
     await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)
+
+
+async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_remove_reports_unread_replies(case)

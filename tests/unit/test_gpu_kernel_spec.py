@@ -85,8 +85,13 @@ def test_async_actor_is_refused() -> None:
     async def actor(ctx: Any) -> None:
         pass
 
-    with pytest.raises(TypeValidationError, match="'actor' is an async actor; a GPU ring kernel"):
+    with pytest.raises(
+        TypeValidationError,
+        match=r"kernel '\w+': the gpu tier runs device functions .*, but '.*actor' is async",
+    ):
         _decorate(actor)
+    with pytest.raises(TypeValidationError, match="is async"):  # the kind is the first check
+        _decorate(actor, output_type=None)
 
 
 def test_handler_arity_is_checked() -> None:
