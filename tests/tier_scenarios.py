@@ -1596,10 +1596,8 @@ async def scenario_tracing_lets_go_of_dropped_and_refused_messages(case: TierCas
         assert dropped == n - 4, dropped
         assert not (kept := _kept_alive(refused)), kept
         assert not (kept := _kept_alive(raised)), kept
-        # the four each inbox holds (a GPU kernel's device handler takes no context, and
-        # its replies carry none: nothing is kept for it)
-        carried = case.name != "gpu"
-        assert tracer.in_flight() == (8 if carried else 0), tracer.in_flight()
+        # the four each inbox holds (on every tier: a GPU kernel is traced at its bridge)
+        assert tracer.in_flight() == 8, tracer.in_flight()
 
         # an actor's forward that a full reject inbox refuses
         await _launch(rt, case, "a", queue_size=64)
@@ -1614,7 +1612,7 @@ async def scenario_tracing_lets_go_of_dropped_and_refused_messages(case: TierCas
             if rt.get_telemetry("a").messages_dropped + len(rt.get_kernel("b").inbox) >= 20:  # type: ignore[arg-type]
                 break
             await asyncio.sleep(0.02)
-        assert tracer.in_flight() == (8 + 2 if carried else 0), tracer.in_flight()
+        assert tracer.in_flight() == 8 + 2, tracer.in_flight()
 
         for kid in "drb":
             await rt.activate(kid)

@@ -432,7 +432,7 @@ async def test_device_calls_are_made_on_the_loop_thread(
     kernel ended, copy its state back, give its memory back) is made on the loop's thread,
     where the kernel was started: in a thread without a current CUDA context the question
     "has it ended?" fails, which reads as "still running"."""
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     seen: list[tuple[str, int]] = []
     for name in ("finished", "failure", "read_state", "release"):
