@@ -64,10 +64,13 @@ Design notes:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ("PREFERENCE", "EdgeInfo", "EdgeKind")
+__all__ = ("PREFERENCE", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
+
+logger = logging.getLogger("pydotcompute")
 
 EdgeKind = Literal["loop", "objects", "shm-ring", "device-ring"]
 
@@ -95,3 +98,156 @@ class EdgeInfo:
     kind: EdgeKind
     why: str = ""
     counters: dict[str, int] | None = None
+
+
+@dataclass
+class _Entry:
+    """What the table knows of one source's current ``connect``."""
+
+    source: Any
+    target: Any
+    kind: EdgeKind
+    why: str
+    edge: Any = None  # the direct edge (a tier's object), None for a loop edge
+
+
+class _Folded:
+    """How much of a direct edge's counters is already in the kernels' telemetry."""
+
+    __slots__ = ("dropped", "processed", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.processed = 0
+        self.dropped = 0
+
+
+class EdgeTable:
+    """The runtime's record of its ``connect`` edges: which kind each one got, the direct
+    edges it made (kept while their consumer may still drain them), and the folding of
+    their counters into telemetry. The runtime holds one; every method runs on its loop.
+    """
+
+    __slots__ = ("_current", "_direct", "_folded")
+
+    def __init__(self) -> None:
+        self._current: dict[Any, _Entry] = {}  # source kernel -> its edge now
+        # (source, target) -> direct edge: kept after a disconnect (the consumer drains
+        # it) and reused by a re-connect of the same pair
+        self._direct: dict[tuple[Any, Any], Any] = {}
+        self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
+
+    def connect(self, source: Any, target: Any, *, tracing: bool) -> EdgeInfo:
+        """Record that ``source`` now forwards into ``target`` (the runtime already
+        called ``source.forward_to(target)``) and make the edge direct when both ends
+        offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
+        self.disconnect(source)
+        kind, why = negotiate(source, target, tracing=tracing)
+        entry = _Entry(source, target, kind, why)
+        if kind != "loop":
+            edge = self._direct.get((source, target))
+            try:
+                if edge is None:
+                    edge = target.worker.open_edge(kind, source.kernel_id)
+                    self._direct[(source, target)] = edge
+                source.worker.route_into(edge)
+            except Exception as exc:  # a tier that cannot after all: the loop path
+                logger.warning(
+                    "connect %r -> %r: the %s edge could not be made (%r); using the loop",
+                    source.kernel_id,
+                    target.kernel_id,
+                    kind,
+                    exc,
+                )
+                entry = _Entry(source, target, "loop", f"the {kind} edge failed: {exc!r}")
+            else:
+                entry.edge = edge
+        self._current[source] = entry
+        return self._info(entry)
+
+    def disconnect(self, source: Any) -> None:
+        """``source`` no longer forwards over its edge: a direct one routes the producer
+        back to its outbox (the consumer still drains what the edge holds)."""
+        entry = self._current.pop(source, None)
+        if entry is not None and entry.edge is not None:
+            source.worker.route_into(None)
+
+    def edges(self, kernels: Any) -> list[EdgeInfo]:
+        """One `EdgeInfo` per kernel of ``kernels`` that forwards somewhere."""
+        out: list[EdgeInfo] = []
+        for kernel in list(kernels):
+            target = kernel.forwards_to
+            if target is None:
+                continue
+            entry = self._current.get(kernel)
+            if entry is None or entry.target is not target:
+                entry = _Entry(kernel, target, "loop", "forwarding set outside runtime.connect")
+            out.append(self._info(entry))
+        return out
+
+    @staticmethod
+    def _info(entry: _Entry) -> EdgeInfo:
+        counters = None if entry.edge is None else dict(entry.edge.counters())
+        return EdgeInfo(
+            entry.source.kernel_id, entry.target.kernel_id, entry.kind, entry.why, counters
+        )
+
+    def fold(self, kernel: Any, tel: Any, *, timed: bool) -> None:
+        """Add the direct edges' counters to ``kernel``'s telemetry ``tel`` (as
+        ``runtime.get_counters`` reads it): ``messages_sent`` of a producer,
+        ``messages_received`` (in full: the runtime sets it afresh each read),
+        ``messages_processed`` and backpressure drops of a consumer. Differences since the
+        last fold are added, so each message is counted once."""
+        for (source, target), edge in self._direct.items():
+            if kernel is not source and kernel is not target:
+                continue
+            c = edge.counters()
+            done = self._folded.setdefault(id(edge), _Folded())
+            if kernel is source:
+                sent = c["accepted"] + c["rejected"]
+                if timed:
+                    tel.messages_sent += sent - done.sent
+                done.sent = sent
+            if kernel is target:
+                tel.messages_received += c["accepted"]
+                processed = c["accepted"] - c["evicted"]
+                if timed:
+                    tel.messages_processed += processed - done.processed
+                done.processed = processed
+                dropped = c["evicted"] + c["rejected"]
+                if dropped > done.dropped:
+                    tel.record_drop(dropped - done.dropped, "backpressure")
+                done.dropped = dropped
+
+    def forget(self, kernel: Any) -> None:
+        """Drop what the table keeps for ``kernel`` (removed from the runtime)."""
+        self._current.pop(kernel, None)
+        for pair in [p for p in self._direct if kernel in p]:
+            self._folded.pop(id(self._direct.pop(pair)), None)
+
+
+def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
+    """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
+    first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
+    the target's consumes from (``EDGE_IN``)."""
+    if tracing:
+        return "loop", "a tracing runtime keeps loop edges"
+    ends = []
+    for kernel, role in ((source, "source"), (target, "target")):
+        worker = getattr(kernel, "worker", None)
+        if worker is None:
+            tier = kernel.config.tier
+            return "loop", f"the {role} {kernel.kernel_id!r} runs on the {tier} tier (no worker)"
+        if kernel.config.serialize:
+            return "loop", f"the {role} {kernel.kernel_id!r} serializes its messages"
+        ends.append(worker)
+    offered = ends[0].EDGE_OUT
+    taken = ends[1].EDGE_IN
+    for kind in PREFERENCE:
+        if kind in offered and kind in taken:
+            return kind, ""
+    return "loop", (
+        f"no direct kind both ends offer ({source.config.tier} produces into "
+        f"{sorted(offered) or 'none'}, {target.config.tier} consumes from "
+        f"{sorted(taken) or 'none'})"
+    )

@@ -1,0 +1,59 @@
+"""Direct kernel-to-kernel edges: `runtime.edges()`, the edge kinds `connect` picks, and
+the shared edge scenarios (``tests/tier_scenarios.py``, section ``direct edges``) run on
+each edge kind."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.ring_kernels.edges import EdgeInfo
+from tests import tier_scenarios as sc
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+async def test_edges_lists_each_connect_with_its_kind() -> None:
+    """Every ``connect`` edge is listed once, with its kind and, for a loop edge, why it
+    is not direct; ``disconnect`` removes it."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        await rt.launch("b", sc.echo_sync, input_type=sc.Job, output_type=sc.Done, tier="thread")
+        await rt.launch("c", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        assert rt.edges() == []
+        rt.connect("b", "c")
+        rt.connect("a", "c")
+        edges = {(e.source, e.target): e for e in rt.edges()}
+        assert set(edges) == {("b", "c"), ("a", "c")}
+        for edge in edges.values():
+            assert isinstance(edge, EdgeInfo)
+            assert edge.kind == "loop"
+            assert edge.counters is None
+        assert "'c' runs on the asyncio tier" in edges[("b", "c")].why
+        assert "'a' runs on the asyncio tier" in edges[("a", "c")].why
+        rt.disconnect("a")
+        assert [(e.source, e.target) for e in rt.edges()] == [("b", "c")]
+
+
+async def test_edges_exported_as_metrics() -> None:
+    """``pydotcompute_edge_info`` names each edge with its kind, scraped over HTTP."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        await rt.launch("b", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        rt.connect("a", "b")
+        host, port = rt.serve_metrics(port=0)
+        text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
+    infos = [
+        s.labels
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "pydotcompute_edge_info" and s.value == 1.0
+    ]
+    assert infos == [{"source": "a", "target": "b", "kind": "loop"}], infos
