@@ -137,12 +137,14 @@ class EdgeTable:
         self._direct: dict[tuple[Any, Any], Any] = {}
         self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
 
-    def connect(self, source: Any, target: Any, *, tracing: bool) -> EdgeInfo:
+    def connect(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> EdgeInfo:
         """Record that ``source`` now forwards into ``target`` (the runtime already
         called ``source.forward_to(target)``) and make the edge direct when both ends
         offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
         self.disconnect(source)
         kind, why = negotiate(source, target, tracing=tracing)
+        if not direct and kind != "loop":
+            kind, why = "loop", "connected with direct=False"
         entry = _Entry(source, target, kind, why)
         if kind != "loop":
             edge = self._direct.get((source, target))

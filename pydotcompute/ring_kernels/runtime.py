@@ -575,8 +575,13 @@ class RingKernelRuntime:
         reached: int = await fan_out(msg, timeout)
         return reached
 
-    def connect(self, source_id: str, target_id: str) -> None:
+    def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
+
+        Between two off-loop kernels whose tiers offer a direct edge (thread -> thread
+        today) the messages move straight from actor to actor, off the event loop; with
+        ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
+        says which (docs/concepts/data-plane.md).
 
         Raises:
             TypeValidationError: the source's ``output_type`` cannot be the target's
@@ -592,7 +597,7 @@ class RingKernelRuntime:
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
         src.forward_to(dst)
-        self._edge_table.connect(src, dst, tracing=self.tracer is not None)
+        self._edge_table.connect(src, dst, tracing=self.tracer is not None, direct=direct)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
@@ -601,14 +606,15 @@ class RingKernelRuntime:
         src.forward_to(None)
 
     def edges(self) -> list[EdgeInfo]:
-        """Every ``connect`` edge of the launched kernels and how its messages move.
+        """Every ``connect`` edge of the kernels in `kernel_ids` and `terminated_ids`
+        (until `remove`), and how its messages move.
 
         Each `EdgeInfo` names the source and target, the edge's ``kind`` (``"loop"``:
         through this runtime's event loop; ``"objects"``: directly, thread to thread),
         ``why`` a loop edge is not direct, and a direct edge's own counters (see
         docs/concepts/data-plane.md).
         """
-        return self._edge_table.edges(self._kernels.values())
+        return self._edge_table.edges([*self._kernels.values(), *self._parked.values()])
 
     # -- telemetry ----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pydotcompute import RingKernelRuntime
@@ -57,3 +58,49 @@ async def test_edges_exported_as_metrics() -> None:
         if s.name == "pydotcompute_edge_info" and s.value == 1.0
     ]
     assert infos == [{"source": "a", "target": "b", "kind": "loop"}], infos
+
+
+# --- the shared edge scenarios, on each edge kind ----------------------------------------
+
+EDGE_CASES = [pytest.param(c, id=c.id) for c in sc.EDGE_CASES]
+
+
+@pytest.fixture(params=EDGE_CASES)
+def edge(request: pytest.FixtureRequest) -> sc.EdgeCase:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def test_edge_exactly_once_in_order(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_exactly_once_in_order(edge)
+
+
+async def test_edge_block_holds_the_bound(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_block_holds_the_bound(edge)
+
+
+async def test_edge_reject_counts_at_receiver(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_reject_counts_at_receiver(edge)
+
+
+async def test_edge_drop_oldest_counts_at_receiver(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_drop_oldest_counts_at_receiver(edge)
+
+
+async def test_edge_priority_overtakes(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_priority_overtakes(edge)
+
+
+async def test_edge_ordered_shutdown_drains(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_ordered_shutdown_drains(edge)
+
+
+async def test_edge_leftovers_handed_back_once(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_leftovers_handed_back_once(edge)
+
+
+async def test_edge_consumer_failure(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_consumer_failure(edge)
+
+
+async def test_edge_disconnect_reconnect(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_disconnect_reconnect(edge)
