@@ -60,6 +60,26 @@ async def test_edges_exported_as_metrics() -> None:
     assert infos == [{"source": "a", "target": "b", "kind": "loop"}], infos
 
 
+async def test_thread_edges_are_direct_unless_asked_or_traced() -> None:
+    """thread -> thread is an ``objects`` edge; ``direct=False`` and a tracing runtime
+    (whose spans ride the loop path) keep the loop, and say so."""
+    for tracing, direct, kind, why in (
+        (False, True, "objects", ""),
+        (False, False, "loop", "direct=False"),
+        (True, True, "loop", "tracing"),
+    ):
+        async with RingKernelRuntime(tracing=tracing) as rt:
+            for kid in ("a", "b"):
+                await rt.launch(
+                    kid, sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread"
+                )
+            rt.connect("a", "b", direct=direct)
+            (edge,) = rt.edges()
+            assert edge.kind == kind, edge
+            assert why in edge.why, edge
+            assert (edge.counters is None) == (kind == "loop"), edge
+
+
 # --- the shared edge scenarios, on each edge kind ----------------------------------------
 
 EDGE_CASES = [pytest.param(c, id=c.id) for c in sc.EDGE_CASES]
