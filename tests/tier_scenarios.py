@@ -17,6 +17,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -1936,3 +1937,317 @@ async def scenario_remove_reports_unread_replies(case: TierCase) -> None:
             log.removeHandler(keep)
         assert "kernel 'k' removed with 3 unread replies; they are dropped" in said, said
         assert "k" not in rt.terminated_ids
+
+
+# --- direct edges ---
+# `runtime.connect` between two off-loop kernels: each scenario runs on every edge kind
+# (`EdgeCase`): the loop path (``direct=False``) and each direct kind, and checks that the
+# promise is the same on both.
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    """One kind of ``a -> b`` edge under test: the tiers of its two ends, whether
+    ``connect`` may make it direct, and the kind ``runtime.edges()`` must then report."""
+
+    source: str
+    target: str
+    direct: bool
+    kind: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}-{self.target}-{self.kind}"
+
+
+EDGE_CASES = (
+    EdgeCase("thread", "thread", False, "loop"),
+    EdgeCase("thread", "thread", True, "objects"),
+)
+
+
+def relay_job_sync(ctx: Any) -> None:
+    """Answers each ``Job`` with a NORMAL one of its ``seq``; ``sleep:<s>`` sleeps first,
+    ``gate:<path>`` waits (30 s at most) until the file exists, ``boom`` raises."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is None:
+            continue
+        payload = _payload(job)
+        if payload == "boom":
+            raise ValueError(f"boom at {job.seq}")
+        if payload.startswith("gate:"):
+            deadline = time.monotonic() + BOUND_S
+            while not os.path.exists(payload[5:]) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        pause = _pause_of(job)
+        if pause:
+            time.sleep(pause)
+        ctx.send(Job(seq=job.seq))  # NORMAL: the outbox keeps the order it was handled in
+
+
+def pass_job_sync(ctx: Any) -> None:
+    """Passes each message on untouched (the producer of an edge)."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            ctx.send(job)
+
+
+async def _edge_pair(
+    rt: Any, case: EdgeCase, *, a_opts: dict[str, Any] | None = None, **b_opts: Any
+) -> None:
+    """``a`` (relay) -> ``b`` (relay), connected before they run, both active."""
+    await rt.launch(
+        "a", pass_job_sync, input_type=Job, output_type=Job, tier=case.source, **(a_opts or {})
+    )
+    await rt.launch(
+        "b", relay_job_sync, input_type=Job, output_type=Job, tier=case.target, **b_opts
+    )
+    rt.connect("a", "b", direct=case.direct)
+    kinds = [e.kind for e in rt.edges()]
+    assert kinds == [case.kind], (kinds, rt.edges())
+    for kid in ("b", "a"):
+        await rt.activate(kid)
+
+
+def _edge_counters(rt: Any, case: EdgeCase) -> dict[str, int]:
+    """The a -> b edge's own counters, checked for balance ({} for a loop edge)."""
+    (edge,) = rt.edges()
+    c = dict(edge.counters or {})
+    if c:
+        assert c["accepted"] == c["taken"] + c["evicted"] + c["handed_back"] + c["depth"], c
+        assert c["depth"] <= c["capacity"], c
+    return c
+
+
+def _all_dropped(rt: Any) -> int:
+    return sum(rt.get_telemetry(k).messages_dropped for k in ("a", "b"))
+
+
+async def scenario_edge_exactly_once_in_order(case: EdgeCase) -> None:
+    """Messages of one band arrive once each and in order; the edge's counters (a direct
+    edge's) balance and reach both kernels' telemetry."""
+    async with asyncio.timeout(BOUND_S):
+        n = 3000
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64)
+
+            async def produce() -> None:
+                for i in range(n):
+                    await rt.send("a", Job(seq=i))
+
+            task = asyncio.get_running_loop().create_task(produce())
+            got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)]
+            await task
+            assert got == list(range(n))
+            assert rt.get_telemetry("a").messages_sent == n
+            assert rt.get_telemetry("b").messages_received == n
+            assert rt.get_telemetry("b").messages_processed == n
+            c = _edge_counters(rt, case)
+            if case.kind != "loop":
+                assert c["accepted"] == c["taken"] == n, c
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_edge_block_holds_the_bound(case: EdgeCase) -> None:
+    """Under ``block`` a full consumer holds the producer back: nothing is dropped, the
+    consumer never holds more than its bound, every message arrives once."""
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        n, bound = 200, 8
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=bound, bridge_queue_size=1)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        sender = asyncio.get_running_loop().create_task(_send_range(rt, 1, n))
+        await asyncio.sleep(0.3)
+        # b holds job 0; a is held back: the edge (or b's inbox) is at its bound
+        c = _edge_counters(rt, case)
+        if case.kind != "loop":  # a's ctx.send waits: the edge is full, not beyond
+            assert c["depth"] == bound, c
+            assert c["accepted"] == bound + 1, c
+        else:  # a's bridge waits: b's inbox is full, not beyond
+            assert len(rt.get_kernel("b").inbox) == bound
+        open(gate, "w").close()
+        got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)]
+        await sender
+        assert got == list(range(n))
+        assert _all_dropped(rt) == 0
+        _edge_counters(rt, case)
+
+
+async def _send_range(rt: Any, start: int, stop: int, **fields: Any) -> None:
+    for i in range(start, stop):
+        await rt.send("a", Job(seq=i, **fields))
+
+
+@contextlib.contextmanager
+def _gate_file() -> Any:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        yield os.path.join(tmp, "open")
+
+
+async def _settle(rt: Any, count: Callable[[], int], n: int) -> None:
+    """Wait (bounded) until ``count()`` reaches ``n``."""
+    deadline = time.monotonic() + BOUND_S / 2
+    while count() < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+async def _policy_scenario(case: EdgeCase, policy: str) -> tuple[list[int], Any]:
+    async with contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        n, bound = 60, 4
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=bound, bridge_queue_size=1, backpressure=policy)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        await _send_range(rt, 1, n)
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        open(gate, "w").close()
+        read: list[int] = []
+        with contextlib.suppress(QueueTimeoutError):
+            while True:
+                read.append((await rt.receive("b", timeout=0.5)).seq)
+        assert_exactly_once(list(range(n)), read, [], _all_dropped(rt))
+        return read, rt
+
+
+async def scenario_edge_reject_counts_at_receiver(case: EdgeCase) -> None:
+    """``reject`` at a full consumer: the refused messages are counted as dropped (on a
+    direct edge as the consumer's backpressure drops, with the edge's ``rejected``), the
+    rest arrive once, and the producer keeps running."""
+    async with asyncio.timeout(BOUND_S):
+        read, rt = await _policy_scenario(case, "reject")
+        assert 0 < len(read) < 60
+        if case.kind != "loop":
+            c = _edge_counters(rt, case)
+            drops = rt.get_telemetry("b").drop_reasons()
+            assert c["rejected"] > 0, c
+            assert drops.get("backpressure") == c["rejected"], (c, drops)
+
+
+async def scenario_edge_drop_oldest_counts_at_receiver(case: EdgeCase) -> None:
+    """``drop_oldest`` at a full consumer: the newest messages survive, every eviction is
+    counted as the consumer's drop."""
+    async with asyncio.timeout(BOUND_S):
+        read, rt = await _policy_scenario(case, "drop_oldest")
+        assert 59 in read, read
+        assert len(read) < 60, read
+        drops = rt.get_telemetry("b").drop_reasons()
+        assert drops.get("backpressure", 0) > 0, drops
+        if case.kind != "loop":
+            c = _edge_counters(rt, case)
+            assert drops["backpressure"] == c["evicted"], (c, drops)
+
+
+async def scenario_edge_priority_overtakes(case: EdgeCase) -> None:
+    """A HIGH message sent behind NORMAL ones overtakes those still queued for the
+    consumer (the documented bound: on a direct edge only the message in the consumer's
+    hands goes first)."""
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 1)  # b holds it
+        await _send_range(rt, 1, 20)
+        # all of them past a (queued for b) before the HIGH one is sent: only the edge (or
+        # b's inbox, on the loop path) can let it overtake
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 20)
+        await rt.send("a", Job(seq=99, priority=200))
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 21)
+        await asyncio.sleep(0.05)
+        open(gate, "w").close()
+        got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(21)]
+        assert got[0] == 0, got
+        # the loop path: behind the one in b's hands, the one its bridge holds and the
+        # one its pump took for the bridge; a direct edge: behind the one in b's hands
+        assert got.index(99) <= (3 if case.kind == "loop" else 1), got
+        assert [s for s in got if s != 99] == list(range(20))
+
+
+async def scenario_edge_ordered_shutdown_drains(case: EdgeCase) -> None:
+    """Leaving the runtime's scope with messages in flight: the source stops first, the
+    consumer drains its edge; nothing is dropped or handed back."""
+    async with asyncio.timeout(BOUND_S):
+        n = 300
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=32)
+            await _send_range(rt, 0, n, payload="sleep:0.0005")
+        read = _read_all(rt, "b")
+        assert sorted(read) == list(range(n)), len(read)
+        assert _all_dropped(rt) == 0
+        assert rt.get_kernel("a").undelivered == rt.get_kernel("b").undelivered == []
+
+
+async def scenario_edge_leftovers_handed_back_once(case: EdgeCase) -> None:
+    """A consumer terminated before it drained: what its edge (or inbox) still holds is
+    handed back once, in ``undelivered``, and counted as dropped."""
+    async with asyncio.timeout(BOUND_S):
+        n = 40
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            await _send_range(rt, 0, n, payload="sleep:0.05")
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+            await rt.terminate("a")
+            await rt.terminate("b", timeout=0.2)
+            c = _edge_counters(rt, case)
+            left = _seqs(rt.get_kernel("b").undelivered)
+            read = _read_all(rt, "b")
+            assert left, "b was stopped with work left"
+            assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+            if case.kind != "loop":
+                assert c["handed_back"] == len(left), (c, left)
+
+
+async def scenario_edge_consumer_failure(case: EdgeCase) -> None:
+    """The consumer raises: what its edge held is handed back once; the producer keeps
+    running and what it sends later is counted as dropped."""
+    async with asyncio.timeout(BOUND_S):
+        n = 30
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="boom" if i == 5 else "sleep:0.002"))
+            read = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(5)]
+            with pytest.raises(KernelFailedError):
+                await rt.receive("b", timeout=BOUND_S)
+            await _send_range(rt, n, n + 10)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n + 10)
+            await asyncio.sleep(0.05)
+        assert read == list(range(5))
+        left = _seqs(rt.get_kernel("b").undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        assert 5 in left
+        assert_exactly_once(list(range(n + 10)), read, left, _all_dropped(rt))
+        assert rt.get_kernel("a").state is KernelState.TERMINATED
+
+
+async def scenario_edge_disconnect_reconnect(case: EdgeCase) -> None:
+    """Disconnect and re-connect while messages flow: each message ends exactly once,
+    from b (through the edge) or from a's own outbox (while disconnected)."""
+    async with asyncio.timeout(BOUND_S):
+        n = 600
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="sleep:0.0001" if i % 7 == 0 else ""))
+                if i == 200:
+                    rt.disconnect("a")
+                    assert rt.edges() == []
+                elif i == 400:
+                    rt.connect("a", "b", direct=case.direct)
+                    assert [e.kind for e in rt.edges()] == [case.kind]
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = [m for k in "ab" for m in _seqs(rt.get_kernel(k).undelivered)]
+        assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+        assert left == []
+        assert len(_read_all(rt, "a")) == 0  # read above, once

@@ -53,6 +53,7 @@ from ..exceptions import (
 from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
 from .config import RingKernelConfig
+from .edges import EdgeInfo, EdgeTable
 from .kernel import KernelFunc, RingKernel
 from .registry import get_registered_kernel, register_ring_kernel
 from .shutdown import ShutdownReport, held_interrupts
@@ -130,6 +131,7 @@ class RingKernelRuntime:
         self._shutdown_report: ShutdownReport | None = None
         self._metrics: Any = None  # the MetricsServer of serve_metrics (False: shut down)
         self._metrics_lock = threading.Lock()
+        self._edge_table = EdgeTable()  # which kind each connect edge got (`edges`)
         #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
         self.tracer: Any = None
         if tracing:
@@ -575,6 +577,7 @@ class RingKernelRuntime:
             del self._parked[kernel_id]
         else:
             del self._kernels[kernel_id]
+        self._edge_table.forget(kernel)
 
     # -- messaging ----------------------------------------------------------------------
 
@@ -682,8 +685,13 @@ class RingKernelRuntime:
         reached: int = await fan_out(msg, timeout)
         return reached
 
-    def connect(self, source_id: str, target_id: str) -> None:
+    def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
+
+        Between two off-loop kernels whose tiers offer a direct edge (thread -> thread
+        today) the messages move straight from actor to actor, off the event loop; with
+        ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
+        says which (docs/concepts/data-plane.md).
 
         Raises:
             TypeValidationError: the source's ``output_type`` cannot be the target's
@@ -699,10 +707,24 @@ class RingKernelRuntime:
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
         src.forward_to(dst)
+        self._edge_table.connect(src, dst, tracing=self.tracer is not None, direct=direct)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
-        self._kernel(source_id).forward_to(None)
+        src = self._kernel(source_id)
+        self._edge_table.disconnect(src)
+        src.forward_to(None)
+
+    def edges(self) -> list[EdgeInfo]:
+        """Every ``connect`` edge of the kernels in `kernel_ids` and `terminated_ids`
+        (until `remove`), and how its messages move.
+
+        Each `EdgeInfo` names the source and target, the edge's ``kind`` (``"loop"``:
+        through this runtime's event loop; ``"objects"``: directly, thread to thread),
+        ``why`` a loop edge is not direct, and a direct edge's own counters (see
+        docs/concepts/data-plane.md).
+        """
+        return self._edge_table.edges([*self._kernels.values(), *self._parked.values()])
 
     # -- telemetry ----------------------------------------------------------------------
 
@@ -736,6 +758,7 @@ class RingKernelRuntime:
         received = getattr(kernel, "messages_received", None)
         if received is not None:
             tel.messages_received = received()
+        self._edge_table.fold(kernel, tel, timed=self.enable_telemetry)
         return tel
 
     def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:

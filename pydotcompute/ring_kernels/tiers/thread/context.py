@@ -170,6 +170,18 @@ class ThreadedKernelContext:
         """Block until a stop is requested; True if it was, False on timeout."""
         return self._stop.wait(timeout)
 
+    def read_from(self, inputs: Any) -> None:
+        """Take messages from ``inputs`` (``get``, ``len``) instead of the inbox, from the
+        next ``receive`` on: a consumer of direct edges reads its inbox and its edges
+        (`edge.EdgeInputs`). Any thread may call it."""
+        self._inbox = inputs
+
+    def send_into(self, outbox: Any) -> None:
+        """Send through ``outbox`` (``put(msg, timeout)``) from the next ``send`` on: a
+        producer routed into a direct edge (`edge.EdgeOutput`), or its own outbox again.
+        Any thread may call it."""
+        self._outbox = outbox
+
 
 TraceIds = tuple[int, int, int]  # W3C (trace id, span id, trace flags)
 
