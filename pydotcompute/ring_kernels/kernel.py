@@ -81,7 +81,16 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
-from .message import RingKernelMessage, new_message_id, reply_key, request_key
+from .message import (
+    RingKernelMessage,
+    check_declared_types,
+    check_fields,
+    fields_check,
+    fields_ok,
+    new_message_id,
+    reply_key,
+    request_key,
+)
 from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
@@ -110,6 +119,15 @@ KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 #: instead of reaching the outbox. Beyond this the oldest are forgotten: a reply to one
 #: of those, should it still come, goes where a reply to a plain ``send`` goes.
 ABANDONED_REQUESTS_KEPT = 4096
+
+
+def fields_checker(message_type: type | None) -> Any:
+    """The cheap field check of messages sent to a kernel declaring ``message_type``:
+    its class's own (`fields_check`), or `fields_ok` (any class) when it declares none
+    or a class that is not a message."""
+    if isinstance(message_type, type) and issubclass(message_type, RingKernelMessage):
+        return fields_check(message_type)
+    return fields_ok
 
 
 class _Abandoned:
@@ -176,6 +194,7 @@ class RingKernel:
     SUPPORTS_RESTART: bool = True
 
     __slots__ = (
+        "__weakref__",  # (the message registry holds kernels weakly: `message.declared`)
         "_abandoned",
         "_ctx",
         "_ctxs",
@@ -183,6 +202,7 @@ class RingKernel:
         "_forward",
         "_func",
         "_gate",
+        "_in_ok",
         "_inbox",
         "_lookup",
         "_on_failed",
@@ -281,6 +301,9 @@ class RingKernel:
         self.error: BaseException | None = None
         self._undelivered: list[Any] | None = None  # made on first use
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
+        # the cheap field check of a message sent here (None: not checked): `_validate_in`
+        self._in_ok = fields_checker(input_type) if config.check_fields else None
+        check_declared_types(self, input_type=input_type, output_type=output_type)
 
     # -- introspection ------------------------------------------------------------------
 
@@ -374,7 +397,11 @@ class RingKernel:
         queue: Any
         if cfg.use_fast_queue:
             queue = FastMessageQueue(
-                size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
+                size,
+                kernel_id=self.kernel_id,
+                serialize=cfg.serialize,
+                backpressure=strategy,
+                expect=self.input_type if inbox else self.output_type,
             )
         else:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
@@ -832,6 +859,8 @@ class RingKernel:
         in_t = self.input_type
         if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
             check_message(msg, in_t, self.kernel_id, "expects")
+        if self._in_ok is not None:
+            check_fields(msg, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy: the
@@ -890,9 +919,11 @@ class RingKernel:
         """
         inbox = self._inbox
         in_t = self.input_type
+        ok = self._in_ok
         if (
             self._direct
             and (in_t is None or type(msg) is in_t)
+            and (ok is None or ok(msg))
             and inbox is not None
             and not self._stopping
             and inbox.offer(msg)  # open, with room: appended
