@@ -857,9 +857,11 @@ class RingKernel:
 
     def _validate_in(self, msg: Any) -> None:
         in_t = self.input_type
-        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+        t = type(msg)
+        if in_t is not None and t is not in_t and not isinstance(msg, in_t):
             check_message(msg, in_t, self.kernel_id, "expects")
-        if self._in_ok is not None:
+        ok = self._in_ok  # (the declared class's own check, or one for any class)
+        if ok is not None and not ((t is in_t or in_t is None) and ok(msg)):
             check_fields(msg, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:

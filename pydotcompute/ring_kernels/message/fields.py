@@ -19,10 +19,11 @@ Design notes:
   messages, whose fields it does not look into) always take that exact way.
 - A message of a class whose wire tag another class took over (see `identity`) fails the
   check as well: the check reads the codec's `holds_tag` cell.
-- Cost: one Python call per message; for a class of one scalar field, one attribute read
-  and one comparison in it. Checking at construction was rejected: msgspec builds a
-  Struct without calling Python code (but the priority check), and code that fills a
-  message in steps would break.
+- Cost: one call per message. For a class whose fields are all scalars (the common case)
+  that call is compiled (`fast_message.fields_ok`: a class comparison per field, read from
+  its slot); otherwise one Python function per class. Checking at construction was
+  rejected: msgspec builds a Struct without calling Python code (but the priority
+  check), and code that fills a message in steps would break.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ import msgspec
 import numpy as np
 
 from ...exceptions import TypeValidationError
+from .._native import message_extension
 from .arrays import dec_hook, enc_hook, ext_hook
 from .base import RingKernelMessage, make_ids
 from .codec import HEADER_NAMES, Codec, codec_of
 from .identity import superseded_text
 
-__all__ = ("check_fields", "field_problem", "fields_check", "fields_ok")
+__all__ = ("check_fields", "field_problem", "fields_check", "fields_ok", "python_fields_ok")
 
 _NONE = type(None)
 _UNIONS = (typing.Union, types.UnionType)
@@ -68,6 +70,7 @@ _EXACT: dict[Any, frozenset[type]] = {
     datetime.timedelta: frozenset({datetime.timedelta}),
 }
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook, uuid_format="bytes")
+_ext = message_extension()  # the compiled common case of `fields_ok`, when built
 _convert = msgspec.convert
 
 
@@ -243,10 +246,41 @@ def _spec(cls: type) -> tuple[_Field, ...]:
     return spec
 
 
+def _slot_of(cls: type, name: str) -> Any:
+    """The member descriptor of field ``name`` (on ``cls`` or the base declaring it)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    raise AttributeError(name)
+
+
+def _compiled(codec: Codec, spec: tuple[_Field, ...]) -> Callable[[Any], bool] | None:
+    """The compiled check (`fast_message.fields_ok`) for a class whose every field takes
+    one or two exact classes, registered with it; else None."""
+    if _ext is None:
+        return None
+    kinds = [_accepted(f.tp) for f in spec]
+    if any(k is None or len(k) > 2 for k in kinds):
+        return None
+    pairs = [sorted(k, key=lambda c: c is _NONE) for k in kinds]  # type: ignore[arg-type]
+    first = tuple(p[0] for p in pairs)
+    second = tuple(p[1] if len(p) > 1 else None for p in pairs)
+    try:
+        slots = tuple(_slot_of(codec.cls, f.name) for f in spec)
+        _ext.add_field_shape(codec.cls, codec.holds_tag, slots, first, second)
+    except (TypeError, AttributeError):  # not plain slots: the Python check serves it
+        return None
+    check: Callable[[Any], bool] = _ext.fields_ok
+    return check
+
+
 def _build(codec: Codec) -> Callable[[Any], bool]:
     """The cheap check of ``codec``'s class, shaped for the common cases."""
     live = codec.holds_tag
     spec = _spec(codec.cls)
+    compiled = _compiled(codec, spec)
+    if compiled is not None:
+        return compiled
     if not spec:
         return lambda m: live[0]
     if len(spec) == 1:
@@ -292,15 +326,22 @@ def fields_check(cls: type) -> Callable[[Any], bool]:
     return check
 
 
-def fields_ok(msg: Any) -> bool:
-    """`fields_check` of ``msg``'s class applied to it; True for a value that is not a
-    message (plain values are not checked)."""
+def python_fields_ok(msg: Any) -> bool:
+    """`fields_ok` in Python (the compiled one calls it for a class it has no shape of)."""
     check = _CHECKS.get(msg.__class__)
     if check is not None:
         return check(msg)
     if not isinstance(msg, RingKernelMessage):
         return True
     return fields_check(type(msg))(msg)
+
+
+#: `fields_check` of ``msg``'s class applied to ``msg``; True for a value that is not a
+#: message (plain values are not checked). Compiled when the extension is built.
+fields_ok: Callable[[Any], bool] = python_fields_ok
+if _ext is not None:
+    _ext.bind_field_checks(python_fields_ok)
+    fields_ok = _ext.fields_ok
 
 
 def _type_text(tp: Any) -> str:
