@@ -29,6 +29,7 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     MessageSerializationError,
     PyDotComputeError,
     QueueClosedError,
@@ -1672,17 +1673,28 @@ async def scenario_wrong_field_type_refused_in_ctx_send(case: TierCase) -> None:
 
 async def scenario_unchecked_fields_rule(case: TierCase, *, serialize: bool) -> None:
     """``check_fields=False``: a hop that passes objects hands the actor the very object
-    sent, whatever its fields hold; a hop that decodes bytes refuses the message there
-    (counted as dropped) and the kernel keeps serving. The rule is documented and the
-    default (checked at send) is the same on every tier."""
+    sent, whatever its fields hold; a hop that decodes bytes refuses the message there: a
+    queue or ring the actor reads counts it as dropped, a Ray send (which returns once the
+    actor took the batch) raises the decoder's error, and the GPU tier's NumPy packing
+    refuses it at the call. The kernel keeps serving. The default (checked at send, the
+    same error everywhere) is the same on every tier."""
     opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    at_send = {"ray": MessageDeserializationError, "gpu": MessageSerializationError}
+    refused_at_send = at_send.get(case.name)
     decodes = serialize or case.name not in ("asyncio", "thread")
     async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
         await _launch(rt, case, check_fields=False, **opts)
-        await rt.send("k", Job(seq="7"))  # type: ignore[arg-type]
+        bad = Job(seq="7")  # type: ignore[arg-type]
+        if refused_at_send is not None:
+            with pytest.raises(refused_at_send, match="seq"):
+                await rt.send("k", bad)
+        else:
+            await rt.send("k", bad)
         reply = await rt.send_and_receive("k", Job(seq=8), timeout=10)
         assert reply.seq == 8
-        if decodes:
+        if refused_at_send is not None:
+            assert rt.receive_nowait("k") is None
+        elif decodes:
             deadline = time.monotonic() + 10
             while await _dropped(rt, "k") < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)

@@ -131,10 +131,6 @@ SKIPS: dict[str, str] = {
     "scenario_wrong_field_type_refused_in_ctx_send": (
         "a device handler writes its reply into a fixed-layout record: it has no ctx.send"
     ),
-    "scenario_unchecked_fields_rule": (
-        "the GPU tier packs records with NumPy at send, which refuses there a value that "
-        "does not fit its field: test_unchecked_fields_are_refused_when_packed below"
-    ),
 }
 
 
