@@ -1572,7 +1572,7 @@ async def scenario_reload_is_one_rule_on_every_tier(case: TierCase) -> None:
         )
         await rt.activate("k")
         with pytest.raises(
-            TypeValidationError, match=rf"cannot redefine {_PONG}: kernel 'k' .*declares it"
+            TypeValidationError, match=rf"cannot redefine {_PONG}: it is declared by kernel 'k' \("
         ):
             importlib.reload(mod)
         assert mod.Pong is before  # the module keeps the class the kernel declares

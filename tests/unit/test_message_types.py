@@ -212,7 +212,8 @@ def test_a_tag_is_not_taken_from_a_class_a_live_kernel_declares() -> None:
     with pytest.raises(TypeValidationError) as info:
         _twin("Held")
     text = str(info.value)
-    assert f"cannot redefine {__name__}.twin.Held: kernel 'bank' (ACTIVE)" in text
+    assert f"cannot redefine {__name__}.twin.Held: it is declared by kernel 'bank'" in text
+    assert "(ACTIVE) as its input_type" in text
     assert "Terminate the kernel first" in text
     assert holds_its_tag(first)  # refused: nothing changed
     kernel.state = _State("TERMINATED")  # an ended kernel holds nothing

@@ -280,10 +280,10 @@ def _check_not_declared(tag: str, held: type) -> None:
     users = declared_by(held)
     if users:
         raise TypeValidationError(
-            f"cannot redefine {tag}: {'; '.join(users)} declares it, and would be handed "
-            "messages of the new class (its frames decode into the class holding the tag). "
-            "Terminate the kernel first, then reload the module or define the class again; "
-            "or give the new class a name of its own"
+            f"cannot redefine {tag}: it is declared by {'; '.join(users)}, which would be "
+            "handed messages of the new class (frames decode into the class holding the "
+            "tag). Terminate the kernel first, then reload the module or define the class "
+            "again; or give the new class a name of its own"
         )
 
 
