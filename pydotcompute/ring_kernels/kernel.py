@@ -38,7 +38,9 @@ Design notes:
   that finds room never suspends, and a producer would otherwise starve every other task.
 - Per-message cost: once a reply class has passed validation (for the current
   ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
-  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
+  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Field values are
+  checked where a message enters (`send`, ``ctx.send``: one call, compiled for classes of
+  scalar fields; see `message.fields`), unless ``check_fields=False``. Supervision stays a
   coroutine around the actor function rather than a done-callback: failures are handled in
   the same step the actor raised in, before any other task can send to a dead actor.
 - Every guarantee is written once. `close_out` (drain, count, hand back, record) ends a

@@ -18,6 +18,8 @@ Design notes:
   class holding the tag (`declared.declared_by`): that kernel's frames would decode as the
   new class. The replaced class's codec says so (`Codec.holds_tag`), which is how sends
   of its messages are refused (`fields`, `identity`).
+- Past 600 lines: the wire format and the registry share the tag table and its lock, so
+  they stay in one module; what builds on them (field checks, declared types) does not.
 - A stream of frames (a queue's, a process ring's) is decoded by `message_decoder()`: it
   tries the previous frame's class first (msgspec checks the tag itself) and falls back to
   the dispatching path, so results and errors are the same. `Cls.deserialize` does the
@@ -45,7 +47,7 @@ from ...exceptions import (
 )
 from .._native import message_extension
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
-from .declared import declared_by
+from .declared import check_not_declared
 
 __all__ = (
     "DIRECT_DECODERS",
@@ -213,7 +215,7 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         held = _TYPES.get(tag)
         if held is not None and held is not cls:
             _check_same_layout(tag, _CODECS[held], codec)
-            _check_not_declared(tag, held)
+            check_not_declared(tag, held)
             DIRECT_DECODERS.pop(held, None)  # its frames now decode as the new class
             _CODECS[held].holds_tag[0] = False
         known = _CODECS.get(cls)
@@ -273,18 +275,6 @@ def _check_same_layout(tag: str, held: Codec, new: Codec) -> None:
         "(a factory), set a distinct __qualname__ on the class before decorating it. A class "
         "redefined with the same fields (a module reloaded) takes the tag over instead"
     )
-
-
-def _check_not_declared(tag: str, held: type) -> None:
-    """Refuse another class the tag of ``held`` while a live kernel declares ``held``."""
-    users = declared_by(held)
-    if users:
-        raise TypeValidationError(
-            f"cannot redefine {tag}: it is declared by {'; '.join(users)}, which would be "
-            "handed messages of the new class (frames decode into the class holding the "
-            "tag). Terminate the kernel first, then reload the module or define the class "
-            "again; or give the new class a name of its own"
-        )
 
 
 def holds_its_tag(cls: type) -> bool:

@@ -20,7 +20,9 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ("declare_message_types", "declared_by")
+from ...exceptions import TypeValidationError
+
+__all__ = ("check_not_declared", "declare_message_types", "declared_by")
 
 #: The states in which a kernel holds the classes it declares.
 _LIVE = frozenset({"LAUNCHED", "ACTIVE", "DEACTIVATED", "TERMINATING"})
@@ -70,3 +72,20 @@ def declared_by(cls: type) -> list[str]:
         f"kernel {getattr(k, 'kernel_id', '?')!r} ({_state_name(k)}) as its {' and '.join(names)}"
         for k, names in roles.values()
     ]
+
+
+def check_not_declared(tag: str, held: type) -> None:
+    """Refuse another class the tag ``tag`` while a live kernel declares ``held``, the
+    class holding it (`codec.register_message_type` asks, under its lock).
+
+    Raises:
+        TypeValidationError: a live kernel declares ``held``; the text names it.
+    """
+    users = declared_by(held)
+    if users:
+        raise TypeValidationError(
+            f"cannot redefine {tag}: it is declared by {'; '.join(users)}, which would be "
+            "handed messages of the new class (frames decode into the class holding the "
+            "tag). Terminate the kernel first, then reload the module or define the class "
+            "again; or give the new class a name of its own"
+        )
