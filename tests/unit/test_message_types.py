@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pydotcompute import message
 from pydotcompute.exceptions import (
@@ -94,6 +96,12 @@ CASES: list[tuple[Any, Any, bool]] = [
     (list[float], [*(float(i) for i in range(100)), "x"], False),
     (list[bytes], [b"a"], True),
     (list[bytes], ["YWJj"], False),  # msgspec.convert would read it as base64
+    (list, [1, "a", None], True),
+    (list, {"a": 1}, False),
+    (dict, {"a": [1]}, True),
+    (dict, [1], False),
+    (tuple[int, ...], (1, 2, 3), True),
+    (tuple[int, ...], (1, "2"), False),
     (tuple[int, str], (1, "a"), True),
     (tuple[int, str], (1, 2), False),
     (dict[str, int], {"a": 1}, True),
@@ -147,6 +155,50 @@ def test_the_check_agrees_with_the_decoder(
             check_fields(msg, "k")
     else:
         check_fields(msg, "k")  # no error
+
+
+#: one class per annotation, for the property test (made once: classes are registered)
+_PROPERTY_CLASSES = [
+    _fresh(a)
+    for a in (
+        int,
+        float,
+        str,
+        bytes,
+        bool,
+        float | None,
+        int | str,
+        list[float],
+        list[int | None],
+        dict[str, int],
+        tuple[int, ...],
+        Annotated[int, msgspec.Meta(ge=0, le=9)],
+    )
+]
+_SCALARS = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.booleans(),
+    st.none(),
+)
+_VALUES = st.one_of(
+    _SCALARS,
+    st.lists(_SCALARS, max_size=40),
+    st.tuples(_SCALARS, _SCALARS),
+    st.dictionaries(st.text(max_size=3), _SCALARS, max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cls=st.sampled_from(_PROPERTY_CLASSES), value=_VALUES)
+def test_the_check_agrees_with_the_decoder_for_any_value(cls: type, value: Any) -> None:
+    msg = cls(v=value)
+    decodes = _decodes(msg)
+    if fields_ok(msg):
+        assert decodes, (cls.__annotations__, value)
+    assert (field_problem(msg) is None) is decodes, (cls.__annotations__, value)
 
 
 def test_scalar_classes_take_the_compiled_check() -> None:

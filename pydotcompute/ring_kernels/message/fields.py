@@ -195,6 +195,10 @@ def _cheap(tp: Any) -> Callable[[Any], bool] | None:
             return False
 
         return either
+    if tp in _SEQUENCES:  # a bare list, tuple, set: any items
+        return lambda v: v.__class__ in _SEQUENCES
+    if tp is dict:
+        return lambda v: v.__class__ is dict
     if origin in _SEQUENCE_ORIGINS or (origin is tuple and len(args) == 2 and args[1] is ...):
         return _items(_cheap(args[0]) if args else _cheap(Any), args[0] if args else Any)
     if origin is tuple and args:
