@@ -9,14 +9,16 @@ Design notes:
   the check; hops that decode bytes still refuse such a message (counted as dropped).
 - Two stages. `fields_ok` runs on every message: one function per class, built once,
   that compares the exact class of each scalar field's value (``int``, ``str``, an enum,
-  a union of such) and hands the other fields to ``msgspec.convert`` (containers,
-  constrained and NumPy types) and nested messages to their own class's check. It never
-  says True for a value the decoder refuses; it may say False for one the decoder takes
-  (a NumPy integer in an ``int`` field: only the encoder turns it into an int).
+  a union of such), walks containers by their annotation (a long list of scalars through
+  ``msgspec.convert``, in C), hands nested messages to their own class's check, arrays to
+  the array hook's rule, and constrained or NumPy scalar types to ``msgspec.convert``. It
+  never says True for a value the decoder refuses; it may say False for one the decoder
+  takes (a NumPy integer in an ``int`` field: only the encoder turns it into an int).
   `field_problem` is then the exact verdict: the field's value encoded, then decoded as
-  its annotation says, as a hop that decodes does. Fields that ``msgspec.convert``
-  cannot check exactly (containers of bytes, which it would read from base64 text; of
-  messages, whose fields it does not look into) always take that exact way.
+  its annotation says, as a hop that decodes does. ``msgspec.convert`` is not used where
+  it reads a value differently from a decoder (bytes from base64 text, a Struct instance
+  without looking into its fields); an annotation this stage does not know (a plain
+  msgspec Struct) always takes the exact way.
 - A message of a class whose wire tag another class took over (see `identity`) fails the
   check as well: the check reads the codec's `holds_tag` cell.
 - Cost: one call per message. For a class whose fields are all scalars (the common case)
