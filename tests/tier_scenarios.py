@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import itertools
 import logging
 import os
@@ -31,6 +32,7 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     MessageSerializationError,
     PyDotComputeError,
     QueueClosedError,
@@ -2251,3 +2253,222 @@ async def scenario_edge_disconnect_reconnect(case: EdgeCase) -> None:
         assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
         assert left == []
         assert len(_read_all(rt, "a")) == 0  # read above, once
+
+
+# --- round 4: message types ---
+#
+# One rule on every tier: a typed kernel sees only its declared class (checked where a
+# message enters a kernel, and again where bytes are decoded); a class redefined with the
+# same qualified name (a module reloaded, a factory run twice) takes the wire tag over only
+# while no live kernel declares the older one, and messages of the older class are then
+# refused at send, naming the module, the class and "reloaded"; a field whose value is not
+# of its annotated type is refused at send (``check_fields=False``: in-process hops pass
+# objects as they are, hops that decode still refuse).
+
+
+def _txn_message() -> type:
+    """A factory: every class it makes is ``_txn_message.<locals>.Txn``, with one layout."""
+
+    @message
+    class Txn:
+        account: str
+        amount: int
+
+    return Txn
+
+
+Deposit = _txn_message()
+Withdrawal = _txn_message()  # the same name and fields: it takes the wire tag over
+_TXN = rf"{__name__}\._txn_message\.<locals>\.Txn"
+_RELOADED = "reloaded or redefined"
+
+
+async def scenario_typed_kernel_gets_its_own_class(case: TierCase, *, serialize: bool) -> None:
+    """A kernel cannot declare a class another class of its name has replaced on the wire
+    (its frames would decode as the other); given the current class, it refuses the older
+    one at send and hands its actor, and its caller, only its own class."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        with pytest.raises(TypeValidationError, match=rf"input_type {_TXN} .*{_RELOADED}"):
+            await rt.launch("k", _mirror(case), input_type=Deposit, tier=case.name, **opts)
+        assert "k" not in rt
+        with pytest.raises(TypeValidationError, match=rf"output_type {_TXN} .*{_RELOADED}"):
+            await rt.launch("k", _mirror(case), output_type=Deposit, tier=case.name, **opts)
+        if case.name != "ray":  # (a class made in a function reaches no Ray worker typed)
+            await rt.launch(
+                "k", _mirror(case), input_type=Withdrawal, tier=case.name, **case.opts(**opts)
+            )
+            await rt.activate("k")
+            refused = rf"kernel 'k' expects {_TXN}, got {_TXN} of another definition .*{_RELOADED}"
+            with pytest.raises(TypeValidationError, match=refused):
+                await rt.send("k", Deposit(account="a-1", amount=1))
+            with pytest.raises(TypeValidationError, match=refused):
+                rt.send_nowait("k", Deposit(account="a-1", amount=1))
+            reply = await rt.send_and_receive("k", Withdrawal(account="a-2", amount=2), timeout=10)
+            assert type(reply) is Withdrawal, type(reply)
+            assert (reply.account, reply.amount) == ("a-2", 2)
+            assert await _dropped(rt, "k") == 0
+        # a kernel that declares no type: the older class is refused all the same
+        await rt.launch("u", _mirror(case), tier=case.name, **case.opts(**opts))
+        await rt.activate("u")
+        with pytest.raises(TypeValidationError, match=rf"{_TXN}.*{_RELOADED}"):
+            await rt.send("u", Deposit(account="a-3", amount=3))
+        reply = await rt.send_and_receive("u", Withdrawal(account="a-4", amount=4), timeout=10)
+        assert type(reply) is Withdrawal, type(reply)
+
+
+_RELOAD_MODULE = "tests.reloadable_messages"
+# imported here too, so that a child process running this module's actors decodes its class
+importlib.import_module(_RELOAD_MODULE)
+_PONG = r"tests\.reloadable_messages\.Pong"
+
+
+async def scenario_reload_is_one_rule_on_every_tier(case: TierCase) -> None:
+    """``importlib.reload`` of a message module is refused while a live kernel declares one
+    of its classes (that kernel keeps working); once none does, the reloaded class takes
+    over: the older one is refused at launch and at send, on every tier, by one rule."""
+    mod = importlib.import_module(_RELOAD_MODULE)
+    before = mod.Pong
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch(
+            "k",
+            _mirror(case),
+            input_type=before,
+            output_type=before,
+            tier=case.name,
+            **case.opts(),
+        )
+        await rt.activate("k")
+        with pytest.raises(
+            TypeValidationError, match=rf"cannot redefine {_PONG}: it is declared by kernel 'k' \("
+        ):
+            importlib.reload(mod)
+        assert mod.Pong is before  # the module keeps the class the kernel declares
+        reply = await rt.send_and_receive("k", before(value=1), timeout=10)
+        assert type(reply) is before
+        assert reply.value == 1
+        await rt.terminate("k")
+
+        after = importlib.reload(mod).Pong  # nobody declares the older class now
+        assert after is not before
+        with pytest.raises(TypeValidationError, match=rf"input_type {_PONG} .*{_RELOADED}"):
+            await rt.launch("k2", _mirror(case), input_type=before, tier=case.name, **case.opts())
+        await rt.launch(
+            "k2",
+            _mirror(case),
+            input_type=after,
+            output_type=after,
+            tier=case.name,
+            **case.opts(),
+        )
+        await rt.activate("k2")
+        with pytest.raises(
+            TypeValidationError,
+            match=rf"kernel 'k2' expects {_PONG}, got {_PONG} of another definition .*reloaded",
+        ):
+            await rt.send("k2", before(value=2))
+        reply = await rt.send_and_receive("k2", after(value=3), timeout=10)
+        assert type(reply) is after
+        assert reply.value == 3
+        await rt.launch("u", _mirror(case), tier=case.name, **case.opts())
+        await rt.activate("u")
+        with pytest.raises(TypeValidationError, match=rf"{_PONG}.*reloaded"):
+            await rt.send("u", before(value=4))
+        reply = await rt.send_and_receive("u", after(value=5), timeout=10)
+        assert type(reply) is after
+        assert reply.value == 5
+
+
+_BAD_SEQ = r"\w*Job: field 'seq' expects int, got str \('1'\)"
+
+
+async def scenario_wrong_field_type_refused_at_send(case: TierCase, *, serialize: bool) -> None:
+    """A field whose value is not of its annotated type is refused by every kind of send,
+    at the call, naming the field, on every tier (whether or not the hop decodes bytes):
+    nothing is queued, nothing dropped, and the kernel keeps serving."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, **opts)
+        bad = Job(seq="1")  # type: ignore[arg-type]
+        refused = rf"kernel 'k' refused {_BAD_SEQ}"
+        with pytest.raises(TypeValidationError, match=refused):
+            await rt.send("k", bad)
+        with pytest.raises(TypeValidationError, match=refused):
+            rt.send_nowait("k", bad)
+        with pytest.raises(TypeValidationError, match=refused):
+            await rt.send_and_receive("k", bad, timeout=10)
+        reply = await rt.send_and_receive("k", Job(seq=2), timeout=10)
+        assert reply.seq == 2
+        assert await _dropped(rt, "k") == 0
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def misspelt_async(ctx: Any) -> None:
+    """Answers each job with a wrongly typed reply first; ``ctx.send`` must refuse it."""
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        try:
+            await ctx.send(Done(seq=str(job.seq)))  # type: ignore[arg-type]
+        except TypeValidationError as exc:
+            await ctx.send(Done(seq=-job.seq if "field 'seq'" in str(exc) else 0))
+
+
+def misspelt_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is None:
+            continue
+        try:
+            ctx.send(Done(seq=str(job.seq)))  # type: ignore[arg-type]
+        except TypeValidationError as exc:
+            ctx.send(Done(seq=-job.seq if "field 'seq'" in str(exc) else 0))
+
+
+async def scenario_wrong_field_type_refused_in_ctx_send(case: TierCase) -> None:
+    """An actor's ``ctx.send`` of a wrongly typed reply raises in the actor, on every tier,
+    naming the field; the actor can go on."""
+    actor = misspelt_async if asyncio.iscoroutinefunction(case.echo) else misspelt_sync
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch("k", actor, input_type=Job, output_type=Done, tier=case.name, **case.opts())
+        await rt.activate("k")
+        reply = await rt.send_and_receive("k", Job(seq=5), timeout=10)
+        assert reply.seq == -5
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def scenario_unchecked_fields_rule(case: TierCase, *, serialize: bool) -> None:
+    """``check_fields=False``: a hop that passes objects hands the actor the very object
+    sent, whatever its fields hold; a hop that decodes bytes refuses the message there: a
+    queue or ring the actor reads counts it as dropped, a Ray send (which returns once the
+    actor took the batch) raises the decoder's error, and the GPU tier's NumPy packing
+    refuses it at the call. The kernel keeps serving. The default (checked at send, the
+    same error everywhere) is the same on every tier."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    at_send = {"ray": MessageDeserializationError, "gpu": MessageSerializationError}
+    refused_at_send = at_send.get(case.name)
+    decodes = serialize or case.name not in ("asyncio", "thread")
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, check_fields=False, **opts)
+        bad = Job(seq="7")  # type: ignore[arg-type]
+        if refused_at_send is not None:
+            with pytest.raises(refused_at_send, match="seq"):
+                await rt.send("k", bad)
+        else:
+            await rt.send("k", bad)
+        reply = await rt.send_and_receive("k", Job(seq=8), timeout=10)
+        assert reply.seq == 8
+        if refused_at_send is not None:
+            assert rt.receive_nowait("k") is None
+        elif decodes:
+            deadline = time.monotonic() + 10
+            while await _dropped(rt, "k") < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert await _dropped(rt, "k") == 1
+            assert rt.receive_nowait("k") is None
+        else:
+            echoed = await rt.receive("k", timeout=10)
+            assert echoed.seq == "7"  # the very value sent
+            assert await _dropped(rt, "k") == 0

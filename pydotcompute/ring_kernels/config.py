@@ -26,6 +26,10 @@ class RingKernelConfig:
         backpressure_strategy: ``block`` (default), ``reject`` or ``drop_oldest`` for the inbox.
         use_fast_queue: Four-band O(1) queues (default) or exact-priority heaps.
         serialize: Store MessagePack bytes in the queues (as a cross-process hop would).
+        check_fields: Refuse at send (``send``, ``ctx.send``) a message whose field values
+            are not of their annotated types, as a hop that decodes bytes would, on every
+            tier (the default). False: in-process hops pass messages as they are; hops
+            that decode still refuse such a message, as a dropped message.
         restart: ``never`` or ``on_failure``: restart the actor when it raises.
         max_restarts: How many restarts ``on_failure`` allows within ``restart_window``
             seconds before the kernel is FAILED (None: no limit).
@@ -54,6 +58,7 @@ class RingKernelConfig:
     backpressure_strategy: str = "block"
     use_fast_queue: bool = True
     serialize: bool = False
+    check_fields: bool = True
     restart: str = "never"
     max_restarts: int | None = 3
     restart_window: float | None = 5.0

@@ -22,7 +22,7 @@ from ..exceptions import (
     QueueFullError,
 )
 from .fast_queue import FastMessageQueue
-from .message import RingKernelMessage, stamp_reply
+from .message import RingKernelMessage, check_fields, fields_check, stamp_reply
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
 
@@ -56,6 +56,7 @@ class KernelContext:
         "_outbox",
         "_rec",
         "_reply_for",
+        "_reply_ok",
         "_reply_t",
         "_sends_left",
         "_stopping",
@@ -91,6 +92,8 @@ class KernelContext:
         # and whose correlation slot can be written directly (see ``_prepare_reply``)
         self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
         self._reply_for: Any = None
+        # ... and the cheap field check of that class (None: fields are not checked)
+        self._reply_ok: Any = None
         # sends until the next forced turn of the loop (``SEND_YIELD_EVERY``)
         self._sends_left = SEND_YIELD_EVERY
 
@@ -206,12 +209,16 @@ class KernelContext:
         t = type(msg)
         if out_t is not None and t is not out_t and not isinstance(msg, out_t):
             check_message(msg, out_t, k.kernel_id, "must send")
+        checked = k.config.check_fields
+        if checked:
+            check_fields(msg, k.kernel_id, "must send")
         stamp_reply(msg, self._current)
         if self._tel is not None:
             self._tel.messages_sent += 1
         if t is not self._reply_t and issubclass(t, RingKernelMessage):
             self._reply_t = t
             self._reply_for = out_t
+            self._reply_ok = fields_check(t) if checked else None
         return msg
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -229,8 +236,13 @@ class KernelContext:
             self._sends_left = SEND_YIELD_EVERY
             await asyncio.sleep(0)
         k = self._kernel
-        if type(msg) is self._reply_t and k.output_type is self._reply_for:
-            # a class already validated: only the correlation is left to stamp
+        ok = self._reply_ok
+        if (
+            type(msg) is self._reply_t
+            and k.output_type is self._reply_for
+            and (ok is None or ok(msg))
+        ):
+            # a class already validated, fields that pass: only the correlation is left
             stamp_reply(msg, self._current)
             tel = self._tel
             if tel is not None:

@@ -190,6 +190,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             raise ``MessageDeserializationError`` on put; anything else raises
             ``TypeValidationError``.
         backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
+        expect: With ``serialize``, the class every decoded message must be (a kernel's
+            declared type): a frame of another class raises
+            ``MessageDeserializationError`` when taken, as a frame that does not decode.
 
     Like ``asyncio.Queue``, a queue belongs to the event loop of its first wait: waiting on
     it from another loop raises ``RuntimeError``.
@@ -232,6 +235,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         kernel_id: str = "",
         serialize: bool = False,
         backpressure: BackpressureStrategy | str = BackpressureStrategy.BLOCK,
+        expect: type | None = None,
     ) -> None:
         if type(maxsize) is not int or maxsize < 0:
             raise InvalidConfigurationError(
@@ -245,9 +249,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._serialize = serialize
         self._decode: Any = None
         if serialize:
-            from .message import message_decoder
+            from .message import expecting, message_decoder
 
-            self._decode = message_decoder()
+            self._decode = expecting(message_decoder(), expect, kernel_id)
         strategy = _STRATEGIES.get(backpressure) if type(backpressure) is str else None
         self._strategy = (
             backpressure

@@ -265,9 +265,11 @@ class HostedKernel(RingKernel):
         ahead of it (see `accept`)."""
         inbox = self._inbox
         in_t = self.input_type
+        ok = self._in_ok
         if (
             self._direct
             and (in_t is None or type(msg) is in_t)
+            and (ok is None or ok(msg))
             and inbox is not None
             and inbox.qsize  # queued ahead of it: the inbox keeps the order
             and not self._stopping

@@ -50,7 +50,9 @@ Design notes:
   that finds room never suspends, and a producer would otherwise starve every other task.
 - Per-message cost: once a reply class has passed validation (for the current
   ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
-  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
+  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Field values are
+  checked where a message enters (`send`, ``ctx.send``: one call, compiled for classes of
+  scalar fields; see `message.fields`), unless ``check_fields=False``. Supervision stays a
   coroutine around the actor function rather than a done-callback: failures are handled in
   the same step the actor raised in, before any other task can send to a dead actor.
 - Every guarantee is written once. `close_out` (drain, count, hand back, record) ends a
@@ -96,7 +98,11 @@ from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
 from .message import (
     RingKernelMessage,
+    check_declared_types,
+    check_fields,
     claim_request_key,
+    fields_check,
+    fields_ok,
     in_request_space,
     next_request_id,
     reply_key,
@@ -134,6 +140,15 @@ KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 #: request's id was made by ``send_and_receive`` (the usual case); for a request whose id
 #: was made before the call (read, set or decoded), only while its key is kept.
 ABANDONED_REQUESTS_KEPT = 4096
+
+
+def fields_checker(message_type: type | None) -> Any:
+    """The cheap field check of messages sent to a kernel declaring ``message_type``:
+    its class's own (`fields_check`), or `fields_ok` (any class) when it declares none
+    or a class that is not a message."""
+    if isinstance(message_type, type) and issubclass(message_type, RingKernelMessage):
+        return fields_check(message_type)
+    return fields_ok
 
 
 class _Abandoned:
@@ -200,6 +215,7 @@ class RingKernel:
     SUPPORTS_RESTART: bool = True
 
     __slots__ = (
+        "__weakref__",  # (the message registry holds kernels weakly: `message.declared`)
         "_abandoned",
         "_answers",
         "_ctx",
@@ -209,6 +225,7 @@ class RingKernel:
         "_func",
         "_gate",
         "_grace_cut",
+        "_in_ok",
         "_inbox",
         "_kept_log",
         "_lookup",
@@ -317,6 +334,9 @@ class RingKernel:
         self._grace_cut: asyncio.Future[None] | None = None  # set by `hurry`
         self._kept_log: BurstLog | None = None  # replies a stopped target refused
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
+        # the cheap field check of a message sent here (None: not checked): `_validate_in`
+        self._in_ok = fields_checker(input_type) if config.check_fields else None
+        check_declared_types(self, input_type=input_type, output_type=output_type)
 
     # -- introspection ------------------------------------------------------------------
 
@@ -417,7 +437,11 @@ class RingKernel:
         queue: Any
         if cfg.use_fast_queue:
             queue = FastMessageQueue(
-                size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
+                size,
+                kernel_id=self.kernel_id,
+                serialize=cfg.serialize,
+                backpressure=strategy,
+                expect=self.input_type if inbox else self.output_type,
             )
         else:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
@@ -983,8 +1007,12 @@ class RingKernel:
 
     def _validate_in(self, msg: Any) -> None:
         in_t = self.input_type
-        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+        t = type(msg)
+        if in_t is not None and t is not in_t and not isinstance(msg, in_t):
             check_message(msg, in_t, self.kernel_id, "expects")
+        ok = self._in_ok  # (the declared class's own check, or one for any class)
+        if ok is not None and not ((t is in_t or in_t is None) and ok(msg)):
+            check_fields(msg, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy: the
@@ -1043,9 +1071,11 @@ class RingKernel:
         """
         inbox = self._inbox
         in_t = self.input_type
+        ok = self._in_ok
         if (
             self._direct
             and (in_t is None or type(msg) is in_t)
+            and (ok is None or ok(msg))
             and inbox is not None
             and not self._stopping
             and inbox.offer(msg)  # open, with room: appended

@@ -21,7 +21,12 @@ import numpy as np
 import pytest
 
 from pydotcompute import RingKernelRuntime, message
-from pydotcompute.exceptions import InvalidConfigurationError, QueueTimeoutError
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    MessageSerializationError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
 from pydotcompute.ring_kernels import KernelState
 from tests import tier_scenarios as sc
 from tests.gpu_ring_kernel_suite import Add, Sum, add_handler, launch_gpu
@@ -105,6 +110,19 @@ SKIPS: dict[str, str] = {
         "a tracing runtime records no process span for a GPU kernel (its handler runs on "
         "the device, outside any Python tracer), so there is no span to mark failed"
     ),
+    # round 4: message types
+    "scenario_typed_kernel_gets_its_own_class": (
+        "the factory's message classes carry str fields: no fixed layout for the GPU rings "
+        "(a replaced class is refused at launch on every tier: test_replaced_class_refused_"
+        "at_launch below)"
+    ),
+    "scenario_reload_is_one_rule_on_every_tier": (
+        "needs a Python actor that sends back what it receives; a device handler is "
+        "compiled for one input and one output class"
+    ),
+    "scenario_wrong_field_type_refused_in_ctx_send": (
+        "a device handler writes its reply into a fixed-layout record: it has no ctx.send"
+    ),
 }
 
 
@@ -171,3 +189,40 @@ async def test_abandoned_replies_of_a_deactivated_kernel_are_dropped_and_counted
         assert rt.receive_nowait("add") is None  # no stale reply in the outbox
         assert rt.get_telemetry("add").messages_dropped == 8  # counted as they came
         assert rt.get_kernel_state("add") is KernelState.ACTIVE
+
+
+# --- round 4: message types ---
+
+
+async def test_replaced_class_refused_at_launch() -> None:
+    """A fixed-layout class another class of its name took the wire tag from is refused
+    as the GPU kernel's input_type, as on every tier."""
+
+    def make() -> type:
+        @message
+        class Reading:
+            value: float
+
+        return Reading
+
+    first, second = make(), make()  # one name and layout: the second takes the tag
+    async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
+        with pytest.raises(TypeValidationError, match=r"input_type .*Reading .*reloaded"):
+            await launch_gpu(rt, "g", add_handler, first, Sum, state=_state())
+        assert "g" not in rt
+    assert second is not first
+
+
+async def test_unchecked_fields_are_refused_when_packed() -> None:
+    """check_fields=False: the GPU tier still refuses a wrongly typed field at send, where
+    NumPy packs the record (a hop that converts at the door); the default refuses it with
+    the field check's words, as every tier does."""
+    async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
+        await launch_gpu(rt, "add", add_handler, Add, Sum, state=_state())
+        with pytest.raises(TypeValidationError, match=r"field 'a' expects float, got str"):
+            await rt.send("add", Add(a="x", b=1.0))  # type: ignore[arg-type]
+        await launch_gpu(rt, "raw", add_handler, Add, Sum, state=_state(), check_fields=False)
+        with pytest.raises(MessageSerializationError, match="cannot pack Add"):
+            await rt.send("raw", Add(a="x", b=1.0))  # type: ignore[arg-type]
+        reply = await rt.send_and_receive("raw", Add(a=1.0, b=2.0), timeout=20)
+        assert reply.total == 3.0

@@ -240,3 +240,29 @@ async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> No
 
 async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
     await sc.scenario_remove_reports_unread_replies(case)
+
+
+# --- round 4: message types ---
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_typed_kernel_gets_its_own_class(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_typed_kernel_gets_its_own_class(case, serialize=serialize)
+
+
+async def test_reload_is_one_rule_on_every_tier(case: sc.TierCase) -> None:
+    await sc.scenario_reload_is_one_rule_on_every_tier(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_wrong_field_type_refused_at_send(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_wrong_field_type_refused_at_send(case, serialize=serialize)
+
+
+async def test_wrong_field_type_refused_in_ctx_send(case: sc.TierCase) -> None:
+    await sc.scenario_wrong_field_type_refused_in_ctx_send(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_unchecked_fields_rule(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_unchecked_fields_rule(case, serialize=serialize)

@@ -49,6 +49,7 @@ from .codec import (
     deserialize_message,
     serialize_error,
 )
+from .identity import mismatch_text
 from .ids import new_message_id as _new_id
 from .ids import next_id_bytes, next_request_id, uuid_from_bytes
 
@@ -59,6 +60,7 @@ __all__ = (
     "claim_request_key",
     "correlation_to",
     "id_key",
+    "make_ids",
     "raw_correlation_get",
     "raw_correlation_set",
     "reply_key",
@@ -231,9 +233,7 @@ def _deserialize_general(cls: type[_M], data: bytes | bytearray | memoryview) ->
     be `cls` or a subclass of it."""
     msg = deserialize_message(data)
     if not isinstance(msg, cls):
-        raise MessageDeserializationError(
-            f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
-        )
+        raise MessageDeserializationError(f"bytes hold {mismatch_text(type(msg), cls)}")
     return msg
 
 
@@ -386,6 +386,10 @@ def _make_ids(value: Any) -> None:
         for item in value.values():
             _make_ids(item)
 
+
+#: Make the ids of the messages nested in a value (a field of a message about to be
+#: encoded), as `serialize` does: a decoder then reads them as the ids they are.
+make_ids: Callable[[Any], None] = _make_ids
 
 _MID_SLOT = RingKernelMessage.__dict__["message_id"]
 _CID_SLOT = RingKernelMessage.__dict__["correlation_id"]

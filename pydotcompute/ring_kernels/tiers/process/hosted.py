@@ -248,6 +248,7 @@ class ProcessHostedKernel(HostedKernel):
             "spin_us": self.config.extra.get("spin_us", self.HOSTED_SPIN_US),
             "input_queue_size": bridge if given else max(bridge, BRIDGE_WIDEST),
             "record_latency": self._timed,
+            "check_fields": self.config.check_fields,
         }
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:

@@ -65,7 +65,15 @@ from ....exceptions import (
 from ...config import RingKernelConfig
 from ...fast_queue import PriorityBand, get_priority_band
 from ...kernel import KernelFunc
-from ...message import RingKernelMessage, claim_request_key, deserialize_message, request_space
+from ...message import (
+    RingKernelMessage,
+    check_declared_types,
+    check_fields,
+    claim_request_key,
+    deserialize_message,
+    fields_ok,
+    request_space,
+)
 from ...states import KernelState
 from ...telemetry import RingKernelTelemetry
 from .. import check_actor_kind, tier_class
@@ -263,6 +271,7 @@ class RayTierKernel:
         self._books_closed = False  # the actor handed over what the kernel left
         self._inbox = _Depth(self)
         self._outbox = _Buffered(self)
+        check_declared_types(self, input_type=input_type, output_type=output_type)
 
     def __repr__(self) -> str:
         return f"<RayTierKernel {self.kernel_id!r} {self._state.name} actor={self._actor_name!r}>"
@@ -648,6 +657,8 @@ class RayTierKernel:
                 f"kernel {self.kernel_id!r} runs in a Ray actor, so its messages cross as "
                 f"MessagePack and must be @message objects; got {type(msg).__name__}"
             )
+        if self.config.check_fields and not fields_ok(msg):
+            check_fields(msg, self.kernel_id, "expects")  # as every tier does, at the call
         return msg.serialize()
 
     def trace_wire(self, header: Callable[[Any], tuple[int, int, int] | None]) -> None:

@@ -143,6 +143,7 @@ class ThreadHostedKernel(HostedKernel):
             output_queue_size=max(bridge, 1024),
             thread_name=self.config.extra.get("thread_name"),
             record_latency=self._timed,
+            check_fields=self.config.check_fields,
         )
         return HostedThreadWorker(
             self.kernel_id,
