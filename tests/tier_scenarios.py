@@ -1861,9 +1861,16 @@ async def scenario_shutdown_cancelled_again_closes_its_books(case: TierCase) -> 
     read = _read_all(rt, "head") + _read_all(rt, "tail")
     left = rt.get_kernel("head").undelivered + rt.get_kernel("tail").undelivered
     dropped = await _dropped(rt, "head") + await _dropped(rt, "tail")
+    deadline = time.monotonic() + 5
+    while len(read) + dropped < len(accepted) and time.monotonic() < deadline:
+        # a thread cut off mid-message cannot be interrupted: it finishes that message
+        # late and its reply is counted then (docs/concepts/tiers.md, "the message in hand")
+        await asyncio.sleep(0.02)
+        dropped = await _dropped(rt, "head") + await _dropped(rt, "tail")
     assert {rt.get_kernel_state(k) for k in ("head", "tail")} == {KernelState.TERMINATED}
     assert_exactly_once(accepted, read, _seqs(left), dropped)
-    assert _lost_in(report) == dropped, (report, dropped)
+    late = 1 if case.name == "thread" else 0  # (that one reply, counted after the report)
+    assert dropped - late <= _lost_in(report) <= dropped, (report, dropped)
     assert sum(report.unread.values()) == len(read), report
 
 
@@ -2212,7 +2219,8 @@ async def scenario_edge_leftovers_handed_back_once(case: EdgeCase) -> None:
 
 async def scenario_edge_consumer_failure(case: EdgeCase) -> None:
     """The consumer raises: what its edge held is handed back once; the producer keeps
-    running and what it sends later is counted as dropped."""
+    running and what it sends later ends once: kept readable in its own outbox (the
+    loop path) or handed back from the edge (a direct edge)."""
     async with asyncio.timeout(BOUND_S):
         n = 30
         async with RingKernelRuntime() as rt:
@@ -2226,7 +2234,11 @@ async def scenario_edge_consumer_failure(case: EdgeCase) -> None:
             await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n + 10)
             await asyncio.sleep(0.05)
         assert read == list(range(5))
+        kept = _read_all(rt, "a")  # on the loop path: kept in a's outbox, readable
+        read += kept
         left = _seqs(rt.get_kernel("b").undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        # on a direct edge: taken into the edge, handed back with what it held
+        assert sorted(m for m in kept + left if m >= n) == list(range(n, n + 10))
         assert 5 in left
         assert_exactly_once(list(range(n + 10)), read, left, _all_dropped(rt))
         assert rt.get_kernel("a").state is KernelState.TERMINATED
