@@ -2454,12 +2454,12 @@ async def scenario_wrong_field_type_refused_in_ctx_send(case: TierCase) -> None:
 async def scenario_unchecked_fields_rule(case: TierCase, *, serialize: bool) -> None:
     """``check_fields=False``: a hop that passes objects hands the actor the very object
     sent, whatever its fields hold; a hop that decodes bytes refuses the message there: a
-    queue or ring the actor reads counts it as dropped, a Ray send (which returns once the
-    actor took the batch) raises the decoder's error, and the GPU tier's NumPy packing
-    refuses it at the call. The kernel keeps serving. The default (checked at send, the
+    queue or ring the actor reads (the GPU tier's NumPy packing too) counts it as
+    dropped, and a Ray send (which returns once the actor took the batch) raises the
+    decoder's error. The kernel keeps serving. The default (checked at send, the
     same error everywhere) is the same on every tier."""
     opts: dict[str, Any] = {"serialize": True} if serialize else {}
-    at_send = {"ray": MessageDeserializationError, "gpu": MessageSerializationError}
+    at_send = {"ray": MessageDeserializationError}
     refused_at_send = at_send.get(case.name)
     decodes = serialize or case.name not in ("asyncio", "thread")
     async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:

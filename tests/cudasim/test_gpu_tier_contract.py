@@ -134,6 +134,8 @@ def _scenarios() -> Iterator[Any]:
     for name, fn in sorted(vars(sc).items()):
         if not name.startswith("scenario_") or not inspect.iscoroutinefunction(fn):
             continue
+        if name.startswith("scenario_edge_"):  # direct edges: run per edge kind elsewhere
+            continue
         short = name.removeprefix("scenario_")
         marks = [pytest.mark.skip(reason=SKIPS[name])] if name in SKIPS else []
         if name in GAPS:
@@ -214,15 +216,18 @@ async def test_replaced_class_refused_at_launch() -> None:
 
 
 async def test_unchecked_fields_are_refused_when_packed() -> None:
-    """check_fields=False: the GPU tier still refuses a wrongly typed field at send, where
-    NumPy packs the record (a hop that converts at the door); the default refuses it with
+    """check_fields=False: the GPU tier still refuses a wrongly typed field where NumPy
+    packs the record (behind the bridge, as the process tier where it encodes): dropped,
+    counted and logged, and the kernel keeps serving; the default refuses it at send with
     the field check's words, as every tier does."""
     async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
         await launch_gpu(rt, "add", add_handler, Add, Sum, state=_state())
         with pytest.raises(TypeValidationError, match=r"field 'a' expects float, got str"):
             await rt.send("add", Add(a="x", b=1.0))  # type: ignore[arg-type]
         await launch_gpu(rt, "raw", add_handler, Add, Sum, state=_state(), check_fields=False)
-        with pytest.raises(MessageSerializationError, match="cannot pack Add"):
-            await rt.send("raw", Add(a="x", b=1.0))  # type: ignore[arg-type]
+        await rt.send("raw", Add(a="x", b=1.0))  # type: ignore[arg-type]
         reply = await rt.send_and_receive("raw", Add(a=1.0, b=2.0), timeout=20)
         assert reply.total == 3.0
+        tel = rt.get_telemetry("raw")
+        assert tel.messages_dropped == 1, tel
+        assert "cannot pack Add" in (tel.last_error or ""), tel.last_error
