@@ -23,7 +23,6 @@ import pytest
 from pydotcompute import RingKernelRuntime, message
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
-    MessageSerializationError,
     QueueTimeoutError,
     TypeValidationError,
 )
