@@ -218,12 +218,10 @@ class TierWorker(abc.ABC):
         thread is reading replies: it gets them). The runtime passes each call's budget,
         never more than what is left of its caller's timeout.
 
-        A tier that mutes its wake-ups while it polls must restore them, and announce any
-        reply found behind the one it returns, before it returns: no wake-up is lost. The
-        default returns None at once (the runtime calls it only with the capability).
-
-        Raises:
-            As `poll_reply`.
+        It raises what `poll_reply` raises. A tier that mutes its wake-ups while it polls
+        must restore them, and announce any reply found behind the one it returns, before
+        it returns: no wake-up is lost. The default returns None at once (the runtime calls
+        it only with the capability).
         """
         return None
 
