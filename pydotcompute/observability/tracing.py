@@ -425,6 +425,7 @@ class TracingWorker(TierWorker):
         self.inner = inner
         self.ACTOR_KIND = inner.ACTOR_KIND  # type: ignore[misc]
         self.SUPPORTS_RESTART = inner.SUPPORTS_RESTART  # type: ignore[misc]
+        self.SUPPORTS_INLINE_REQUEST = inner.SUPPORTS_INLINE_REQUEST  # type: ignore[misc]
         self._tracer = tracer
         self._kernel = kernel
         self._lock = threading.Lock()
@@ -528,6 +529,12 @@ class TracingWorker(TierWorker):
             self._replied(reply)
         return reply
 
+    def reply_within(self, budget_s: float) -> Any:
+        reply = self.inner.reply_within(budget_s)
+        if reply is not None:
+            self._replied(reply)
+        return reply
+
     def drain_replies(self) -> list[Any]:
         replies = self.inner.drain_replies()
         for r in replies:
@@ -565,6 +572,12 @@ class TracingWorker(TierWorker):
     @property
     def max_message_bytes(self) -> int | None:
         return self.inner.max_message_bytes
+
+    def encode_checked(self, msg: Any, keep: bool = False) -> bytes | None:
+        return self.inner.encode_checked(msg, keep)
+
+    def keep_encoded(self, msg: Any, data: bytes | None) -> None:
+        self.inner.keep_encoded(msg, data)
 
     @property
     def pending_input(self) -> int:

@@ -33,6 +33,18 @@ Design notes:
   worker's thread) polls and delivers what completes without waiting: a caller's future,
   room in the outbox or in a connected kernel. The first reply that would have to wait
   (and any error) goes to ``_ready``, which the collector empties first, so order holds.
+- The inline request (a worker that declares `TierWorker.SUPPORTS_INLINE_REQUEST`, launched
+  with ``reply_spin_us``): while a ``send_and_receive`` caller waits, the loop polls for
+  the reply (`TierWorker.reply_within`) before it parks, trading the loop's time (and a
+  core) for a reply without a wake-up; a request that finds the bridge idle is handed
+  over, polled for and its own reply returned from the poll, with no future,
+  registration or delivery (they cost more than a quick child's whole round trip). Each
+  poll's budget is passed with it: what is left of the caller's timeout, never more, so
+  no state carries a limit from one call to the next. Nothing else runs on the loop
+  meanwhile, so a request is registered only when something else came first, and that
+  reply or error goes the bridge's way, in order. Misses shrink the budget (down to
+  parking at once), with a full try every `_SPIN_PROBE_EVERY` misses: a slow actor stops
+  costing the loop its budget on every request.
 - A worker thread wakes the loop only when the loop waits: the readable waker schedules
   one callback until that callback has run, and the writable waker fires only while the
   pump announced it waits for room (it re-offers after announcing, so no wake-up is lost).
@@ -64,7 +76,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..exceptions import (
@@ -75,10 +87,11 @@ from ..exceptions import (
     MessageSerializationError,
     QueueClosedError,
     QueueFullError,
+    TypeValidationError,
 )
 from .context import SEND_YIELD_EVERY
 from .kernel import RingKernel
-from .message import id_key
+from .message import id_key, reply_key, request_key
 from .states import KernelState
 from .supervision import BurstLog
 from .tiers.contract import TierWorker
@@ -93,6 +106,7 @@ BRIDGE_LEAST = 64
 BRIDGE_WIDEST = 1024
 BRIDGE_WINDOW_S = 0.0005
 _BRIDGE_TIMED = 16  # fewest messages taken between two hand-overs that are timed
+_SPIN_PROBE_EVERY = 8  # a reply spin that keeps missing still tries its full budget this often
 
 
 class _Raised:
@@ -121,13 +135,20 @@ class HostedKernel(RingKernel):
         "_collecting",
         "_collector",
         "_drop_log",
+        "_encoder",
         "_handed_direct",
         "_held",
         "_held_counted",
+        "_inline",
+        "_inline_turn",
         "_pump",
         "_readable",
         "_ready",
         "_reply_in_hand",
+        "_reply_misses",
+        "_reply_spin_max",
+        "_reply_spin_s",
+        "_spinner",
         "_undecodable_seen",
         "_unwatch",
         "_want_room",
@@ -168,11 +189,30 @@ class HostedKernel(RingKernel):
             logging.WARNING,
             "%d more repl(ies) refused downstream since the last line (counted as dropped)",
         )
+        self._encoder: TierWorker | None = None  # the worker, when it encodes at the edge
+        # the inline request (see the design notes): the worker polled for a waiting
+        # caller's reply, and the one a lone request is made inline with (None: not)
+        self._spinner: TierWorker | None = None
+        self._inline: TierWorker | None = None
+        self._reply_spin_max = 0.0  # ``reply_spin_us``, in seconds
+        self._reply_spin_s = 0.0  # the budget now (adaptive)
+        self._reply_misses = 0
+        self._inline_turn = SEND_YIELD_EVERY  # inline requests until the loop gets a turn
 
     # -- hooks --------------------------------------------------------------------------
 
     def _make_worker(self, bridge: int) -> TierWorker:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _reply_spin_budget(self) -> float:
+        """The tier's ``reply_spin_us`` option, checked, in seconds (0: the loop never
+        polls for a reply); read at launch, used when the worker declares
+        `TierWorker.SUPPORTS_INLINE_REQUEST`.
+
+        Raises:
+            InvalidConfigurationError: the option is not a budget the tier takes.
+        """
+        return 0.0
 
     @property
     def worker(self) -> TierWorker | None:
@@ -192,11 +232,13 @@ class HostedKernel(RingKernel):
         await super().launch()
         extra = self.config.extra
         self._bridge = int(extra.get("bridge_queue_size", BRIDGE_LEAST))
+        self._reply_spin_max = self._reply_spin_s = self._reply_spin_budget()
         self._worker = self._make_worker(self._bridge)
         if "bridge_queue_size" not in extra and self._worker.set_room(self._bridge):
             self._bridge_widens = True
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
+        self._fit_worker(wrapped=False)
 
     def wrap_worker(self, wrap: Callable[[TierWorker], TierWorker]) -> None:
         """Put ``wrap(worker)`` in the worker's place (after launch, before activate: a
@@ -204,6 +246,19 @@ class HostedKernel(RingKernel):
         self._check("activate")
         assert self._worker is not None
         self._worker = wrap(self._worker)
+        self._fit_worker(wrapped=True)
+
+    def _fit_worker(self, *, wrapped: bool) -> None:
+        """Take the worker's capabilities: the edge encoding (a worker with a byte limit)
+        and the reply spin (`TierWorker.SUPPORTS_INLINE_REQUEST`). A wrapped worker (a
+        tracing runtime's) is spun on through its wrapper, but takes no inline request:
+        its replies go the bridge's way, where the wrapper sees each one delivered."""
+        worker = self._worker
+        assert worker is not None
+        self._encoder = worker if worker.max_message_bytes is not None else None
+        spins = bool(self._reply_spin_max) and worker.SUPPORTS_INLINE_REQUEST
+        self._spinner = worker if spins else None
+        self._inline = worker if spins and not wrapped else None
 
     def refresh_telemetry(self) -> None:
         """Fold the latencies the worker timed since the last call into `telemetry`
@@ -224,8 +279,9 @@ class HostedKernel(RingKernel):
             return None
         try:
             data: bytes = msg.serialize()
-        except AttributeError:
-            return None  # a plain value: the worker measures it on the way
+        except AttributeError:  # a plain value: measured (and refused) by the worker here
+            encoder = self._encoder  # when it can, not by the pump, which could only drop it
+            return None if encoder is None else encoder.encode_checked(msg, True)
         size = len(data)
         if size > limit:
             raise MessageSerializationError(
@@ -234,26 +290,43 @@ class HostedKernel(RingKernel):
                 f"raise it with launch(..., ring_bytes={size + 8}) or more, or send smaller "
                 "messages"
             )
+        if self._encoder is not None:
+            self._encoder.keep_encoded(msg, data)  # the hand-over writes these bytes
         return data
 
-    def _accept_now(self, msg: Any) -> bool:
+    def _accept_now(self, msg: Any, timeout: float | None = None) -> bool:
         """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
         messages already in the inbox, or hand it straight to the worker; False when it
-        must take the inbox's own path (empty inbox and no hand-over, or a full one)."""
+        must take the inbox's own path (empty inbox and no hand-over, or a full one).
+        A caller waiting for the reply to a message handed over gets it polled for, for
+        up to the reply spin's budget and never past ``timeout`` (its caller's)."""
         self._admit(msg)
         inbox = self._inbox
         if inbox is not None and inbox.qsize and not self._stopping:
             return bool(inbox.offer(msg))  # behind others: the pump keeps the order
-        return self._hand_over(msg)
+        if not self._hand_over(msg):
+            if self._encoder is not None:  # the pump encodes it when it hands it over
+                self._encoder.keep_encoded(msg, None)
+            return False
+        if self._spinner is not None and self._awaited(msg):
+            self._spin_after_hand_over(self._spinner, timeout)
+        return True
 
     def _admit(self, msg: Any) -> None:
         """Refuse at once what this kernel can never carry (`_check_size`) and what is not
         its ``input_type``: the edge checks of every message it accepts."""
+        encoder = self._encoder
+        if encoder is not None:
+            try:  # type, size and the bytes kept in one call: every send comes here
+                if encoder.encode_checked(msg, True) is not None:
+                    return
+            except Exception:  # raised below in the runtime's words (or the worker's)
+                pass
         self._check_size(msg)
         self._validate_in(msg)
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
-        if not self._accept_now(msg):
+        if not self._accept_now(msg, timeout):
             await super().accept(msg, timeout)
 
     def accept_nowait(self, msg: Any) -> None:
@@ -276,7 +349,7 @@ class HostedKernel(RingKernel):
             and inbox.offer(msg)
         ):
             return True
-        if not self._accept_now(msg):  # (`accept` without a coroutine of its own)
+        if not self._accept_now(msg, timeout):  # (`accept` without a coroutine of its own)
             await RingKernel.accept(self, msg, timeout)
         return True
 
@@ -311,11 +384,6 @@ class HostedKernel(RingKernel):
             self.telemetry.messages_processed += 1
         return True
 
-    # the bridge's own hand-over under a second name, for a subclass that overrides
-    # `_hand_over` and needs this one on a hot path (a zero-argument ``super()`` builds an
-    # object per call)
-    _bridge_hand_over = _hand_over
-
     def _hand_over_many(self, offer: Callable[[TierWorker], int]) -> int:
         """The direct path for a tier's own bulk send (the GPU tier's ``send_batch`` and
         ``send_records``): where `_hand_over` would offer one message straight to the
@@ -344,6 +412,126 @@ class HostedKernel(RingKernel):
     def messages_received(self) -> int:
         """Messages accepted so far: through the inbox, and offered straight to the worker."""
         return super().messages_received() + self._handed_direct
+
+    # -- the inline request (`TierWorker.SUPPORTS_INLINE_REQUEST`) -------------------------
+
+    def send_and_receive(self, msg: Any, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """`RingKernel.send_and_receive`; with a reply spin (see the design notes), a
+        request that finds the bridge idle is made inline: handed over, its reply polled
+        for and, when the reply caught is its own, returned without a future or a
+        delivery in between. (A plain method that returns the coroutine: a kernel that
+        takes no inline request pays no coroutine of its own.)"""
+        if self._inline is not None and self._reply_spin_s and type(msg) is self.input_type:
+            return self._request_inline(self._inline, msg, timeout)
+        return RingKernel.send_and_receive(self, msg, timeout)
+
+    async def _request_inline(self, worker: TierWorker, msg: Any, timeout: float | None) -> Any:
+        """`send_and_receive` made inline where it can be (its own reply polled for on the
+        loop, no future), else the general path."""
+        try:
+            key = self.claim_request(msg)  # (its id made in the kernel's request space)
+        except TypeValidationError:
+            key = None
+        if key is not None and key not in self._waiters:
+            try:
+                data = worker.encode_checked(msg, True)  # kept: the hand-over writes these
+            except Exception:  # the general path raises it, in the runtime's words
+                data = None
+            if data is not None:
+                budget = self._reply_spin_s
+                deadline = 0.0
+                if timeout is not None:  # the clock starts now: the spin counts
+                    deadline = asyncio.get_running_loop().time() + timeout
+                    budget = min(budget, max(timeout, 0.0))
+                if self._hand_over(msg):
+                    reply = error = None
+                    try:
+                        reply = worker.reply_within(budget)
+                        if reply is None or self._reply_misses:
+                            self._reply_spun(reply is not None)
+                    except Exception as exc:
+                        error = exc
+                    else:
+                        try:
+                            mine = reply is not None and reply_key(reply) == key
+                        except AttributeError:  # a plain value: nobody's reply
+                            mine = False
+                        if mine:
+                            if self._timed:
+                                self.telemetry.messages_sent += 1
+                            self._inline_turn -= 1
+                            if not self._inline_turn:
+                                await self._give_the_loop_a_turn()
+                            return reply
+                    fut = self._register_inline(msg, reply, error)
+                    return await self.await_reply(msg, key, fut, timeout, deadline)
+                worker.keep_encoded(msg, None)  # the pump encodes it when it hands it over
+        return await RingKernel.send_and_receive(self, msg, timeout)
+
+    async def _give_the_loop_a_turn(self) -> None:
+        """An inline request never suspends: a caller looping on them would keep every
+        other task off the loop, so every `SEND_YIELD_EVERY`-th yields once (as a tier-1
+        actor's ``ctx.send`` does). A caller cancelled there loses the reply it was
+        given: counted as lost, as a reply to a caller who gave up always is."""
+        self._inline_turn = SEND_YIELD_EVERY
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.count_lost_reply()
+            raise
+
+    def _register_inline(
+        self, msg: Any, polled: Any, error: Exception | None
+    ) -> asyncio.Future[Any]:
+        """An inline request whose own reply did not come first: register it
+        (`expect_reply`), then pass on in order what was polled instead (another reply,
+        an error). Nothing else ran on the loop since the hand-over, so no reply could
+        have been delivered to this caller before it was registered."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.expect_reply(msg, fut)  # (the key is free: ``msg`` goes as it is)
+        if error is not None:
+            self._polled_error(error)
+        elif polled is not None:
+            self._reply_polled(polled)
+        return fut
+
+    def _awaited(self, msg: Any) -> bool:
+        """Whether a caller waits for the reply to ``msg``."""
+        try:
+            return request_key(msg) in self._waiters
+        except AttributeError:  # a plain value
+            return False
+
+    def _spin_after_hand_over(self, worker: TierWorker, limit: float | None) -> None:
+        """A message a caller waits for was handed over: poll for the next reply for up
+        to the budget, and no longer than ``limit`` (the most seconds its caller may still
+        wait; None: no limit), then pass on in order what came (a reply, an error)."""
+        spin = self._reply_spin_s
+        reply = None
+        if spin:
+            try:
+                reply = worker.reply_within(spin if limit is None else min(spin, max(limit, 0.0)))
+            except Exception as exc:
+                self._polled_error(exc)
+                return
+        self._reply_spun(reply is not None)
+        if reply is not None:
+            self._reply_polled(reply)
+
+    def _reply_spun(self, caught: bool) -> None:
+        """Adapt the spin's budget as the tiers' own waits do: a reply caught restores the
+        full budget; a miss quarters it, down to none, and every `_SPIN_PROBE_EVERY`-th
+        miss in a row tries the full budget again."""
+        if caught:
+            self._reply_spin_s = self._reply_spin_max
+            self._reply_misses = 0
+            return
+        self._reply_misses += 1
+        if self._reply_misses % _SPIN_PROBE_EVERY == 0:
+            self._reply_spin_s = self._reply_spin_max
+        else:
+            quarter = self._reply_spin_s / 4
+            self._reply_spin_s = quarter if quarter >= 1e-6 else 0.0
 
     async def activate(self) -> None:
         self._check("activate")

@@ -594,6 +594,11 @@ class PoolWorker(TierWorker):
         known = [x for x in limits if x is not None]
         return min(known) if known else None
 
+    def encode_checked(self, msg: Any, keep: bool = False) -> bytes | None:
+        """Checked as the members check it (alike: one tier, one type); nothing kept,
+        since the member that takes it is chosen later."""
+        return self.members[0].encode_checked(msg)
+
     @property
     def pending_input(self) -> int:
         return len(self._backlog) + sum(

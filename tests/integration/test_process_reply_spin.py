@@ -237,3 +237,56 @@ async def test_a_reply_spin_at_the_cap_ends_by_the_callers_timeout(
         budgets.clear()
         await rt.send("k", sc.Job(seq=99))  # plain sends are never spun for
         assert budgets == []
+
+
+# --- the spin goes through the bridge's worker, whatever wraps or composes it ---------------
+
+
+async def test_a_pool_counts_every_reply_the_spin_catches_for_its_replica() -> None:
+    """A pool's replies go through its composite worker, which counts each replica's; the
+    spin polls that worker too, never one member behind its back, so the replicas'
+    figures still add up to the pool's. (A plain send keeps the first replica busy, so
+    each request goes to the second.)"""
+    n = 50
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await rt.launch(
+            "k", slow_echo, tier="process", input_type=sc.Job, replicas=2, reply_spin_us=5_000
+        )
+        await rt.activate("k")
+        for i in range(n):
+            await rt.send("k", sc.Job(seq=-1 - i))
+            assert (await rt.send_and_receive("k", sc.Job(seq=i), timeout=BOUND_S)).seq == i
+            assert (await rt.receive("k", timeout=BOUND_S)).seq == -1 - i
+        telemetry = rt.get_telemetry("k")
+        assert telemetry is not None
+        assert telemetry.messages_sent == 2 * n
+        replicas = rt.get_kernel("k").replica_telemetry()
+        assert min(r.messages_received for r in replicas) > 0  # both replicas served
+        sent = [r.messages_sent for r in replicas]
+        assert sum(sent) == 2 * n, sent
+
+
+async def test_a_traced_request_ends_its_process_span_when_the_spin_catches_the_reply(
+    span_exporter: Any,
+) -> None:
+    """With tracing, a reply the loop's spin catches still passes the tracing worker: the
+    message's ``process`` span ends when its reply arrives, not when the kernel stops."""
+    n = 20
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", sc.echo_sync, tier="process", input_type=sc.Job, reply_spin_us=5_000)
+        await rt.activate("k")
+        jobs = [sc.Job(seq=i) for i in range(n)]
+        for job in jobs:
+            assert (await rt.send_and_receive("k", job, timeout=BOUND_S)).seq == job.seq
+        deadline = time.monotonic() + 5.0
+        while True:  # (the span ends as the reply is delivered: no wait is expected)
+            ended = {
+                s.attributes["messaging.message.id"]
+                for s in span_exporter.get_finished_spans()
+                if s.name == "process k"
+            }
+            if len(ended) >= n or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        assert ended == {str(job.message_id) for job in jobs}

@@ -215,3 +215,75 @@ async def test_its_actors_failure_fails_the_kernel(queue_tier: Any) -> None:
         kernel = rt.get_kernel("q")
         await until(lambda: kernel.undelivered, "the message it raised on is handed back")
         assert [m.x for m in kernel.undelivered] == [-1]
+
+
+# --- a tier that declares the inline request ---------------------------------------------
+
+
+class SpinQueueWorker(QueueWorker):
+    """`QueueWorker` that can wait a moment for the next reply on the caller's thread."""
+
+    SUPPORTS_INLINE_REQUEST = True
+
+    def __init__(self, kernel_id: str, fn: Callable[[Any], Any], room: int) -> None:
+        super().__init__(kernel_id, fn, room)
+        self.budgets: list[float] = []
+
+    def reply_within(self, budget_s: float) -> Any:
+        self.budgets.append(budget_s)
+        reply = self.outbox.get(timeout=budget_s)
+        return reply if reply is not None else self.poll_reply()
+
+
+class SpinQueueKernel(extend.HostedKernel):
+    """``tier="spinqueue"``: the bridge's reply spin, offered as ``reply_spin_us``."""
+
+    EXTRA_OPTIONS = extend.HostedKernel.EXTRA_OPTIONS | {"reply_spin_us"}
+    __slots__ = ("actor",)
+
+    def __init__(self, kernel_id: str, kernel_func: Any, **kwargs: Any) -> None:
+        super().__init__(kernel_id, kernel_func, **kwargs)
+        self.actor = kernel_func
+
+    def _reply_spin_budget(self) -> float:
+        return float(self.config.extra.get("reply_spin_us", 0)) / 1e6
+
+    def _make_worker(self, bridge: int) -> extend.TierWorker:
+        return SpinQueueWorker(self.kernel_id, self.actor, bridge)
+
+
+async def test_a_tier_declaring_the_inline_request_gets_the_bridges_spin() -> None:
+    """Any tier may declare `SUPPORTS_INLINE_REQUEST`: the bridge, not the tier, makes the
+    request (correlation, accounting) and hands each poll its budget, never more than
+    the caller's timeout; a plain send is never polled for."""
+    extend.register_tier("spinqueue", SpinQueueKernel)
+    try:
+        async with RingKernelRuntime() as rt:
+            await rt.launch(
+                "q",
+                double,
+                tier="spinqueue",
+                input_type=Num,
+                output_type=Doubled,
+                reply_spin_us=2e4,
+            )
+            await rt.activate("q")
+            worker: Any = rt.get_kernel("q").worker
+            for i in range(50):
+                assert (await rt.send_and_receive("q", Num(x=i), timeout=0.005)).y == 2 * i
+            assert worker.budgets, "the bridge never polled the tier for a reply"
+            assert max(worker.budgets) <= 0.005, worker.budgets  # never past the timeout
+            worker.budgets.clear()
+            for i in range(50):
+                assert (await rt.send_and_receive("q", Num(x=i))).y == 2 * i  # no timeout
+            assert max(worker.budgets) == 0.02  # the full budget, nothing left of the last
+            telemetry = rt.get_telemetry("q")
+            assert telemetry is not None
+            assert telemetry.messages_sent == 100
+            assert rt.get_kernel("q").pending_requests == 0
+            polled = len(worker.budgets)
+            await rt.send("q", Num(x=3))
+            assert (await rt.receive("q", timeout=10)).y == 6
+            assert len(worker.budgets) == polled  # a plain send is not polled for
+    finally:
+        extend.unregister_tier("spinqueue")

@@ -61,12 +61,18 @@ class TierWorker(abc.ABC):
         EDGE_OUT: The direct edge kinds (`edges.EdgeKind`) the actor can produce into
             (`route_into`); empty: its output always crosses the loop.
         EDGE_IN: The direct edge kinds the actor can consume from (`open_edge`).
+        SUPPORTS_INLINE_REQUEST: Whether `reply_within` can wait a moment for the next
+            reply on the caller's thread. With it, a kernel launched with
+            ``reply_spin_us`` has the event loop poll for a waiting caller's reply before
+            it parks, and a lone request is made inline (`HostedKernel.send_and_receive`);
+            without it that option does nothing.
     """
 
     ACTOR_KIND: ClassVar[ActorKind] = "sync"
     SUPPORTS_RESTART: ClassVar[bool] = False
     EDGE_OUT: ClassVar[frozenset[str]] = frozenset()
     EDGE_IN: ClassVar[frozenset[str]] = frozenset()
+    SUPPORTS_INLINE_REQUEST: ClassVar[bool] = False
 
     # -- limits -----------------------------------------------------------------------------
 
@@ -77,6 +83,28 @@ class TierWorker(abc.ABC):
         The runtime refuses a larger message in `send`, at once.
         """
         return None
+
+    def encode_checked(self, msg: Any, keep: bool = False) -> bytes | None:
+        """The bytes ``msg`` goes as, checked as `offer` checks it (its type, its size
+        against `max_message_bytes`) and not handed over: how the runtime refuses, in
+        ``send`` itself, a message the tier encodes to measure. With ``keep``, the next
+        `offer` of this very object writes these bytes instead of encoding it again (see
+        `keep_encoded`).
+
+        Returns:
+            None (the default): the tier does not encode at the edge (the runtime measures
+            a message's ``serialize()`` against `max_message_bytes` itself).
+
+        Raises:
+            TypeValidationError: ``msg`` is not the type the tier was built for.
+            MessageSerializationError: it cannot be encoded, or encodes too large.
+        """
+        return None
+
+    def keep_encoded(self, msg: Any, data: bytes | None) -> None:  # noqa: B027
+        """Have the next `offer` of this very object write ``data`` (what it encodes to,
+        measured by the runtime on the same thread just before), and forget it either way;
+        None forgets it now. The default keeps nothing."""
 
     @property
     @abc.abstractmethod
@@ -182,6 +210,20 @@ class TierWorker(abc.ABC):
         """
         reply = self.poll_reply()
         return [] if reply is None else [reply]
+
+    def reply_within(self, budget_s: float) -> Any:
+        """With `SUPPORTS_INLINE_REQUEST`: poll for the next reply for up to ``budget_s``
+        seconds, holding the calling thread (the event loop, while a caller waits for a
+        reply), and return it; None when none came within ``budget_s`` (or when another
+        thread is reading replies: it gets them). The runtime passes each call's budget,
+        never more than what is left of its caller's timeout.
+
+        It raises what `poll_reply` raises. A tier that mutes its wake-ups while it polls
+        must restore them, and announce any reply found behind the one it returns, before
+        it returns: no wake-up is lost. The default returns None at once (the runtime calls
+        it only with the capability).
+        """
+        return None
 
     @abc.abstractmethod
     def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:

@@ -212,6 +212,8 @@ class ProcessWorker(TierWorker):
         input_type: When given, ``send`` refuses other types.
         output_type: When given, ``ctx.send`` in the child refuses other types, and a
             reply decoded here that is not one is dropped as one that does not decode.
+        room: When given, the hand-over bound (`bound_in_flight`) it is built with: the
+            runtime's ``bridge_queue_size``.
 
     Without types it carries ``@message`` instances and any MessagePack-able value (int,
     float, str, bytes, bool, None, lists and dicts of them, NumPy arrays) both ways; plain
@@ -223,6 +225,7 @@ class ProcessWorker(TierWorker):
     """
 
     ACTOR_KIND = "sync"
+    SUPPORTS_INLINE_REQUEST = True  # `reply_within`: the ring is polled with the bell muted
     # one reply bell per burst while an event loop watches (see the module notes); False
     # rings on every reply, as before (kept to measure the difference)
     BATCH_BELLS = True
@@ -235,6 +238,7 @@ class ProcessWorker(TierWorker):
         config: ProcessKernelConfig | None = None,
         input_type: type | None = None,
         output_type: type | None = None,
+        room: int | None = None,
     ) -> None:
         config = resolve_config(kernel_id, config, ProcessKernelConfig)
         if not callable(kernel_func):
@@ -335,6 +339,8 @@ class ProcessWorker(TierWorker):
         self._lat_lock = threading.Lock()
 
         self._owner_pid = os.getpid()  # only this process may end the child at exit
+        if room is not None:
+            self.bound_in_flight(room)
 
     # -- properties -------------------------------------------------------------------
 
