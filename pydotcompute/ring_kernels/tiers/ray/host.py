@@ -153,6 +153,11 @@ class RemotePeer:
             self._encode = encode  # type: ignore[method-assign]
 
     @property
+    def sender(self) -> str:
+        """This stand-in's name on the target's side (`_KernelCore.taken_from`)."""
+        return self._token_prefix
+
+    @property
     def backlog(self) -> int:
         """Messages handed to this peer and not yet taken by the target (nor dropped)."""
         return len(self._pending) + self._flying
@@ -489,6 +494,7 @@ class _KernelCore:
         # before their push started
         self._pushes: dict[str, asyncio.Task[Any]] = {}
         self._withdrawn: set[str] = set()
+        self._taken_from: dict[str, int] = {}  # messages delivered by each stand-in
         # the driver's calls carry (band, seq): they are admitted in that order per band,
         # whichever arrives first (Ray does not order the calls to a threaded actor)
         self._turns: dict[int, int] = {}
@@ -799,6 +805,13 @@ class _KernelCore:
         finally:
             if token is not None:
                 self._pushes.pop(token, None)
+                sender = token.rpartition(":")[0]  # what each stand-in delivered, exactly
+                self._taken_from[sender] = self._taken_from.get(sender, 0) + accepted
+
+    def taken_from(self, sender: str) -> int:
+        """How many messages the stand-in ``sender`` (`RemotePeer.sender`) delivered here:
+        exact even after the actor that forwarded them died."""
+        return self._taken_from.get(sender, 0)
 
     def withdraw(self, token: str) -> None:
         """Loop thread: the sender of push ``token`` gives up on what it has not delivered."""
@@ -888,20 +901,22 @@ class _KernelCore:
 
     # -- the driver's worker (`worker.RayWorker`) -----------------------------------------
 
-    def progress(self) -> tuple[int, int]:
-        """``(taken, owed)`` since this actor (re)started: messages the actor took from its
-        inbox, and replies it made that still had to reach the driver (all it put in its
-        outbox) or the actor it forwards to (what waits in the stand-in). The driver counts
-        what a dead actor took with it from these."""
+    def progress(self) -> tuple[int, int, str | None]:
+        """``(taken, owed, sender)`` since this actor (re)started: messages the actor took
+        from its inbox, replies it made that still had to reach the driver (all it put in
+        its outbox) or the actor it forwards to (what waits in the stand-in), and the name
+        of the stand-in of its direct edge (None: none). The driver counts what a dead
+        actor took with it from these."""
         kernel = self._kernel
         if kernel is None:
-            return 0, 0
+            return 0, 0, None
         inbox, out = kernel.inbox, kernel.outbox
         taken = inbox.statistics().total_dequeued if inbox is not None else 0
         owed = out.statistics().total_enqueued if out is not None else 0
+        forward = self._forward
         for peer in list(self._peers.values()):
             owed += peer.backlog
-        return int(taken), int(owed)
+        return int(taken), int(owed), None if forward is None else forward.sender
 
     def events(self, latencies: bool = False) -> dict[str, Any] | None:
         """What happened in the actor since the last call that the driver's telemetry
@@ -1103,6 +1118,10 @@ class KernelHost:
         in that order, whichever reaches the actor first.
         """
         return self._run(self._core.push(batch, timeout, token, skip_full, band, seq))
+
+    def taken_from(self, sender: str) -> int:
+        """Messages the stand-in ``sender`` of another actor delivered here."""
+        return self._core.taken_from(sender)
 
     def put(self, batch: list[bytes], seq: int) -> Any:
         """The driver's batch ``seq`` into the inbox, in order (see `_KernelCore.put`)."""

@@ -176,6 +176,8 @@ class RayWorker(TierWorker):
         self._made = 0
         self._fetched = 0
         self._fetched_total = 0
+        self._unsure = 0  # calls that failed with the actor: their fate is unknown
+        self._sender: str | None = None  # the actor's stand-in of its direct edge
         self._latency: tuple[int, int, int, int, list[tuple[int, int]]] | None = None
         # callbacks
         self._readable: Callable[[], None] | None = None
@@ -480,10 +482,10 @@ class RayWorker(TierWorker):
                 [data for data, _ in batch], seq
             )
         except errors().actor as exc:
-            # its fate is unknown: counted as lost with the actor (at most once)
+            # its fate is unknown: counted with what died with the actor (at most once)
             self._flying.pop(seq, None)
             self._unacked -= len(batch)
-            self._count_lost(len(batch))
+            self._unsure += len(batch)
             self._actor_down(exc)
             return
         except asyncio.CancelledError:
@@ -543,7 +545,7 @@ class RayWorker(TierWorker):
         try:
             answer = await ref
         except errors().actor as exc:
-            self._count_lost(1)
+            self._unsure += 1
             self._actor_down(exc)
             err = KernelFailedError(self.kernel_id, self._lost_error(exc))
             err.__cause__ = exc
@@ -796,10 +798,10 @@ class RayWorker(TierWorker):
         if events:
             self._on_events(events)
 
-    def _progress(self, progress: tuple[int, int]) -> None:
+    def _progress(self, progress: tuple[int, int, str | None]) -> None:
         """The actor's latest report (`host._KernelCore.progress`): one snapshot, kept
         whole (an older answer arriving late makes the loss count err high, never low)."""
-        self._taken, self._made = progress
+        self._taken, self._made, self._sender = progress
 
     def _count_lost(self, n: int) -> None:
         if n > 0:
@@ -841,15 +843,16 @@ class RayWorker(TierWorker):
         if self._down or self._released:
             return
         self._down = True
-        lost = max(0, self._acked - self._taken) + max(0, self._made - self._fetched)
-        self._count_lost(lost)
-        if lost:
-            logger.warning(
-                "kernel %r: %d message(s) or replies were lost with its Ray actor (counted "
-                "as dropped, reason actor_lost)",
-                self.kernel_id,
-                lost,
-            )
+        self._task(
+            self._count_dead(
+                list(self._puts),
+                self._acked - self._taken + max(0, self._made - self._fetched),
+                self._acked - self._fetched,
+                self._sender,
+                self._direct,
+            ),
+            "loss",
+        )
         cfg = self._config
         restartable = cfg.restart == "on_failure" and (
             cfg.max_restarts is None or self.restarts < cfg.max_restarts
@@ -863,6 +866,37 @@ class RayWorker(TierWorker):
             self._restoring = self._task(self._restore(exc), "restore")
             return
         self._fail(self._lost_error(exc))
+
+    async def _count_dead(
+        self,
+        calls: list[asyncio.Task[None]],
+        reported: int,
+        unanswered: int,
+        sender: str | None,
+        direct: tuple[str, Any] | None,
+    ) -> None:
+        """Count, once, what died with an actor (reason ``actor_lost``): the messages it
+        had taken and not finished and the replies it had not handed over, by its last
+        report (``reported``), plus the calls that were on their way to it. Over a direct
+        edge the target says exactly how many of the dead actor's messages it took, which
+        bounds the count too: a message each answered once is then counted exactly."""
+        if calls:  # the calls on their way to the dead actor fail too: their word first
+            await asyncio.wait(calls, timeout=_SETTLE_S)
+        unsure, self._unsure = self._unsure, 0
+        lost = max(0, reported) + unsure
+        if direct is not None and sender is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_SETTLE_S):
+                    took = await direct[1].taken_from.remote(sender)
+                lost = min(lost, max(0, unanswered + unsure - took))
+        if lost:
+            self._count_lost(lost)
+            logger.warning(
+                "kernel %r: %d message(s) or replies were lost with its Ray actor (counted "
+                "as dropped, reason actor_lost)",
+                self.kernel_id,
+                lost,
+            )
 
     def _fail(self, err: BaseException) -> None:
         if self._failure is None:
