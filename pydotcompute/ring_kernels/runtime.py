@@ -180,7 +180,8 @@ class RingKernelRuntime:
         Returns:
             kernel id -> number of messages that could not be delivered (kept in
             ``kernel.undelivered``, by terminate or by an earlier failure, and counted as
-            dropped in telemetry). Empty when nothing was lost.
+            dropped in telemetry; on the Ray tier also those lost with a dead actor,
+            counted only). Empty when nothing was lost.
 
         Raises:
             KernelStateError: called from inside an actor (its own kernel could never
@@ -236,8 +237,10 @@ class RingKernelRuntime:
                 elif k.state is not KernelState.TERMINATED:
                     logger.error("kernel %r did not finish terminating in time", k.kernel_id)
                     report[k.kernel_id] = -1
-                elif k.undelivered:  # what terminate returned, and what a failure left
-                    report[k.kernel_id] = len(k.undelivered)
+                # what terminate returned, what a failure left, what died with a tier's
+                # remote actor (counted, never handed back: Ray's)
+                elif lost := len(k.undelivered) + int(getattr(k, "lost_with_actor", 0)):
+                    report[k.kernel_id] = lost
         for kid, k in list(self._kernels.items()):
             if k.state is KernelState.TERMINATED:
                 self._park(kid)

@@ -67,12 +67,13 @@ def cluster() -> Iterator[Any]:
 
 
 async def _pipeline(rt: RingKernelRuntime, *, restart: bool = False) -> None:
-    """a (asyncio) -> b (ray, on the far node) -> c (ray, on the head)."""
-    await rt.launch("a", sc.relay_async, input_type=sc.Done, output_type=sc.Done, queue_size=64)
+    """a (asyncio) -> b (ray, on the far node; it answers each Job with a Done, after the
+    job's pause) -> c (ray, on the head)."""
+    await rt.launch("a", sc.relay_async, input_type=sc.Job, output_type=sc.Job, queue_size=64)
     await rt.launch(
         "b",
-        sc.relay_async,
-        input_type=sc.Done,
+        sc.echo_async,
+        input_type=sc.Job,
         output_type=sc.Done,
         tier="ray",
         num_cpus=0,
@@ -113,7 +114,7 @@ async def test_cross_node_pipeline_exactly_once_in_order(cluster: Any) -> None:
 
         async def feed() -> None:
             for i in range(n):
-                await rt.send("a", sc.Done(seq=i))
+                await rt.send("a", sc.Job(seq=i))
 
         feeding = asyncio.create_task(feed())
         got = [(await rt.receive("c", timeout=30)).seq for _ in range(n)]
@@ -130,17 +131,19 @@ async def test_node_lost_mid_stream(cluster: Any) -> None:
     n = 3000
     async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
         await _pipeline(rt, restart=True)
+        # a node with the resource is there for Ray to restart b on
+        lost_node = cluster.far
+        cluster.far = cluster.add_node(num_cpus=1, resources={"far": 1}, node_ip_address=LOOPBACK)
         sent: list[int] = []
 
         async def feed() -> None:
             for i in range(n):
-                await rt.send("a", sc.Done(seq=i))
+                # a millisecond each at b: b holds messages when its node goes
+                await rt.send("a", sc.Job(seq=i, payload="sleep:0.001"))
                 sent.append(i)
 
         feeding = asyncio.create_task(feed())
         got = [(await rt.receive("c", timeout=30)).seq for _ in range(300)]
-        lost_node = cluster.far
-        cluster.far = cluster.add_node(num_cpus=1, resources={"far": 1}, node_ip_address=LOOPBACK)
         cluster.remove_node(lost_node)
         await feeding  # a's sends waited while b restarted; none failed
         assert len(sent) == n
@@ -161,3 +164,5 @@ async def test_node_lost_mid_stream(cluster: Any) -> None:
         # each message read once or counted once (at most once for those lost with b)
         assert len(got) + sum(t.messages_dropped for t in tels) == n
         assert sum(t.messages_dropped for t in tels) == lost
+        report = await rt.shutdown()
+        assert report == {"b": lost}, report  # the shutdown report counts them too

@@ -108,6 +108,12 @@ class RayTierKernel(HostedKernel):
         return self._placed().ray_options
 
     @property
+    def lost_with_actor(self) -> int:
+        """Messages (and replies) that died with a lost Ray actor: counted as dropped,
+        reason ``actor_lost``, never handed back (the shutdown report adds them)."""
+        return (self.telemetry.drops_by_reason or {}).get("actor_lost", 0)
+
+    @property
     def restarts(self) -> int:
         """How many times Ray restarted the actor (its function's restarts inside the
         actor are counted in telemetry's ``restarts`` too)."""
@@ -148,7 +154,9 @@ class RayTierKernel(HostedKernel):
             raise InvalidConfigurationError(
                 f"kernel {self.kernel_id!r}: bridge_queue_size must be an int >= 1, got {bridge!r}"
             )
-        inbox = max(1, bridge // 2)  # the actor's inbox; the rest is on its way
+        # the actor's inbox: half the bridge (the rest is on its way), and never more than
+        # the user's bound, which a direct edge from another actor meets there
+        inbox = max(1, min(bridge // 2, self.config.input_queue_size))
         config = dataclasses.replace(
             self.config,
             tier=actor_tier,
