@@ -165,22 +165,22 @@ async def _batched_rate(runtime: Any, n: int, batch: int) -> tuple[float, float]
     lat: list[float] = []
     for _ in range(5):
         t0 = time.perf_counter()
-        await runtime.send_batch(kid, msgs)
+        await runtime.get_kernel(kid).send_batch(msgs)
         got = 0
         while got < batch:
-            got += len(await runtime.receive_batch(kid, batch))
+            got += len(await runtime.get_kernel(kid).receive_batch(batch))
         lat.append((time.perf_counter() - t0) * 1e6)
     # throughput: a producer and a consumer running together
     total = max(batch, (n // batch) * batch)
 
     async def produce() -> None:
         for _ in range(total // batch):
-            await runtime.send_batch(kid, msgs)
+            await runtime.get_kernel(kid).send_batch(msgs)
 
     async def consume() -> None:
         got = 0
         while got < total:
-            got += len(await runtime.receive_batch(kid, max(batch, 1024)))
+            got += len(await runtime.get_kernel(kid).receive_batch(max(batch, 1024)))
 
     t0 = time.perf_counter()
     await asyncio.gather(produce(), consume())
@@ -200,7 +200,7 @@ async def _coalesced_rate(runtime: Any, n: int, senders: int) -> float:
     async def consume() -> None:
         got = 0
         while got < per * senders:
-            got += len(await runtime.receive_batch(kid, 4096))
+            got += len(await runtime.get_kernel(kid).receive_batch(4096))
 
     t0 = time.perf_counter()
     await asyncio.gather(consume(), *(sender(s) for s in range(senders)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..ring_kernels.tiers.ray import (
     RAY_ACTOR_OPTIONS,
+    RayActorLostError,
     RayKernel,
     RayRingKernelRuntime,
     RaySession,
@@ -19,6 +20,7 @@ from ..ring_kernels.tiers.ray import (
 
 __all__ = (
     "RAY_ACTOR_OPTIONS",
+    "RayActorLostError",
     "RayKernel",
     "RayRingKernelRuntime",
     "RaySession",

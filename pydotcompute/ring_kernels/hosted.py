@@ -125,6 +125,8 @@ class HostedKernel(RingKernel):
     EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
     ACTOR_KIND = "sync"
     SUPPORTS_RESTART = False
+    #: Whether ``replicas=N`` can run N workers of this tier behind one id (`pool.py`).
+    SUPPORTS_POOL = True
 
     __slots__ = (
         "_backlog",

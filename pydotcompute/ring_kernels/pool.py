@@ -1063,7 +1063,8 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
     """
     if cls is RingKernel:
         return AsyncioPoolKernel
-    if isinstance(cls, type) and issubclass(cls, HostedKernel):
+    # (a hosted tier whose worker is one remote actor, Ray's, says SUPPORTS_POOL = False)
+    if isinstance(cls, type) and issubclass(cls, HostedKernel) and cls.SUPPORTS_POOL:
         made = _HOSTED_POOLS.get(cls)
         if made is None:
             made = type(

@@ -212,7 +212,9 @@ class RingKernelRuntime:
             dropped while the shutdown ran, replies refused by a stopped kernel
             included), ``{}`` when nothing was lost; its ``unread`` attribute counts the
             replies left in outboxes (`take_unread` reads them). Also kept as
-            `shutdown_report`. A runtime already shut down returns an empty report.
+            `shutdown_report`. A runtime already shut down returns an empty report. On the Ray
+            tier the messages lost with a dead actor before the shutdown are counted too
+            (never handed back).
 
         Raises:
             KernelStateError: called from inside an actor (its own kernel could never
@@ -311,6 +313,9 @@ class RingKernelRuntime:
         self._refuse_from_actor("terminate_all")
         kernels = [k for k in self._kernels.values() if k.state is not KernelState.TERMINATED]
         before = {k.kernel_id: _drop_figures(k) for k in kernels}
+        # what died with a tier's remote actor before now (Ray's): counted, never handed
+        # back; a loss while stopping shows in the drop figures instead
+        lost_before = {k.kernel_id: int(getattr(k, "lost_with_actor", 0)) for k in kernels}
         waves = stop_waves(kernels, _forward_target) if ordered else [kernels]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -331,10 +336,14 @@ class RingKernelRuntime:
         for kid, k in list(self._kernels.items()):
             if k.state is KernelState.TERMINATED:
                 self._park(kid)
-        return self._report(kernels, before, broken)
+        return self._report(kernels, before, broken, lost_before)
 
     def _report(
-        self, stopped: list[RingKernel], before: dict[str, tuple[int, int]], broken: list[str]
+        self,
+        stopped: list[RingKernel],
+        before: dict[str, tuple[int, int]],
+        broken: list[str],
+        lost_before: dict[str, int] | None = None,
     ) -> ShutdownReport:
         """What stopping ``stopped`` lost (``before``: their `_drop_figures` first), and
         the replies every kernel of the runtime leaves unread (logged in one line)."""
@@ -344,6 +353,7 @@ class RingKernelRuntime:
             handed = len(k.undelivered)
             total, handed_back = _drop_figures(k)
             dropped = max(0, (total - before[kid][0]) - (handed_back - before[kid][1]))
+            dropped += (lost_before or {}).get(kid, 0)
             if handed:
                 report.undelivered[kid] = handed
             if dropped:

@@ -24,24 +24,39 @@ import tests  # noqa: E402  (the shared tier scenarios: tests/tier_scenarios.py)
 from pydotcompute.distributed.ray import RayRingKernelRuntime  # noqa: E402
 
 
+def shipped() -> dict[str, Any]:
+    """What the workers need: the package and the test actors, shipped as a user ships
+    code (a fresh dict each time: ``ray.init`` rewrites the one it is given into the URIs
+    of one cluster's storage)."""
+    return {"py_modules": [pydotcompute, ray_test_actors, tests]}
+
+
+def start_local_ray() -> None:
+    """``ray.init`` of the suite's local instance (retried once: a loaded machine can miss
+    Ray's startup deadline)."""
+    options: dict[str, Any] = {
+        "num_cpus": 2,
+        "include_dashboard": False,
+        "resources": {"pdc_slot": 2},
+        "runtime_env": shipped(),
+        "logging_level": "ERROR",
+        "log_to_driver": False,
+    }
+    try:
+        ray.init(**options)
+    except Exception:
+        ray.shutdown()
+        ray.init(**options)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def ray_session() -> Iterator[Any]:
-    """Start the local Ray instance once; shut it down after the last Ray test."""
+    """Start the local Ray instance once; shut it down after the last Ray test (a module
+    that needs a cluster of its own, `test_ray_multinode.py`, stops it and starts it
+    again when it is done)."""
     started = not ray.is_initialized()
     if started:
-        options: dict[str, Any] = {
-            "num_cpus": 2,
-            "include_dashboard": False,
-            "resources": {"pdc_slot": 2},
-            "runtime_env": {"py_modules": [pydotcompute, ray_test_actors, tests]},
-            "logging_level": "ERROR",
-            "log_to_driver": False,
-        }
-        try:
-            ray.init(**options)
-        except Exception:  # a loaded machine can miss Ray's startup deadline; once more
-            ray.shutdown()
-            ray.init(**options)
+        start_local_ray()
     yield ray
     if started:
         ray.shutdown()

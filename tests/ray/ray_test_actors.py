@@ -139,3 +139,14 @@ async def pass_num(ctx):
     """Sends on each Num it receives (to the kernel it is connected to)."""
     while not ctx.should_terminate:
         await ctx.send(await ctx.receive())
+
+
+async def hogs_its_loop(ctx):
+    """Blocks its actor's event loop ``value`` milliseconds per message (a busy actor that
+    answers no Ray call meanwhile), then doubles it."""
+    import time
+
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        time.sleep(msg.value / 1000)
+        await ctx.send(Doubled(value=msg.value * 2))

@@ -1,5 +1,9 @@
 """Faults through RayRingKernelRuntime: a killed actor, a crashed worker, an actor that
-raises, Ray's restart policy, and kernels Ray cannot start."""
+raises, Ray's restart policy, and kernels Ray cannot start.
+
+A lost Ray actor fails its kernel with `RayActorLostError` (its ``__cause__`` is Ray's
+error); under ``restart="on_failure"`` Ray restarts it and the kernel goes on: callers
+wait, they are not failed."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from pydotcompute import KernelState
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
-    KernelStateError,
 )
+from pydotcompute.ring_kernels.tiers.ray.worker import RayActorLostError
 
 pytestmark = pytest.mark.ray
 
@@ -36,10 +40,11 @@ async def test_killed_actor_is_failed_and_waiting_callers_get_an_error(ray_runti
     ray.kill(kernel.actor)
     with pytest.raises(KernelFailedError, match="its Ray actor died") as info:
         await asyncio.wait_for(waiting, 30)
-    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    assert isinstance(info.value.__cause__, RayActorLostError)
+    assert isinstance(info.value.__cause__.__cause__, ray.exceptions.RayActorError)
     assert "ray.kill" in str(info.value)
     await _until(lambda: kernel.state is KernelState.FAILED)
-    assert isinstance(kernel.error, ray.exceptions.RayActorError)
+    assert isinstance(kernel.error, RayActorLostError)
     with pytest.raises(KernelFailedError, match="cannot use kernel 'rt_double': it is FAILED"):
         await ray_runtime.send("rt_double", Num(value=1))
     with pytest.raises(KernelFailedError):
@@ -64,13 +69,13 @@ async def test_crashed_worker_fails_the_pending_request(ray_runtime):
     with pytest.raises(KernelFailedError, match="its Ray actor died") as info:
         await asyncio.wait_for(ray_runtime.send_and_receive("crashy", Num(value=-1)), 30)
     assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
-    assert ray_runtime.get_kernel_state("crashy") is KernelState.FAILED
+    await _until(lambda: ray_runtime.get_kernel_state("crashy") is KernelState.FAILED)
 
 
 async def test_actor_that_raises_is_failed_with_its_exception(ray_runtime):
     await ray_runtime.launch("picky", fail_on_negative, input_type=Num, output_type=Doubled)
     await ray_runtime.activate("picky")
-    await ray_runtime.send_batch("picky", [Num(value=1), Num(value=2), Num(value=-3)])
+    await ray_runtime.get_kernel("picky").send_batch([Num(value=1), Num(value=2), Num(value=-3)])
     assert (await ray_runtime.receive("picky", timeout=10)).value == 2  # replies made first
     assert (await ray_runtime.receive("picky", timeout=10)).value == 4
     with pytest.raises(
@@ -97,7 +102,7 @@ async def test_actor_restart_policy_inside_the_actor(ray_runtime):
     await ray_runtime.activate("picky")
     await ray_runtime.send("picky", Num(value=-1))  # raises once; the actor restarts it
     assert (await ray_runtime.send_and_receive("picky", Num(value=5), timeout=10)).value == 10
-    tel = await ray_runtime.refresh_telemetry("picky")
+    tel = ray_runtime.get_telemetry("picky")
     assert tel.restarts == 1
     assert ray_runtime.get_kernel_state("picky") is KernelState.ACTIVE
 
@@ -110,13 +115,15 @@ async def test_ray_restarts_a_killed_actor_under_on_failure(ray_runtime):
     waiting = asyncio.ensure_future(ray_runtime.receive("rt_double"))
     await asyncio.sleep(0.3)
     ray.kill(kernel.actor, no_restart=False)
-    with pytest.raises(KernelStateError, match="Ray is restarting it") as info:
-        await asyncio.wait_for(waiting, 30)
-    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    # nothing fails: once Ray restarted the actor, the kernel goes on
+    await _until(lambda: kernel.restarts == 1, timeout=60)
+    await ray_runtime.send("rt_double", Num(value=5))
+    assert (await asyncio.wait_for(waiting, 60)).value == 10
     reply = await asyncio.wait_for(ray_runtime.send_and_receive("rt_double", Num(value=3)), 60)
     assert reply.value == 6
     assert kernel.restarts == 1
     assert kernel.state is KernelState.ACTIVE
+    assert ray_runtime.get_telemetry("rt_double").restarts == 1
     # the restart budget is spent: the next death is final
     ray.kill(kernel.actor, no_restart=False)
     await _until(lambda: kernel.state is KernelState.FAILED, timeout=30)

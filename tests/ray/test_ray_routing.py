@@ -28,28 +28,32 @@ async def _launch_all(runtime, *kernel_ids, activate=True):
 
 async def test_connect_forwards_actor_to_actor_in_order(ray_runtime):
     await _launch_all(ray_runtime, "rt_double", "rt_inc")
-    await ray_runtime.connect("rt_double", "rt_inc")
-    await ray_runtime.send_batch("rt_double", [Num(value=i) for i in range(500)])
+    ray_runtime.connect("rt_double", "rt_inc")
+    await ray_runtime.get_kernel("rt_double").send_batch([Num(value=i) for i in range(500)])
     got = []
     while len(got) < 500:
-        got += await ray_runtime.receive_batch("rt_inc", 1000, timeout=10)
+        got += await ray_runtime.get_kernel("rt_inc").receive_batch(1000, timeout=10)
     assert [m.value for m in got] == [2 * i + 1 for i in range(500)]
-    # the driver never pulled anything out of the first stage: the actors talked directly
-    source = ray_runtime.get_kernel("rt_double")
-    assert source.buffered == 0
-    assert not source.fetching
-    tel = await ray_runtime.refresh_telemetry("rt_double")
+    # the driver carried control only: nothing of rt_double's came back to it
+    assert ray_runtime.get_kernel("rt_double").direct_edge == "rt_inc"
+    assert ray_runtime.get_kernel("rt_double").worker.replies_fetched == 0
+    # what its actor handed on is counted as it reports it (each read asks for more)
+    deadline = asyncio.get_running_loop().time() + 10
+    while ray_runtime.get_telemetry("rt_double").messages_sent < 500:
+        assert asyncio.get_running_loop().time() < deadline, "never reported"
+        await asyncio.sleep(0.02)
+    tel = ray_runtime.get_telemetry("rt_double")
     assert tel.messages_sent == 500
     assert tel.queue_depth == 0
 
 
 async def test_terminating_a_pipeline_loses_nothing(ray_runtime):
     await _launch_all(ray_runtime, "rt_double", "rt_inc")
-    ray_runtime.connect("rt_double", "rt_inc")  # applied before the next call to rt_double
-    await ray_runtime.send_batch("rt_double", [Num(value=i) for i in range(300)])
+    ray_runtime.connect("rt_double", "rt_inc")
+    await ray_runtime.get_kernel("rt_double").send_batch([Num(value=i) for i in range(300)])
     report = await ray_runtime.terminate_all(timeout=30)  # upstream first
     assert report == {}
-    got = await ray_runtime.receive_batch("rt_inc", 1000, timeout=5)
+    got = await ray_runtime.get_kernel("rt_inc").receive_batch(1000, timeout=5)
     assert [m.value for m in got] == [2 * i + 1 for i in range(300)]
 
 
@@ -70,11 +74,11 @@ async def test_connect_checks_message_types(ray_runtime):
 
 async def test_disconnect_sends_output_to_the_outbox_again(ray_runtime):
     await _launch_all(ray_runtime, "rt_double", "rt_inc")
-    await ray_runtime.connect("rt_double", "rt_inc")
+    ray_runtime.connect("rt_double", "rt_inc")
     assert (await ray_runtime.send_and_receive("rt_double", Num(value=1))).value == 2
     await ray_runtime.send("rt_double", Num(value=2))
     assert (await ray_runtime.receive("rt_inc", timeout=10)).value == 5
-    await ray_runtime.disconnect("rt_double")
+    ray_runtime.disconnect("rt_double")
     await ray_runtime.send("rt_double", Num(value=3))
     assert (await ray_runtime.receive("rt_double", timeout=10)).value == 6
 
@@ -86,10 +90,10 @@ async def test_send_to_reaches_a_kernel_in_another_actor(ray_runtime):
     )
     for kid in ("relay", "sink"):
         await ray_runtime.activate(kid)
-    await ray_runtime.send_batch("relay", [Num(value=i) for i in range(20)])
+    await ray_runtime.get_kernel("relay").send_batch([Num(value=i) for i in range(20)])
     got = []
     while len(got) < 20:
-        got += await ray_runtime.receive_batch("sink", 100, timeout=10)
+        got += await ray_runtime.get_kernel("sink").receive_batch(100, timeout=10)
     assert [m.value for m in got] == [2 * (i + 1000) for i in range(20)]
 
 

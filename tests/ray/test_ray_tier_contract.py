@@ -1,9 +1,9 @@
 """The tier contract's scenarios (`tests/tier_scenarios.py`) on a local Ray instance.
 
 Every scenario runs twice: through `RingKernelRuntime` with ``tier="ray"`` (id ``tier``),
-and through `RayRingKernelRuntime` (id ``ray-runtime``; its kernels run the asyncio tier
-inside their Ray actors, its default). Both cases are named ``ray``: an actor of the Ray tier
-hands what it forwards to a stand-in of the target actor (a bridge), so the scenarios treat
+and through `RayRingKernelRuntime` (id ``ray-runtime``: every kernel it launches runs on
+the Ray tier, the asyncio tier inside the Ray actor). Both cases are named ``ray``: the
+tier's actor hands its replies to the hosting bridge on the driver, so the scenarios treat
 it as a tier whose actor does not itself block in ``ctx.send``. A scenario that cannot apply
 to Ray skips with the reason (`SKIPS`); a known gap of the Ray tier is marked xfail, strict,
 with what goes wrong (`GAPS`).
@@ -25,29 +25,13 @@ RAY_RUNTIME = sc.TierCase(
 
 # -- scenarios that cannot apply to Ray (skipped), and known gaps (xfail) ------------------
 
-NO_BRIDGE = (
-    "the Ray tier has no bridge on the driver (no bridge_queue_size): the runtime inside the "
-    "Ray actor serves its own banded inbox, as the asyncio tier does"
-)
-MIXED = (
-    "the scenario connects a Ray kernel into an asyncio-tier kernel; a Ray kernel forwards "
-    "only into Ray kernels (refused at connect: test_ray_tier.py pins the refusal)"
-)
-SNAPSHOT = (
-    "RayRingKernelRuntime.get_telemetry returns the last fetched snapshot without a Ray call "
-    "(documented); the tier case reads it live"
-)
 IN_ACTOR = {
-    "abandoned_requests_bounded": "reads kernel.pending_requests: a Ray kernel's pending "
-    "requests live in its actor's runtime (each request is one Ray call)",
-    "producer_actor_yields": "samples the outbox on the driver's loop while the actor "
-    "produces: a Ray actor's replies stay in its process until a receive fetches them",
     "shutdown_from_inside_an_actor_is_refused": "the actor closes over the driver's runtime "
     "object, which cannot be shipped to a Ray actor",
 }
 CLOSURE_SINK = (
-    "the last stage counts into a list of the test process (a closure); a Ray actor runs in "
-    "another process"
+    "the last stage counts into a list of the test process (a closure); on a "
+    "RayRingKernelRuntime every stage runs in a Ray actor, in another process"
 )
 #: scenario -> what goes wrong on Ray
 GAPS: dict[str, str] = {
@@ -61,37 +45,10 @@ GAPS: dict[str, str] = {
 }
 #: case id -> scenario -> reason it is skipped there
 SKIPS: dict[str, dict[str, str]] = {
-    "tier": {
-        **dict.fromkeys(
-            [
-                "forward_into_full_kernel_at_terminate",
-                "forward_into_reject_inbox",
-                "leave_scope_mid_pipeline",
-                "pipeline_exactly_once",
-                "cut_off_in_send_to_full_kernel",
-                "shutdown_drains_pipeline_head_to_tail",
-                "unordered_shutdown_counts_drops_in_one_line",
-            ],
-            MIXED,
-        ),
-        "bridge_bound_holds": NO_BRIDGE,
-        "priority_not_starved": NO_BRIDGE,
-        **dict.fromkeys(
-            [
-                "shutdown_of_a_cycle_keeps_what_it_cannot_forward",
-                "unread_replies_reported_at_shutdown",
-                "shutdown_cancelled_again_closes_its_books",
-            ],
-            MIXED,
-        ),
-        **IN_ACTOR,
-    },
+    "tier": {**IN_ACTOR},
     "ray-runtime": {
-        "bridge_bound_holds": NO_BRIDGE,
-        "priority_not_starved": NO_BRIDGE,
-        "restart_on_failure": SNAPSHOT,
-        "every_message_is_timed": SNAPSHOT,
         "shutdown_drains_pipeline_head_to_tail": CLOSURE_SINK,
+        "unordered_shutdown_counts_drops_in_one_line": CLOSURE_SINK,
         **IN_ACTOR,
     },
 }
@@ -286,7 +243,7 @@ SPANS_IN_ACTORS = (
 async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase) -> None:
     if case is RAY_RUNTIME:
         pytest.skip(NO_TRACING_OPTION)
-    pytest.skip(MIXED)
+    await sc.scenario_tracing_lets_go_of_dropped_and_refused_messages(case)
 
 
 async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:

@@ -1,10 +1,11 @@
 """Trace context across the Ray tier: the driver's context reaches the actor with each
-message, and goes on actor to actor along a pipeline.
+message, and goes on along a pipeline.
 
-No tracer provider is configured in the Ray workers, so the actor's own ``process`` span
-is non-recording and keeps the ids of its parent: the actor sees the driver's ``send``
-span (or, one actor on, the ``send`` span the previous actor made, which keeps the ids
-of the driver's span the same way).
+A Ray kernel is hosted like the thread and process tiers: the driver's ``process`` span
+(the child of its ``send``) runs from the hand-over to the reply, and its context crosses
+with the message. No tracer provider is configured in the Ray workers, so the actor's own
+span is non-recording and keeps the ids of its parent: the actor sees the driver's
+``process`` span.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ pytestmark = pytest.mark.ray
 BOUND_S = 60.0
 
 
-def send_spans(exporter: Any, kernel_id: str) -> dict[str, Any]:
-    """The driver's ``send <kernel_id>`` spans by message id."""
+def send_spans(exporter: Any, kernel_id: str, verb: str = "process") -> dict[str, Any]:
+    """The driver's ``<verb> <kernel_id>`` spans by message id (``process`` by default:
+    the span whose context the actor sees)."""
     spans = exporter.get_finished_spans()
-    name = f"send {kernel_id}"
+    name = f"{verb} {kernel_id}"
     return {s.attributes["messaging.message.id"]: s for s in spans if s.name == name}
 
 
@@ -47,10 +49,13 @@ async def test_a_ray_actor_sees_the_context_its_message_was_sent_in(span_exporte
         for num in nums:
             await rt.send("b", num)
         seen = {s.value: s for s in [await rt.receive("b", timeout=BOUND_S) for _ in range(n)]}
-        asked = Num(value=99)  # send_and_receive takes the other road (one Ray call)
+        asked = Num(value=99)  # send_and_receive, traced the same way
         answer = await rt.send_and_receive("b", asked, timeout=BOUND_S)
     sends = send_spans(span_exporter, "b")
+    parents = send_spans(span_exporter, "b", "send")
     for num in nums:
+        mid = str(num.message_id)
+        assert sends[mid].parent.span_id == parents[mid].context.span_id
         assert (seen[num.value].trace_id, seen[num.value].span_id) == hex_ids(
             sends[str(num.message_id)]
         )
@@ -71,12 +76,14 @@ async def test_the_context_goes_on_from_actor_to_actor(span_exporter: Any) -> No
         for num in nums:
             await rt.send("a", num)
         seen = {s.value: s for s in [await rt.receive("b", timeout=BOUND_S) for _ in range(n)]}
-    sends = send_spans(span_exporter, "a")
+    heads = send_spans(span_exporter, "a")
     deadline = time.monotonic() + 5
-    while len(sends) < n and time.monotonic() < deadline:
+    while len(heads) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-        sends = send_spans(span_exporter, "a")
+        heads = send_spans(span_exporter, "a")
     for num in nums:
+        # a's actor hands b's actor the message in its context (the edge is direct):
+        # b's actor sees a's process span, one trace from the driver's send
         assert (seen[num.value].trace_id, seen[num.value].span_id) == hex_ids(
-            sends[str(num.message_id)]
+            heads[str(num.message_id)]
         )

@@ -59,8 +59,10 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ....exceptions import (
+    KernelFailedError,
     KernelNotFoundError,
     KernelStateError,
+    MessageDeserializationError,
     PyDotComputeError,
     QueueFullError,
     QueueTimeoutError,
@@ -68,7 +70,7 @@ from ....exceptions import (
 )
 from ..._loop import create_optimized_loop
 from ...kernel import RingKernel
-from ...message import RingKernelMessage, deserialize_message
+from ...message import RingKernelMessage, deserialize_message, request_key
 from ...runtime import RingKernelRuntime
 from ...states import KernelState
 from ...supervision import BurstLog
@@ -78,7 +80,7 @@ from .wire import PackedError, pack_cause, pack_error, split_traced, traced_item
 if TYPE_CHECKING:
     from ...config import RingKernelConfig
 
-__all__ = ("KernelHost", "RemotePeer")
+__all__ = ("KernelHost", "RemotePeer", "frame_id")
 
 logger = logging.getLogger("pydotcompute")
 
@@ -141,6 +143,7 @@ class RemotePeer:
         self.error: BaseException | None = None
         self.delivered = 0
         self.dropped = 0
+        self._flying = 0  # messages in the push on its way
         if header is not None:  # a tracing runtime: each message goes in its context
             plain = self._encode
 
@@ -148,6 +151,16 @@ class RemotePeer:
                 return traced_item(header(msg), plain(msg))
 
             self._encode = encode  # type: ignore[method-assign]
+
+    @property
+    def sender(self) -> str:
+        """This stand-in's name on the target's side (`_KernelCore.taken_from`)."""
+        return self._token_prefix
+
+    @property
+    def backlog(self) -> int:
+        """Messages handed to this peer and not yet taken by the target (nor dropped)."""
+        return len(self._pending) + self._flying
 
     def _encode(self, msg: Any) -> bytes:
         if self.error is not None:
@@ -223,6 +236,7 @@ class RemotePeer:
                 del self._pending[:n]
                 token = f"{self._token_prefix}:{next(self._tokens)}"
                 self._in_flight = token
+                self._flying = len(batch)
                 try:
                     # skip_full: a full reject-policy inbox refuses one message, not the rest
                     answer = await self._push.remote(batch, None, token, True)
@@ -240,6 +254,7 @@ class RemotePeer:
                     )
                 finally:
                     self._in_flight = None
+                    self._flying = 0
                 self.delivered += accepted
                 lost = len(batch) - accepted
                 if err is not None:
@@ -367,6 +382,31 @@ def _withdrawn(kernel_id: str) -> KernelStateError:
     )
 
 
+#: The tier name the actor's own runtime launches an asyncio-tier kernel under (`_HostKernel`).
+HOST_TIER = "ray-host"
+
+
+class _HostKernel(RingKernel):
+    """The asyncio-tier kernel inside a Ray actor. Its one addition: a request the actor
+    raised on and was restarted after is noted (`failed_requests`), so that the driver,
+    which holds the caller's waiter, can tell that caller why no reply comes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failed_requests: list[tuple[Any, PackedError]] = []
+
+    def _fail_request(self, request: Any, exc: BaseException, note: str) -> None:
+        super()._fail_request(request, exc, note)
+        try:
+            key = request_key(request)
+        except AttributeError:
+            return
+        err = KernelFailedError(
+            self.kernel_id, exc, state=KernelState.ACTIVE, note=note, restarted=True
+        )
+        self.failed_requests.append((key, pack_error(err)))
+
+
 class _HostRuntime(RingKernelRuntime):
     """The tier-1 runtime inside the actor; unknown ids resolve to kernels in other actors."""
 
@@ -442,6 +482,7 @@ class _KernelCore:
         self._settings = settings
         self._runtime: _HostRuntime | None = None
         self._kernel: RingKernel | None = None
+        self._marks = _Marks()
         self._ended: asyncio.Event | None = None
         self._peers: dict[str, RemotePeer] = {}
         self._forward: RemotePeer | None = None
@@ -453,6 +494,7 @@ class _KernelCore:
         # before their push started
         self._pushes: dict[str, asyncio.Task[Any]] = {}
         self._withdrawn: set[str] = set()
+        self._taken_from: dict[str, int] = {}  # messages delivered by each stand-in
         # the driver's calls carry (band, seq): they are admitted in that order per band,
         # whichever arrives first (Ray does not order the calls to a threaded actor)
         self._turns: dict[int, int] = {}
@@ -547,6 +589,13 @@ class _KernelCore:
             runtime = _HostRuntime(self, telemetry, self._tracing)
             await runtime.start()
             self._ended = asyncio.Event()
+            config = self._config
+            if config is not None and config.tier == "asyncio":
+                # the asyncio tier, noting requests it restarts after (`_HostKernel`)
+                importlib.import_module("pydotcompute.ring_kernels.tiers").register_tier(
+                    HOST_TIER, _HostKernel
+                )
+                config.tier = HOST_TIER
             self._kernel = await runtime.launch(
                 self._kernel_id,
                 self._func,
@@ -561,12 +610,15 @@ class _KernelCore:
             return None, pack_error(exc)
 
     async def restore(
-        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+        self,
+        state: str,
+        forward: tuple[str, Any] | None,
+        turns: list[int] | dict[int, int] | None = None,
     ) -> Answer:
         if self._kernel is not None:
             return "alive", None
         if turns is not None:  # the calls before the restart will never come
-            self._turns = dict(enumerate(turns))
+            self._turns = dict(turns) if isinstance(turns, dict) else dict(enumerate(turns))
         value, err = await self.launch()
         if err is not None:
             return value, err
@@ -629,12 +681,11 @@ class _KernelCore:
             await peer.abort()
             peer.log_summary()
         rest = kernel.outbox.drain() if kernel.outbox is not None else []
-        tel = await self.telemetry()
         return (
             _encode_all(left, self._kernel_id),
             _encode_all(rest, self._kernel_id),
             kernel.state.name,
-            tel,
+            (self.events(latencies=True), self.log_lines.take()),
         )
 
     async def watch(self) -> Answer:
@@ -754,6 +805,13 @@ class _KernelCore:
         finally:
             if token is not None:
                 self._pushes.pop(token, None)
+                sender = token.rpartition(":")[0]  # what each stand-in delivered, exactly
+                self._taken_from[sender] = self._taken_from.get(sender, 0) + accepted
+
+    def taken_from(self, sender: str) -> int:
+        """How many messages the stand-in ``sender`` (`RemotePeer.sender`) delivered here:
+        exact even after the actor that forwarded them died."""
+        return self._taken_from.get(sender, 0)
 
     def withdraw(self, token: str) -> None:
         """Loop thread: the sender of push ``token`` gives up on what it has not delivered."""
@@ -831,11 +889,94 @@ class _KernelCore:
                 items = [first]
                 if n > 1 and len(out):
                     items.extend(out.get_batch(n - 1))
+            if self._tracing:  # each reply in the context it was sent in
+                return [
+                    traced_item(self._peer_header(m), _encode(m, self._kernel_id)) for m in items
+                ]
             return _encode_all(items, self._kernel_id)
         except PyDotComputeError as exc:
             if items:  # a reply that cannot be encoded: deliver the others, report it
                 return _encode_good(items, self._kernel_id), pack_error(exc)
             return [], pack_error(exc)
+
+    # -- the driver's worker (`worker.RayWorker`) -----------------------------------------
+
+    def progress(self) -> tuple[int, int, str | None]:
+        """``(taken, owed, sender)`` since this actor (re)started: messages the actor took
+        from its inbox, replies it made that still had to reach the driver (all it put in
+        its outbox) or the actor it forwards to (what waits in the stand-in), and the name
+        of the stand-in of its direct edge (None: none). The driver counts what a dead
+        actor took with it from these."""
+        kernel = self._kernel
+        if kernel is None:
+            return 0, 0, None
+        inbox, out = kernel.inbox, kernel.outbox
+        taken = inbox.statistics().total_dequeued if inbox is not None else 0
+        owed = out.statistics().total_enqueued if out is not None else 0
+        forward = self._forward
+        for peer in list(self._peers.values()):
+            owed += peer.backlog
+        return int(taken), int(owed), None if forward is None else forward.sender
+
+    def events(self, latencies: bool = False) -> dict[str, Any] | None:
+        """What happened in the actor since the last call that the driver's telemetry
+        counts (restarts, errors, drops other than those handed back, requests the actor
+        raised on, messages another actor took over a direct edge), or None when nothing
+        did; with ``latencies``, also the latencies timed
+        since (``"latency"``, `RingKernelTelemetry.merge_summary`'s form)."""
+        kernel = self._kernel
+        if kernel is None:
+            return None
+        forwarded = sum(peer.delivered for peer in list(self._peers.values()))
+        return self._marks.since(kernel, latencies, forwarded)
+
+    async def put(self, batch: list[bytes], seq: int) -> Any:
+        """The driver's batch number ``seq`` (admitted in that order): decode each message
+        and put it into the inbox, waiting for room (the inbox blocks: the driver's
+        inbox holds the user's policy). A message that does not decode is refused alone.
+
+        Answers ``(accepted, packed error or None, rejected, progress, events)``: ``accepted``
+        counts the messages taken or refused, from the first; the error stops the batch
+        there (a kernel that ended); ``rejected`` lists ``(message id or None, text)`` of
+        messages that did not decode."""
+        accepted = 0
+        rejected: list[tuple[Any, str]] = []
+        err: PackedError | None = None
+        try:
+            await self._wait_turn(_PUT_BAND, seq)
+            kernel = self.require("send to")
+            accept = kernel.accept
+            decode = self.decode
+            for data in batch:
+                try:
+                    msg = decode(data)
+                except MessageDeserializationError as exc:
+                    rejected.append((frame_id(data), str(exc)))
+                    accepted += 1
+                    continue
+                await accept(msg, None)
+                accepted += 1
+        except PyDotComputeError as exc:
+            err = pack_error(exc)
+        finally:
+            self.done_turn(_PUT_BAND, seq)
+        return accepted, err, rejected or None, self.progress(), self.events()
+
+    async def collect(self, n: int, wait: float | None) -> Any:
+        """Up to ``n`` replies (waiting up to ``wait`` seconds for the first), as
+        ``(replies, packed error or None, events or None, progress, closed)``: the error
+        once the outbox is closed and drained (``closed``), or of one reply that cannot
+        cross (a plain value the actor sent)."""
+        answer = await self.fetch(n, wait)
+        items, err = (answer, None) if type(answer) is list else answer
+        # ``closed``: the outbox is closed and drained (else the error is one reply's)
+        closed = err is not None and err[0] in ("KernelStateError", "KernelFailedError")
+        return items, err, self.events(), self.progress(), closed
+
+    async def stats(self) -> Any:
+        """``(events with latencies, progress)`` (`events`): what the driver's telemetry
+        folds in when it is read, fetched without blocking the driver."""
+        return self.events(latencies=True), self.progress()
 
     async def telemetry(self) -> Any:
         """The kernel's telemetry (None before launch) and the log lines since the last
@@ -908,7 +1049,10 @@ class KernelHost:
         return self._run(self._core.launch())
 
     def restore(
-        self, state: str, forward: tuple[str, Any] | None, turns: list[int] | None = None
+        self,
+        state: str,
+        forward: tuple[str, Any] | None,
+        turns: list[int] | dict[int, int] | None = None,
     ) -> Answer:
         """After Ray restarted this actor: launch again and return to ``state``.
 
@@ -975,6 +1119,22 @@ class KernelHost:
         """
         return self._run(self._core.push(batch, timeout, token, skip_full, band, seq))
 
+    def taken_from(self, sender: str) -> int:
+        """Messages the stand-in ``sender`` of another actor delivered here."""
+        return self._core.taken_from(sender)
+
+    def put(self, batch: list[bytes], seq: int) -> Any:
+        """The driver's batch ``seq`` into the inbox, in order (see `_KernelCore.put`)."""
+        return self._run(self._core.put(batch, seq))
+
+    def collect(self, n: int, wait: float | None = None) -> Any:
+        """Up to ``n`` replies and what the driver's telemetry counts (`_KernelCore.collect`)."""
+        return self._run(self._core.collect(n, wait))
+
+    def stats(self) -> Any:
+        """What the driver's telemetry folds in, latencies included (`_KernelCore.stats`)."""
+        return self._run(self._core.stats())
+
     def withdraw(self, token: str) -> None:
         """The sender of push ``token`` stops: that push takes nothing more (it answers
         how many it took); a push not started yet takes nothing."""
@@ -1024,9 +1184,14 @@ class KernelHost:
         except PyDotComputeError as exc:
             return None, pack_error(exc)
         try:
-            return _encode(reply, self._kernel_id)
+            data = _encode(reply, self._kernel_id)
         except PyDotComputeError as exc:
             return None, pack_error(exc)
+        if band == _PUT_BAND:  # the driver's worker: what its telemetry counts comes along
+            events = self._core.events()
+            if events is not None:
+                return data, None, events
+        return data
 
     def fetch(self, n: int, wait: float | None = None) -> Any:
         """Up to ``n`` replies from the outbox, waiting up to ``wait`` seconds for the first.
@@ -1041,6 +1206,84 @@ class KernelHost:
         """``(telemetry, log lines)``: the kernel's counts and the package's log lines in
         this actor since the last call."""
         return self._run(self._core.telemetry())
+
+
+_PUT_BAND = -1  # the turn numbers of the driver worker's batches (`put`)
+
+
+_RAW_ITEMS: Any = None
+
+
+def frame_id(data: bytes, which: str = "message_id") -> Any:
+    """``message_id`` (or ``correlation_id``) of a frame that does not decode as its class,
+    or None. A frame is a flat array ending with its header (``message_id, priority,
+    correlation_id``): only that item is decoded."""
+    global _RAW_ITEMS
+    msgspec: Any = importlib.import_module("msgspec")
+    if _RAW_ITEMS is None:
+        _RAW_ITEMS = msgspec.msgpack.Decoder(list[msgspec.Raw])
+    try:
+        items = _RAW_ITEMS.decode(split_traced(data)[1])
+        at = -3 if which == "message_id" else -1
+        wire = msgspec.msgpack.decode(items[at]) if len(items) >= 4 else None
+    except Exception:
+        return None
+    return uuid.UUID(bytes=wire) if type(wire) is bytes and len(wire) == 16 else None
+
+
+class _Marks:
+    """What the driver was last told of a kernel's counters (`_KernelCore.events`)."""
+
+    __slots__ = ("drops", "errors", "forwarded", "guard", "latency", "restarts")
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()  # the loop's calls and `request`'s Ray thread
+        self.restarts = 0
+        self.forwarded = 0
+        self.errors = 0
+        self.drops: dict[str, int] = {}
+        self.latency: tuple[int, int, dict[int, int]] = (0, 0, {})
+
+    def since(self, kernel: Any, latencies: bool, forwarded: int = 0) -> dict[str, Any] | None:
+        with self.guard:
+            return self._since(kernel, latencies, forwarded)
+
+    def _since(self, kernel: Any, latencies: bool, forwarded: int) -> dict[str, Any] | None:
+        tel = kernel.telemetry
+        out: dict[str, Any] = {}
+        if forwarded != self.forwarded:  # taken by another actor, over a direct edge
+            out["sent"] = forwarded - self.forwarded
+            self.forwarded = forwarded
+        if tel.restarts != self.restarts:
+            out["restarts"] = tel.restarts - self.restarts
+            self.restarts = tel.restarts
+        if tel.error_count != self.errors:
+            out["errors"] = (tel.error_count - self.errors, tel.last_error)
+            self.errors = tel.error_count
+        per = tel.drops_by_reason
+        if per:  # (a copy: this may run on a Ray thread while the loop counts a drop)
+            per = dict(per)
+            drops = {}
+            for why, n in per.items():
+                # handed back: the driver hands the same messages back and counts them
+                if why != "undelivered" and n != self.drops.get(why, 0):
+                    drops[why] = n - self.drops.get(why, 0)
+                    self.drops[why] = n
+            if drops:
+                out["drops"] = drops
+        failed = getattr(kernel, "failed_requests", None)
+        if failed:
+            taken = failed[:]
+            del failed[: len(taken)]
+            out["failed"] = taken
+        if latencies:
+            count, total, lo, hi, pairs = tel.latency_summary()
+            seen_n, seen_total, seen = self.latency
+            if count > seen_n:
+                delta = [(b, c - seen.get(b, 0)) for b, c in pairs if c > seen.get(b, 0)]
+                out["latency"] = (count - seen_n, total - seen_total, lo, hi, delta)
+                self.latency = (count, total, dict(pairs))
+        return out or None
 
 
 def _abandon(kernel: RingKernel, waiter: _ReplyWaiter) -> None:
