@@ -240,7 +240,10 @@ class HostedKernel(RingKernel):
         """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
         messages already in the inbox, or hand it straight to the worker; False when it
         must take the inbox's own path (empty inbox and no hand-over, or a full one)."""
-        self._admit(msg)
+        in_t = self.input_type
+        if not self._direct or (in_t is not None and type(msg) is not in_t):
+            # (a direct kernel's worker measures no sizes: the exact type needs no check)
+            self._admit(msg)
         inbox = self._inbox
         if inbox is not None and inbox.qsize and not self._stopping:
             return bool(inbox.offer(msg))  # behind others: the pump keeps the order
@@ -320,7 +323,7 @@ class HostedKernel(RingKernel):
 
     async def activate(self) -> None:
         self._check("activate")
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         writable = self._writable
@@ -344,8 +347,11 @@ class HostedKernel(RingKernel):
             if scheduled[0]:
                 return
             scheduled[0] = True
-            with contextlib.suppress(RuntimeError):  # loop closed during teardown
+            try:  # (not contextlib.suppress: three calls after the wake-up, on the actor's
+                # thread, holding the GIL the loop thread wakes up to take)
                 loop.call_soon_threadsafe(drain_on_loop)
+            except RuntimeError:  # loop closed during teardown
+                pass
 
         loop_thread = threading.get_ident()
 
@@ -617,11 +623,16 @@ class HostedKernel(RingKernel):
         try:
             while True:
                 taken = self._drain_batch(worker, budget, ready, readable)
+                if not taken:
+                    # nothing more: the loop runs other tasks before the next drain (a
+                    # wake-up from the worker), so this turn's budget starts afresh
+                    budget = SEND_YIELD_EVERY
+                    return
                 budget -= taken
-                if not taken or ready:
+                if ready:
                     return
                 if budget <= 0:
-                    asyncio.get_running_loop().call_soon(self._refill)
+                    (self._loop or asyncio.get_running_loop()).call_soon(self._refill)
                     return
         finally:
             self._budget = budget

@@ -185,6 +185,7 @@ class RingKernel:
         "_gate",
         "_inbox",
         "_lookup",
+        "_loop",
         "_on_failed",
         "_outbox",
         "_runtime",
@@ -281,6 +282,9 @@ class RingKernel:
         self.error: BaseException | None = None
         self._undelivered: list[Any] | None = None  # made on first use
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
+        # the loop it was activated on (or of the first send_and_receive), kept as the
+        # queues keep theirs: on 3.11 looking the running loop up costs a getpid() call
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- introspection ------------------------------------------------------------------
 
@@ -424,7 +428,7 @@ class RingKernel:
         self._check("activate")
         await self._place_set_active(True, "activate")
         self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         try:
             for i in range(len(self._ctxs)):
                 coro = self._supervise(i)
@@ -1030,7 +1034,9 @@ class RingKernel:
         again while a reply to it is still awaited (or after an attempt timed out) goes as
         a copy with a fresh ``message_id`` (see `expect_reply`).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         # (``hasattr`` would read ``message_id``, which builds a UUID a message keeps its
         # id as bytes to avoid)
@@ -1080,7 +1086,7 @@ class RingKernel:
             if fut.done():
                 return fut.result()
             try:
-                return await wait_until(fut, deadline, asyncio.get_running_loop())
+                return await wait_until(fut, deadline, self._loop or asyncio.get_running_loop())
             except TimeoutError:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None
