@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, save_json
 
-from pydotcompute.ring_kernels._gpu import layout as L
-from pydotcompute.ring_kernels._gpu.host import HostRings
 from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.tiers.gpu import layout as L
+from pydotcompute.ring_kernels.tiers.gpu.host import HostRings
 
 
 @message

@@ -95,7 +95,7 @@ __device__ int handle(const Work* in, Result* out, pdc_state_t* state) {
 
 def per_message_c_source() -> str:
     """The launch-per-message baseline in CUDA C (one thread does the work)."""
-    from pydotcompute.ring_kernels._gpu.cuda_c import c_struct
+    from pydotcompute.ring_kernels.tiers.gpu.cuda_c import c_struct
 
     return "\n".join(
         [
@@ -128,10 +128,11 @@ def compile_check(cc: tuple[int, int]) -> dict[str, str]:
     from numba import cuda
     from numba.np.numpy_support import from_dtype
 
-    from pydotcompute.ring_kernels._gpu import build, cuda_c
-    from pydotcompute.ring_kernels.gpu_kernel import (
+    from pydotcompute.ring_kernels.tiers.gpu import (
+        build,
         compile_gpu_kernel_cuda_c,
         compile_gpu_kernel_ptx,
+        cuda_c,
     )
 
     state = np.zeros(1, np.int64)
@@ -169,7 +170,7 @@ def ring_raw_rtt(kernel: Any, n: int, warm: int, spin_timeout: float | None = No
         TimeoutError: a reply did not arrive within ``spin_timeout`` seconds (the kernel
             hung, or never saw the message): the spin would otherwise never end.
     """
-    r = kernel._rings
+    r = kernel.rings
     rec = Work.to_records([_work(1)])
     clock = time.perf_counter_ns
     limit_ns = int(1e9 * (SPIN_TIMEOUT_S if spin_timeout is None else spin_timeout))
@@ -255,7 +256,7 @@ def numba_launch_rtt(n: int, warm: int, mapped: dict[str, Any]) -> list[int]:
     """Launch the Numba kernel per message on mapped memory and synchronize each time."""
     from numba import cuda
 
-    from pydotcompute.ring_kernels._gpu import build
+    from pydotcompute.ring_kernels.tiers.gpu import build
 
     kern = cuda.jit(make_per_message_kernel(build._device_function(work_handler)))
     stream = cuda.stream()

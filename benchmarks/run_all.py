@@ -124,6 +124,12 @@ SUITE = (
         "a 3-stage pipeline with and without a metrics scraper, and with tracing",
     ),
     Script(
+        "edges",
+        "edges_benchmark.py",
+        False,
+        "pipelines of off-loop stages: loop path vs direct edges vs the slowest stage",
+    ),
+    Script(
         "ray",
         "ray_benchmark.py",
         False,

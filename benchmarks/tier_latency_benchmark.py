@@ -53,10 +53,10 @@ from _tier_actors import (
 
 from pydotcompute.ring_kernels import _native as _cython
 from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
-from pydotcompute.ring_kernels.cython_kernel import CythonKernelConfig, CythonRingKernel
 from pydotcompute.ring_kernels.message import message_decoder
-from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
-from pydotcompute.ring_kernels.threaded_kernel import ThreadedRingKernel
+from pydotcompute.ring_kernels.tiers.process.kernel import CythonKernelConfig, CythonRingKernel
+from pydotcompute.ring_kernels.tiers.thread import ThreadedRingKernel
+from pydotcompute.ring_kernels.tiers.thread.sync_queue import SPSCQueue, SyncQueue
 
 _ns = time.perf_counter_ns
 SPAWN = multiprocessing.get_context("spawn")

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import exceptions as exceptions
 from ._info import show_config as show_config
+from ._public import expose as _expose
 from ._version import __version__ as __version__
 from .decorators.ring_kernel import ring_kernel as ring_kernel
 from .ring_kernels._loop import install_uvloop as _install_uvloop
@@ -70,3 +71,5 @@ __all__ = (
     "run",
     "show_config",
 )
+
+_expose(__name__, __all__, globals())  # repr and pickles name `pydotcompute.X`

@@ -99,6 +99,7 @@ def _collect_config() -> dict[str, Any]:
         "loop": get_loop_info(),
         "libraries": libs,
         "tiers": tier_status(libs, cython_ext),
+        "compiled_extensions": bool(cython_ext),
     }
 
 
@@ -219,6 +220,9 @@ def _show_config(file: TextIO | None) -> None:
             if info["extra"] and not info["installed"]
             else ""
         )
+        if name == "Cython" and not info["installed"] and cfg.get("compiled_extensions"):
+            # a wheel ships the extensions compiled: Cython is only needed to build them
+            status, hint = "not installed", "  (not needed: the extensions are compiled)"
         w(f"  {name:<12} {status}{hint}\n")
     w("tiers         : can each run here?\n")
     for name, t in cfg["tiers"].items():

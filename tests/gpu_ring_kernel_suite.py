@@ -29,8 +29,8 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState, RingKernelConfig
-from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
 from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.tiers.gpu import GPURingKernel
 
 cuda = pytest.importorskip("numba.cuda")  # a module global: the simulator swaps it
 
@@ -188,7 +188,7 @@ async def wait_for(pred: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def poke_state(kernel: GPURingKernel, index: int, value: int) -> None:
     """Write one state element while the kernel runs (simulator: NumPy; GPU: a copy)."""
-    dev = kernel._dev
+    dev = kernel.device
     assert dev is not None
     arr = dev.state_dev
     if isinstance(arr, np.ndarray):
@@ -371,6 +371,7 @@ async def handler_rejection_is_an_error(rt: RingKernelRuntime, env: Env) -> None
     assert tel.last_error is not None
     assert "status 3" in tel.last_error
     assert k.statistics().last_status == 3
+    assert tel.drop_reasons() == {"rejected": 2}  # each rejected message ends as a drop
     assert k.receive_nowait() is None  # rejected messages produce no reply
     assert rt.get_kernel_state("picky") is KernelState.ACTIVE
 
@@ -491,7 +492,9 @@ async def bad_input_is_refused(rt: RingKernelRuntime, env: Env) -> None:
     assert isinstance(k, GPURingKernel)
     with pytest.raises(TypeValidationError, match=r"expects records of Add\.dtype"):
         await k.send_records(np.zeros(3, dtype=Seq.dtype))
-    with pytest.raises(QueueTimeoutError, match=r"no reply from GPU kernel 'add' within 0\.05s"):
+    with pytest.raises(
+        QueueTimeoutError, match=r"no message arrived within 0\.05s on .*kernel 'add'"
+    ):
         await rt.receive("add", timeout=0.05)
 
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib
 import itertools
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     KernelFailedError,
     KernelStateError,
+    MessageDeserializationError,
     MessageSerializationError,
     PyDotComputeError,
     QueueClosedError,
@@ -1209,8 +1214,9 @@ async def _telemetry(rt: Any, kid: str) -> Any:
 
 
 async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -> None:
-    """``shutdown(ordered=False)`` stops every stage at once: what the tail refuses is
-    counted (exactly once overall) and logged in a few lines, not one line a message."""
+    """``shutdown(ordered=False)`` stops every stage at once: what the tail refuses stays
+    readable in the head's outbox (or is counted), exactly once overall, and is logged in a
+    few lines, not one line a message."""
     async with asyncio.timeout(BOUND_S):
         rt = case.make_runtime()
         seen: list[int] = []
@@ -1232,8 +1238,9 @@ async def scenario_unordered_shutdown_counts_drops_in_one_line(case: TierCase) -
         dropped = (
             rt.get_telemetry("head").messages_dropped + rt.get_telemetry("sink").messages_dropped
         )
-        assert_exactly_once(accepted, seen, _seqs(left), dropped)
-        assert dropped > 0  # the point of the scenario: some were refused
+        kept = _read_all(rt, "head")  # refused by the stopped sink: kept, readable
+        assert_exactly_once(accepted, seen + kept, _seqs(left), dropped)
+        assert len(kept) + dropped > 0  # the point of the scenario: some were refused
         assert len(lines) <= 6, f"{len(lines)} log lines: {lines[:8]}"
 
 
@@ -1520,3 +1527,948 @@ async def scenario_spin_options_capped(case: TierCase) -> None:
             assert waited < timeout + margin, f"request {i} ended after {waited:.3f}s"
         assert (await rt.send_and_receive("k", Job(seq=10), timeout=BOUND_S)).seq == 10
         assert await _dropped(rt, "k") == 3  # the late replies, counted
+
+
+# --- round 4: tracing ---
+
+
+def _traced_runtime(case: TierCase) -> Any:
+    """The case's runtime, made with ``tracing=True``."""
+    make: Any = case.make_runtime
+    return make(tracing=True)
+
+
+def _kept_alive(messages: list[Any]) -> list[int]:
+    """The seqs of those ``messages`` that something besides ``messages`` holds (a fresh
+    message held by one list alone is the measure)."""
+    probe = [Job(seq=-1)]
+    alone = next(sys.getrefcount(m) for m in probe)
+    return [m.seq for m in messages if sys.getrefcount(m) > alone]
+
+
+@functools.cache
+def span_exporter() -> Any:
+    """The OpenTelemetry SDK's in-memory exporter behind the global tracer provider, one
+    per process (skips where the SDK is not installed)."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+async def scenario_tracing_lets_go_of_dropped_and_refused_messages(case: TierCase) -> None:
+    """A tracing runtime remembers each message's trace context from its send until an
+    actor takes it. A message a full ``drop_oldest`` inbox drops, one a full ``reject``
+    inbox refuses (sent by the caller, or forwarded by an actor) and one whose send
+    raises are let go at once: the tracer keeps none of them alive, and holds nothing
+    once every accepted message was taken."""
+    n = 40
+    big = "x" * 10_000
+    async with asyncio.timeout(BOUND_S), _traced_runtime(case) as rt:
+        tracer = rt.tracer
+        await _launch(rt, case, "d", activate=False, queue_size=4, backpressure="drop_oldest")
+        await _launch(rt, case, "r", activate=False, queue_size=4, backpressure="reject")
+        to_d = [Job(seq=i, payload=big) for i in range(n)]
+        for job in to_d:
+            await rt.send("d", job)
+        refused: list[Any] = []
+        accepted: list[int] = []
+        for i in range(n):
+            job = Job(seq=i, payload=big)
+            try:
+                await rt.send("r", job)
+            except QueueFullError:
+                refused.append(job)
+            else:
+                accepted.append(i)
+        del job  # (the loop's name would keep the last one alive)
+        assert len(refused) == n - 4, len(refused)
+        raised = [Done(seq=n + 1)]  # not the kernel's input type
+        with pytest.raises((TypeValidationError, PyDotComputeError)):
+            await rt.send("r", raised[0])
+        dropped = await _dropped(rt, "d")
+        assert dropped == n - 4, dropped
+        assert not (kept := _kept_alive(refused)), kept
+        assert not (kept := _kept_alive(raised)), kept
+        # the four each inbox holds (on every tier: a GPU kernel is traced at its bridge)
+        assert tracer.in_flight() == 8, tracer.in_flight()
+
+        # an actor's forward that a full reject inbox refuses
+        await _launch(rt, case, "a", queue_size=64)
+        await rt.launch(
+            "b", echo_async, input_type=Done, output_type=Done, queue_size=2, backpressure="reject"
+        )
+        rt.connect("a", "b")  # b is not active: its inbox fills after two
+        for i in range(20):
+            await rt.send("a", Job(seq=i))
+        deadline = time.monotonic() + BOUND_S / 2
+        while time.monotonic() < deadline:  # until a has handled all 20
+            if rt.get_telemetry("a").messages_dropped + len(rt.get_kernel("b").inbox) >= 20:  # type: ignore[arg-type]
+                break
+            await asyncio.sleep(0.02)
+        assert tracer.in_flight() == 8 + 2, tracer.in_flight()
+
+        for kid in "drb":
+            await rt.activate(kid)
+        got_d = [(await rt.receive("d", timeout=BOUND_S)).seq for _ in range(n - dropped)]
+        got_r = [(await rt.receive("r", timeout=BOUND_S)).seq for _ in accepted]
+        got_b = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(2)]
+        assert got_d == list(range(n - 4, n))
+        assert got_r == accepted
+        assert len(got_b) == 2
+        gone = [job for job in to_d if job.seq not in got_d]
+        del to_d  # the dropped ones are held by ``gone`` alone now
+        assert not (kept := _kept_alive(gone)), kept
+        assert tracer.in_flight() == 0, tracer.in_flight()
+
+
+async def scenario_failed_message_spans_say_so(case: TierCase) -> None:
+    """The ``process`` span of a message its actor raised on has status ERROR and the
+    exception as an event (OpenTelemetry's conventions); every other message's span is
+    left unset. Where the tier restarts actors 10 of 100 messages raise; elsewhere the
+    first that raises fails the kernel."""
+    from opentelemetry.trace import StatusCode
+
+    exporter = span_exporter()
+    exporter.clear()
+    restarts = case.name in RESTARTS
+    n = 100 if restarts else 10
+    booms = {i for i in range(n) if i % 10 == 3} if restarts else {5}
+    opts: dict[str, Any] = (
+        {"restart": "on_failure", "max_restarts": None, "restart_backoff": 0.001}
+        if restarts
+        else {}
+    )
+    jobs = [Job(seq=i, payload="boom" if i in booms else "") for i in range(n)]
+    ids = {str(job.message_id): job.seq for job in jobs}
+
+    def process_spans() -> dict[int, Any]:
+        return {
+            ids[s.attributes["messaging.message.id"]]: s
+            for s in exporter.get_finished_spans()
+            if s.name == "process k" and s.attributes.get("messaging.message.id") in ids
+        }
+
+    async with asyncio.timeout(BOUND_S), _traced_runtime(case) as rt:
+        await _launch(rt, case, queue_size=n, **opts)
+        for job in jobs:
+            await rt.send("k", job)
+        answered = n - len(booms) if restarts else min(booms)
+        got = sorted([(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(answered)])
+        assert got == (sorted(set(range(n)) - booms) if restarts else list(range(answered)))
+        deadline = time.monotonic() + BOUND_S / 2
+        while not booms <= set(process_spans()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    spans = process_spans()
+    assert set(got) | booms <= set(spans), sorted(set(got) | booms - set(spans))
+    failed = {seq for seq, s in spans.items() if s.status.status_code is StatusCode.ERROR}
+    assert failed == booms, (sorted(failed), sorted(booms))
+    for seq, span in spans.items():
+        events = [e for e in span.events if e.name == "exception"]
+        if seq in booms:
+            assert [e.attributes["exception.type"] for e in events] == ["ValueError"]
+            assert f"boom at {seq}" in events[0].attributes["exception.message"]
+            assert f"boom at {seq}" in (span.status.description or "")
+        else:
+            assert span.status.status_code is StatusCode.UNSET, (seq, span.status)
+            assert events == []
+
+
+# --- round 4: shutdown accounting ---
+
+
+async def job_of_async(ctx: Any) -> None:
+    """Done -> Job: with an echo (Job -> Done) it closes a cycle."""
+    while not ctx.should_terminate:
+        done = await ctx.receive()
+        await ctx.send(Job(seq=done.seq))
+
+
+def _lost_in(report: dict[str, int]) -> int:
+    """The messages a shutdown report counts as lost (``-1`` marks a broken kernel)."""
+    assert all(n > 0 for n in report.values()), report
+    return sum(report.values())
+
+
+async def scenario_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case: TierCase) -> None:
+    """``a`` (asyncio) and ``b`` (the tier) forward into each other; 100 messages circulate
+    when the runtime shuts down. The cycle is broken at ``a`` (launched first), so ``b``
+    forwards into a kernel that stopped: it keeps those replies, readable in its own
+    outbox, instead of dropping them. Every message ends once, the report counts every
+    loss (none here: the cycle has time to drain) and the replies left unread."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch("a", job_of_async, input_type=Done, output_type=Job, queue_size=256)
+        await _launch(rt, case, "b", activate=False, queue_size=256)
+        rt.connect("a", "b")
+        rt.connect("b", "a")
+        await rt.activate("a")
+        await rt.activate("b")
+        for i in range(100):
+            await rt.send("b", Job(seq=i))
+        await asyncio.sleep(0.2)  # circulating
+        report = await rt.shutdown(timeout=5)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = rt.get_kernel("a").undelivered + rt.get_kernel("b").undelivered
+        dropped = await _dropped(rt, "a") + await _dropped(rt, "b")
+        assert_exactly_once(list(range(100)), read, _seqs(left), dropped)
+        assert _lost_in(report) == dropped, (report, dropped)  # every loss is in the report
+        assert (report, dropped) == ({}, 0), (report, dropped)
+        assert sorted(read) == list(range(100))
+        assert sum(report.unread.values()) == len(read), report  # type: ignore[attr-defined]
+
+
+async def scenario_every_way_of_stopping_honours_drain_timeout(case: TierCase) -> None:
+    """A kernel with 10 messages of 0.5 s queued and ``drain_timeout=0.2``: ``terminate``,
+    ``shutdown`` (given 30 s), leaving ``async with``, and leaving it because its task was
+    cancelled (Ctrl-C under ``asyncio.run``) each stop draining after ``drain_timeout`` and
+    hand the rest back, counted in the report, instead of draining all 10 (5 s of work)
+    within the shutdown's timeout."""
+    for way in ("terminate", "shutdown", "leave", "cancelled"):
+        rt = case.make_runtime()
+        queued = asyncio.Event()
+        reports: list[dict[str, int]] = []
+
+        async def app(
+            rt: Any = rt,
+            way: str = way,
+            queued: asyncio.Event = queued,
+            reports: list[dict[str, int]] = reports,
+        ) -> None:
+            async with rt:
+                # a device handles a whole burst of what its ring holds before it looks at
+                # TERMINATE: give it one message at a time, as the other tiers' actors take
+                one_by_one = {"bridge_queue_size": 1} if case.name == "gpu" else {}
+                await _launch(rt, case, drain_timeout=0.2, **one_by_one)
+                for i in range(10):
+                    await rt.send("k", Job(seq=i, payload="sleep:0.5"))
+                if way == "terminate":
+                    reports.append({"k": len(await rt.terminate("k"))})
+                elif way == "shutdown":
+                    reports.append(await rt.shutdown(timeout=30))
+                elif way == "cancelled":
+                    queued.set()
+                    await asyncio.Event().wait()  # until cancelled
+
+        async with asyncio.timeout(BOUND_S):
+            task = asyncio.ensure_future(app())
+            if way == "cancelled":
+                await queued.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                await task
+        if way in ("leave", "cancelled"):  # the report of the shutdown ``async with`` ran
+            reports.append(rt.shutdown_report)
+        handed = len(rt.get_kernel("k").undelivered)
+        assert handed >= 6, f"{way}: {handed} of 10 handed back: it drained past 0.2 s"
+        assert reports[0]["k"] >= handed, (way, reports)  # handed back, maybe a reply lost
+
+
+async def scenario_unread_replies_reported_at_shutdown(case: TierCase) -> None:
+    """Replies waiting in the last outbox when the runtime's scope is left because its
+    task was cancelled (as Ctrl-C does under ``asyncio.run``) are not lost without a word:
+    the shutdown drains the pipeline into that outbox, counts what is there in
+    ``runtime.shutdown_report.unread``, logs it in one line, and ``take_unread`` reads
+    each of them once afterwards."""
+    rt = case.make_runtime()
+    sent = asyncio.Event()
+
+    async def app() -> None:
+        async with rt:
+            await _launch(rt, case, "head", activate=False, queue_size=64)
+            await rt.launch("tail", relay_async, input_type=Done, output_type=Done, queue_size=64)
+            rt.connect("head", "tail")
+            await rt.activate("tail")
+            await rt.activate("head")
+            for i in range(50):
+                await rt.send("head", Job(seq=i))
+            sent.set()
+            await asyncio.Event().wait()  # nobody reads the tail; until cancelled
+
+    with _log_lines() as lines:
+        async with asyncio.timeout(BOUND_S):
+            task = asyncio.ensure_future(app())
+            await sent.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    report = rt.shutdown_report
+    assert report == {}, report
+    assert report.unread == {"tail": 50}, report
+    (said,) = [line for line in lines if "unread" in line]
+    assert "50 repl" in said, said
+    assert "'tail'" in said, said
+    replies = rt.take_unread("tail")
+    assert sorted(r.seq for r in replies) == list(range(50))
+    assert rt.take_unread("tail") == []
+
+
+async def scenario_shutdown_cancelled_again_closes_its_books(case: TierCase) -> None:
+    """A backed-up pipeline (nobody reads the tail) whose task is cancelled once (leaving
+    ``async with`` starts the shutdown, which cannot drain) and again while the shutdown
+    runs, as ``asyncio.run`` does on a second Ctrl-C: the shutdown stops every kernel at
+    once instead of being broken off, so every message ends once (readable, handed back
+    or counted), the report says so, and the cancellation still comes through."""
+    rt = case.make_runtime()
+    accepted: list[int] = []
+    backed_up = asyncio.Event()
+
+    async def app() -> None:
+        async with rt:
+            await _launch(rt, case, "head", activate=False, queue_size=32, drain_timeout=20)
+            await rt.launch(
+                "tail",
+                relay_async,
+                input_type=Done,
+                output_type=Done,
+                queue_size=32,
+                drain_timeout=20,
+            )
+            rt.connect("head", "tail")
+            await rt.activate("tail")
+            await rt.activate("head")
+            i = 0
+            while True:
+                sending = asyncio.ensure_future(rt.send("head", Job(seq=i)))
+                done, _ = await asyncio.wait({sending}, timeout=0.3)
+                if not done:
+                    backed_up.set()
+                await sending
+                accepted.append(i)
+                i += 1
+
+    async with asyncio.timeout(BOUND_S):
+        task = asyncio.ensure_future(app())
+        await backed_up.wait()
+        task.cancel()  # the first Ctrl-C: the shutdown starts, and cannot drain
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()  # the second one, while the shutdown runs
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    report = rt.shutdown_report
+    assert report.interrupted, report
+    read = _read_all(rt, "head") + _read_all(rt, "tail")
+    left = rt.get_kernel("head").undelivered + rt.get_kernel("tail").undelivered
+    dropped = await _dropped(rt, "head") + await _dropped(rt, "tail")
+    assert {rt.get_kernel_state(k) for k in ("head", "tail")} == {KernelState.TERMINATED}
+    assert_exactly_once(accepted, read, _seqs(left), dropped)
+    assert _lost_in(report) == dropped, (report, dropped)
+    assert sum(report.unread.values()) == len(read), report
+
+
+# --- round 4: replies nobody waits for never wedge a request/reply kernel ---
+
+
+async def scenario_mass_timeouts_do_not_wedge_request_reply(case: TierCase) -> None:
+    """A kernel used only through ``send_and_receive`` stalls while more callers time out
+    than it remembers abandoned requests (`ABANDONED_REQUESTS_KEPT`): every late reply is
+    dropped and counted (none waits in the outbox, none blocks the actor on a full one),
+    the drops are logged in a line or two, not one per reply, and the next callers are
+    all answered."""
+    from pydotcompute.ring_kernels.lifecycle import ABANDONED_REQUESTS_KEPT as kept
+
+    callers = kept + 256
+    async with asyncio.timeout(BOUND_S * 3), case.make_runtime() as rt:
+        # room for every request, none for more than two replies (the default
+        # backpressure, block: a reply that reached the full outbox would wait there)
+        await _launch(rt, case, input_queue_size=callers + 64, output_queue_size=2)
+        with _log_lines() as lines:
+            # the stall: deactivated, the kernel takes no message until every caller has
+            # given up (a stalled actor, without depending on how fast callers get in)
+            await rt.deactivate("k")
+            results: list[Any] = []
+            for first in range(0, callers, 1024):  # in waves: a Ray actor serves 64 calls
+                # at a time, and a call queued past its grace is abandoned by the driver
+                wave = range(first, min(first + 1024, callers))
+                calls = [rt.send_and_receive("k", Job(seq=i), timeout=0.5) for i in wave]
+                results += await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(r, QueueTimeoutError) for r in results), [
+                r for r in results if not isinstance(r, QueueTimeoutError)
+            ][:3]
+            # it now answers every abandoned request, late, and then these
+            await rt.reactivate("k")
+            answered = []
+            for i in range(5):
+                fresh = await rt.send_and_receive("k", Job(seq=100_000 + i), timeout=10)
+                answered.append(fresh.seq)
+            assert answered == [100_000 + i for i in range(5)]
+            assert rt.receive_nowait("k") is None, "a late reply was left in the outbox"
+            dropped = await _dropped(rt, "k")
+            assert dropped == callers, (dropped, callers)
+            assert rt.get_kernel_state("k") is KernelState.ACTIVE
+        told = [line for line in lines if "nobody waits" in line]
+        assert 1 <= len(told) <= 3, told[:5]
+
+
+# --- round 4: one contract for every tier (the GPU behind the bridge) ---
+
+
+async def scenario_remove_reports_unread_replies(case: TierCase) -> None:
+    """`runtime.remove` of a terminated kernel drops the replies nobody read and says how
+    many, in one warning, on every tier: every tier's replies wait in the kernel's outbox
+    (the GPU tier's too, since it is hosted by the same bridge)."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    keep = Keep(logging.WARNING)
+    log = logging.getLogger("pydotcompute")
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=64)
+        for i in range(3):
+            await rt.send("k", Job(seq=i))
+        assert await rt.terminate("k") == []  # drained: three replies, none read
+        assert len(rt.get_kernel("k").outbox) == 3
+        log.addHandler(keep)
+        try:
+            rt.remove("k")
+        finally:
+            log.removeHandler(keep)
+        assert "kernel 'k' removed with 3 unread replies; they are dropped" in said, said
+        assert "k" not in rt.terminated_ids
+
+
+# --- direct edges ---
+# `runtime.connect` between two off-loop kernels: each scenario runs on every edge kind
+# (`EdgeCase`): the loop path (``direct=False``) and each direct kind, and checks that the
+# promise is the same on both.
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    """One kind of ``a -> b`` edge under test: the tiers of its two ends, whether
+    ``connect`` may make it direct, and the kind ``runtime.edges()`` must then report."""
+
+    source: str
+    target: str
+    direct: bool
+    kind: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}-{self.target}-{self.kind}"
+
+
+EDGE_CASES = (
+    EdgeCase("thread", "thread", False, "loop"),
+    EdgeCase("thread", "thread", True, "objects"),
+)
+
+
+def relay_job_sync(ctx: Any) -> None:
+    """Answers each ``Job`` with a NORMAL one of its ``seq``; ``sleep:<s>`` sleeps first,
+    ``gate:<path>`` waits (30 s at most) until the file exists, ``boom`` raises."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is None:
+            continue
+        payload = _payload(job)
+        if payload == "boom":
+            raise ValueError(f"boom at {job.seq}")
+        if payload.startswith("gate:"):
+            deadline = time.monotonic() + BOUND_S
+            while not os.path.exists(payload[5:]) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        pause = _pause_of(job)
+        if pause:
+            time.sleep(pause)
+        ctx.send(Job(seq=job.seq))  # NORMAL: the outbox keeps the order it was handled in
+
+
+def pass_job_sync(ctx: Any) -> None:
+    """Passes each message on untouched (the producer of an edge)."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            ctx.send(job)
+
+
+async def _edge_pair(
+    rt: Any, case: EdgeCase, *, a_opts: dict[str, Any] | None = None, **b_opts: Any
+) -> None:
+    """``a`` (relay) -> ``b`` (relay), connected before they run, both active."""
+    await rt.launch(
+        "a", pass_job_sync, input_type=Job, output_type=Job, tier=case.source, **(a_opts or {})
+    )
+    await rt.launch(
+        "b", relay_job_sync, input_type=Job, output_type=Job, tier=case.target, **b_opts
+    )
+    rt.connect("a", "b", direct=case.direct)
+    kinds = [e.kind for e in rt.edges()]
+    assert kinds == [case.kind], (kinds, rt.edges())
+    for kid in ("b", "a"):
+        await rt.activate(kid)
+
+
+def _edge_counters(rt: Any, case: EdgeCase) -> dict[str, int]:
+    """The a -> b edge's own counters, checked for balance ({} for a loop edge)."""
+    (edge,) = rt.edges()
+    c = dict(edge.counters or {})
+    if c:
+        assert c["accepted"] == c["taken"] + c["evicted"] + c["handed_back"] + c["depth"], c
+        assert c["depth"] <= c["capacity"], c
+    return c
+
+
+def _all_dropped(rt: Any) -> int:
+    return sum(rt.get_telemetry(k).messages_dropped for k in ("a", "b"))
+
+
+async def scenario_edge_exactly_once_in_order(case: EdgeCase) -> None:
+    """Messages of one band arrive once each and in order; the edge's counters (a direct
+    edge's) balance and reach both kernels' telemetry."""
+    async with asyncio.timeout(BOUND_S):
+        n = 3000
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64)
+
+            async def produce() -> None:
+                for i in range(n):
+                    await rt.send("a", Job(seq=i))
+
+            task = asyncio.get_running_loop().create_task(produce())
+            got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)]
+            await task
+            assert got == list(range(n))
+            assert rt.get_telemetry("a").messages_sent == n
+            assert rt.get_telemetry("b").messages_received == n
+            assert rt.get_telemetry("b").messages_processed == n
+            c = _edge_counters(rt, case)
+            if case.kind != "loop":
+                assert c["accepted"] == c["taken"] == n, c
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_edge_block_holds_the_bound(case: EdgeCase) -> None:
+    """Under ``block`` a full consumer holds the producer back: nothing is dropped, the
+    consumer never holds more than its bound, every message arrives once."""
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        n, bound = 200, 8
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=bound, bridge_queue_size=1)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        sender = asyncio.get_running_loop().create_task(_send_range(rt, 1, n))
+        await asyncio.sleep(0.3)
+        # b holds job 0; a is held back: the edge (or b's inbox) is at its bound
+        c = _edge_counters(rt, case)
+        if case.kind != "loop":  # a's ctx.send waits: the edge is full, not beyond
+            assert c["depth"] == bound, c
+            assert c["accepted"] == bound + 1, c
+        else:  # a's bridge waits: b's inbox is full, not beyond
+            assert len(rt.get_kernel("b").inbox) == bound
+        open(gate, "w").close()
+        got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)]
+        await sender
+        assert got == list(range(n))
+        assert _all_dropped(rt) == 0
+        _edge_counters(rt, case)
+
+
+async def _send_range(rt: Any, start: int, stop: int, **fields: Any) -> None:
+    for i in range(start, stop):
+        await rt.send("a", Job(seq=i, **fields))
+
+
+@contextlib.contextmanager
+def _gate_file() -> Any:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        yield os.path.join(tmp, "open")
+
+
+async def _settle(rt: Any, count: Callable[[], int], n: int) -> None:
+    """Wait (bounded) until ``count()`` reaches ``n``."""
+    deadline = time.monotonic() + BOUND_S / 2
+    while count() < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+async def _policy_scenario(case: EdgeCase, policy: str) -> tuple[list[int], Any]:
+    async with contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        n, bound = 60, 4
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=bound, bridge_queue_size=1, backpressure=policy)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        await _send_range(rt, 1, n)
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        open(gate, "w").close()
+        read: list[int] = []
+        with contextlib.suppress(QueueTimeoutError):
+            while True:
+                read.append((await rt.receive("b", timeout=0.5)).seq)
+        assert_exactly_once(list(range(n)), read, [], _all_dropped(rt))
+        return read, rt
+
+
+async def scenario_edge_reject_counts_at_receiver(case: EdgeCase) -> None:
+    """``reject`` at a full consumer: the refused messages are counted as dropped (on a
+    direct edge as the consumer's backpressure drops, with the edge's ``rejected``), the
+    rest arrive once, and the producer keeps running."""
+    async with asyncio.timeout(BOUND_S):
+        read, rt = await _policy_scenario(case, "reject")
+        assert 0 < len(read) < 60
+        if case.kind != "loop":
+            c = _edge_counters(rt, case)
+            drops = rt.get_telemetry("b").drop_reasons()
+            assert c["rejected"] > 0, c
+            assert drops.get("backpressure") == c["rejected"], (c, drops)
+
+
+async def scenario_edge_drop_oldest_counts_at_receiver(case: EdgeCase) -> None:
+    """``drop_oldest`` at a full consumer: the newest messages survive, every eviction is
+    counted as the consumer's drop."""
+    async with asyncio.timeout(BOUND_S):
+        read, rt = await _policy_scenario(case, "drop_oldest")
+        assert 59 in read, read
+        assert len(read) < 60, read
+        drops = rt.get_telemetry("b").drop_reasons()
+        assert drops.get("backpressure", 0) > 0, drops
+        if case.kind != "loop":
+            c = _edge_counters(rt, case)
+            assert drops["backpressure"] == c["evicted"], (c, drops)
+
+
+async def scenario_edge_priority_overtakes(case: EdgeCase) -> None:
+    """A HIGH message sent behind NORMAL ones overtakes those still queued for the
+    consumer (the documented bound: on a direct edge only the message in the consumer's
+    hands goes first)."""
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+        await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 1)  # b holds it
+        await _send_range(rt, 1, 20)
+        # all of them past a (queued for b) before the HIGH one is sent: only the edge (or
+        # b's inbox, on the loop path) can let it overtake
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 20)
+        await rt.send("a", Job(seq=99, priority=200))
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 21)
+        await asyncio.sleep(0.05)
+        open(gate, "w").close()
+        got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(21)]
+        assert got[0] == 0, got
+        # the loop path: behind the one in b's hands, the one its bridge holds and the
+        # one its pump took for the bridge; a direct edge: behind the one in b's hands
+        assert got.index(99) <= (3 if case.kind == "loop" else 1), got
+        assert [s for s in got if s != 99] == list(range(20))
+
+
+async def scenario_edge_ordered_shutdown_drains(case: EdgeCase) -> None:
+    """Leaving the runtime's scope with messages in flight: the source stops first, the
+    consumer drains its edge; nothing is dropped or handed back."""
+    async with asyncio.timeout(BOUND_S):
+        n = 300
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=32)
+            await _send_range(rt, 0, n, payload="sleep:0.0005")
+        read = _read_all(rt, "b")
+        assert sorted(read) == list(range(n)), len(read)
+        assert _all_dropped(rt) == 0
+        assert rt.get_kernel("a").undelivered == rt.get_kernel("b").undelivered == []
+
+
+async def scenario_edge_leftovers_handed_back_once(case: EdgeCase) -> None:
+    """A consumer terminated before it drained: what its edge (or inbox) still holds is
+    handed back once, in ``undelivered``, and counted as dropped."""
+    async with asyncio.timeout(BOUND_S):
+        n = 40
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            await _send_range(rt, 0, n, payload="sleep:0.05")
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+            await rt.terminate("a")
+            await rt.terminate("b", timeout=0.2)
+            c = _edge_counters(rt, case)
+            left = _seqs(rt.get_kernel("b").undelivered)
+            read = _read_all(rt, "b")
+            assert left, "b was stopped with work left"
+            assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+            if case.kind != "loop":
+                assert c["handed_back"] == len(left), (c, left)
+
+
+async def scenario_edge_consumer_failure(case: EdgeCase) -> None:
+    """The consumer raises: what its edge held is handed back once; the producer keeps
+    running and what it sends later is counted as dropped."""
+    async with asyncio.timeout(BOUND_S):
+        n = 30
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="boom" if i == 5 else "sleep:0.002"))
+            read = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(5)]
+            with pytest.raises(KernelFailedError):
+                await rt.receive("b", timeout=BOUND_S)
+            await _send_range(rt, n, n + 10)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n + 10)
+            await asyncio.sleep(0.05)
+        assert read == list(range(5))
+        left = _seqs(rt.get_kernel("b").undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        assert 5 in left
+        assert_exactly_once(list(range(n + 10)), read, left, _all_dropped(rt))
+        assert rt.get_kernel("a").state is KernelState.TERMINATED
+
+
+async def scenario_edge_disconnect_reconnect(case: EdgeCase) -> None:
+    """Disconnect and re-connect while messages flow: each message ends exactly once,
+    from b (through the edge) or from a's own outbox (while disconnected)."""
+    async with asyncio.timeout(BOUND_S):
+        n = 600
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="sleep:0.0001" if i % 7 == 0 else ""))
+                if i == 200:
+                    rt.disconnect("a")
+                    assert rt.edges() == []
+                elif i == 400:
+                    rt.connect("a", "b", direct=case.direct)
+                    assert [e.kind for e in rt.edges()] == [case.kind]
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = [m for k in "ab" for m in _seqs(rt.get_kernel(k).undelivered)]
+        assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+        assert left == []
+        assert len(_read_all(rt, "a")) == 0  # read above, once
+
+
+# --- round 4: message types ---
+#
+# One rule on every tier: a typed kernel sees only its declared class (checked where a
+# message enters a kernel, and again where bytes are decoded); a class redefined with the
+# same qualified name (a module reloaded, a factory run twice) takes the wire tag over only
+# while no live kernel declares the older one, and messages of the older class are then
+# refused at send, naming the module, the class and "reloaded"; a field whose value is not
+# of its annotated type is refused at send (``check_fields=False``: in-process hops pass
+# objects as they are, hops that decode still refuse).
+
+
+def _txn_message() -> type:
+    """A factory: every class it makes is ``_txn_message.<locals>.Txn``, with one layout."""
+
+    @message
+    class Txn:
+        account: str
+        amount: int
+
+    return Txn
+
+
+Deposit = _txn_message()
+Withdrawal = _txn_message()  # the same name and fields: it takes the wire tag over
+_TXN = rf"{__name__}\._txn_message\.<locals>\.Txn"
+_RELOADED = "reloaded or redefined"
+
+
+async def scenario_typed_kernel_gets_its_own_class(case: TierCase, *, serialize: bool) -> None:
+    """A kernel cannot declare a class another class of its name has replaced on the wire
+    (its frames would decode as the other); given the current class, it refuses the older
+    one at send and hands its actor, and its caller, only its own class."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        with pytest.raises(TypeValidationError, match=rf"input_type {_TXN} .*{_RELOADED}"):
+            await rt.launch("k", _mirror(case), input_type=Deposit, tier=case.name, **opts)
+        assert "k" not in rt
+        with pytest.raises(TypeValidationError, match=rf"output_type {_TXN} .*{_RELOADED}"):
+            await rt.launch("k", _mirror(case), output_type=Deposit, tier=case.name, **opts)
+        if case.name != "ray":  # (a class made in a function reaches no Ray worker typed)
+            await rt.launch(
+                "k", _mirror(case), input_type=Withdrawal, tier=case.name, **case.opts(**opts)
+            )
+            await rt.activate("k")
+            refused = rf"kernel 'k' expects {_TXN}, got {_TXN} of another definition .*{_RELOADED}"
+            with pytest.raises(TypeValidationError, match=refused):
+                await rt.send("k", Deposit(account="a-1", amount=1))
+            with pytest.raises(TypeValidationError, match=refused):
+                rt.send_nowait("k", Deposit(account="a-1", amount=1))
+            reply = await rt.send_and_receive("k", Withdrawal(account="a-2", amount=2), timeout=10)
+            assert type(reply) is Withdrawal, type(reply)
+            assert (reply.account, reply.amount) == ("a-2", 2)
+            assert await _dropped(rt, "k") == 0
+        # a kernel that declares no type: the older class is refused all the same
+        await rt.launch("u", _mirror(case), tier=case.name, **case.opts(**opts))
+        await rt.activate("u")
+        with pytest.raises(TypeValidationError, match=rf"{_TXN}.*{_RELOADED}"):
+            await rt.send("u", Deposit(account="a-3", amount=3))
+        reply = await rt.send_and_receive("u", Withdrawal(account="a-4", amount=4), timeout=10)
+        assert type(reply) is Withdrawal, type(reply)
+
+
+_RELOAD_MODULE = "tests.reloadable_messages"
+# imported here too, so that a child process running this module's actors decodes its class
+importlib.import_module(_RELOAD_MODULE)
+_PONG = r"tests\.reloadable_messages\.Pong"
+
+
+async def scenario_reload_is_one_rule_on_every_tier(case: TierCase) -> None:
+    """``importlib.reload`` of a message module is refused while a live kernel declares one
+    of its classes (that kernel keeps working); once none does, the reloaded class takes
+    over: the older one is refused at launch and at send, on every tier, by one rule."""
+    mod = importlib.import_module(_RELOAD_MODULE)
+    before = mod.Pong
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch(
+            "k",
+            _mirror(case),
+            input_type=before,
+            output_type=before,
+            tier=case.name,
+            **case.opts(),
+        )
+        await rt.activate("k")
+        with pytest.raises(
+            TypeValidationError, match=rf"cannot redefine {_PONG}: it is declared by kernel 'k' \("
+        ):
+            importlib.reload(mod)
+        assert mod.Pong is before  # the module keeps the class the kernel declares
+        reply = await rt.send_and_receive("k", before(value=1), timeout=10)
+        assert type(reply) is before
+        assert reply.value == 1
+        await rt.terminate("k")
+
+        after = importlib.reload(mod).Pong  # nobody declares the older class now
+        assert after is not before
+        with pytest.raises(TypeValidationError, match=rf"input_type {_PONG} .*{_RELOADED}"):
+            await rt.launch("k2", _mirror(case), input_type=before, tier=case.name, **case.opts())
+        await rt.launch(
+            "k2",
+            _mirror(case),
+            input_type=after,
+            output_type=after,
+            tier=case.name,
+            **case.opts(),
+        )
+        await rt.activate("k2")
+        with pytest.raises(
+            TypeValidationError,
+            match=rf"kernel 'k2' expects {_PONG}, got {_PONG} of another definition .*reloaded",
+        ):
+            await rt.send("k2", before(value=2))
+        reply = await rt.send_and_receive("k2", after(value=3), timeout=10)
+        assert type(reply) is after
+        assert reply.value == 3
+        await rt.launch("u", _mirror(case), tier=case.name, **case.opts())
+        await rt.activate("u")
+        with pytest.raises(TypeValidationError, match=rf"{_PONG}.*reloaded"):
+            await rt.send("u", before(value=4))
+        reply = await rt.send_and_receive("u", after(value=5), timeout=10)
+        assert type(reply) is after
+        assert reply.value == 5
+
+
+_BAD_SEQ = r"\w*Job: field 'seq' expects int, got str \('1'\)"
+
+
+async def scenario_wrong_field_type_refused_at_send(case: TierCase, *, serialize: bool) -> None:
+    """A field whose value is not of its annotated type is refused by every kind of send,
+    at the call, naming the field, on every tier (whether or not the hop decodes bytes):
+    nothing is queued, nothing dropped, and the kernel keeps serving."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, **opts)
+        bad = Job(seq="1")  # type: ignore[arg-type]
+        refused = rf"kernel 'k' refused {_BAD_SEQ}"
+        with pytest.raises(TypeValidationError, match=refused):
+            await rt.send("k", bad)
+        with pytest.raises(TypeValidationError, match=refused):
+            rt.send_nowait("k", bad)
+        with pytest.raises(TypeValidationError, match=refused):
+            await rt.send_and_receive("k", bad, timeout=10)
+        reply = await rt.send_and_receive("k", Job(seq=2), timeout=10)
+        assert reply.seq == 2
+        assert await _dropped(rt, "k") == 0
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def misspelt_async(ctx: Any) -> None:
+    """Answers each job with a wrongly typed reply first; ``ctx.send`` must refuse it."""
+    while not ctx.should_terminate:
+        job = await ctx.receive()
+        try:
+            await ctx.send(Done(seq=str(job.seq)))  # type: ignore[arg-type]
+        except TypeValidationError as exc:
+            await ctx.send(Done(seq=-job.seq if "field 'seq'" in str(exc) else 0))
+
+
+def misspelt_sync(ctx: Any) -> None:
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is None:
+            continue
+        try:
+            ctx.send(Done(seq=str(job.seq)))  # type: ignore[arg-type]
+        except TypeValidationError as exc:
+            ctx.send(Done(seq=-job.seq if "field 'seq'" in str(exc) else 0))
+
+
+async def scenario_wrong_field_type_refused_in_ctx_send(case: TierCase) -> None:
+    """An actor's ``ctx.send`` of a wrongly typed reply raises in the actor, on every tier,
+    naming the field; the actor can go on."""
+    actor = misspelt_async if asyncio.iscoroutinefunction(case.echo) else misspelt_sync
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await rt.launch("k", actor, input_type=Job, output_type=Done, tier=case.name, **case.opts())
+        await rt.activate("k")
+        reply = await rt.send_and_receive("k", Job(seq=5), timeout=10)
+        assert reply.seq == -5
+        assert rt.get_kernel_state("k") is KernelState.ACTIVE
+
+
+async def scenario_unchecked_fields_rule(case: TierCase, *, serialize: bool) -> None:
+    """``check_fields=False``: a hop that passes objects hands the actor the very object
+    sent, whatever its fields hold; a hop that decodes bytes refuses the message there: a
+    queue or ring the actor reads counts it as dropped, a Ray send (which returns once the
+    actor took the batch) raises the decoder's error, and the GPU tier's NumPy packing
+    refuses it at the call. The kernel keeps serving. The default (checked at send, the
+    same error everywhere) is the same on every tier."""
+    opts: dict[str, Any] = {"serialize": True} if serialize else {}
+    at_send = {"ray": MessageDeserializationError, "gpu": MessageSerializationError}
+    refused_at_send = at_send.get(case.name)
+    decodes = serialize or case.name not in ("asyncio", "thread")
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case, check_fields=False, **opts)
+        bad = Job(seq="7")  # type: ignore[arg-type]
+        if refused_at_send is not None:
+            with pytest.raises(refused_at_send, match="seq"):
+                await rt.send("k", bad)
+        else:
+            await rt.send("k", bad)
+        reply = await rt.send_and_receive("k", Job(seq=8), timeout=10)
+        assert reply.seq == 8
+        if refused_at_send is not None:
+            assert rt.receive_nowait("k") is None
+        elif decodes:
+            deadline = time.monotonic() + 10
+            while await _dropped(rt, "k") < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert await _dropped(rt, "k") == 1
+            assert rt.receive_nowait("k") is None
+        else:
+            echoed = await rt.receive("k", timeout=10)
+            assert echoed.seq == "7"  # the very value sent
+            assert await _dropped(rt, "k") == 0

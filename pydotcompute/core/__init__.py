@@ -3,6 +3,7 @@ compute orchestrator."""
 
 from __future__ import annotations
 
+from .._public import expose as _expose
 from .accelerator import Accelerator as Accelerator
 from .accelerator import DeviceProperties as DeviceProperties
 from .accelerator import DeviceType as DeviceType
@@ -38,3 +39,11 @@ __all__ = (
     "get_memory_pool",
     "metal_available",
 )
+
+# The names `pydotcompute` exports report it as their module; the others report this one.
+_expose(
+    "pydotcompute",
+    ("Accelerator", "BufferState", "MemoryPool", "ComputeOrchestrator", "UnifiedBuffer"),
+    globals(),
+)
+_expose(__name__, __all__, globals())

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from ..exceptions import InvalidConfigurationError, TypeValidationError
 from ..ring_kernels.fast_queue import BackpressureStrategy
+from ..ring_kernels.message import class_names, redefinition_note
 
 __all__ = (
     "RuntimeValidator",
@@ -42,6 +43,7 @@ __all__ = (
     "validate_priority",
     "validate_queue_size",
     "validate_seconds",
+    "wrong_message_type",
 )
 
 MAX_QUEUE_SIZE = 1 << 24
@@ -223,9 +225,28 @@ def check_message(
     """
     if expected is None or type(msg) is expected or isinstance(msg, expected):
         return msg
+    raise wrong_message_type(msg, expected, kernel_id, direction)
+
+
+def wrong_message_type(
+    msg: object, expected: type, kernel_id: str = "", direction: str = "expects"
+) -> TypeValidationError:
+    """The error for ``msg`` that is not an ``expected``, the same on every tier.
+
+    Classes are named by their short names, or by module and qualified name when those
+    are the same; two classes of one message name (a module reloaded, a factory that made
+    the class twice) are said to be so.
+    """
     who = f"kernel {kernel_id!r}" if kernel_id else "kernel"
-    raise TypeValidationError(
-        f"{who} {direction} {_type_name(expected)}, got {type(msg).__name__}"
+    got = type(msg)
+    if isinstance(expected, type) and got.__name__ == expected.__name__:
+        got_name, want = class_names(got, expected)
+        return TypeValidationError(
+            f"{who} {direction} {want}, got {got_name}{redefinition_note(got, expected)}; "
+            "build the message from the class the kernel declares"
+        )
+    return TypeValidationError(
+        f"{who} {direction} {_type_name(expected)}, got {got.__name__}"
         + (f" ({msg!r:.80})" if not hasattr(msg, "message_id") else "")
     )
 
@@ -276,6 +297,7 @@ def check_kernel_config(config: Any) -> Any:
         and (config.restart_window is None or _is_seconds(config.restart_window))
         and _is_seconds(config.restart_backoff)
         and _is_seconds(config.restart_backoff_max)
+        and type(getattr(config, "check_fields", True)) is bool
     ):
         return config
     validate_kernel_id(config.kernel_id)
@@ -287,6 +309,9 @@ def check_kernel_config(config: Any) -> Any:
     validate_restart(config.restart, config.max_restarts)
     for name, allow_none in SECONDS_FIELDS:
         validate_seconds(getattr(config, name), name, allow_none=allow_none)
+    check_fields = getattr(config, "check_fields", True)
+    if type(check_fields) is not bool:
+        raise InvalidConfigurationError(f"check_fields must be True or False, got {check_fields!r}")
     return config
 
 

@@ -257,6 +257,48 @@ def _families(rows: list[_Row], gpu: bool) -> Iterator[Metric]:
         yield from _gpu_families()
 
 
+#: the outcomes a direct edge counts (`ring_kernels.edges`), as the ``outcome`` label
+_EDGE_OUTCOMES = ("accepted", "taken", "evicted", "rejected", "handed_back")
+
+
+def _read_edges(runtime: RingKernelRuntime) -> list[Any]:
+    """``runtime.edges()`` from any thread: the edges' counters are plain integers their
+    actors write, readable without the loop; a kernel table changing meanwhile gives no
+    edge rows this scrape rather than a failed one."""
+    try:
+        return list(runtime.edges())
+    except Exception:  # the kernels changed while read (a launch on the loop)
+        return []
+
+
+def _edge_families(edges: list[Any]) -> Iterator[Metric]:
+    labels = ["source", "target", "kind"]
+    info = GaugeMetricFamily(
+        "pydotcompute_edge_info",
+        "1 for each connect edge, labelled with its kind (loop, objects, ...).",
+        labels=labels,
+    )
+    count = CounterMetricFamily(
+        "pydotcompute_edge_messages",
+        "Messages a direct edge counted, by outcome (accepted, taken, evicted, rejected, "
+        "handed_back).",
+        labels=[*labels, "outcome"],
+    )
+    depth = GaugeMetricFamily(
+        "pydotcompute_edge_depth", "Messages waiting in a direct edge.", labels=labels
+    )
+    for edge in edges:
+        names = [edge.source, edge.target, edge.kind]
+        info.add_metric(names, 1.0)
+        if edge.counters:
+            for outcome in _EDGE_OUTCOMES:
+                count.add_metric([*names, outcome], edge.counters[outcome])
+            depth.add_metric(names, edge.counters["depth"])
+    yield info
+    yield count
+    yield depth
+
+
 def _utilization(info: Any) -> float:
     return float(info.utilization_gpu)  # already a fraction
 
@@ -363,11 +405,15 @@ class RuntimeCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # the families without samples: registering does not take a snapshot
-        return [*_families([], gpu=False), *_own_families(None, None)]
+        return [*_families([], gpu=False), *_own_families(None, None), *_edge_families([])]
 
     def collect(self) -> Iterable[Metric]:
         rows, age = self.figures()
-        return [*_families(rows, self.gpu), *_own_families(self.loop_lag(), age)]
+        return [
+            *_families(rows, self.gpu),
+            *_own_families(self.loop_lag(), age),
+            *_edge_families(_read_edges(self.runtime)),
+        ]
 
     def loop_lag(self) -> float | None:
         """Seconds the runtime's loop is late: how overdue its heartbeat (every 0.25 s) is,

@@ -16,7 +16,22 @@ Design notes:
   no extra check at all.
 - In one process a message carries its trace context by identity: the tracer maps the
   message object to the context of the span that sent it, from the send until an actor
-  takes it (at most `MAX_IN_FLIGHT` entries; the oldest are forgotten beyond).
+  takes it (at most `MAX_IN_FLIGHT` entries; the oldest are forgotten beyond). Into a
+  ``serialize=True`` kernel, whose inbox keeps bytes and hands its actor a decoded copy,
+  the key is the message's id instead (and the message itself is not held).
+- That entry holds the message, so it is let go the moment the message ends without an
+  actor: a full ``drop_oldest`` inbox drops it (the inbox's ``on_drop_item``), its send
+  raises (a full ``reject`` inbox, a wrong type, a stopped kernel: the traced send, and
+  a hosted kernel's forward of a reply, `release` it), a ``send_and_receive`` ends, or
+  it is a reply that goes to its caller rather than down the pipeline (never carried).
+  Weak references were rejected: msgspec Structs (and plain values) take none. A kernel
+  with no Python actor (a GPU kernel's device handler) takes no context: its messages
+  get a ``send`` span and carry nothing.
+- A failure is recorded where it happens, with OpenTelemetry's conventions
+  (`record_failure`: status ERROR, the exception as an event): on the ``send`` span of a
+  send the kernel refused, and on the ``process`` span of the message its actor raised
+  on (asyncio: the context's `KernelContext.actor_raised`, before a restart; thread and
+  process: the worker's `TierWorker.failed_on`, when the failed worker stops).
 - Thread and process tiers: the runtime's side of the bridge records the ``process`` span
   from the hand-over to the actor's reply, which it matches through the reply's
   ``correlation_id`` (stamped with the request's id on every tier, and carried on the
@@ -46,6 +61,15 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from ..ring_kernels.message import (
+    RingKernelMessage,
+    claim_request_key,
+    frame_header,
+    reply_key,
+    request_key,
+    request_space,
+    stamp_reply,
+)
 from ..ring_kernels.tiers.contract import TierWorker
 from .deps import require
 
@@ -57,7 +81,7 @@ if TYPE_CHECKING:
 _trace = require("opentelemetry.trace", "tracing=True")
 _context = require("opentelemetry.context", "tracing=True")
 
-__all__ = ("MAX_IN_FLIGHT", "MessageTracer", "TracingWorker")
+__all__ = ("MAX_IN_FLIGHT", "MessageTracer", "TracingWorker", "record_failure")
 
 #: most messages whose trace context is remembered between send and receive
 MAX_IN_FLIGHT = 65_536
@@ -66,6 +90,14 @@ _SYSTEM = "pydotcompute"
 
 def _message_id(msg: Any) -> Any:
     return getattr(msg, "message_id", None)
+
+
+def record_failure(span: Any, exc: BaseException) -> None:
+    """Mark ``span`` failed by ``exc`` as OpenTelemetry's conventions ask: status ERROR
+    with a description naming the exception, and the exception recorded as an event
+    (``exception.type``, ``exception.message``, the stack trace)."""
+    span.record_exception(exc)
+    span.set_status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def remote_context(trace_id: int, span_id: int, flags: int) -> Any:
@@ -82,8 +114,14 @@ class MessageTracer:
     def __init__(self) -> None:
         self.tracer = _trace.get_tracer("pydotcompute")
         self._carried: dict[int, tuple[Any, Any]] = {}  # id(msg) -> (msg, Context)
+        # into a serialize=True kernel: the message id's bytes -> Context
+        self._by_id: dict[bytes, Any] = {}
         self._lock = threading.Lock()  # hosted bridges may call from worker threads
         self._classes: dict[type, type] = {}
+        # kernels with no Python actor: nothing would take a context sent to them
+        self._no_taker: set[str] = set()
+        # kernels whose inbox serializes: their actors take copies, found by id
+        self._serializing: set[str] = set()
 
     # -- the context a message carries -------------------------------------------------
 
@@ -95,11 +133,53 @@ class MessageTracer:
             if len(carried) > MAX_IN_FLIGHT:
                 del carried[next(iter(carried))]
 
+    def carry_by_id(self, msg: RingKernelMessage, ctx: Any) -> None:
+        """Remember ``ctx`` for whichever copy of ``msg`` (decoded from its bytes) an actor
+        takes, by the message's id."""
+        with self._lock:
+            by_id = self._by_id
+            by_id[request_key(msg)] = ctx
+            if len(by_id) > MAX_IN_FLIGHT:
+                del by_id[next(iter(by_id))]
+
+    def release(self, msg: Any, ctx: Any = None) -> None:
+        """Forget the context ``msg`` travels in: it ended without reaching an actor
+        (dropped, refused; the bytes of a message a serializing inbox dropped do too).
+        With ``ctx``, only while that is still the context it carries (a later send of
+        the same object carries its own)."""
+        key = id(msg)
+        with self._lock:
+            got = self._carried.get(key)
+            if got is not None and got[0] is msg and (ctx is None or got[1] is ctx):
+                del self._carried[key]
+                return
+            if not self._by_id:
+                return
+        if isinstance(msg, RingKernelMessage):
+            mid = request_key(msg)
+        elif type(msg) is bytes:
+            try:
+                head = frame_header(msg).message_id
+            except Exception:  # not a frame: it carried nothing
+                return
+            mid = None if head is None else head.bytes
+        else:
+            return
+        with self._lock:
+            if mid is not None and (ctx is None or self._by_id.get(mid) is ctx):
+                self._by_id.pop(mid, None)
+
     def take(self, msg: Any) -> Any:
         """The context ``msg`` travels in (forgotten now), or None."""
         with self._lock:
             got = self._carried.pop(id(msg), None)
-        return None if got is None or got[0] is not msg else got[1]
+            if got is not None and got[0] is msg:
+                return got[1]
+            if not self._by_id or not isinstance(msg, RingKernelMessage):
+                return None
+        key = request_key(msg)
+        with self._lock:
+            return self._by_id.pop(key, None)
 
     def take_ids(self, msg: Any) -> tuple[int, int, int] | None:
         """The context ``msg`` travels in (forgotten now) as W3C ids ``(trace id, span
@@ -115,8 +195,10 @@ class MessageTracer:
         self.carry(msg, remote_context(trace_id, span_id, flags))
 
     def in_flight(self) -> int:
-        """How many messages' contexts are remembered now."""
-        return len(self._carried)
+        """How many messages' contexts are remembered now: messages sent and not yet taken
+        by an actor (each entry holds its message, or into a ``serialize=True`` kernel
+        its id)."""
+        return len(self._carried) + len(self._by_id)
 
     # -- spans -------------------------------------------------------------------------
 
@@ -130,17 +212,45 @@ class MessageTracer:
             attrs["messaging.message.id"] = str(mid)
         return attrs
 
-    def sent(self, kernel_id: str, msg: Any, parent: Any = None) -> None:
-        """A ``send <kernel_id>`` span (under ``parent``, a Context; None: the current
-        one), and ``msg`` carries it on."""
+    def start_send(self, kernel_id: str, msg: Any, parent: Any = None) -> tuple[Any, Any]:
+        """Start a ``send <kernel_id>`` span (under ``parent``, a Context; None: the
+        current one) and have ``msg`` carry it on. Returns the span (the caller ends it,
+        once the kernel took the message or refused it) and the Context ``msg`` carries
+        (None for a kernel whose messages no actor takes)."""
         span = self.tracer.start_span(
             f"send {kernel_id}",
             context=parent,
             kind=_trace.SpanKind.PRODUCER,
             attributes=self._attributes(kernel_id, msg),
         )
-        self.carry(msg, _trace.set_span_in_context(span))
+        if kernel_id in self._no_taker:
+            return span, None
+        ctx = _trace.set_span_in_context(span)
+        if kernel_id in self._serializing and isinstance(msg, RingKernelMessage):
+            self.carry_by_id(msg, ctx)
+        else:
+            self.carry(msg, ctx)
+        return span, ctx
+
+    def sent(self, kernel_id: str, msg: Any, parent: Any = None) -> Any:
+        """A ``send <kernel_id>`` span, ended at once (`start_send`); returns the Context
+        ``msg`` carries (None: none)."""
+        span, ctx = self.start_send(kernel_id, msg, parent)
         span.end()
+        return ctx
+
+    async def intake(self, coro: Coroutine[Any, Any, bool], span: Any, msg: Any, ctx: Any) -> bool:
+        """Await a kernel's intake of ``msg`` (``coro``) inside its ``send`` span: a
+        refusal (the exception ``coro`` raises) fails the span and lets ``msg`` go."""
+        try:
+            return await coro
+        except BaseException as exc:
+            self.release(msg, ctx)
+            if isinstance(exc, Exception):
+                record_failure(span, exc)
+            raise
+        finally:
+            span.end()
 
     def start_process(self, kernel_id: str, msg: Any) -> Any:
         """Start the ``process <kernel_id>`` span of ``msg`` (under the send that carried
@@ -163,7 +273,17 @@ class MessageTracer:
 
     def instrument(self, kernel: RingKernel) -> None:
         """Trace a launched kernel whose actor runs behind a `TierWorker` (thread and
-        process tiers); tier-1 kernels are traced through their context class."""
+        process tiers); tier-1 kernels are traced through their context class. Every
+        kernel's inbox lets go of the messages it drops."""
+        inbox = kernel.inbox
+        if inbox is not None and hasattr(inbox, "on_drop_item"):
+            inbox.on_drop_item = self.release
+        kid = kernel.kernel_id
+        self._no_taker.discard(kid)
+        if kernel.config.serialize:
+            self._serializing.add(kid)
+        else:
+            self._serializing.discard(kid)
         wrap = getattr(kernel, "wrap_worker", None)
         if wrap is not None:
             wrap(lambda worker: TracingWorker(worker, self, kernel))
@@ -171,26 +291,35 @@ class MessageTracer:
         wire = getattr(kernel, "trace_wire", None)  # a kernel-level tier with a wire (Ray)
         if wire is not None:
             wire(self.take_ids)
+        elif getattr(kernel, "ACTOR_KIND", "async") is None:  # a device handler (GPU)
+            self._no_taker.add(kid)
 
     def wrap_runtime(self, runtime: RingKernelRuntime) -> None:
         """Shadow ``runtime.send`` and ``runtime.send_and_receive`` with traced ones."""
         send = runtime.send
         send_and_receive = runtime.send_and_receive
-        sent = self.sent
+        start_send, intake, sent, release = self.start_send, self.intake, self.sent, self.release
 
         def traced_send(
             kernel_id: str, msg: Any, *, timeout: float | None = None
         ) -> Coroutine[Any, Any, bool]:
             coro = send(kernel_id, msg, timeout=timeout)  # unknown ids raise here, untraced
-            sent(kernel_id, msg)
-            return coro
+            span, ctx = start_send(kernel_id, msg)
+            return intake(coro, span, msg, ctx)
 
         async def traced_send_and_receive(
             kernel_id: str, msg: Any, *, timeout: float | None = None
         ) -> Any:
             runtime.get_kernel(kernel_id)  # unknown ids raise before a span is made
-            sent(kernel_id, msg)
-            return await send_and_receive(kernel_id, msg, timeout=timeout)
+            if isinstance(msg, RingKernelMessage):
+                # the id the span names is the one the kernel's request gets: made in
+                # its request space (see `RingKernel.claim_request`), not by the span
+                claim_request_key(msg, request_space(kernel_id))
+            ctx = sent(kernel_id, msg)
+            try:
+                return await send_and_receive(kernel_id, msg, timeout=timeout)
+            finally:  # taken by now, refused, given up on, or sent as a copy (a retry)
+                release(msg, ctx)
 
         runtime.send = traced_send  # type: ignore[method-assign]
         runtime.send_and_receive = traced_send_and_receive  # type: ignore[method-assign]
@@ -208,6 +337,7 @@ def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> t
     attach = _context.attach
     detach = _context.detach
     in_context = _trace.set_span_in_context
+    start_send, intake = tracer.start_send, tracer.intake
 
     class TracedContext(base):  # type: ignore[valid-type,misc]
         __slots__ = ("_span", "_token")
@@ -238,26 +368,50 @@ def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> t
             self._end()
             return self._begin(base_receive_nowait(self))
 
-        def _sending(self, msg: Any) -> None:
-            target = self._kernel.forwards_to
-            if target is not None:
-                parent = _trace.set_span_in_context(self._span)
-                tracer.sent(target.kernel_id, msg, parent)
+        def actor_raised(self, exc: BaseException) -> None:
+            span = self._span
+            if span is not no_span:  # the message in hand failed
+                record_failure(span, exc)
+                self._end()
+
+        def _forwarding(self, msg: Any) -> RingKernel | None:
+            """The kernel ``msg`` goes on to: the forward target, unless ``msg`` is the
+            reply a ``send_and_receive`` caller waits for (it goes to the caller)."""
+            target: RingKernel | None = self._kernel.forwards_to
+            if target is not None and self._waiters:
+                stamp_reply(msg, self._current)  # (as the send does: it is not stamped twice)
+                if reply_key(msg) in self._waiters:
+                    return None
+            return target
 
         async def send(self, msg: Any, timeout: float | None = None) -> bool:
-            self._sending(msg)
-            result: bool = await base_send(self, msg, timeout)
-            return result
+            target = self._forwarding(msg)
+            if target is None:
+                result: bool = await base_send(self, msg, timeout)
+                return result
+            span, ctx = start_send(target.kernel_id, msg, in_context(self._span))
+            return await intake(base_send(self, msg, timeout), span, msg, ctx)
 
         def send_nowait(self, msg: Any) -> bool:
-            self._sending(msg)
-            result: bool = base_send_nowait(self, msg)
+            target = self._forwarding(msg)
+            if target is None:
+                result: bool = base_send_nowait(self, msg)
+                return result
+            span, ctx = start_send(target.kernel_id, msg, in_context(self._span))
+            try:
+                result = base_send_nowait(self, msg)
+            except BaseException as exc:
+                tracer.release(msg, ctx)
+                if isinstance(exc, Exception):
+                    record_failure(span, exc)
+                raise
+            finally:
+                span.end()
             return result
 
         async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
-            tracer.sent(kernel_id, msg, _trace.set_span_in_context(self._span))
-            result: bool = await base_send_to(self, kernel_id, msg, timeout)
-            return result
+            span, ctx = start_send(kernel_id, msg, in_context(self._span))
+            return await intake(base_send_to(self, kernel_id, msg, timeout), span, msg, ctx)
 
     TracedContext.__name__ = TracedContext.__qualname__ = f"Traced{base.__name__}"
     return TracedContext
@@ -329,7 +483,8 @@ class TracingWorker(TierWorker):
             else:
                 ok = self.inner.offer(msg)
         except BaseException as exc:  # refused (a wrong type, too large): no process
-            span.record_exception(exc)
+            if isinstance(exc, Exception):
+                record_failure(span, exc)
             span.end()
             raise
         if not ok:
@@ -358,9 +513,10 @@ class TracingWorker(TierWorker):
             got = self._arrived.pop(id(reply), None) if self._arrived else None
         if span is not None:
             span.end()
-        target = self._kernel.forwards_to
-        if target is None:
-            return
+        kernel = self._kernel
+        target = kernel.forwards_to
+        if target is None or (cid is not None and reply_key(reply) in kernel.reply_waiters):
+            return  # it goes to the outbox, or to its caller: no next hop
         if got is not None and got[0] is reply:  # the context it came back in
             self._tracer.sent(target.kernel_id, reply, got[1])
         elif span is not None:
@@ -380,14 +536,29 @@ class TracingWorker(TierWorker):
         return replies
 
     def stop(self, timeout: float) -> bool:
+        inner = self.inner
         try:
-            return self.inner.stop(timeout)
+            return inner.stop(timeout)
         finally:
+            failure = inner.failure
+            culprit = None
+            if failure is not None:  # the span of the message the actor failed on says so
+                failed_on = inner.failed_on
+                culprit = None if failed_on is None else _message_id(failed_on)
             with self._lock:
+                failed = self._open.pop(culprit, None) if culprit is not None else None
                 left = [*self._open.values(), *(s for _, s in self._unsent.values())]
                 self._open, self._unsent, self._arrived = {}, {}, {}
+            if failed is not None:
+                assert failure is not None
+                record_failure(failed, failure)
+                failed.end()
             for span in left:  # no reply came for these
                 span.end()
+
+    @property
+    def failed_on(self) -> Any:
+        return self.inner.failed_on
 
     # -- delegated -------------------------------------------------------------------------
 

@@ -1,10 +1,16 @@
-"""Ring kernels: messages, queues, the lifecycle, the runtime and the execution tiers."""
+"""Ring kernels: messages, queues, the lifecycle, the runtime and the execution tiers.
+
+``__all__`` holds the names a program uses. What it takes to write a tier of your own (the
+tier contract, the hosting bridge, the registry, the queues and rings the built-in tiers
+are made of) is in `pydotcompute.ring_kernels.extend`.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._public import expose as _expose
 from ._loop import create_optimized_loop as create_optimized_loop
 from ._loop import get_loop_info as get_loop_info
 from ._loop import install_eager_task_factory as install_eager_task_factory
@@ -44,7 +50,26 @@ from .telemetry import GPUMonitor as GPUMonitor
 from .telemetry import RingKernelTelemetry as RingKernelTelemetry
 
 # Tier-2/3 names load on first access so that importing the runtime starts no threads,
-# processes or extension modules.
+# processes or extension modules (type checkers see them below).
+if TYPE_CHECKING:
+    from .tiers.gpu import GPUKernelOptions, GPUKernelStatistics, GPURingKernel
+    from .tiers.process.kernel import (
+        CythonKernelConfig,
+        CythonKernelContext,
+        CythonKernelState,
+        CythonRingKernel,
+        is_cython_kernel_available,
+    )
+    from .tiers.thread import (
+        SPSCQueue,
+        SyncQueue,
+        ThreadedKernelConfig,
+        ThreadedKernelContext,
+        ThreadedKernelPool,
+        ThreadedKernelState,
+        ThreadedRingKernel,
+    )
+
 _LAZY = {
     "ThreadedRingKernel": "tiers.thread",
     "ThreadedKernelContext": "tiers.thread",
@@ -61,8 +86,6 @@ _LAZY = {
     "GPURingKernel": "tiers.gpu",
     "GPUKernelOptions": "tiers.gpu",
     "GPUKernelStatistics": "tiers.gpu",
-    "ThreadHostedKernel": "tiers.thread",
-    "ProcessHostedKernel": "tiers.process.hosted",
 }
 
 
@@ -97,7 +120,6 @@ __all__ = (
     "KernelState",
     "MessageQueue",
     "PriorityBand",
-    "ProcessHostedKernel",
     "QueueStats",
     "RingBuffer",
     "RingKernel",
@@ -107,7 +129,6 @@ __all__ = (
     "RingKernelTelemetry",
     "SPSCQueue",
     "SyncQueue",
-    "ThreadHostedKernel",
     "ThreadedKernelConfig",
     "ThreadedKernelContext",
     "ThreadedKernelPool",
@@ -135,3 +156,5 @@ __all__ = (
     "register_ring_kernel",
     "release_buffer",
 )
+
+_expose(__name__, __all__, globals())  # repr and pickles name `pydotcompute.ring_kernels.X`

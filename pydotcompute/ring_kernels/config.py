@@ -26,6 +26,10 @@ class RingKernelConfig:
         backpressure_strategy: ``block`` (default), ``reject`` or ``drop_oldest`` for the inbox.
         use_fast_queue: Four-band O(1) queues (default) or exact-priority heaps.
         serialize: Store MessagePack bytes in the queues (as a cross-process hop would).
+        check_fields: Refuse at send (``send``, ``ctx.send``) a message whose field values
+            are not of their annotated types, as a hop that decodes bytes would, on every
+            tier (the default). False: in-process hops pass messages as they are; hops
+            that decode still refuse such a message, as a dropped message.
         restart: ``never`` or ``on_failure``: restart the actor when it raises.
         max_restarts: How many restarts ``on_failure`` allows within ``restart_window``
             seconds before the kernel is FAILED (None: no limit).
@@ -36,7 +40,8 @@ class RingKernelConfig:
         restart_backoff_max: The cap of that pause, in seconds.
         backend: Where the actor computes (``cpu``, ``cuda``, ``metal``).
         tier: Where the actor runs (``asyncio``, ``thread``, ``process``, ``gpu``).
-        drain_timeout: Seconds ``terminate`` lets the actor drain its inbox.
+        drain_timeout: Seconds the actor may drain its inbox when the kernel is stopped,
+            however: ``terminate``, ``shutdown`` (at most), leaving ``async with``, Ctrl-C.
         extra: Tier-specific options (declared by the tier class's ``EXTRA_OPTIONS``).
 
     Raises:
@@ -53,6 +58,7 @@ class RingKernelConfig:
     backpressure_strategy: str = "block"
     use_fast_queue: bool = True
     serialize: bool = False
+    check_fields: bool = True
     restart: str = "never"
     max_restarts: int | None = 3
     restart_window: float | None = 5.0

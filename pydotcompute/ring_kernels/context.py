@@ -3,8 +3,9 @@
 The context holds what ``ctx.receive``/``ctx.send`` read on every message in its own
 slots, so that each costs one call on the hot path and reads no attribute of the kernel:
 the queues, the reply waiters and the runtime's lookup are bound at construction; the
-deactivation gate, the forward target and the stopping flag are pushed to it by the
-kernel when they change (`KernelContext.kernel_changed`). The kernel reads back the
+deactivation gate, the forward target, the stopping flag and whether the kernel answers
+``send_and_receive`` requests are pushed to it by the kernel when they change
+(`KernelContext.kernel_changed`). The kernel reads back the
 message in hand through `take_unfinished`, `message_done` and `forget_current`.
 """
 
@@ -21,7 +22,7 @@ from ..exceptions import (
     QueueFullError,
 )
 from .fast_queue import FastMessageQueue
-from .message import RingKernelMessage, stamp_reply
+from .message import RingKernelMessage, check_fields, fields_check, stamp_reply
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
 
@@ -44,6 +45,7 @@ class KernelContext:
     """
 
     __slots__ = (
+        "_answers",
         "_current",
         "_forward",
         "_gate",
@@ -54,6 +56,7 @@ class KernelContext:
         "_outbox",
         "_rec",
         "_reply_for",
+        "_reply_ok",
         "_reply_t",
         "_sends_left",
         "_stopping",
@@ -74,6 +77,9 @@ class KernelContext:
         self._gate: asyncio.Future[None] | None = None
         self._forward: RingKernel | None = kernel.forwards_to
         self._stopping = kernel.stopping
+        # a kernel that had a send_and_receive request: each reply goes by `hand_to_caller`
+        # even with no caller waiting, so one whose caller gave up is dropped, not queued
+        self._answers = kernel.answers_requests
         tel = kernel.telemetry if telemetry is None else telemetry
         self._tel: RingKernelTelemetry | None = tel if kernel.telemetry_enabled else None
         # times each message, from ``receive`` taking it to the next ``receive``
@@ -86,6 +92,8 @@ class KernelContext:
         # and whose correlation slot can be written directly (see ``_prepare_reply``)
         self._reply_t: Any = None  # a class (Any: ``type(msg) is`` must not narrow msg)
         self._reply_for: Any = None
+        # ... and the cheap field check of that class (None: fields are not checked)
+        self._reply_ok: Any = None
         # sends until the next forced turn of the loop (``SEND_YIELD_EVERY``)
         self._sends_left = SEND_YIELD_EVERY
 
@@ -201,17 +209,23 @@ class KernelContext:
         t = type(msg)
         if out_t is not None and t is not out_t and not isinstance(msg, out_t):
             check_message(msg, out_t, k.kernel_id, "must send")
+        checked = k.config.check_fields
+        if checked:
+            check_fields(msg, k.kernel_id, "must send")
         stamp_reply(msg, self._current)
         if self._tel is not None:
             self._tel.messages_sent += 1
         if t is not self._reply_t and issubclass(t, RingKernelMessage):
             self._reply_t = t
             self._reply_for = out_t
+            self._reply_ok = fields_check(t) if checked else None
         return msg
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
         """Send a reply: to a waiting ``send_and_receive`` caller, a connected kernel, or
-        the outbox (waiting for space under ``block`` backpressure).
+        the outbox (waiting for space under ``block`` backpressure). A connected kernel
+        that stopped taking messages leaves the reply in this kernel's outbox, readable;
+        a full ``reject`` one raises ``QueueFullError`` (the reply counted as dropped).
 
         A reply without ``correlation_id`` is stamped with the current request's id.
         Every `SEND_YIELD_EVERY` calls this lets the loop run other tasks first, so an
@@ -222,26 +236,37 @@ class KernelContext:
             self._sends_left = SEND_YIELD_EVERY
             await asyncio.sleep(0)
         k = self._kernel
-        if type(msg) is self._reply_t and k.output_type is self._reply_for:
-            # a class already validated: only the correlation is left to stamp
+        ok = self._reply_ok
+        if (
+            type(msg) is self._reply_t
+            and k.output_type is self._reply_for
+            and (ok is None or ok(msg))
+        ):
+            # a class already validated, fields that pass: only the correlation is left
             stamp_reply(msg, self._current)
             tel = self._tel
             if tel is not None:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        if self._waiters and k.hand_to_caller(msg):  # a caller's reply: delivered
+        if (self._waiters or self._answers) and k.hand_to_caller(msg):  # a caller's reply
             return True
         target = self._forward
         if target is not None:
             try:
                 await target.accept(msg, timeout)
-            except (QueueFullError, KernelStateError):
-                # a reject-policy kernel downstream refused it, or that kernel stopped:
-                # the reply is counted as dropped and the actor told
+            except QueueFullError:
+                # a reject-policy kernel downstream refused it: the reply is counted as
+                # dropped and the actor told
                 self._handling = False
                 self._count_lost_reply()
                 raise
+            except KernelStateError as exc:
+                # the kernel downstream stopped: the reply stays here, readable (below)
+                k.reply_kept(target, exc)
+                if self._stopping:  # draining: never wait for room any more
+                    self._outbox.put_overflow(msg)
+                    return True
             except asyncio.CancelledError:
                 if self.state in (KernelState.TERMINATING, KernelState.FAILED):
                     # cut off while the kernel downstream was full: the reply never got
@@ -253,7 +278,8 @@ class KernelContext:
                 self._handling = False  # the message ended: its reply is counted
                 self._count_lost_reply()
                 raise
-            return True
+            else:
+                return True
         out = self._outbox
         if out.offer(msg):  # open, with room: appended
             return True
@@ -278,12 +304,18 @@ class KernelContext:
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        if self._waiters and self._kernel.hand_to_caller(msg):  # a caller's reply: delivered
+        if (self._waiters or self._answers) and self._kernel.hand_to_caller(msg):
             return True
         target = self._forward
         if target is not None:
-            target.accept_nowait(msg)
-            return True
+            try:
+                target.accept_nowait(msg)
+                return True
+            except KernelStateError as exc:  # stopped downstream: kept here, as in `send`
+                self._kernel.reply_kept(target, exc)
+                if self._stopping:
+                    self._outbox.put_overflow(msg)
+                    return True
         return self._outbox.put_nowait(msg)
 
     async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
@@ -309,12 +341,18 @@ class KernelContext:
     # -- the kernel's side (called by the kernel, not by actors) --------------------------
 
     def kernel_changed(
-        self, gate: asyncio.Future[None] | None, forward: RingKernel | None, stopping: bool
+        self,
+        gate: asyncio.Future[None] | None,
+        forward: RingKernel | None,
+        stopping: bool,
+        answers: bool = False,
     ) -> None:
-        """Take the kernel's new deactivation gate, forward target and stopping flag."""
+        """Take the kernel's new deactivation gate, forward target, stopping flag and
+        `RingKernel.answers_requests`."""
         self._gate = gate
         self._forward = forward
         self._stopping = stopping
+        self._answers = answers
 
     def take_unfinished(self) -> list[Any]:
         """The message the actor was handling (taken, and it has not asked for the next
@@ -330,6 +368,10 @@ class KernelContext:
     def message_done(self) -> None:
         """The actor finished the message in hand (it returned, or asked for the next)."""
         self._handling = False
+
+    def actor_raised(self, exc: BaseException) -> None:
+        """The actor raised ``exc`` (the message in hand, if any, unfinished). Nothing to
+        do here: a tracing runtime's context records it on that message's span."""
 
     def forget_current(self) -> None:
         """The actor restarts: no message in hand, and the one it raised on is not timed."""

@@ -1,7 +1,8 @@
-"""The process tier used directly, by its old path; it lives in `tiers.process`.
+"""Kept for 0.2 code: ``from pydotcompute.ring_kernels.cython_kernel import ...`` (API.md).
 
-`CythonRingKernel` is `tiers.process.kernel.ProcessKernel`, a synchronous façade over the
-tier's `ProcessWorker`.
+The process tier lives in `tiers.process`: `CythonRingKernel` is
+`tiers.process.kernel.ProcessKernel`, a synchronous façade over the tier's
+`ProcessWorker`; new code imports it from `pydotcompute.ring_kernels`.
 """
 
 from __future__ import annotations

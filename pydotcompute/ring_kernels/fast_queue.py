@@ -195,6 +195,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
             raise ``MessageDeserializationError`` on put; anything else raises
             ``TypeValidationError``.
         backpressure: ``block`` (default), ``reject`` or ``drop_oldest``.
+        expect: With ``serialize``, the class every decoded message must be (a kernel's
+            declared type): a frame of another class raises
+            ``MessageDeserializationError`` when taken, as a frame that does not decode.
 
     Like ``asyncio.Queue``, a queue belongs to the event loop of its first wait: waiting on
     it from another loop raises ``RuntimeError``.
@@ -215,6 +218,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         "_strategy",
         "kernel_id",
         "on_drop",
+        "on_drop_item",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -236,6 +240,7 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         kernel_id: str = "",
         serialize: bool = False,
         backpressure: BackpressureStrategy | str = BackpressureStrategy.BLOCK,
+        expect: type | None = None,
     ) -> None:
         if type(maxsize) is not int or maxsize < 0:
             raise InvalidConfigurationError(
@@ -249,9 +254,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._serialize = serialize
         self._decode: Any = None
         if serialize:
-            from .message import message_decoder
+            from .message import expecting, message_decoder
 
-            self._decode = message_decoder()
+            self._decode = expecting(message_decoder(), expect, kernel_id)
         strategy = _STRATEGIES.get(backpressure) if type(backpressure) is str else None
         self._strategy = (
             backpressure
@@ -274,6 +279,9 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._loop: asyncio.AbstractEventLoop | None = None  # bound by the first wait
         #: Called with 1 for every message ``drop_oldest`` drops (a kernel counts them).
         self.on_drop: Callable[[int], None] | None = None
+        #: Called with each message ``drop_oldest`` drops, as it was queued (bytes on a
+        #: ``serialize=True`` queue): a tracing runtime lets go of its trace context.
+        self.on_drop_item: Callable[[Any], None] | None = None
 
     def __del__(self) -> None:
         # a serializing queue thrown away with frames in it (a runtime discarded with
@@ -356,6 +364,8 @@ class FastMessageQueue(_QueueCore, Generic[T]):
                 _discard((item,))
                 if self.on_drop is not None:
                     self.on_drop(1)
+                if self.on_drop_item is not None:
+                    self.on_drop_item(item)
                 return
 
     def put_overflow(self, item: T) -> None:
@@ -367,10 +377,20 @@ class FastMessageQueue(_QueueCore, Generic[T]):
         self._append(item)
 
     def _full_error(self) -> QueueFullError:
+        """The refusal of a full queue, with the advice its own policy leaves: under
+        ``block`` only a hand-over that cannot wait is refused (``send_nowait``, a reply
+        delivered as its kernel stops), so choosing ``block`` is no advice there."""
+        full = f"{self._describe()} is full ({self._count}/{self._maxsize} messages)"
+        if self._strategy is BackpressureStrategy.BLOCK:
+            return QueueFullError(
+                f"{full}; its backpressure is 'block', but this hand-over cannot wait for "
+                "room (send_nowait, or a reply delivered while its sender stops): receive "
+                "faster, raise queue_size, or choose backpressure='drop_oldest' to make room "
+                "by dropping the oldest message"
+            )
         return QueueFullError(
-            f"{self._describe()} is full ({self._count}/{self._maxsize} messages) and its "
-            f"backpressure is {self._strategy.value!r}; receive faster, raise queue_size, or "
-            "choose backpressure='block' or 'drop_oldest'"
+            f"{full} and its backpressure is {self._strategy.value!r}; receive faster, raise "
+            "queue_size, or choose backpressure='block' or 'drop_oldest'"
         )
 
     # -- put ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A hosted kernel keeps the tier-1 face (a banded asyncio inbox with the user's backpressure,
 an asyncio outbox, correlated `send_and_receive`, `connect`) and runs the actor in a
-`TierWorker`: a thread, a child process.
+`TierWorker`: a thread, a child process, a persistent GPU kernel.
 It talks to the worker only through that contract.
 
 Design notes:
@@ -21,7 +21,8 @@ Design notes:
   destination (a full downstream kernel, a caller that gave up) cannot take them.
 - A reply forwarded into a `reject`-policy kernel that is full is counted as dropped on
   the source; the source keeps running (its actor, elsewhere, cannot be handed the
-  error as a tier-1 actor is).
+  error as a tier-1 actor is). One forwarded into a kernel that stopped is kept in the
+  source's outbox, as on every tier (`RingKernel.reply_kept`).
 - The collector yields to the loop every `SEND_YIELD_EVERY` replies, as a tier-1 actor's
   ``ctx.send`` does: a worker that replies faster than they are delivered would
   otherwise keep it running without a break.
@@ -161,8 +162,7 @@ class HostedKernel(RingKernel):
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
         self._undecodable_seen = False  # a reply that does not decode was logged
-        # replies a connected kernel refused: one line, then a count (a stopped target
-        # can refuse thousands)
+        # replies a full reject-policy kernel downstream refused: one line, then a count
         self._drop_log = BurstLog(
             logger,
             logging.WARNING,
@@ -268,9 +268,11 @@ class HostedKernel(RingKernel):
         ahead of it (see `accept`)."""
         inbox = self._inbox
         in_t = self.input_type
+        ok = self._in_ok
         if (
             self._direct
             and (in_t is None or type(msg) is in_t)
+            and (ok is None or ok(msg))
             and inbox is not None
             and inbox.qsize  # queued ahead of it: the inbox keeps the order
             and not self._stopping
@@ -316,6 +318,31 @@ class HostedKernel(RingKernel):
     # `_hand_over` and needs this one on a hot path (a zero-argument ``super()`` builds an
     # object per call)
     _bridge_hand_over = _hand_over
+
+    def _hand_over_many(self, offer: Callable[[TierWorker], int]) -> int:
+        """The direct path for a tier's own bulk send (the GPU tier's ``send_batch`` and
+        ``send_records``): where `_hand_over` would offer one message straight to the
+        worker, ``offer(worker)`` hands over as many as the worker takes and returns how
+        many; they are counted as `_hand_over` counts one. 0: nothing was done (the inbox
+        goes first, or the kernel does not run ungated). Errors of ``offer`` propagate."""
+        if (
+            self._state is not KernelState.ACTIVE
+            or self._stopping
+            or self._gate is not None
+            or self._held is not None
+            or self._backlog
+            or self.config.serialize
+        ):
+            return 0
+        inbox = self._inbox
+        worker = self._worker
+        if inbox is None or worker is None or inbox.qsize:
+            return 0
+        n = offer(worker)
+        self._handed_direct += n
+        if self._timed:
+            self.telemetry.messages_processed += n
+        return n
 
     def messages_received(self) -> int:
         """Messages accepted so far: through the inbox, and offered straight to the worker."""
@@ -658,7 +685,7 @@ class HostedKernel(RingKernel):
         done = 0
         out = self._outbox
         offer = getattr(out, "offer", None)
-        if offer is not None and not self._waiters and self._forward is None:
+        if offer is not None and not self._answers and self._forward is None:
             # all for the outbox: offered in a row (a loop in C that stops at the first
             # refusal); how many it took is what its size grew by
             before = out.qsize  # type: ignore[union-attr]
@@ -705,7 +732,7 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        if self._waiters and self.hand_to_caller(reply):
+        if (self._waiters or self._answers) and self.hand_to_caller(reply):
             if self._timed:
                 self.telemetry.messages_sent += 1
             return True
@@ -713,17 +740,8 @@ class HostedKernel(RingKernel):
         if target is not None:
             try:
                 target.accept_nowait(reply)
-            except KernelStateError as exc:  # stopping downstream: as `_deliver` counts it
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                self.count_lost_reply()
-                self._drop_log.event(
-                    "kernel %r: a reply forwarded to %r was dropped: %s",
-                    self.kernel_id,
-                    target.kernel_id,
-                    exc,
-                )
-                return True
+            except KernelStateError:  # stopped downstream: kept in the outbox, by `_deliver`
+                return False
             except Exception:  # full (wait or count per its policy), or wrong: `_deliver`
                 return False
         else:
@@ -745,11 +763,13 @@ class HostedKernel(RingKernel):
         return [r for r in ready if type(r) is not _Raised]
 
     def _rejected(self, exc: MessageRejectedError) -> None:
-        """The tier could not decode one message: counted as dropped, its caller told."""
+        """The tier could not decode (a GPU handler: rejected) one message: counted as
+        dropped, under the error's ``drop_reason`` (default ``undecodable``), its caller
+        told."""
         self.telemetry.record_error(exc)
         if self._timed:
             self.telemetry.messages_processed -= 1
-        self._count_dropped(1, "undecodable")
+        self._count_dropped(1, getattr(exc, "drop_reason", "undecodable"))
         fut = self._waiters.pop(id_key(exc.correlation_id), None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
@@ -786,7 +806,7 @@ class HostedKernel(RingKernel):
         """
         if self._timed:
             self.telemetry.messages_sent += 1
-        if self._waiters and self.hand_to_caller(reply):
+        if (self._waiters or self._answers) and self.hand_to_caller(reply):
             return
         target = self._forward
         if target is not None:
@@ -795,16 +815,22 @@ class HostedKernel(RingKernel):
                     target.accept_nowait(reply)
                 else:
                     await target.accept(reply, None)
-            except (QueueFullError, KernelStateError) as exc:
-                # a full reject-policy kernel (or one that is stopping) downstream
+                return
+            except QueueFullError as exc:  # a full reject-policy kernel downstream
                 self.count_lost_reply()
+                tracer = getattr(self._runtime, "tracer", None)
+                if tracer is not None:  # a tracing runtime: the reply's context goes too
+                    tracer.release(reply)
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
                     target.kernel_id,
                     exc,
                 )
-            return
+                return
+            except KernelStateError as exc:  # stopped downstream: kept in the outbox
+                self.reply_kept(target, exc)
+                final = final or self._stopping
         out = self._outbox
         assert out is not None
         if final:
@@ -839,22 +865,23 @@ class HostedKernel(RingKernel):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pump = self._pump
-        if pump is not None and not pump.done():
-            _, pending = await asyncio.wait({pump}, timeout=timeout)
-            if pending:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+        if pump is not None and not pump.done() and await self.within_grace({pump}, timeout):
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, max(0.1, deadline - loop.time()))
+            grace = 0.0 if self.hurried else deadline - loop.time()
+            await asyncio.to_thread(worker.stop, max(0.1, grace))
         collector = self._collector
         if collector is not None and not collector.done():
             # it delivers what the worker produced; if it cannot (a full outbox nobody
-            # reads), what is left is delivered below without waiting
-            _, pending = await asyncio.wait(
-                {collector}, timeout=max(0.05 if not failed else 1.0, deadline - loop.time())
-            )
+            # reads), what is left is delivered below without waiting (at once, hurried)
+            least = 0.05 if not failed else 1.0
+            if self.hurried:
+                _, pending = await asyncio.wait({collector}, timeout=least)
+            else:
+                pending = await self.within_grace({collector}, max(least, deadline - loop.time()))
             if pending:
                 collector.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

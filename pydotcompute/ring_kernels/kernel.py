@@ -29,16 +29,30 @@ Design notes:
   concurrent callers never see each other's replies. Each call owns its key: a request
   whose id is already awaited (a retry after a timeout, two callers sharing one object)
   is sent as a copy with a fresh id. Reusing the key was rejected: two replies would
-  race for one caller and the other would land in the outbox.
-- A caller that gives up leaves its key registered as abandoned, so its late reply is
-  counted as dropped rather than left in the outbox; at most `ABANDONED_REQUESTS_KEPT`
-  such keys are kept (oldest forgotten first), as a reply that never comes would
-  otherwise hold one for good.
+  race for one caller and the other would be dropped.
+- A reply forwarded into a kernel that stopped taking messages (terminating, terminated,
+  failed) stays with the sender, readable in its outbox (logged once, then counted): in a
+  cycle, or a tail closed first, the last stage would otherwise lose what it still made.
+  A full ``reject`` kernel downstream is a policy, not a stop: that reply is dropped.
+- `hurry` ends a terminate's grace period at once (an interrupted shutdown): the actors are
+  cut off as when ``drain_timeout`` passes, so everything still queued is handed back.
+- A reply correlated with a ``send_and_receive`` request that no caller waits for (its
+  caller gave up, or it was answered already) is dropped and counted, never queued in the
+  outbox: a full outbox nobody reads would otherwise block the actor, and every caller
+  behind it, for good. Requests get ids from the kernel's request space
+  (`message.request_space`), so such a reply is known by its id alone: remembering every
+  abandoned key was rejected, as a reply that never comes would hold one for good. A
+  caller that gives up still leaves its key registered as abandoned, at most
+  `ABANDONED_REQUESTS_KEPT` of them (oldest forgotten first): a retry of the same object
+  is then sent with a fresh id, and a request whose id was made before the call (outside
+  the space) has its late reply dropped while its key is kept.
 - An actor's ``ctx.send`` yields to the loop every `SEND_YIELD_EVERY` messages: a send
   that finds room never suspends, and a producer would otherwise starve every other task.
 - Per-message cost: once a reply class has passed validation (for the current
   ``output_type``) and writes its correlation slot plainly, ``ctx.send`` stamps it inline;
-  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Supervision stays a
+  ``ctx.receive`` parks on the inbox itself (no nested coroutine). Field values are
+  checked where a message enters (`send`, ``ctx.send``: one call, compiled for classes of
+  scalar fields; see `message.fields`), unless ``check_fields=False``. Supervision stays a
   coroutine around the actor function rather than a done-callback: failures are handled in
   the same step the actor raised in, before any other task can send to a dead actor.
 - Every guarantee is written once. `close_out` (drain, count, hand back, record) ends a
@@ -47,8 +61,9 @@ Design notes:
   each actor task, a pool's replicas included (`_supervise`). Kernels forward to each
   other through the public `accept`/`accept_nowait`, and reach the runtime only through
   the `lookup` and `on_failed` callables it hands them.
-- A tier whose actor runs elsewhere (the GPU's device) does not override the verbs or
-  `_fail`: it adds its steps through the `_place_*` hooks (no-ops here), written once.
+- A tier whose actor runs elsewhere adds its steps through the `_place_*` hooks (no-ops
+  here), written once: the GPU tier's kernel (a hosted one) adds its device's side of
+  launch, deactivate/reactivate and failure there.
 - The context holds what ``ctx.receive``/``ctx.send`` read on every message (queues,
   waiters, gate, forward target, stopping flag) in its own slots: bound at construction,
   and pushed to it by the kernel when they change (`_sync_contexts`), so the hot path
@@ -81,7 +96,20 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
-from .message import RingKernelMessage, new_message_id, reply_key, request_key
+from .message import (
+    RingKernelMessage,
+    check_declared_types,
+    check_fields,
+    claim_request_key,
+    fields_check,
+    fields_ok,
+    in_request_space,
+    next_request_id,
+    reply_key,
+    request_key,
+    request_space,
+)
+from .message.ids import uuid_from_bytes
 from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
@@ -106,10 +134,21 @@ logger = logging.getLogger("pydotcompute")
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
 
 #: How many requests whose ``send_and_receive`` caller gave up (timed out or was
-#: cancelled) a kernel keeps registered, so that a late reply is counted as dropped
-#: instead of reaching the outbox. Beyond this the oldest are forgotten: a reply to one
-#: of those, should it still come, goes where a reply to a plain ``send`` goes.
+#: cancelled) a kernel keeps registered: sending one of those message objects again gives
+#: the new call a fresh id, so the late reply to the old one cannot answer it. Beyond this
+#: the oldest are forgotten. A late reply is dropped and counted either way when its
+#: request's id was made by ``send_and_receive`` (the usual case); for a request whose id
+#: was made before the call (read, set or decoded), only while its key is kept.
 ABANDONED_REQUESTS_KEPT = 4096
+
+
+def fields_checker(message_type: type | None) -> Any:
+    """The cheap field check of messages sent to a kernel declaring ``message_type``:
+    its class's own (`fields_check`), or `fields_ok` (any class) when it declares none
+    or a class that is not a message."""
+    if isinstance(message_type, type) and issubclass(message_type, RingKernelMessage):
+        return fields_check(message_type)
+    return fields_ok
 
 
 class _Abandoned:
@@ -176,19 +215,26 @@ class RingKernel:
     SUPPORTS_RESTART: bool = True
 
     __slots__ = (
+        "__weakref__",  # (the message registry holds kernels weakly: `message.declared`)
         "_abandoned",
+        "_answers",
         "_ctx",
         "_ctxs",
         "_direct",
         "_forward",
         "_func",
         "_gate",
+        "_grace_cut",
+        "_in_ok",
         "_inbox",
+        "_kept_log",
         "_lookup",
         "_loop",
+        "_lost_log",
         "_on_failed",
         "_outbox",
         "_runtime",
+        "_space",
         "_state",
         "_stopping",
         "_task",
@@ -277,14 +323,24 @@ class RingKernel:
         self._waiters: dict[Any, asyncio.Future[Any]] = {}
         # keys of abandoned requests, oldest first (made on first use)
         self._abandoned: deque[Any] | None = None
+        # the high bytes of the ids this kernel's send_and_receive requests get, and
+        # whether it has had one (its replies are then checked for an abandoned caller)
+        self._space = request_space(kernel_id)
+        self._answers = False
+        self._lost_log: BurstLog | None = None  # replies nobody waits for (made on first)
         self._forward: RingKernel | None = None
         self.telemetry = RingKernelTelemetry(kernel_id, live=True)
         self.error: BaseException | None = None
         self._undelivered: list[Any] | None = None  # made on first use
+        self._grace_cut: asyncio.Future[None] | None = None  # set by `hurry`
+        self._kept_log: BurstLog | None = None  # replies a stopped target refused
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
         # the loop it was activated on (or of the first send_and_receive), kept as the
         # queues keep theirs: on 3.11 looking the running loop up costs a getpid() call
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the cheap field check of a message sent here (None: not checked): `_validate_in`
+        self._in_ok = fields_checker(input_type) if config.check_fields else None
+        check_declared_types(self, input_type=input_type, output_type=output_type)
 
     # -- introspection ------------------------------------------------------------------
 
@@ -330,6 +386,13 @@ class RingKernel:
         `expect_reply`). Whoever delivers the kernel's replies (its context, the hosting
         bridge) pops a caller from it and completes its future."""
         return self._waiters
+
+    @property
+    def answers_requests(self) -> bool:
+        """True once a ``send_and_receive`` request was made to this kernel: from then on
+        whoever delivers its replies asks `hand_to_caller` about each, even with no caller
+        waiting, so that a reply to a caller who gave up is dropped, not queued."""
+        return self._answers
 
     @property
     def lookup(self) -> Callable[[str], RingKernel] | None:
@@ -378,7 +441,11 @@ class RingKernel:
         queue: Any
         if cfg.use_fast_queue:
             queue = FastMessageQueue(
-                size, kernel_id=self.kernel_id, serialize=cfg.serialize, backpressure=strategy
+                size,
+                kernel_id=self.kernel_id,
+                serialize=cfg.serialize,
+                backpressure=strategy,
+                expect=self.input_type if inbox else self.output_type,
             )
         else:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
@@ -469,9 +536,10 @@ class RingKernel:
 
     def _sync_contexts(self) -> None:
         """Hand the actors' contexts what they read on every message and the kernel
-        changes: the deactivation gate, the forward target, the stopping flag."""
+        changes: the deactivation gate, the forward target, the stopping flag, and
+        `answers_requests`."""
         for ctx in self._ctxs:
-            ctx.kernel_changed(self._gate, self._forward, self._stopping)
+            ctx.kernel_changed(self._gate, self._forward, self._stopping, self._answers)
 
     def _stop_intake(self) -> None:
         """Take no more messages: new sends are refused, actors see ``should_terminate``
@@ -493,6 +561,7 @@ class RingKernel:
                 "an actor cannot await its own termination; return from the actor function instead",
             )
         self._state = KernelState.TERMINATING
+        self._grace_cut = asyncio.get_running_loop().create_future()
         self._stop_intake()
         if self._inbox is not None:
             self._inbox.close(QueueClosedError(f"kernel {self.kernel_id!r} is terminating"))
@@ -513,7 +582,7 @@ class RingKernel:
         timeout = self._begin_terminating(self._tasks, timeout)
         running = {t for t in self._tasks if not t.done()}
         if running:
-            _, pending = await asyncio.wait(running, timeout=timeout)
+            pending = await self.within_grace(running, timeout)
             for task in pending:
                 task.cancel()
             for task in pending:
@@ -525,6 +594,41 @@ class RingKernel:
         if held is None:  # the place could not be stopped: the kernel was failed instead
             return []
         return self._finish_termination(left + held)
+
+    def hurry(self) -> None:
+        """End the grace period of a `terminate` under way now, as if its ``drain_timeout``
+        had passed: the actors are cut off and what is still queued is handed back (an
+        interrupted shutdown calls it). No effect on a kernel that is not terminating."""
+        cut = self._grace_cut
+        if cut is not None and not cut.done():
+            cut.set_result(None)
+
+    @property
+    def hurried(self) -> bool:
+        """Whether `hurry` cut the current terminate's grace period short."""
+        cut = self._grace_cut
+        return cut is not None and cut.done()
+
+    async def within_grace(self, waits: set[Any], timeout: float) -> set[Any]:
+        """Wait until every future of ``waits`` is done, ``timeout`` seconds pass or `hurry`
+        is called; returns those not done. A terminate's wait for its actor (or its
+        bridge) to drain."""
+        cut = self._grace_cut
+        if cut is None:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            return pending
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = {w for w in waits if not w.done()}
+        while pending and not cut.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(
+                pending | {cut}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending.discard(cut)
+        return {w for w in pending if not w.done()}
 
     def _cut_off(self) -> list[Any]:
         """The messages the actors were handling when they were cancelled, if any: never
@@ -558,6 +662,44 @@ class RingKernel:
         if log is not None:
             logger.warning(log, self.kernel_id, n)
 
+    def reply_kept(self, target: Any, exc: BaseException) -> None:
+        """A reply forwarded into ``target`` was refused because ``target`` stopped taking
+        messages (``exc``); the caller keeps it in this kernel's outbox, readable. Logged
+        once, then counted in summaries: a stopped target can refuse thousands."""
+        log = self._kept_log
+        if log is None:
+            log = self._kept_log = BurstLog(
+                logger,
+                logging.WARNING,
+                "%d more repl(ies) kept in the outbox since the last line",
+            )
+        log.event(
+            "kernel %r: %r stopped taking messages (%s); what %r forwards to it is kept in "
+            "its own outbox instead (runtime.receive / runtime.take_unread)",
+            self.kernel_id,
+            getattr(target, "kernel_id", target),
+            exc,
+            self.kernel_id,
+        )
+
+    def _log_kept_summary(self) -> None:
+        log = self._kept_log
+        kept = log.take_pending() if log is not None else 0
+        if kept:
+            logger.warning(
+                "kernel %r: %d more repl(ies) kept in its outbox (the kernel it forwards "
+                "into had stopped)",
+                self.kernel_id,
+                kept,
+            )
+
+    @property
+    def unread_replies(self) -> int:
+        """How many replies wait in the outbox, unread (a tier with a reply buffer of its
+        own counts that)."""
+        out = self._outbox
+        return len(out) if out is not None else 0
+
     def count_lost_reply(self) -> None:
         """A reply that got nowhere (its caller gave up, or the kernel it was forwarded to
         refused it): counted as dropped, reason ``reply_lost``, on the outbox and in
@@ -568,16 +710,49 @@ class RingKernel:
 
     def hand_to_caller(self, reply: Any) -> bool:
         """Complete the caller awaiting ``reply`` (registered in `reply_waiters` under its
-        ``correlation_id``). True when the reply was a caller's: delivered, or counted as
-        lost when that caller already gave up (timed out, cancelled); False when no caller
-        waits for it and it goes on to the forward target or the outbox."""
-        fut = self._waiters.pop(reply_key(reply), None)
+        ``correlation_id``). True when the reply was a caller's: delivered, or dropped and
+        counted when no caller waits for it any more (`drop_unawaited`); False when it
+        answers no ``send_and_receive`` request and goes on to the forward target or the
+        outbox."""
+        key = reply_key(reply)
+        fut = self._waiters.pop(key, None)
         if fut is None:
-            return False
+            return self.drop_unawaited(key)
         if not fut.done():
             fut.set_result(reply)
         else:  # its caller timed out or was cancelled: nobody reads it
-            self.count_lost_reply()
+            self.drop_unawaited(key, abandoned=True)
+        return True
+
+    def drop_unawaited(self, key: Any, *, abandoned: bool = False) -> bool:
+        """Drop a reply correlated with a ``send_and_receive`` request that no caller
+        waits for (it timed out, was cancelled, or has its reply already): counted as a
+        lost reply and logged, one line then a count every few seconds. Every tier's reply
+        delivery asks it about a reply whose correlation key ``key`` matched no waiting
+        caller.
+
+        Returns:
+            True when the reply was dropped: ``key`` is in this kernel's request space, or
+            ``abandoned`` (its caller's registration was found, abandoned). False, and
+            nothing done, for any other reply (one to a plain ``send``, an uncorrelated
+            one): it goes on to the forward target or the outbox.
+        """
+        if not abandoned and not in_request_space(key, self._space):
+            return False
+        self.count_lost_reply()
+        log = self._lost_log
+        if log is None:
+            log = self._lost_log = BurstLog(
+                logger,
+                logging.WARNING,
+                "%d more since the last line",
+            )
+        log.event(
+            "kernel %r: dropped a reply nobody waits for: it answers a send_and_receive "
+            "request whose caller timed out, was cancelled or has its reply already "
+            "(counted in telemetry as dropped, reason 'reply_lost')",
+            self.kernel_id,
+        )
         return True
 
     def close_replies(self, error: BaseException) -> None:
@@ -629,6 +804,7 @@ class RingKernel:
             left,
             log="kernel %r terminated with %d undelivered message(s) (counted as dropped)",
         )
+        self._log_kept_summary()
         self._state = KernelState.TERMINATED
         return left
 
@@ -726,6 +902,7 @@ class RingKernel:
                     self.telemetry.record_error(exc)
                     if own is not None:
                         own.record_error(exc)
+                    ctx.actor_raised(exc)
                     if self._stopping:  # the message it raised on is handed back by terminate
                         self.error = exc
                         logger.error("kernel %r raised while terminating: %r", self.kernel_id, exc)
@@ -834,8 +1011,12 @@ class RingKernel:
 
     def _validate_in(self, msg: Any) -> None:
         in_t = self.input_type
-        if in_t is not None and type(msg) is not in_t and not isinstance(msg, in_t):
+        t = type(msg)
+        if in_t is not None and t is not in_t and not isinstance(msg, in_t):
             check_message(msg, in_t, self.kernel_id, "expects")
+        ok = self._in_ok  # (the declared class's own check, or one for any class)
+        if ok is not None and not ((t is in_t or in_t is None) and ok(msg)):
+            check_fields(msg, self.kernel_id, "expects")
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy: the
@@ -894,9 +1075,11 @@ class RingKernel:
         """
         inbox = self._inbox
         in_t = self.input_type
+        ok = self._in_ok
         if (
             self._direct
             and (in_t is None or type(msg) is in_t)
+            and (ok is None or ok(msg))
             and inbox is not None
             and not self._stopping
             and inbox.offer(msg)  # open, with room: appended
@@ -984,15 +1167,12 @@ class RingKernel:
             TypeValidationError: ``msg`` has no ``message_id``, or it needs a fresh id and
                 cannot be copied.
         """
-        try:
-            key = request_key(msg)
-        except AttributeError:
-            raise self._no_message_id(msg) from None
+        key = self.claim_request(msg)
         waiters = self._waiters
         if key in waiters:
             try:
                 msg = copy.copy(msg)
-                msg.message_id = new_message_id()
+                msg.message_id = uuid_from_bytes(next_request_id(self._space))
                 key = request_key(msg)
             except (AttributeError, TypeError) as exc:
                 raise TypeValidationError(
@@ -1002,6 +1182,24 @@ class RingKernel:
                 ) from None
         waiters[key] = waiter
         return msg, key
+
+    def claim_request(self, msg: Any) -> Any:
+        """The key a reply to request ``msg`` is filed under (`request_key`), its id made
+        now in this kernel's request space when it has none (`claim_request_key`), and
+        the kernel marked as answering requests (`answers_requests`). Every tier's
+        ``send_and_receive`` takes its key here before the request is sent.
+
+        Raises:
+            TypeValidationError: ``msg`` has no ``message_id``.
+        """
+        try:
+            key = claim_request_key(msg, self._space)
+        except AttributeError:
+            raise self._no_message_id(msg) from None
+        if not self._answers:
+            self._answers = True
+            self._sync_contexts()
+        return key
 
     def forget_request(self, key: Any, waiter: Any) -> None:
         """Unregister ``waiter``: its call ended (its reply came, or its request was never

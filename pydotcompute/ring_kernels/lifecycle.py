@@ -1,7 +1,8 @@
-"""The old home of the lifecycle names, kept so that existing imports work.
+"""Kept for 0.2 code: ``from pydotcompute.ring_kernels.lifecycle import ...`` (API.md).
 
-The kernel lives in `kernel.py`, its states in `states.py`, its configuration in
-`config.py` and the actor's context in `context.py`.
+The names live in `kernel.py` (the kernel), `states.py` (its states), `config.py` (its
+configuration) and `context.py` (the actor's context); new code imports them from
+`pydotcompute.ring_kernels`.
 """
 
 from __future__ import annotations

@@ -939,6 +939,11 @@ class PoolWorker(TierWorker):
         i = self._failed_index()
         return None if i is None else self.members[i].failure
 
+    @property
+    def failed_on(self) -> Any:
+        i = self._failed_index()
+        return None if i is None else self.members[i].failed_on
+
     def trace_wire(
         self,
         header: Callable[[Any], tuple[int, int, int] | None],

@@ -96,6 +96,8 @@ class MessageQueue(FastMessageQueue[T]):
         self._removed += 1
         if self.on_drop is not None:
             self.on_drop(1)
+        if self.on_drop_item is not None:
+            self.on_drop_item(item)
 
     def clear(self) -> int:
         n = self._count

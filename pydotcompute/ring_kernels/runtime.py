@@ -16,7 +16,12 @@ Design notes:
   stops without losing what is in flight; kernels with no edge between them stop in
   parallel. One overall timeout bounds it all, each wave getting what is left (stopping
   everything at once, ``ordered=False``, was the old default: the tail closed first and
-  refused what the head had already made). It reports what it could not deliver.
+  refused what the head had already made). Each kernel drains for at most its own
+  ``drain_timeout``, however the stop came (`shutdown`, leaving ``async with``, Ctrl-C).
+- Shutdown reports every message it lost (handed back, or dropped while it ran) and the
+  replies it leaves unread (`shutdown.ShutdownReport`), and it always closes its books: a
+  Ctrl-C or a cancellation while it runs stops every kernel at once instead of breaking it
+  off (an interrupted shutdown left kernels it had not reached with their queues uncounted).
 - Shutdown and ``terminate_all`` refuse to run inside an actor's own task: they would
   wait for that actor to finish, which waits for them.
 - ``terminate`` takes the id out of ``kernel_ids`` (PyDotCompute 0.2's contract: the id
@@ -42,13 +47,16 @@ from ..exceptions import (
     KernelAlreadyExistsError,
     KernelNotFoundError,
     KernelStateError,
+    QueueClosedError,
     TypeValidationError,
 )
 from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
 from .config import RingKernelConfig
+from .edges import EdgeInfo, EdgeTable
 from .kernel import KernelFunc, RingKernel
 from .registry import get_registered_kernel, register_ring_kernel
+from .shutdown import ShutdownReport, held_interrupts
 from .states import KernelState
 from .supervision import stop_waves
 from .telemetry import RingKernelTelemetry, TelemetryCollector
@@ -119,8 +127,11 @@ class RingKernelRuntime:
         self._start_time = time.monotonic()
         self._failures: list[tuple[str, BaseException | None]] = []
         self._terminating: dict[str, asyncio.Future[None]] = {}
+        self._hurried = False  # a shutdown was interrupted: no more draining
+        self._shutdown_report: ShutdownReport | None = None
         self._metrics: Any = None  # the MetricsServer of serve_metrics (False: shut down)
         self._metrics_lock = threading.Lock()
+        self._edge_table = EdgeTable()  # which kind each connect edge got (`edges`)
         #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
         self.tracer: Any = None
         if tracing:
@@ -137,6 +148,7 @@ class RingKernelRuntime:
             self._closed = False
             with self._metrics_lock:
                 self._metrics = None
+        self._hurried = False
         if not self._active:
             self._loop = asyncio.get_running_loop()
             if self.use_eager_tasks:
@@ -178,19 +190,29 @@ class RingKernelRuntime:
         and ``if runtime:`` (is there a runtime?) would take the wrong branch."""
         return True
 
-    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> ShutdownReport:
         """Terminate every kernel, draining, within ``timeout`` seconds in all.
 
         With ``ordered`` (the default) pipelines stop head to tail along ``connect``
         edges: sources first, then each stage once every stage feeding it has drained
         into it (see `terminate_all`). ``ordered=False`` terminates every kernel at once.
-        Afterwards `kernel_ids` is empty (every kernel is in `terminated_ids`, readable
-        until `remove`) and the runtime can be `start`ed again.
+        Each kernel drains for at most its ``drain_timeout``. Afterwards `kernel_ids` is
+        empty (every kernel is in `terminated_ids`, readable until `remove`) and the
+        runtime can be `start`ed again.
+
+        A Ctrl-C (SIGINT on the main thread, under ``asyncio.run`` or the default
+        handler) or a cancellation of the calling task while it runs does not break it
+        off: every kernel still running is stopped at once (no more draining), what they
+        hold is handed back and counted, and then the interrupt is passed on (or the
+        cancellation raised).
 
         Returns:
-            kernel id -> number of messages that could not be delivered (kept in
-            ``kernel.undelivered``, by terminate or by an earlier failure, and counted as
-            dropped in telemetry). Empty when nothing was lost.
+            A `ShutdownReport`: kernel id -> messages lost (handed back in
+            ``kernel.undelivered``, by terminate or by an earlier failure, plus those
+            dropped while the shutdown ran, replies refused by a stopped kernel
+            included), ``{}`` when nothing was lost; its ``unread`` attribute counts the
+            replies left in outboxes (`take_unread` reads them). Also kept as
+            `shutdown_report`. A runtime already shut down returns an empty report.
 
         Raises:
             KernelStateError: called from inside an actor (its own kernel could never
@@ -198,28 +220,88 @@ class RingKernelRuntime:
             InvalidConfigurationError: ``timeout`` is not a finite number >= 0.
         """
         if self._closed:
-            return {}
+            return ShutdownReport()
         self._refuse_from_actor("shutdown")
-        started = time.monotonic()
-        try:
-            report = await self.terminate_all(timeout=timeout, ordered=ordered)
-        finally:
-            await self._stop_metrics(started, timeout)
-        for kid in list(self._kernels):
-            self._park(kid)
-        self._active = False
-        self._closed = True
+        timeout = self._checked_timeout(timeout)
+        self._hurried = False
+        with held_interrupts(self._interrupted):
+            closing = asyncio.ensure_future(self._close(timeout, ordered, time.monotonic()))
+            cancelled = False
+            while True:  # the books are closed even when this task is cancelled
+                try:
+                    report = await asyncio.shield(closing)
+                    break
+                except asyncio.CancelledError:
+                    if closing.done():
+                        raise
+                    cancelled = True
+                    self._interrupted("its task was cancelled")
+            for kid in list(self._kernels):
+                self._park(kid)
+            self._active = False
+            self._closed = True
+            self._shutdown_report = report
+            if cancelled:
+                raise asyncio.CancelledError
         return report
 
-    async def terminate_all(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
-        """Terminate every running kernel; returns undelivered counts (non-zero only).
+    async def _close(self, timeout: float, ordered: bool, started: float) -> ShutdownReport:
+        try:
+            return await self.terminate_all(timeout=timeout, ordered=ordered)
+        finally:
+            await self._stop_metrics(started, timeout)
+
+    def _interrupted(self, why: str = "Ctrl-C") -> None:
+        """A shutdown was interrupted: every kernel still draining is cut off now, and the
+        kernels not reached yet stop without draining (their queues handed back)."""
+        if self._hurried:
+            return
+        self._hurried = True
+        logger.warning(
+            "shutdown interrupted (%s): stopping every kernel now without draining further; "
+            "what they hold is handed back and counted (runtime.shutdown_report)",
+            why,
+        )
+        for k in self._kernels.values():
+            hurry = getattr(k, "hurry", None)
+            if hurry is not None:
+                hurry()
+
+    @property
+    def shutdown_report(self) -> ShutdownReport | None:
+        """The `ShutdownReport` of the last `shutdown` (None before the first one): how to
+        read it after leaving ``async with RingKernelRuntime()``, which discards it."""
+        return self._shutdown_report
+
+    def take_unread(self, kernel_id: str) -> list[Any]:
+        """Take every reply still readable from a kernel's outbox, oldest first, without
+        waiting: after a shutdown, the replies its report counts as ``unread`` (a
+        terminated kernel keeps them until `remove` or a new launch of its id).
+
+        Raises:
+            KernelNotFoundError: unknown id.
+        """
+        kernel = self._kernel(kernel_id)
+        replies: list[Any] = []
+        while True:
+            try:
+                reply = kernel.receive_nowait()
+            except (KernelStateError, QueueClosedError):  # terminated (or failed) and drained
+                return replies
+            if reply is None:
+                return replies
+            replies.append(reply)
+
+    async def terminate_all(self, timeout: float = 10.0, *, ordered: bool = True) -> ShutdownReport:
+        """Terminate every running kernel; returns what was lost (a `ShutdownReport`).
 
         With ``ordered``, in waves along ``connect`` edges: a kernel is terminated once
         every kernel forwarding into it is TERMINATED (a cycle is broken at the kernel of
         the cycle launched first); kernels of one wave stop in parallel. ``timeout``
-        bounds the whole call: each wave's grace period is what is left of it. Without
-        ``ordered``, every kernel is terminated at once. Terminated kernels move from
-        `kernel_ids` to `terminated_ids`, as with `terminate`.
+        bounds the whole call: each wave's grace period is what is left of it, and each
+        kernel's is at most its ``drain_timeout``. Without ``ordered``, every kernel is
+        terminated at once. Terminated kernels move from `kernel_ids` to
+        `terminated_ids`, as with `terminate`.
 
         Raises:
             KernelStateError: called from inside an actor (see `shutdown`).
@@ -228,29 +310,59 @@ class RingKernelRuntime:
         timeout = self._checked_timeout(timeout)
         self._refuse_from_actor("terminate_all")
         kernels = [k for k in self._kernels.values() if k.state is not KernelState.TERMINATED]
-        if not kernels:
-            return {}
+        before = {k.kernel_id: _drop_figures(k) for k in kernels}
         waves = stop_waves(kernels, _forward_target) if ordered else [kernels]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        report: dict[str, int] = {}
+        broken: list[str] = []
         for wave in waves:
-            left = max(0.0, deadline - loop.time())
+            left = 0.0 if self._hurried else max(0.0, deadline - loop.time())
             results = await asyncio.gather(
-                *(self._stop(k, left) for k in wave), return_exceptions=True
+                *(self._stop(k, min(left, k.config.drain_timeout)) for k in wave),
+                return_exceptions=True,
             )
             for k, res in zip(wave, results, strict=True):
                 if isinstance(res, BaseException):
                     logger.error("terminating kernel %r raised %r", k.kernel_id, res)
-                    report[k.kernel_id] = -1
+                    broken.append(k.kernel_id)
                 elif k.state is not KernelState.TERMINATED:
                     logger.error("kernel %r did not finish terminating in time", k.kernel_id)
-                    report[k.kernel_id] = -1
-                elif k.undelivered:  # what terminate returned, and what a failure left
-                    report[k.kernel_id] = len(k.undelivered)
+                    broken.append(k.kernel_id)
         for kid, k in list(self._kernels.items()):
             if k.state is KernelState.TERMINATED:
                 self._park(kid)
+        return self._report(kernels, before, broken)
+
+    def _report(
+        self, stopped: list[RingKernel], before: dict[str, tuple[int, int]], broken: list[str]
+    ) -> ShutdownReport:
+        """What stopping ``stopped`` lost (``before``: their `_drop_figures` first), and
+        the replies every kernel of the runtime leaves unread (logged in one line)."""
+        report = ShutdownReport(interrupted=self._hurried)
+        for k in stopped:
+            kid = k.kernel_id
+            handed = len(k.undelivered)
+            total, handed_back = _drop_figures(k)
+            dropped = max(0, (total - before[kid][0]) - (handed_back - before[kid][1]))
+            if handed:
+                report.undelivered[kid] = handed
+            if dropped:
+                report.dropped[kid] = dropped
+            if kid in broken:
+                report[kid] = -1
+            elif handed or dropped:
+                report[kid] = handed + dropped
+        for k in [*self._kernels.values(), *self._parked.values()]:
+            unread = _unread(k)
+            if unread:
+                report.unread[k.kernel_id] = unread
+        if report.unread:
+            logger.warning(
+                "%d repl(ies) left unread at shutdown (%s); readable with "
+                "runtime.take_unread(kernel_id) until the kernel is removed",
+                report.unread_total,
+                ", ".join(f"{kid!r}: {n}" for kid, n in report.unread.items()),
+            )
         return report
 
     def _park(self, kernel_id: str) -> None:
@@ -465,6 +577,7 @@ class RingKernelRuntime:
             del self._parked[kernel_id]
         else:
             del self._kernels[kernel_id]
+        self._edge_table.forget(kernel)
 
     # -- messaging ----------------------------------------------------------------------
 
@@ -572,8 +685,13 @@ class RingKernelRuntime:
         reached: int = await fan_out(msg, timeout)
         return reached
 
-    def connect(self, source_id: str, target_id: str) -> None:
+    def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
+
+        Between two off-loop kernels whose tiers offer a direct edge (thread -> thread
+        today) the messages move straight from actor to actor, off the event loop; with
+        ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
+        says which (docs/concepts/data-plane.md).
 
         Raises:
             TypeValidationError: the source's ``output_type`` cannot be the target's
@@ -589,10 +707,24 @@ class RingKernelRuntime:
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
         src.forward_to(dst)
+        self._edge_table.connect(src, dst, tracing=self.tracer is not None, direct=direct)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
-        self._kernel(source_id).forward_to(None)
+        src = self._kernel(source_id)
+        self._edge_table.disconnect(src)
+        src.forward_to(None)
+
+    def edges(self) -> list[EdgeInfo]:
+        """Every ``connect`` edge of the kernels in `kernel_ids` and `terminated_ids`
+        (until `remove`), and how its messages move.
+
+        Each `EdgeInfo` names the source and target, the edge's ``kind`` (``"loop"``:
+        through this runtime's event loop; ``"objects"``: directly, thread to thread),
+        ``why`` a loop edge is not direct, and a direct edge's own counters (see
+        docs/concepts/data-plane.md).
+        """
+        return self._edge_table.edges([*self._kernels.values(), *self._parked.values()])
 
     # -- telemetry ----------------------------------------------------------------------
 
@@ -626,6 +758,7 @@ class RingKernelRuntime:
         received = getattr(kernel, "messages_received", None)
         if received is not None:
             tel.messages_received = received()
+        self._edge_table.fold(kernel, tel, timed=self.enable_telemetry)
         return tel
 
     def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]:
@@ -758,6 +891,22 @@ class RingKernelRuntime:
 
 def _forward_target(kernel: RingKernel) -> RingKernel | None:
     return kernel.forwards_to
+
+
+def _drop_figures(kernel: RingKernel) -> tuple[int, int]:
+    """``(messages dropped, of which handed back)`` of ``kernel`` so far."""
+    tel = kernel.telemetry
+    return tel.messages_dropped, tel.drop_reasons().get("undelivered", 0)
+
+
+def _unread(kernel: RingKernel) -> int:
+    """How many replies wait in ``kernel``'s outbox (a tier with a reply buffer of its
+    own says through ``unread_replies``)."""
+    unread = getattr(kernel, "unread_replies", None)
+    if unread is not None:
+        return int(unread)
+    out = kernel.outbox
+    return len(out) if out is not None else 0
 
 
 def _pool_launch(

@@ -1,5 +1,7 @@
-"""The old path of the thread tier's blocking queues, which live in
-`pydotcompute.ring_kernels.tiers.thread.sync_queue` (kept so that existing imports work)."""
+"""Kept for 0.2 code: ``from pydotcompute.ring_kernels.sync_queue import ...`` (API.md).
+
+The thread tier's blocking queues live in `pydotcompute.ring_kernels.tiers.thread.sync_queue`.
+"""
 
 from __future__ import annotations
 

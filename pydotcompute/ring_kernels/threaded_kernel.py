@@ -1,5 +1,8 @@
-"""The old path of the thread tier's standalone kernel, which lives in
-`pydotcompute.ring_kernels.tiers.thread` (kept so that existing imports work)."""
+"""Kept for 0.2 code: ``from pydotcompute.ring_kernels.threaded_kernel import ...`` (API.md).
+
+The thread tier's standalone kernel lives in `pydotcompute.ring_kernels.tiers.thread`; new
+code imports it from `pydotcompute.ring_kernels`.
+"""
 
 from __future__ import annotations
 

@@ -29,9 +29,8 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState
-from pydotcompute.ring_kernels._gpu import layout
-from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
 from pydotcompute.ring_kernels.registry import unregister_ring_kernel
+from pydotcompute.ring_kernels.tiers.gpu import GPURingKernel, layout
 from tests import gpu_ring_kernel_suite as suite
 from tests.gpu_ring_kernel_suite import SIM, Add, Seq, SeqOut, Sum, launch_gpu, poke_state
 
@@ -183,7 +182,7 @@ async def test_watchdog_flags_a_live_kernel_that_never_sees_the_doorbell(
     rt: RingKernelRuntime,
 ) -> None:
     k = await launch_gpu(rt, "deaf", suite.add_handler, Add, Sum, watchdog_timeout=0.5)
-    r = k._rings
+    r = k.rings
     assert r is not None
     beat = r.word(layout.HEARTBEAT)
     # a message published with its tail, but the doorbell word (what the kernel polls) left
@@ -195,8 +194,10 @@ async def test_watchdog_flags_a_live_kernel_that_never_sees_the_doorbell(
     assert isinstance(k.error, TimeoutError)
     assert "is alive" in str(k.error)
     assert "the host published 1" in str(k.error)
-    assert r.word(layout.HEARTBEAT) > beat  # alive all along: a heartbeat alone is no progress
-    assert r.word(layout.TAIL_SEEN) == 0
+    # alive all along: a heartbeat alone is no progress (read as the kernel stopped: its
+    # memory went back to the slab)
+    assert k.control_word(layout.HEARTBEAT) > beat
+    assert k.control_word(layout.TAIL_SEEN) == 0
     await rt.terminate("deaf")
     assert k.state is KernelState.TERMINATED
 
@@ -230,7 +231,7 @@ async def test_terminate_times_out_on_a_kernel_that_does_not_acknowledge(
 async def test_a_kernel_that_exits_on_its_own_is_reported_failed(rt: RingKernelRuntime) -> None:
     k = await launch_gpu(rt, "quit", suite.add_handler, Add, Sum, activate=False)
     assert k.state is KernelState.LAUNCHED
-    k._rings.set_word(layout.TERMINATE, 1)  # type: ignore[union-attr]  # as if it crashed
+    k.rings.set_word(layout.TERMINATE, 1)  # type: ignore[union-attr]  # as if it crashed
     await suite.wait_for(lambda: k.state is KernelState.FAILED)  # the pump's watchdog
     assert isinstance(k.error, RuntimeError)
     assert "exited on its own" in str(k.error)
@@ -248,7 +249,7 @@ async def test_requests_left_in_the_ring_of_a_failed_kernel_are_counted_once(
     """A kernel that exits with requests in its ring hands them back first, and they are
     counted as dropped once, alike in telemetry and on the inbox's statistics."""
     k = await launch_gpu(rt, "quit", suite.add_handler, Add, Sum)
-    rings = k._rings
+    rings = k.rings
     assert rings is not None
     rings.set_word(layout.ACTIVE, 0)  # the device stops taking messages; the host still sends
     await suite.wait_for(lambda: rings.word(layout.ACTIVE_ACK) == 0)
@@ -312,14 +313,13 @@ async def test_buffer_synchronize_waits_on_a_stream_while_an_actor_runs(
 
 
 async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
     assert _device_threads()
     assert resources.terminate_running_kernels(timeout=10) == []
     assert not _device_threads()  # the kernel left its loop
-    assert k._rings is not None
-    assert k._rings.word(layout.TERMINATED) == 1
+    assert k.control_word(layout.TERMINATED) == 1
 
 
 # --- memory comes from slabs made before the kernels run ----------------------------------------
@@ -328,7 +328,7 @@ async def test_exit_hook_terminates_running_kernels(rt: RingKernelRuntime) -> No
 async def test_an_actor_started_beside_a_running_one_allocates_nothing(
     rt: RingKernelRuntime,
 ) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     slabs = resources.memory_slabs()
     await launch_gpu(rt, "a", suite.add_handler, Add, Sum)
@@ -346,7 +346,7 @@ async def test_an_actor_started_beside_a_running_one_allocates_nothing(
 async def test_a_full_slab_refuses_a_start_beside_running_actors(
     rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
+    from pydotcompute.ring_kernels.tiers.gpu import resources
 
     slabs = resources.memory_slabs()
     await launch_gpu(rt, "a", suite.add_handler, Add, Sum, ring_size=8)
@@ -360,8 +360,7 @@ async def test_a_full_slab_refuses_a_start_beside_running_actors(
 
 
 async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
-    from pydotcompute.ring_kernels.gpu_kernel import reserve_gpu_memory
+    from pydotcompute.ring_kernels.tiers.gpu import reserve_gpu_memory, resources
 
     slabs = resources.memory_slabs()
     reserve_gpu_memory(mapped_mb=100)
@@ -372,8 +371,7 @@ async def test_memory_is_reserved_up_front_only(rt: RingKernelRuntime) -> None:
 
 
 async def test_a_handler_is_prepared_before_actors_run(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import resources
-    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
+    from pydotcompute.ring_kernels.tiers.gpu import prepare_gpu_kernel, resources
 
     slabs = resources.memory_slabs()
     free = slabs.stats()["mapped"]["bytes_free"]
@@ -398,8 +396,8 @@ async def test_a_cooperative_block_stages_the_batch_before_handling_it(
     req = suite.Vec(values=x, scale=np.float32(3.0))
     reply = await rt.send_and_receive("vec", req, timeout=20)
     np.testing.assert_allclose(reply.values, x * 3)
-    assert k._dev is not None
-    staged = k._dev.stage[0]  # the block copied the slot before the handler ran
+    assert k.device is not None
+    staged = k.device.stage[0]  # the block copied the slot before the handler ran
     assert float(staged["scale"]) == 3.0
     np.testing.assert_array_equal(staged["values"], x)
     assert int(staged["_mid_lo"]) == req.message_id.int & ((1 << 64) - 1)
@@ -422,3 +420,33 @@ async def test_the_hardware_check_probe_runs_on_the_simulator() -> None:
     assert {x["phase"] for x in result["launches"]} == {"prepared", "careless"}
     assert result["a_round_trips"] > 0
     assert not _device_threads()
+
+
+# --- the worker thread of start/stop makes no CUDA call ------------------------------------------
+
+
+async def test_device_calls_are_made_on_the_loop_thread(
+    rt: RingKernelRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start` and `stop` run in a worker thread, but every CUDA call they need (has the
+    kernel ended, copy its state back, give its memory back) is made on the loop's thread,
+    where the kernel was started: in a thread without a current CUDA context the question
+    "has it ended?" fails, which reads as "still running"."""
+    from pydotcompute.ring_kernels.tiers.gpu import resources
+
+    seen: list[tuple[str, int]] = []
+    for name in ("finished", "failure", "read_state", "release"):
+        original = getattr(resources.DeviceActor, name)
+
+        def spy(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
+            seen.append((_name, threading.get_ident()))
+            return _original(self, *args)
+
+        monkeypatch.setattr(resources.DeviceActor, name, spy)
+    k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum, state=np.zeros(1, np.int64))
+    assert (await rt.send_and_receive("add", Add(a=1.0, b=2.0), timeout=20)).total == 3.0
+    await rt.terminate("add")
+    assert {"finished", "read_state", "release"} <= {name for name, _ in seen}
+    assert {thread for _, thread in seen} == {threading.get_ident()}, seen
+    assert k.final_state is not None
+    assert k.final_state.tolist() == [1]

@@ -21,7 +21,12 @@ import numpy as np
 import pytest
 
 from pydotcompute import RingKernelRuntime, message
-from pydotcompute.exceptions import InvalidConfigurationError, QueueTimeoutError
+from pydotcompute.exceptions import (
+    InvalidConfigurationError,
+    MessageSerializationError,
+    QueueTimeoutError,
+    TypeValidationError,
+)
 from pydotcompute.ring_kernels import KernelState
 from tests import tier_scenarios as sc
 from tests.gpu_ring_kernel_suite import Add, Sum, add_handler, launch_gpu
@@ -77,21 +82,20 @@ async def _async_actor(ctx: Any) -> None:  # not a device handler
 
 GPU = sc.TierCase("gpu", gpu_echo, _async_actor, options=(("block_size", 1),))
 
-#: Scenarios the GPU tier cannot run, and why.
+#: Scenarios the GPU tier cannot run, and why: each needs an actor a device handler cannot
+#: be. Everything else (the bridge's delivery, correlation, forwarding, accounting, batched
+#: hand-over) is the same code on every hosted tier and runs here.
 SKIPS: dict[str, str] = {
     "scenario_actor_returns_by_itself": (
         "a device handler cannot end the persistent kernel: it runs until terminated"
     ),
     "scenario_pool_routes_around_a_returned_replica": (
-        "a device handler cannot end the persistent kernel, and the GPU tier has no pools"
-    ),
-    "scenario_wrong_actor_kind_refused": (
-        "the GPU tier runs device functions, not Python actors: the handler's signature is "
-        "checked instead (tests/unit/test_gpu_kernel_spec.py)"
+        "a device handler cannot end the persistent kernel, and a GPU actor is one kernel "
+        "(the gpu tier refuses replicas)"
     ),
     "scenario_abandoned_requests_bounded": (
-        "needs an actor that never replies; a device handler that rejects every message "
-        "answers each request with an error instead"
+        "needs an actor that never replies: the device answers every message, with a reply "
+        "or a rejection that ends its request"
     ),
     "scenario_producer_actor_yields": (
         "a device handler answers each message with exactly one reply, never a burst"
@@ -102,16 +106,22 @@ SKIPS: dict[str, str] = {
     "scenario_value_too_deep_refused_at_send": (
         "nested values have no fixed layout: the GPU tier refuses such a class at launch"
     ),
-    "scenario_shutdown_from_inside_an_actor_is_refused": (
-        "a device handler cannot call the runtime"
+    "scenario_failed_message_spans_say_so": (
+        "a tracing runtime records no process span for a GPU kernel (its handler runs on "
+        "the device, outside any Python tracer), so there is no span to mark failed"
     ),
-    "scenario_batched_hand_over_keeps_promises": (
-        "the GPU tier has no hosting bridge: the host writes records straight into the "
-        "device ring (its slots are the bound), nothing is handed over in batches"
+    # round 4: message types
+    "scenario_typed_kernel_gets_its_own_class": (
+        "the factory's message classes carry str fields: no fixed layout for the GPU rings "
+        "(a replaced class is refused at launch on every tier: test_replaced_class_refused_"
+        "at_launch below)"
     ),
-    "scenario_message_in_hand_at_grace_end": (
-        "the simulator cannot interrupt a device function; on hardware a kernel finishes "
-        "the message in hand before it reads TERMINATE"
+    "scenario_reload_is_one_rule_on_every_tier": (
+        "needs a Python actor that sends back what it receives; a device handler is "
+        "compiled for one input and one output class"
+    ),
+    "scenario_wrong_field_type_refused_in_ctx_send": (
+        "a device handler writes its reply into a fixed-layout record: it has no ctx.send"
     ),
 }
 
@@ -179,3 +189,40 @@ async def test_abandoned_replies_of_a_deactivated_kernel_are_dropped_and_counted
         assert rt.receive_nowait("add") is None  # no stale reply in the outbox
         assert rt.get_telemetry("add").messages_dropped == 8  # counted as they came
         assert rt.get_kernel_state("add") is KernelState.ACTIVE
+
+
+# --- round 4: message types ---
+
+
+async def test_replaced_class_refused_at_launch() -> None:
+    """A fixed-layout class another class of its name took the wire tag from is refused
+    as the GPU kernel's input_type, as on every tier."""
+
+    def make() -> type:
+        @message
+        class Reading:
+            value: float
+
+        return Reading
+
+    first, second = make(), make()  # one name and layout: the second takes the tag
+    async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
+        with pytest.raises(TypeValidationError, match=r"input_type .*Reading .*reloaded"):
+            await launch_gpu(rt, "g", add_handler, first, Sum, state=_state())
+        assert "g" not in rt
+    assert second is not first
+
+
+async def test_unchecked_fields_are_refused_when_packed() -> None:
+    """check_fields=False: the GPU tier still refuses a wrongly typed field at send, where
+    NumPy packs the record (a hop that converts at the door); the default refuses it with
+    the field check's words, as every tier does."""
+    async with asyncio.timeout(sc.BOUND_S), RingKernelRuntime() as rt:
+        await launch_gpu(rt, "add", add_handler, Add, Sum, state=_state())
+        with pytest.raises(TypeValidationError, match=r"field 'a' expects float, got str"):
+            await rt.send("add", Add(a="x", b=1.0))  # type: ignore[arg-type]
+        await launch_gpu(rt, "raw", add_handler, Add, Sum, state=_state(), check_fields=False)
+        with pytest.raises(MessageSerializationError, match="cannot pack Add"):
+            await rt.send("raw", Add(a="x", b=1.0))  # type: ignore[arg-type]
+        reply = await rt.send_and_receive("raw", Add(a=1.0, b=2.0), timeout=20)
+        assert reply.total == 3.0

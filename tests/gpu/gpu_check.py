@@ -923,7 +923,7 @@ async def probe(seconds: float, result: dict[str, Any]) -> None:
 
     from pydotcompute import RingKernelRuntime
     from pydotcompute.core import UnifiedBuffer
-    from pydotcompute.ring_kernels.gpu_kernel import prepare_gpu_kernel
+    from pydotcompute.ring_kernels.tiers.gpu import prepare_gpu_kernel
     from tests import gpu_ring_kernel_suite as suite
 
     def copy_of_handler(name: str) -> Any:  # a new function: its own compile and module

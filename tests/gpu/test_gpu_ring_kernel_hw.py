@@ -20,7 +20,7 @@ import pytest
 
 from pydotcompute import RingKernelRuntime
 from pydotcompute.exceptions import KernelError
-from pydotcompute.ring_kernels._gpu.resources import live_actor_count
+from pydotcompute.ring_kernels.tiers.gpu.resources import live_actor_count
 from tests import gpu_ring_kernel_suite as suite
 from tests.gpu_ring_kernel_suite import HW, Add, Seq, SeqOut, Sum, launch_gpu
 
@@ -108,13 +108,12 @@ async def test_device_wide_sync_is_refused_while_an_actor_runs(rt: RingKernelRun
 
 
 async def test_exit_hook_stops_a_running_kernel(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels._gpu import layout, resources
+    from pydotcompute.ring_kernels.tiers.gpu import layout, resources
 
     k = await launch_gpu(rt, "add", suite.add_handler, Add, Sum)
     left = await asyncio.to_thread(resources.terminate_running_kernels, 10.0)
     assert left == []
-    assert k._rings is not None
-    assert k._rings.word(layout.TERMINATED) == 1
+    assert k.control_word(layout.TERMINATED) == 1
 
 
 @pytest.mark.slow

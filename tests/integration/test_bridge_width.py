@@ -151,7 +151,9 @@ async def test_terminate_in_a_widened_bridge_accounts_for_every_message(
         dropped = rt.get_telemetry("k").messages_dropped
         assert read == sorted(read)
         assert sorted(read + undelivered) == accepted, (len(read), len(undelivered), dropped)
-        assert dropped == 0
+        # handed back is counted as dropped, and nothing else is: how many the actor got
+        # through before the 0.01 s grace ended depends on the machine's speed and load
+        assert dropped == len(undelivered), (dropped, len(undelivered))
         assert kernel.bridge_room <= 1024
 
 

@@ -257,6 +257,9 @@ def test_info_runs_from_the_wheel(installed: Installed) -> None:
         out = _run(cmd, cwd=installed.home)
         assert out.startswith(f"pydotcompute {VERSION} "), out
         assert re.search(r"process\s+yes\s+shared-memory ring: the compiled extension", out), out
+        # the wheel's extensions are compiled: info must not send the user after Cython
+        assert "not needed: the extensions are compiled" in out, out
+        assert "pydotcompute[cython]" not in out, out
 
 
 def test_the_observability_extra_runs_the_observability_guide(

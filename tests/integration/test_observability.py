@@ -32,11 +32,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydotcompute import RingKernelRuntime
 from pydotcompute.exceptions import (
     InvalidConfigurationError,
+    KernelNotFoundError,
     KernelStateError,
+    MessageSerializationError,
+    QueueFullError,
 )
 from pydotcompute.observability import collector, serve_metrics
 
-from .tier_actors import Done, Job, echo_sync, forward_async, forward_sync
+from .tier_actors import Done, Job, echo_async, echo_sync, forward_async, forward_sync
 
 BOUND_S = 30.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -746,3 +749,232 @@ async def test_requests_are_parsed_as_prometheus_sends_them_and_garbage_is_refus
         samples = await scrape(host, port)
         key = ("pydotcompute_metrics_client_errors_total", (("reason", "bad_request"),))
         assert samples.get(key) == 1
+
+
+# --- round 4: the tracer lets go of what no actor takes; failures show on spans ---
+
+TIERS = ("asyncio", "thread", "process")
+
+
+def echo_of(tier: str) -> Any:
+    return echo_async if tier == "asyncio" else echo_sync
+
+
+def big_rings(tier: str) -> dict[str, Any]:
+    """Rings that carry the 100 KB messages below (the process tier's default is smaller)."""
+    return {"ring_bytes": 1 << 20} if tier == "process" else {}
+
+
+def named(exporter: Any, name: str) -> list[Any]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def exception_types(span: Any) -> list[str]:
+    return [e.attributes["exception.type"] for e in span.events if e.name == "exception"]
+
+
+def type_name(cls: type) -> str:
+    """How OpenTelemetry's SDK names an exception type (builtins unqualified)."""
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "reject"])
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_full_inbox_leaves_the_tracer_only_what_it_queued(
+    span_exporter: Any, tier: str, policy: str
+) -> None:
+    """3,000 sends of 100 KB into a full inbox: the tracer holds the contexts of the four
+    messages the inbox kept, not of the 2,996 it dropped or refused; a refused send's
+    span says why."""
+    from opentelemetry.trace import StatusCode
+
+    n, room = 3000, 4
+    span_exporter.clear()
+    payload = "x" * 100_000
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "k", echo_of(tier), input_type=Job, output_type=Done, tier=tier,
+            queue_size=room, backpressure=policy, **big_rings(tier),
+        )  # fmt: skip
+        refused = 0
+        for i in range(n):
+            try:
+                await rt.send("k", Job(seq=i, payload=payload))
+            except QueueFullError:
+                refused += 1
+        assert refused == (n - room if policy == "reject" else 0)
+        assert rt.tracer.in_flight() == room
+        await rt.activate("k")
+        got = sorted([(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(room)])
+        assert got == (list(range(n - room, n)) if policy == "drop_oldest" else list(range(room)))
+        assert rt.tracer.in_flight() == 0
+    sends = named(span_exporter, "send k")
+    assert len(sends) == n
+    failed = [s for s in sends if s.status.status_code is StatusCode.ERROR]
+    assert len(failed) == refused
+    assert all(exception_types(s) == [type_name(QueueFullError)] for s in failed)
+    assert all(s.status.description.startswith("QueueFullError: ") for s in failed)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_send_that_raises_leaves_nothing_behind(span_exporter: Any, tier: str) -> None:
+    """A wrong type, a message too large for the tier, a kernel that stopped taking
+    messages: the send raises, the tracer keeps no context, and the span says why."""
+    from opentelemetry.trace import StatusCode
+
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", echo_of(tier), input_type=Job, output_type=Done, tier=tier)
+        await rt.activate("k")
+        errors: list[type[Exception]] = []
+        with pytest.raises(Exception) as wrong:
+            await rt.send("k", Done(seq=1, tier="x"))
+        errors.append(type(wrong.value))
+        if tier == "process":
+            with pytest.raises(MessageSerializationError):
+                await rt.send("k", Job(seq=2, payload="x" * (1 << 22)))
+            errors.append(MessageSerializationError)
+        assert rt.tracer.in_flight() == 0
+        assert (await rt.send_and_receive("k", Job(seq=3), timeout=BOUND_S)).seq == 3
+        await rt.terminate("k")
+        with pytest.raises((KernelStateError, KernelNotFoundError)):
+            await rt.send_and_receive("k", Job(seq=4), timeout=BOUND_S)
+        assert rt.tracer.in_flight() == 0
+    failed = [s for s in named(span_exporter, "send k") if s.status.status_code is StatusCode.ERROR]
+    assert [exception_types(s) for s in failed] == [[type_name(e)] for e in errors]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_send_and_receive_lets_go_of_its_request(span_exporter: Any, tier: str) -> None:
+    """A request refused by a full ``reject`` inbox, or given up on, leaves no context."""
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("n", echo_of(tier), input_type=Job, output_type=Done, tier=tier)
+        with pytest.raises(KernelStateError):  # never activated: no reply can come
+            await rt.send_and_receive("n", Job(seq=-1), timeout=BOUND_S)
+        assert rt.tracer.in_flight() == 0
+        await rt.launch(
+            "k", echo_of(tier), input_type=Job, output_type=Done, tier=tier,
+            queue_size=2, backpressure="reject",
+        )  # fmt: skip
+        await rt.activate("k")
+        await rt.deactivate("k")  # what is sent now waits
+        with pytest.raises(TimeoutError):  # queued, then given up on
+            await rt.send_and_receive("k", Job(seq=11), timeout=0.05)
+        assert rt.tracer.in_flight() == 0
+        accepted = 0
+        try:
+            for i in range(10):
+                await rt.send("k", Job(seq=i))
+                accepted += 1
+        except QueueFullError:
+            pass
+        assert accepted < 10
+        held = rt.tracer.in_flight()
+        with pytest.raises(QueueFullError):
+            await rt.send_and_receive("k", Job(seq=10), timeout=BOUND_S)
+        assert rt.tracer.in_flight() == held
+        await rt.reactivate("k")
+        for _ in range(accepted):
+            await rt.receive("k", timeout=BOUND_S)
+        assert (await rt.send_and_receive("k", Job(seq=12), timeout=BOUND_S)).seq == 12
+        assert rt.tracer.in_flight() == 0
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_reply_to_a_caller_carries_nothing_down_the_pipeline(
+    span_exporter: Any, tier: str
+) -> None:
+    """k forwards into d, but the reply to a ``send_and_receive`` caller goes to that
+    caller: no ``send d`` span, no context kept for d."""
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", echo_of(tier), input_type=Job, output_type=Done, tier=tier)
+        await rt.launch("d", forward_async, input_type=Done, output_type=Done)
+        for kid in "kd":
+            await rt.activate(kid)
+        rt.connect("k", "d")
+        for i in range(5):
+            assert (await rt.send_and_receive("k", Job(seq=i), timeout=BOUND_S)).seq == i
+        assert rt.tracer.in_flight() == 0
+        await rt.send("k", Job(seq=9))  # a plain send's reply goes on to d
+        assert (await rt.receive("d", timeout=BOUND_S)).seq == 9
+        assert rt.tracer.in_flight() == 0
+    assert len(named(span_exporter, "send d")) == 1
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_the_failing_message_of_a_pool_has_the_failed_span(
+    span_exporter: Any, tier: str
+) -> None:
+    """Two replicas; the asyncio pool restarts the replica that raised (3 of 30 raise), a
+    hosted pool fails as one kernel on the first. Only the spans of the messages an actor
+    raised on are ERROR, with the exception recorded."""
+    from opentelemetry.trace import StatusCode
+
+    span_exporter.clear()
+    restarts = tier == "asyncio"
+    n = 30 if restarts else 8
+    booms = {4, 14, 24} if restarts else {4}
+    opts: dict[str, Any] = {"restart": "on_failure", "max_restarts": None} if restarts else {}
+    jobs = [Job(seq=i, payload="boom" if i in booms else "") for i in range(n)]
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "k", echo_of(tier), input_type=Job, output_type=Done, tier=tier, replicas=2, **opts
+        )
+        await rt.activate("k")
+        for job in jobs:
+            await rt.send("k", job)
+        if restarts:
+            for _ in range(n - len(booms)):
+                await rt.receive("k", timeout=BOUND_S)
+        else:
+            deadline = time.monotonic() + BOUND_S
+            while rt.get_kernel_state("k").value != "failed" and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+    ids = {str(job.message_id): job.seq for job in jobs}
+    spans = named(span_exporter, "process k")
+    failed = {
+        ids[s.attributes["messaging.message.id"]]
+        for s in spans
+        if s.status.status_code is StatusCode.ERROR
+    }
+    assert failed == booms
+    for s in spans:
+        seq = ids[s.attributes["messaging.message.id"]]
+        assert exception_types(s) == (["ValueError"] if seq in booms else [])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_a_serializing_kernel_continues_the_trace_and_lets_go(
+    span_exporter: Any, tier: str
+) -> None:
+    """``serialize=True``: the actor takes a copy decoded from the bytes in the inbox; its
+    ``process`` span still hangs under the message's ``send``, and the tracer keeps
+    nothing once the copy is taken, nor for the frames a full ``drop_oldest`` inbox
+    drops."""
+    span_exporter.clear()
+    room, n = 4, 10
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "k", echo_of(tier), input_type=Job, output_type=Done, tier=tier,
+            serialize=True, queue_size=room, backpressure="drop_oldest",
+        )  # fmt: skip
+        for i in range(n):  # not active: all but the last four are dropped
+            await rt.send("k", Job(seq=i))
+        assert rt.tracer.in_flight() == room
+        await rt.activate("k")
+        got = sorted([(await rt.receive("k", timeout=BOUND_S)).seq for _ in range(room)])
+        assert got == list(range(n - room, n))
+        assert rt.tracer.in_flight() == 0
+        deadline = time.monotonic() + BOUND_S
+        while len(named(span_exporter, "process k")) < room and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    sends = {s.attributes["messaging.message.id"]: s for s in named(span_exporter, "send k")}
+    processes = named(span_exporter, "process k")
+    assert len(processes) == room
+    for span in processes:
+        send = sends[span.attributes["messaging.message.id"]]
+        assert span.parent is not None
+        assert span.parent.span_id == send.context.span_id

@@ -29,7 +29,7 @@ from .tier_actors import Done, Job, echo_async, echo_sync, forward_async, forwar
 
 
 def _process_tier_available() -> bool:
-    return importlib.util.find_spec("pydotcompute.ring_kernels.cython_kernel") is not None
+    return importlib.util.find_spec("pydotcompute.ring_kernels.tiers.process") is not None
 
 
 TIERS = [
@@ -39,7 +39,7 @@ TIERS = [
         ("process", echo_sync),
         id="process",
         marks=pytest.mark.skipif(
-            not _process_tier_available(), reason="the process tier (cython_kernel) is missing"
+            not _process_tier_available(), reason="the process tier is missing"
         ),
     ),
 ]
@@ -204,7 +204,7 @@ async def test_a_message_sent_on_as_its_own_reply_is_freed(name: str, fn: Any) -
     """An actor that sends on the message it handles answers it with itself: the message
     is correlated to its own id, holds no reference to itself, and is freed."""
     if name == "process" and not _process_tier_available():
-        pytest.skip("the process tier (cython_kernel) is missing")
+        pytest.skip("the process tier is missing")
     async with RingKernelRuntime() as rt:
         await rt.launch("k", fn, input_type=Job, output_type=Job, tier=name)
         await rt.activate("k")
@@ -311,7 +311,7 @@ async def test_a_process_actor_that_dies_fails_its_kernel() -> None:
 
 @pytest.mark.skipif(not _process_tier_available(), reason="the process tier is missing")
 async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us() -> None:
-    from pydotcompute.ring_kernels.hosted import ProcessHostedKernel
+    from pydotcompute.ring_kernels.extend import ProcessHostedKernel
 
     async with RingKernelRuntime() as rt:
         k = await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier="process")
@@ -323,3 +323,47 @@ async def test_the_hosted_process_tier_spins_longer_by_default_and_takes_spin_us
         assert (await rt.receive("b", timeout=10)).seq == 7
         with pytest.raises(InvalidConfigurationError, match="spin_us of kernel 'c' must be >= 0"):
             await rt.launch("c", echo_sync, tier="process", spin_us=-1)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "thread",
+        pytest.param(
+            "process",
+            marks=pytest.mark.skipif(
+                not _process_tier_available(), reason="the process tier (cython_kernel) is missing"
+            ),
+        ),
+    ],
+)
+async def test_a_reply_refused_by_a_full_block_kernel_says_what_applies(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replies still on their way when a kernel stops are delivered without waiting; the
+    warning for one that a full ``block`` kernel downstream refuses gives advice that
+    policy leaves (not "choose backpressure='block'")."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", echo_sync, input_type=Job, output_type=Done, tier=name)
+        sink = await rt.launch("b", echo_async, input_type=Done, queue_size=1)
+        rt.connect("a", "b")  # b is never activated: the first reply fills it
+        await rt.activate("a")
+        for i in range(3):
+            await rt.send("a", Job(seq=i))
+        deadline = time.monotonic() + 10
+        while sink.inbox is None or len(sink.inbox) < 1:
+            assert time.monotonic() < deadline, "the first reply never reached b"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the other two wait to be forwarded
+        with caplog.at_level("WARNING", logger="pydotcompute"):
+            await rt.terminate("a", timeout=0.5)
+        refused = [r.getMessage() for r in caplog.records if "forwarded to 'b'" in r.getMessage()]
+        assert refused, caplog.text
+        assert refused[0] == (
+            "kernel 'a': a reply forwarded to 'b' was dropped: queue of kernel 'b' is full "
+            "(1/1 messages); its backpressure is 'block', but this hand-over cannot wait for "
+            "room (send_nowait, or a reply delivered while its sender stops): receive faster, "
+            "raise queue_size, or choose backpressure='drop_oldest' to make room by dropping "
+            "the oldest message"
+        )
+        assert "choose backpressure='block'" not in caplog.text

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -17,7 +19,8 @@ import pytest
 
 from pydotcompute import KernelContext, RingKernelRuntime, message
 from pydotcompute.exceptions import KernelFailedError, KernelStateError, QueueClosedError
-from pydotcompute.ring_kernels.lifecycle import KernelState, RingKernel
+from pydotcompute.ring_kernels.kernel import RingKernel
+from pydotcompute.ring_kernels.states import KernelState
 from pydotcompute.testing import event_loop_kinds, loop_factory
 
 GUARD = 60.0  # seconds before a blocked call counts as a hang
@@ -344,3 +347,97 @@ def test_a_reply_a_thread_sends_after_terminate_gave_up_is_counted_as_dropped(
     assert out["late"] == [
         "kernel 'late': 1 reply sent after terminate stopped collecting; dropped"
     ]
+
+
+# -- Ctrl-C during an explicit shutdown ------------------------------------------------------
+
+
+async def slow(ctx: KernelContext) -> None:
+    while not ctx.should_terminate:
+        await ctx.receive()
+        await asyncio.sleep(0.5)
+
+
+async def _shutdown_interrupted(figures: dict[str, Any]) -> None:
+    rt = RingKernelRuntime()
+    figures["rt"] = rt
+    await rt.start()
+    kernel = await rt.launch("slow", slow, drain_timeout=30.0)
+    figures["kernel"] = kernel
+    await rt.activate("slow")
+    for i in range(20):  # 10 s of work: the shutdown would drain for 10 s
+        await rt.send("slow", Job(n=i))
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT))
+    timer.start()
+    figures["handler_during"] = None
+
+    async def look() -> None:
+        await asyncio.sleep(0.1)
+        figures["handler_during"] = signal.getsignal(signal.SIGINT)
+
+    looking = asyncio.ensure_future(look())
+    started = time.monotonic()
+    try:
+        figures["report"] = await rt.shutdown()
+    finally:
+        figures["took"] = time.monotonic() - started
+        await looking
+        timer.join()
+    await asyncio.sleep(0)  # the held Ctrl-C, passed on, cancelled this task: raised here
+    figures["after"] = "went on"
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@loops
+def test_ctrl_c_during_a_shutdown_stops_every_kernel_then_comes_through(loop_kind: str) -> None:
+    """A Ctrl-C while ``shutdown()`` drains a slow kernel (``drain_timeout=30``) does not
+    break the shutdown off: it cuts the drain short, every message is handed back or
+    processed and counted, and then the interrupt reaches ``asyncio.Runner`` as usual."""
+    figures: dict[str, Any] = {}
+    with (
+        pytest.raises(KeyboardInterrupt),
+        asyncio.Runner(loop_factory=loop_factory(loop_kind)) as runner,
+    ):
+        runner.run(_shutdown_interrupted(figures))
+    assert "after" not in figures
+    assert figures["handler_during"] is not signal.default_int_handler  # held by shutdown
+    assert figures["took"] < 20.0, figures["took"]  # cut short, not the 30 s drain
+    rt: RingKernelRuntime = figures["rt"]
+    kernel: RingKernel = figures["kernel"]
+    report = rt.shutdown_report
+    assert report is not None
+    assert report.interrupted
+    assert kernel.state is KernelState.TERMINATED
+    assert accounted(kernel)
+    assert report == {"slow": len(kernel.undelivered)}, report
+    assert len(kernel.undelivered) >= 15  # about one message a half second was handled
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@loops
+def test_a_sigint_handler_of_the_programs_own_is_left_alone(loop_kind: str) -> None:
+    seen: list[int] = []
+
+    def mine(signum: int, frame: Any) -> None:
+        seen.append(signum)
+
+    async def run() -> Any:
+        async with RingKernelRuntime() as rt:
+            await rt.launch("slow", slow)
+            await rt.activate("slow")
+            await rt.send("slow", Job(n=0))
+            during = asyncio.ensure_future(asyncio.sleep(0.05))
+            stopping = asyncio.ensure_future(rt.shutdown())
+            await during
+            handler = signal.getsignal(signal.SIGINT)
+            await stopping
+            return handler
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        assert run_on(loop_kind, run()) is mine
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -205,3 +205,64 @@ async def test_batched_hand_over_keeps_promises(case: sc.TierCase) -> None:
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+# --- round 4: tracing ---
+
+
+async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase) -> None:
+    await sc.scenario_tracing_lets_go_of_dropped_and_refused_messages(case)
+
+
+async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:
+    await sc.scenario_failed_message_spans_say_so(case)
+
+
+async def test_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case)
+
+
+async def test_every_way_of_stopping_honours_drain_timeout(case: sc.TierCase) -> None:
+    await sc.scenario_every_way_of_stopping_honours_drain_timeout(case)
+
+
+async def test_unread_replies_reported_at_shutdown(case: sc.TierCase) -> None:
+    await sc.scenario_unread_replies_reported_at_shutdown(case)
+
+
+async def test_shutdown_cancelled_again_closes_its_books(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_cancelled_again_closes_its_books(case)
+
+
+async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
+    await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)
+
+
+async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_remove_reports_unread_replies(case)
+
+
+# --- round 4: message types ---
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_typed_kernel_gets_its_own_class(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_typed_kernel_gets_its_own_class(case, serialize=serialize)
+
+
+async def test_reload_is_one_rule_on_every_tier(case: sc.TierCase) -> None:
+    await sc.scenario_reload_is_one_rule_on_every_tier(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_wrong_field_type_refused_at_send(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_wrong_field_type_refused_at_send(case, serialize=serialize)
+
+
+async def test_wrong_field_type_refused_in_ctx_send(case: sc.TierCase) -> None:
+    await sc.scenario_wrong_field_type_refused_in_ctx_send(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_unchecked_fields_rule(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_unchecked_fields_rule(case, serialize=serialize)

@@ -49,8 +49,16 @@ CLOSURE_SINK = (
     "the last stage counts into a list of the test process (a closure); a Ray actor runs in "
     "another process"
 )
-#: scenario -> what goes wrong on Ray (none known at present)
-GAPS: dict[str, str] = {}
+#: scenario -> what goes wrong on Ray
+GAPS: dict[str, str] = {
+    "shutdown_of_a_cycle_keeps_what_it_cannot_forward": (
+        "an actor forwards through a bridge (RemotePeer) that counts a message as sent once "
+        "it takes it; a batch the stopped target refuses is known only later, and a push "
+        "answer does not say which of its messages were refused by the stop (a full "
+        "reject inbox skips single ones), so they are counted as lost (reply_lost, in the "
+        "shutdown report) instead of kept in the sender's outbox"
+    ),
+}
 #: case id -> scenario -> reason it is skipped there
 SKIPS: dict[str, dict[str, str]] = {
     "tier": {
@@ -68,6 +76,14 @@ SKIPS: dict[str, dict[str, str]] = {
         ),
         "bridge_bound_holds": NO_BRIDGE,
         "priority_not_starved": NO_BRIDGE,
+        **dict.fromkeys(
+            [
+                "shutdown_of_a_cycle_keeps_what_it_cannot_forward",
+                "unread_replies_reported_at_shutdown",
+                "shutdown_cancelled_again_closes_its_books",
+            ],
+            MIXED,
+        ),
         **IN_ACTOR,
     },
     "ray-runtime": {
@@ -252,3 +268,76 @@ async def test_returned_actor_hands_back_as_undelivered(case: sc.TierCase) -> No
 
 async def test_spin_options_capped(case: sc.TierCase) -> None:
     await sc.scenario_spin_options_capped(case)
+
+
+# --- round 4: tracing ---
+
+NO_TRACING_OPTION = (
+    "RayRingKernelRuntime takes no tracing option; a RingKernelRuntime(tracing=True) "
+    "driver (the tier case) makes its Ray actors' runtimes trace"
+)
+SPANS_IN_ACTORS = (
+    "a Ray kernel's process spans are recorded by the runtime inside its Ray actor (the "
+    "asyncio tier's context, which the asyncio case pins), in a process whose tracer "
+    "provider this test cannot read"
+)
+
+
+async def test_tracing_lets_go_of_dropped_and_refused_messages(case: sc.TierCase) -> None:
+    if case is RAY_RUNTIME:
+        pytest.skip(NO_TRACING_OPTION)
+    pytest.skip(MIXED)
+
+
+async def test_failed_message_spans_say_so(case: sc.TierCase) -> None:
+    pytest.skip(NO_TRACING_OPTION if case is RAY_RUNTIME else SPANS_IN_ACTORS)
+
+
+async def test_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_of_a_cycle_keeps_what_it_cannot_forward(case)
+
+
+async def test_every_way_of_stopping_honours_drain_timeout(case: sc.TierCase) -> None:
+    await sc.scenario_every_way_of_stopping_honours_drain_timeout(case)
+
+
+async def test_unread_replies_reported_at_shutdown(case: sc.TierCase) -> None:
+    await sc.scenario_unread_replies_reported_at_shutdown(case)
+
+
+async def test_shutdown_cancelled_again_closes_its_books(case: sc.TierCase) -> None:
+    await sc.scenario_shutdown_cancelled_again_closes_its_books(case)
+
+
+async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> None:
+    await sc.scenario_mass_timeouts_do_not_wedge_request_reply(case)
+
+
+async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
+    await sc.scenario_remove_reports_unread_replies(case)
+
+
+# --- round 4: message types ---
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_typed_kernel_gets_its_own_class(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_typed_kernel_gets_its_own_class(case, serialize=serialize)
+
+
+async def test_reload_is_one_rule_on_every_tier(case: sc.TierCase) -> None:
+    await sc.scenario_reload_is_one_rule_on_every_tier(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_wrong_field_type_refused_at_send(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_wrong_field_type_refused_at_send(case, serialize=serialize)
+
+
+async def test_wrong_field_type_refused_in_ctx_send(case: sc.TierCase) -> None:
+    await sc.scenario_wrong_field_type_refused_in_ctx_send(case)
+
+
+@pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
+async def test_unchecked_fields_rule(case: sc.TierCase, serialize: bool) -> None:
+    await sc.scenario_unchecked_fields_rule(case, serialize=serialize)

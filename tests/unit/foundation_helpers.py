@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydotcompute.ring_kernels.lifecycle import KernelContext
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.message import message
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -36,13 +36,13 @@ from pydotcompute.exceptions import (
 )
 from pydotcompute.ring_kernels import _native as _cython
 from pydotcompute.ring_kernels._native import spsc_py as _spsc_py
-from pydotcompute.ring_kernels.cython_kernel import (
+from pydotcompute.ring_kernels.tiers.process import worker as process_worker
+from pydotcompute.ring_kernels.tiers.process.kernel import (
     CythonKernelConfig,
     CythonKernelState,
     CythonRingKernel,
     is_cython_kernel_available,
 )
-from pydotcompute.ring_kernels.tiers.process import worker as process_worker
 
 
 @message
@@ -644,7 +644,7 @@ def test_child_exits_when_the_parent_dies(tmp_path: Path) -> None:
             import os, sys
             sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
             from test_cython_kernel import worker
-            from pydotcompute.ring_kernels.cython_kernel import CythonRingKernel
+            from pydotcompute.ring_kernels import CythonRingKernel
             if __name__ == "__main__":
                 k = CythonRingKernel("orphan", worker, config=None).start()
                 print(k.pid, flush=True)
@@ -924,7 +924,9 @@ class Strict:
 
 
 def test_a_frame_the_child_cannot_decode_is_one_rejected_message() -> None:
-    with CythonRingKernel("strict", echo) as kernel:
+    # check_fields=False: the parent sends it unchecked, so the child's decoder refuses it
+    cfg = CythonKernelConfig("strict", check_fields=False)
+    with CythonRingKernel("strict", echo, config=cfg) as kernel:
         bad = Strict(count="not a number")  # type: ignore[arg-type]
         kernel.send(bad)
         kernel.send(Strict(count=2))
@@ -945,7 +947,7 @@ _SCRIPT_HEAD = f"""
 import sys
 sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
 from pydotcompute.exceptions import KernelFailedError
-from pydotcompute.ring_kernels.cython_kernel import CythonRingKernel
+from pydotcompute.ring_kernels import CythonRingKernel
 """
 
 
@@ -1024,7 +1026,7 @@ def test_the_hosted_caller_of_a_rejected_message_gets_the_error() -> None:
 
     async def main() -> None:
         async with RingKernelRuntime() as rt:
-            await rt.launch("hosted-strict", echo, tier="process")
+            await rt.launch("hosted-strict", echo, tier="process", check_fields=False)
             await rt.activate("hosted-strict")
             bad = Strict(count="x")  # type: ignore[arg-type]
             with pytest.raises(MessageRejectedError) as info:
@@ -1085,7 +1087,7 @@ def test_the_hosted_caller_of_an_oversized_message_gets_the_error() -> None:
 
 
 def test_a_rejection_report_always_fits_a_small_outbox() -> None:
-    cfg = CythonKernelConfig("tiny-out", output_ring_bytes=1024)
+    cfg = CythonKernelConfig("tiny-out", output_ring_bytes=1024, check_fields=False)
     with CythonRingKernel("tiny-out", echo, config=cfg) as kernel:
         bad = Strict(count="n" * 3000)  # type: ignore[arg-type]
         kernel.send(bad)
@@ -1123,7 +1125,8 @@ def _until(check: Any, what: str) -> None:
 
 
 def test_a_batch_goes_in_at_once_and_replies_come_out_in_order_before_an_error() -> None:
-    w = process_worker.ProcessWorker("batch", echo, config=CythonKernelConfig("batch"))
+    cfg = CythonKernelConfig("batch", check_fields=False)  # the child refuses the bad one
+    w = process_worker.ProcessWorker("batch", echo, config=cfg)
     w.start()
     try:
         assert w.offer_many([]) == 0

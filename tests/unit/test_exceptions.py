@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pydotcompute import exceptions as exc
-from pydotcompute.ring_kernels.lifecycle import KernelState
+from pydotcompute.ring_kernels.states import KernelState
 
 REFINES = [
     (exc.KernelNotFoundError, KeyError),

@@ -849,6 +849,31 @@ async def test_a_subclass_overriding_one_name_of_a_hop_is_reached_through_both()
     assert taken == ["a", "b"]
 
 
+def test_a_full_queue_advises_what_its_own_policy_leaves() -> None:
+    """A ``block`` queue refuses only a hand-over that cannot wait: its refusal does not
+    tell it to choose ``block``; a ``reject`` queue's still offers both other policies."""
+    blocking: FastMessageQueue[Item] = FastMessageQueue(1, kernel_id="sink")
+    blocking.put_nowait(item(0))
+    with pytest.raises(QueueFullError) as info:
+        blocking.put_nowait(item(1))
+    text = str(info.value)
+    assert text == (
+        "queue of kernel 'sink' is full (1/1 messages); its backpressure is 'block', but "
+        "this hand-over cannot wait for room (send_nowait, or a reply delivered while its "
+        "sender stops): receive faster, raise queue_size, or choose "
+        "backpressure='drop_oldest' to make room by dropping the oldest message"
+    )
+    assert "choose backpressure='block'" not in text
+    rejecting: FastMessageQueue[Item] = FastMessageQueue(1, backpressure="reject")
+    rejecting.put_nowait(item(0))
+    with pytest.raises(
+        QueueFullError,
+        match=r"backpressure is 'reject'; receive faster, raise queue_size, or choose "
+        r"backpressure='block' or 'drop_oldest'$",
+    ):
+        rejecting.put_nowait(item(1))
+
+
 # --- wait_until: one timer per loop ------------------------------------------------------
 
 

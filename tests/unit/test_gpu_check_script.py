@@ -238,7 +238,7 @@ def test_the_benchmark_spin_gives_up_after_its_timeout() -> None:
             return 0
 
     class Kernel:
-        _rings = Silent()
+        rings = Silent()
 
         def statistics(self) -> Any:
             return type("S", (), {"processed": 0})()

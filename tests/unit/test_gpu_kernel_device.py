@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from pydotcompute.exceptions import CUDAError
-from pydotcompute.ring_kernels._gpu import resources
-from pydotcompute.ring_kernels._gpu.resources import KernelLiveness, is_sticky_error
+from pydotcompute.ring_kernels.tiers.gpu import resources
+from pydotcompute.ring_kernels.tiers.gpu.resources import KernelLiveness, is_sticky_error
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 HAS_NUMBA_CUDA = importlib.util.find_spec("numba") is not None and (
@@ -156,7 +156,7 @@ class _FakeDeviceArray:
 def test_cuda_array_interface_state_is_typed_for_the_kernel() -> None:
     import numba
 
-    from pydotcompute.ring_kernels._gpu import build
+    from pydotcompute.ring_kernels.tiers.gpu import build
 
     state = _FakeDeviceArray(4, np.int64)
     with pytest.raises((TypeError, ValueError)):

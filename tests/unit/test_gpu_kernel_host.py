@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from pydotcompute.ring_kernels._gpu import layout as L
-from pydotcompute.ring_kernels._gpu.host import HostRings, Liveness
-from pydotcompute.ring_kernels.gpu_kernel import compile_within
+from pydotcompute.ring_kernels.tiers.gpu import layout as L
+from pydotcompute.ring_kernels.tiers.gpu.host import HostRings, Liveness
+from pydotcompute.ring_kernels.tiers.gpu.prepare import compile_within
 
 IN = np.dtype([("_mid_hi", np.uint64), ("_mid_lo", np.uint64), ("x", np.int64)])
 

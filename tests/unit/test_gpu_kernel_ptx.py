@@ -33,10 +33,10 @@ if importlib.util.find_spec("numba") is None or importlib.util.find_spec("numba.
 
 from pydotcompute.compilation.ptx_check import find_ptxas
 from pydotcompute.exceptions import KernelCompilationError
-from pydotcompute.ring_kernels._gpu import cuda_c
-from pydotcompute.ring_kernels.gpu_kernel import (
+from pydotcompute.ring_kernels.tiers.gpu import (
     compile_gpu_kernel_cuda_c,
     compile_gpu_kernel_ptx,
+    cuda_c,
 )
 from tests import gpu_ring_kernel_suite as suite
 

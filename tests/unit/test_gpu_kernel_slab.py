@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pydotcompute.exceptions import InvalidConfigurationError
-from pydotcompute.ring_kernels._gpu.slab import ALIGN, Arena, default_chunk_bytes
+from pydotcompute.ring_kernels.tiers.gpu.slab import ALIGN, Arena, default_chunk_bytes
 
 
 def test_allocations_are_aligned_and_disjoint() -> None:

@@ -16,9 +16,9 @@ from pydotcompute.exceptions import (
     InvalidConfigurationError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.gpu_kernel import GPURingKernel
-from pydotcompute.ring_kernels.lifecycle import RingKernelConfig
+from pydotcompute.ring_kernels.config import RingKernelConfig
 from pydotcompute.ring_kernels.message import message
+from pydotcompute.ring_kernels.tiers.gpu import GPURingKernel
 
 
 @message
@@ -85,8 +85,13 @@ def test_async_actor_is_refused() -> None:
     async def actor(ctx: Any) -> None:
         pass
 
-    with pytest.raises(TypeValidationError, match="'actor' is an async actor; a GPU ring kernel"):
+    with pytest.raises(
+        TypeValidationError,
+        match=r"kernel '\w+': the gpu tier runs device functions .*, but '.*actor' is async",
+    ):
         _decorate(actor)
+    with pytest.raises(TypeValidationError, match="is async"):  # the kind is the first check
+        _decorate(actor, output_type=None)
 
 
 def test_handler_arity_is_checked() -> None:
@@ -185,7 +190,7 @@ async def test_launch_without_gpu_or_simulator_says_how_to_get_one() -> None:
 
 def test_importing_the_gpu_tier_loads_no_cuda_library() -> None:
     code = (
-        "import sys, pydotcompute.ring_kernels.gpu_kernel as g\n"
+        "import sys, pydotcompute.ring_kernels.tiers.gpu as g\n"
         "from pydotcompute.decorators.ring_kernel import ring_kernel\n"
         "heavy = [m for m in ('numba', 'cupy', 'pynvml', 'llvmlite') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

@@ -19,15 +19,12 @@ from pydotcompute.exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
+from pydotcompute.ring_kernels.config import RingKernelConfig
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.fast_queue import FastMessageQueue
-from pydotcompute.ring_kernels.lifecycle import (
-    KernelContext,
-    KernelState,
-    RingKernel,
-    RingKernelConfig,
-    managed_kernel,
-)
+from pydotcompute.ring_kernels.kernel import RingKernel, managed_kernel
 from pydotcompute.ring_kernels.queue import MessageQueue
+from pydotcompute.ring_kernels.states import KernelState
 
 S = KernelState
 _ids = itertools.count()
@@ -1093,3 +1090,39 @@ def _sync_echo(ctx: Any) -> None:
         msg = ctx.receive(timeout=0.05)
         if msg is not None:
             ctx.send(msg)
+
+
+# --- replies nobody waits for ------------------------------------------------------------
+
+
+async def test_a_correlated_reply_nobody_waits_for_is_dropped_logged_once_not_queued(
+    kernels: list[RingKernel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second reply to a request already answered has no caller left: dropped and
+    counted, never queued, and logged in one line for all five; the replies to a plain
+    send still reach the outbox."""
+
+    async def twice(ctx: KernelContext) -> None:
+        while not ctx.should_terminate:
+            msg = await ctx.receive()
+            await ctx.send(Resp(y=msg.x))
+            await ctx.send(Resp(y=-msg.x))
+
+    k = RingKernel("twice", twice, input_type=Req, output_type=Resp)
+    kernels.append(k)
+    await k.launch()
+    await k.activate()
+    with caplog.at_level("WARNING", logger="pydotcompute"):
+        for i in range(1, 6):
+            assert (await k.send_and_receive(Req(x=i), timeout=5)).y == i
+        await k.send(Req(x=7))  # a plain send: both replies are the outbox's
+        assert [(await k.receive(timeout=5)).y for _ in range(2)] == [7, -7]
+    assert k.receive_nowait() is None
+    assert k.telemetry.drop_reasons() == {"reply_lost": 5}
+    lines = [r.getMessage() for r in caplog.records if "nobody waits" in r.getMessage()]
+    assert lines == [
+        "kernel 'twice': dropped a reply nobody waits for: it answers a send_and_receive "
+        "request whose caller timed out, was cancelled or has its reply already (counted "
+        "in telemetry as dropped, reason 'reply_lost')"
+    ]
+    assert k.pending_requests == 0

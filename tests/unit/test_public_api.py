@@ -7,13 +7,17 @@ a missing name, a renamed or reordered parameter or a changed default is not.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import importlib
 import inspect
 import io
 import os
+import pickle
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,21 @@ RING_KERNELS = [
     "is_cython_kernel_available",
 ]
 
+# Ours, beside API.md's list: every other name of `ring_kernels.__all__`. Names for writing
+# a tier (the contract, the bridge, the registry) live in `ring_kernels.extend` instead.
+RING_KERNELS_OURS = [
+    "GPUKernelOptions",
+    "GPUKernelStatistics",
+    "GPURingKernel",
+    "QueueStats",
+    "deserialize_message",
+    "get_message_type",
+    "get_priority_band",
+    "get_registered_kernel",
+    "managed_kernel",
+    "register_ring_kernel",
+]
+
 
 @pytest.mark.parametrize("name", TOP_LEVEL)
 def test_top_level_name(name: str) -> None:
@@ -103,6 +122,10 @@ def test_top_level_name(name: str) -> None:
 def test_ring_kernels_name(name: str) -> None:
     assert name in rk.__all__
     assert getattr(rk, name) is not None
+
+
+def test_ring_kernels_all_holds_the_users_names_and_no_others() -> None:
+    assert sorted(rk.__all__) == sorted(RING_KERNELS + RING_KERNELS_OURS)
 
 
 def test_all_is_a_sorted_tuple_of_existing_names() -> None:
@@ -806,3 +829,138 @@ def test_a_0_2_program_runs_unchanged() -> None:
     proc = run_python("-c", OLD_PROGRAM)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("0.2 program ran")
+
+
+# --- old module paths, and where public classes say they live --------------------------
+
+# The module paths API.md names that only re-export: kept for 0.2 code, each the same
+# objects as the public namespace.
+OLD_PATHS = {
+    "pydotcompute.ring_kernels.lifecycle": "KernelState RingKernelConfig KernelContext "
+    "RingKernel managed_kernel",
+    "pydotcompute.ring_kernels.sync_queue": "SyncQueue SPSCQueue",
+    "pydotcompute.ring_kernels.threaded_kernel": "ThreadedKernelState ThreadedKernelConfig "
+    "ThreadedKernelContext ThreadedRingKernel ThreadedKernelPool",
+    "pydotcompute.ring_kernels.cython_kernel": "CythonKernelState CythonKernelConfig "
+    "CythonKernelContext CythonRingKernel is_cython_kernel_available",
+}
+
+
+@pytest.mark.parametrize("path", list(OLD_PATHS))
+def test_the_old_paths_0_2_code_imports_still_work(path: str) -> None:
+    old = importlib.import_module(path)
+    assert old.__doc__ is not None
+    assert old.__doc__.startswith("Kept for 0.2 code: ")
+    for name in OLD_PATHS[path].split():
+        assert getattr(old, name) is getattr(rk, name), f"{path}.{name}"
+
+
+def _reexport_only(tree: ast.Module) -> bool:
+    """True when a module's body is only a docstring, imports, ``__all__`` and aliases."""
+    imports = False
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            imports = imports or getattr(node, "module", None) != "__future__"
+            continue
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(
+            node.value, ast.Name | ast.Attribute | ast.Tuple | ast.List
+        ):
+            continue
+        return False
+    return imports
+
+
+def test_no_module_only_re_exports_except_those_kept_on_purpose() -> None:
+    package = ROOT / "pydotcompute"
+    found = sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" and _reexport_only(ast.parse(path.read_text("utf-8")))
+    )
+    # the four old paths above, and the Ray tier's public entry point
+    assert found == sorted([*OLD_PATHS, "pydotcompute.distributed.ray"])
+
+
+def test_the_re_export_check_finds_one() -> None:
+    """The checker itself flags a re-export module and passes one that defines something."""
+    assert _reexport_only(ast.parse('"""Doc."""\nfrom .a import B as B\n__all__ = ("B",)\nC = B\n'))
+    assert not _reexport_only(ast.parse("from .a import B\n\ndef f() -> None: ...\n"))
+
+
+def _public_classes() -> dict[type, str]:
+    """Each class the public namespaces export under its own name -> the shallowest of
+    them that exports it."""
+    out: dict[type, str] = {}
+    for namespace in ("pydotcompute.core", "pydotcompute.ring_kernels", "pydotcompute"):
+        module = importlib.import_module(namespace)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and obj.__qualname__ == name:
+                out[obj] = namespace
+    return out
+
+
+# Message classes keep their defining module: it is part of their wire tag, and the check
+# of their fields' types resolves names there. The GPU tier's classes are its room's own.
+KEEP_DEFINING_MODULE = {"RingKernelMessage", "ArrayMessage"}
+GPU_ROOM = {"GPURingKernel", "GPUKernelOptions", "GPUKernelStatistics"}
+
+
+def test_public_classes_report_the_module_users_import_them_from() -> None:
+    classes = _public_classes()
+    assert len(classes) > 30
+    wrong = {
+        cls.__qualname__: (cls.__module__, namespace)
+        for cls, namespace in classes.items()
+        if cls.__qualname__ not in KEEP_DEFINING_MODULE | GPU_ROOM and cls.__module__ != namespace
+    }
+    assert wrong == {}
+    assert pydotcompute.RingKernelRuntime.__module__ == "pydotcompute"
+    assert repr(pydotcompute.RingKernelRuntime) == "<class 'pydotcompute.RingKernelRuntime'>"
+    assert rk.RingKernelConfig.__module__ == "pydotcompute.ring_kernels"
+    assert rk.RingKernelMessage.__module__ == "pydotcompute.ring_kernels.message.base"
+
+
+def test_every_exported_class_is_found_where_it_says_it_lives() -> None:
+    """What pickle and a reader of ``repr`` rely on: ``__module__`` + ``__qualname__``
+    resolve to the class itself (aliases such as `CythonRingKernel` included), and its
+    type hints still resolve."""
+    for namespace in ("pydotcompute", "pydotcompute.ring_kernels", "pydotcompute.core"):
+        module = importlib.import_module(namespace)
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if not isinstance(cls, type):
+                continue
+            home = importlib.import_module(cls.__module__)
+            assert getattr(home, cls.__qualname__) is cls, f"{namespace}.{name}"
+            typing.get_type_hints(cls, include_extras=True)
+            assert pickle.loads(pickle.dumps(cls)) is cls
+    config = rk.RingKernelConfig("k", grid_size=2)
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert pickle.loads(pickle.dumps(rk.KernelState.ACTIVE)) is rk.KernelState.ACTIVE
+    assert pickle.loads(pickle.dumps(rk.PriorityBand.HIGH)) is rk.PriorityBand.HIGH
+
+
+def test_the_module_reported_does_not_depend_on_the_import_path() -> None:
+    """Imported first from the defining module, in a fresh interpreter, a class already
+    reports its public module."""
+    code = (
+        "from pydotcompute.ring_kernels.tiers.thread.standalone import ThreadedRingKernel\n"
+        "from pydotcompute.ring_kernels.runtime import RingKernelRuntime\n"
+        "from pydotcompute.core.memory_pool import MemoryPool, PoolStatistics\n"
+        "from pydotcompute.ring_kernels.tiers.process.kernel import CythonKernelState\n"
+        "for c in (ThreadedRingKernel, RingKernelRuntime, MemoryPool, PoolStatistics,\n"
+        "          CythonKernelState):\n"
+        "    print(c.__module__ + '.' + c.__qualname__)\n"
+    )
+    proc = run_python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        "pydotcompute.ring_kernels.ThreadedRingKernel",
+        "pydotcompute.RingKernelRuntime",
+        "pydotcompute.MemoryPool",
+        "pydotcompute.core.PoolStatistics",
+        "pydotcompute.ring_kernels.CythonKernelState",
+    ]

@@ -20,7 +20,7 @@ from pydotcompute.exceptions import (
     KernelNotFoundError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.lifecycle import KernelContext
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.registry import (
     RingKernelSpec,
     clear_registry,

@@ -13,8 +13,9 @@ from pydotcompute.exceptions import (
     KernelNotFoundError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.lifecycle import KernelContext, KernelState
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+from pydotcompute.ring_kernels.states import KernelState
 
 S = KernelState
 

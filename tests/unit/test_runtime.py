@@ -21,10 +21,12 @@ from pydotcompute.exceptions import (
     QueueTimeoutError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.lifecycle import KernelContext, KernelState, RingKernelConfig
+from pydotcompute.ring_kernels.config import RingKernelConfig
+from pydotcompute.ring_kernels.context import KernelContext
 from pydotcompute.ring_kernels.message import array_message, get_buffer_registry
 from pydotcompute.ring_kernels.registry import get_registered_kernel, register_ring_kernel
 from pydotcompute.ring_kernels.runtime import RingKernelRuntime
+from pydotcompute.ring_kernels.states import KernelState
 from pydotcompute.ring_kernels.telemetry import RingKernelTelemetry
 from pydotcompute.testing import current_loop_kind
 
@@ -845,7 +847,7 @@ def test_unknown_tiers_are_named_with_the_known_ones() -> None:
 
 
 async def test_a_registered_tier_is_launched_by_name(rt: RingKernelRuntime) -> None:
-    from pydotcompute.ring_kernels.lifecycle import RingKernel
+    from pydotcompute.ring_kernels.kernel import RingKernel
     from pydotcompute.ring_kernels.runtime import register_tier
     from pydotcompute.ring_kernels.tiers import unregister_tier
 
@@ -874,7 +876,7 @@ def test_a_tier_worker_must_implement_the_whole_contract() -> None:
 def test_the_thread_worker_hands_back_what_it_never_took_once() -> None:
     import threading
 
-    from pydotcompute.ring_kernels.threaded_kernel import ThreadedKernelConfig, ThreadedRingKernel
+    from pydotcompute.ring_kernels.tiers.thread import ThreadedKernelConfig, ThreadedRingKernel
 
     release = threading.Event()
 

@@ -125,7 +125,9 @@ async def test_a_connect_cycle_shuts_down_without_deadlock() -> None:
         rt = RingKernelRuntime()
         async with rt:
             for kid in ("b", "c"):
-                await rt.launch(kid, relay, input_type=Token, output_type=Token, queue_size=4)
+                await rt.launch(
+                    kid, relay, input_type=Token, output_type=Token, queue_size=4, drain_timeout=1
+                )
             rt.connect("b", "c")
             rt.connect("c", "b")
             for kid in ("b", "c"):
@@ -134,9 +136,12 @@ async def test_a_connect_cycle_shuts_down_without_deadlock() -> None:
                 await rt.send("b", Token(i))
             await asyncio.sleep(0.05)
         assert {rt.get_kernel_state(k) for k in ("b", "c")} == {KernelState.TERMINATED}
-        # terminated kernels leave kernel_ids (0.2's rule) but their telemetry stays readable
+        # terminated kernels leave kernel_ids (0.2's rule) but their telemetry stays readable;
+        # what "c" could not forward into "b" (stopped first) stays readable in its outbox
         dropped = [rt.get_telemetry(k).messages_dropped for k in ("b", "c")]
-        assert sum(dropped) == 6  # each counted once
+        unread = [len(rt.take_unread(k)) for k in ("b", "c")]
+        assert sum(dropped) + sum(unread) == 6  # each ends once
+        assert rt.shutdown_report.unread == {k: n for k, n in zip("bc", unread, strict=True) if n}
 
 
 async def test_unordered_shutdown_stops_everything_at_once() -> None:

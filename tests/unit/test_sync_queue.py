@@ -16,7 +16,7 @@ from pydotcompute.exceptions import (
     QueueClosedError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
+from pydotcompute.ring_kernels.tiers.thread.sync_queue import SPSCQueue, SyncQueue
 
 QUEUES = [pytest.param(SyncQueue, id="sync"), pytest.param(SPSCQueue, id="spsc")]
 

@@ -704,3 +704,70 @@ def test_gpu_reason_combines_both_backends() -> None:
         assert reason is not None
         assert reason.startswith("needs a GPU: no CUDA (")
         assert "and no Metal (" in reason
+
+
+# -- the runtime fixture's teardown honours each kernel's drain_timeout -----------------------
+
+
+async def slow_sum(ctx: Any) -> None:
+    """``running_sum`` at one second a message."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        await asyncio.sleep(1.0)
+        await ctx.send(Total(result=sum(msg.values)))
+
+
+@pytest.fixture
+def teardown_clock() -> Iterator[dict[str, float]]:
+    """Set up before ``runtime`` (so torn down after it): checks how long the runtime's
+    teardown took after the test body marked its end."""
+    marks: dict[str, float] = {}
+    yield marks
+    took = time.monotonic() - marks["body_done"]
+    # 10 s of queued work, shutdown_timeout=30, drain_timeout=0.2: a hang bound, not a speed
+    assert took < 5.0, f"the fixture's shutdown took {took:.1f}s: it ignored drain_timeout"
+
+
+@pytest.mark.pydotcompute(allow_undelivered=True, shutdown_timeout=30.0)
+async def test_runtime_fixture_teardown_honours_drain_timeout(
+    teardown_clock: dict[str, float], runtime: RingKernelRuntime
+) -> None:
+    await runtime.launch("slow", slow_sum, drain_timeout=0.2)
+    await runtime.activate("slow")
+    for i in range(10):
+        await runtime.send("slow", Add(values=[float(i)]))
+    teardown_clock["body_done"] = time.monotonic()
+
+
+async def forward_or_count(ctx: Any) -> None:
+    """Forwards what it receives; a full reject-policy kernel downstream drops it."""
+    while not ctx.should_terminate:
+        msg = await ctx.receive()
+        try:
+            await ctx.send(msg)
+        except QueueFullError:
+            pass  # counted as dropped (reply_lost) by the runtime
+
+
+async def test_runtime_fixture_failure_names_what_the_shutdown_dropped() -> None:
+    """Replies dropped while the shutdown drains (a full reject-policy kernel downstream)
+    are lost messages too: counted in the report, and named in the fixture's failure."""
+    from pydotcompute.testing.plugin import _undelivered_text
+
+    rt = RingKernelRuntime()
+    await rt.start()
+    await rt.launch("tail", silent, input_type=Add, queue_size=1, backpressure="reject")
+    await rt.launch("head", forward_or_count, input_type=Add, output_type=Add)
+    rt.connect("head", "tail")
+    await rt.activate("head")
+    await rt.deactivate("head")  # queued until the shutdown opens the gate to drain
+    for i in range(3):
+        await rt.send("head", Add(values=[float(i)]))
+    report = await rt.shutdown(timeout=5.0)
+    # head drained 3 into tail (never activated, room for 1): 2 refused, 1 handed back
+    assert report == {"head": 2, "tail": 1}
+    assert (report.dropped, report.undelivered) == ({"head": 2}, {"tail": 1})
+    assert rt.get_telemetry("head").drop_reasons() == {"reply_lost": 2}
+    text = _undelivered_text(rt, report, 5.0)
+    assert "kernel 'head': 2 message(s) dropped while shutting down" in text
+    assert "kernel 'tail': 1 message(s) never handled: [Add(" in text

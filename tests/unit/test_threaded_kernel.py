@@ -18,13 +18,13 @@ from pydotcompute.exceptions import (
     KernelStateError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.sync_queue import SPSCQueue, SyncQueue
-from pydotcompute.ring_kernels.threaded_kernel import (
+from pydotcompute.ring_kernels.tiers.thread import (
     ThreadedKernelConfig,
     ThreadedKernelPool,
     ThreadedKernelState,
     ThreadedRingKernel,
 )
+from pydotcompute.ring_kernels.tiers.thread.sync_queue import SPSCQueue, SyncQueue
 
 
 def doubler(ctx: Any) -> None:

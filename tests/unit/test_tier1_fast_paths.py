@@ -29,7 +29,7 @@ from pydotcompute.decorators.validators import (
 )
 from pydotcompute.decorators.validators import validate_config as fast_validate_config
 from pydotcompute.exceptions import InvalidConfigurationError
-from pydotcompute.ring_kernels.lifecycle import RingKernelConfig
+from pydotcompute.ring_kernels.config import RingKernelConfig
 from pydotcompute.ring_kernels.message import codec_of, deserialize_message, message_decoder
 from pydotcompute.ring_kernels.message.codec import python_message_decoder
 from pydotcompute.ring_kernels.telemetry import LatencyHistogram, RingKernelTelemetry

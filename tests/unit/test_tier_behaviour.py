@@ -23,8 +23,8 @@ from pydotcompute.exceptions import (
     QueueClosedError,
     TypeValidationError,
 )
-from pydotcompute.ring_kernels.cython_kernel import CythonKernelConfig, CythonRingKernel
-from pydotcompute.ring_kernels.threaded_kernel import ThreadedKernelConfig, ThreadedRingKernel
+from pydotcompute.ring_kernels.tiers.process.kernel import CythonKernelConfig, CythonRingKernel
+from pydotcompute.ring_kernels.tiers.thread import ThreadedKernelConfig, ThreadedRingKernel
 
 
 @message

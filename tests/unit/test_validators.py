@@ -24,8 +24,8 @@ from pydotcompute.decorators.validators import (
     validate_restart,
 )
 from pydotcompute.exceptions import InvalidConfigurationError, TypeValidationError
+from pydotcompute.ring_kernels.config import RingKernelConfig
 from pydotcompute.ring_kernels.fast_queue import BackpressureStrategy
-from pydotcompute.ring_kernels.lifecycle import RingKernelConfig
 
 
 def test_kernel_id() -> None:

@@ -54,7 +54,7 @@ IMPLEMENTATION = "cython" if CYTHON_AVAILABLE else "python"
 _fast_message: ModuleType | None = None
 if not _FORCED_PURE:
     try:
-        from . import fast_message  # type: ignore[attr-defined]
+        from . import fast_message
     except ImportError:  # not built: the message package runs its Python code
         pass
     else:
@@ -64,7 +64,7 @@ if not _FORCED_PURE:
 _fast_telemetry: ModuleType | None = None
 if not _FORCED_PURE:
     try:
-        from . import fast_telemetry  # type: ignore[attr-defined]
+        from . import fast_telemetry
     except ImportError:  # not built: telemetry uses its Python recorder
         pass
     else:
@@ -74,7 +74,7 @@ if not _FORCED_PURE:
 _fast_queue_core: ModuleType | None = None
 if not _FORCED_PURE:
     try:
-        from . import fast_queue_core  # type: ignore[attr-defined]
+        from . import fast_queue_core
     except ImportError:  # not built: the queues use their Python core
         pass
     else:

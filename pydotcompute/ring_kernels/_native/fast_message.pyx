@@ -28,6 +28,10 @@ Design notes:
   in a small table filled as tags are met (no string is made, no registry lookup). The
   table is a cache, not the registry: the typed decoder it picks checks the tag again, so
   an entry that is stale or shares a slot can only send a frame to the Python path.
+- `fields_ok` (`message.fields.fields_ok`) checks, for a class whose fields are all
+  scalars (`add_field_shape`), the exact class of each field's value by pointer, read from
+  its slot; any other class goes to the Python twin, which has the rules. A False here
+  only sends the caller to the Python verdict (`field_problem`), as the twin's does.
 """
 
 cimport cython
@@ -766,3 +770,89 @@ cdef bint _frame_tag_is(object data, bytes tag) noexcept:
     )
     PyBuffer_Release(&view)
     return same
+
+
+# --- field checks (`message.fields`) ---------------------------------------------------------
+
+cdef class _Shape:
+    """The fields of one all-scalar message class: slot offsets and accepted classes."""
+
+    cdef list live  # the codec's ``holds_tag`` cell: [True] while the class holds its tag
+    cdef tuple offsets  # of int
+    cdef tuple first  # the class each field's value must have ...
+    cdef tuple second  # ... or this one (None where there is only one)
+
+
+cdef dict _shapes = {}  # class -> _Shape
+cdef object _shape_type = None  # the class of the last message checked, and its shape
+cdef _Shape _shape_last = None
+cdef object _fields_slow = None  # `message.fields`'s Python check of any value: (msg)
+cdef object _py_true = True  # the object (a bare ``True`` in a C expression is the C 1)
+
+
+def bind_field_checks(slow):
+    """Hand this module the Python check every class without a shape goes to."""
+    global _fields_slow, _shape_type, _shape_last
+    _fields_slow = slow
+    _shape_type = None
+    _shape_last = None
+
+
+cdef Py_ssize_t _field_offset(object descr, object cls) except -1:
+    if type(descr).__name__ != "member_descriptor" or not issubclass(cls, descr.__objclass__):
+        raise TypeError(f"expected a slot of {cls.__name__}, got {descr!r}")
+    cdef PyMemberDef *member = (<PyMemberDescrObject *>descr).d_member
+    if member.type != _T_OBJECT and member.type != _T_OBJECT_EX:
+        raise TypeError(f"slot {descr!r} does not hold an object")
+    return member.offset
+
+
+def add_field_shape(cls, list live, tuple slots, tuple first, tuple second):
+    """Check the messages of ``cls`` here: the value in each of ``slots`` (its fields'
+    member descriptors) must be of class ``first[i]`` or ``second[i]`` (None: no
+    second), and ``live[0]`` must be True."""
+    global _shape_type, _shape_last
+    if _base == NULL or not isinstance(cls, type) or not issubclass(cls, _base_ref):
+        raise TypeError(f"expected a message class, got {cls!r}")
+    if not len(slots) == len(first) == len(second):
+        raise ValueError("slots, first and second differ in length")
+    cdef _Shape shape = _Shape()
+    shape.live = live
+    shape.offsets = tuple(_field_offset(d, cls) for d in slots)
+    shape.first = first
+    shape.second = second
+    _shapes[cls] = shape
+    _shape_type = None
+    _shape_last = None
+
+
+@cython.always_allow_keywords(False)
+def fields_ok(msg):
+    """True when every field of ``msg`` holds a value of an accepted class (see
+    `add_field_shape`); a value of a class without a shape gets the Python check's answer."""
+    global _shape_type, _shape_last
+    cdef object t = type(msg)
+    cdef _Shape shape
+    cdef PyObject *p
+    if t is _shape_type:
+        shape = _shape_last
+    else:
+        p = PyDict_GetItem(_shapes, t)
+        if p == NULL:
+            return _fields_slow(msg)
+        shape = <_Shape>p
+        _shape_type = t
+        _shape_last = shape
+    if PyList_GET_ITEM(shape.live, 0) != <PyObject *>_py_true:
+        return False
+    cdef Py_ssize_t i
+    cdef PyObject *v
+    cdef PyObject *vt
+    for i in range(len(shape.offsets)):
+        v = _slot(msg, <Py_ssize_t>shape.offsets[i])
+        if v == NULL:
+            return False
+        vt = <PyObject *>(<PyTypeObject *>v.ob_type)
+        if vt != <PyObject *>shape.first[i] and vt != <PyObject *>shape.second[i]:
+            return False
+    return True

@@ -8,7 +8,9 @@ and decoder are the codec. The package is split by job:
 - `decorate`: `@message` and `@array_message`;
 - `codec`: the wire format, the registry of message classes, stream decoders;
 - `arrays`: NumPy arrays in messages, and arrays passed by reference;
-- `layout`: fixed-layout messages and their NumPy structured `dtype` (GPU rings).
+- `layout`: fixed-layout messages and their NumPy structured `dtype` (GPU rings);
+- `declared`, `identity`: one class per tag (the classes live kernels declare);
+- `fields`: field values checked where a message enters a kernel.
 
 Every name importable from `pydotcompute.ring_kernels.message` before the split still is.
 """
@@ -26,6 +28,7 @@ from .arrays import (
 from .base import (
     ArrayMessage,
     RingKernelMessage,
+    claim_request_key,
     id_key,
     raw_correlation_get,
     raw_correlation_set,
@@ -43,6 +46,7 @@ from .codec import (
     frame_header,
     frame_priority,
     get_message_type,
+    holds_its_tag,
     message_decoder,
     message_field_names,
     message_tag,
@@ -50,8 +54,17 @@ from .codec import (
     registered_message_types,
     release_frame,
 )
+from .declared import declared_by
 from .decorate import array_message, message
-from .ids import new_message_id
+from .fields import check_fields, field_problem, fields_check, fields_ok
+from .identity import (
+    check_declared_types,
+    class_names,
+    expecting,
+    mismatch_text,
+    redefinition_note,
+)
+from .ids import in_request_space, new_message_id, next_request_id, request_space
 from .layout import (
     HEADER_FIELD_NAMES,
     field_layout,
@@ -68,25 +81,39 @@ __all__ = (
     "FrameHeader",
     "RingKernelMessage",
     "array_message",
+    "check_declared_types",
+    "check_fields",
+    "claim_request_key",
+    "class_names",
     "codec_of",
+    "declared_by",
     "decode_error",
     "deserialize_message",
+    "expecting",
     "field_layout",
+    "field_problem",
+    "fields_check",
+    "fields_ok",
     "fixed_layout_dtype",
     "frame_header",
     "frame_priority",
     "get_buffer",
     "get_buffer_registry",
     "get_message_type",
+    "holds_its_tag",
     "id_key",
+    "in_request_space",
     "is_fixed_layout",
     "message",
     "message_decoder",
     "message_field_names",
     "message_tag",
+    "mismatch_text",
     "new_message_id",
+    "next_request_id",
     "raw_correlation_get",
     "raw_correlation_set",
+    "redefinition_note",
     "register_buffer",
     "register_message_type",
     "registered_message_types",
@@ -94,6 +121,7 @@ __all__ = (
     "release_frame",
     "reply_key",
     "request_key",
+    "request_space",
     "serialize_message",
     "stamp_reply",
 )

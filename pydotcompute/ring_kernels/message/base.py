@@ -49,15 +49,18 @@ from .codec import (
     deserialize_message,
     serialize_error,
 )
+from .identity import mismatch_text
 from .ids import new_message_id as _new_id
-from .ids import next_id_bytes, uuid_from_bytes
+from .ids import next_id_bytes, next_request_id, uuid_from_bytes
 
 __all__ = (
     "ArrayMessage",
     "RingKernelMessage",
     "check_priority",
+    "claim_request_key",
     "correlation_to",
     "id_key",
+    "make_ids",
     "raw_correlation_get",
     "raw_correlation_set",
     "reply_key",
@@ -230,9 +233,7 @@ def _deserialize_general(cls: type[_M], data: bytes | bytearray | memoryview) ->
     be `cls` or a subclass of it."""
     msg = deserialize_message(data)
     if not isinstance(msg, cls):
-        raise MessageDeserializationError(
-            f"bytes hold a {type(msg).__name__} message, expected {cls.__name__}"
-        )
+        raise MessageDeserializationError(f"bytes hold {mismatch_text(type(msg), cls)}")
     return msg
 
 
@@ -336,6 +337,25 @@ def request_key(msg: Any) -> Any:
     return id_key(msg.message_id)
 
 
+def claim_request_key(msg: Any, space: bytes) -> Any:
+    """`request_key` of a ``send_and_receive`` request: an id not made yet is made in
+    request space ``space`` (`ids.request_space` of the kernel it goes to), so that a reply
+    to it can be told apart from any other; an id already made (read, set, decoded) is
+    kept, as its holder may know it.
+
+    Raises:
+        AttributeError: ``msg`` has no ``message_id``.
+    """
+    if isinstance(msg, RingKernelMessage):
+        mid = _raw_mid_get(msg)
+        if mid is None:
+            mid = next_request_id(space)
+            _raw_mid_set(msg, mid)
+            return mid
+        return mid if mid.__class__ is bytes else id_key(mid)
+    return id_key(msg.message_id)
+
+
 def reply_key(reply: Any) -> Any:
     """`id_key` of ``reply``'s ``correlation_id``: the key of the caller it answers, or
     None."""
@@ -366,6 +386,10 @@ def _make_ids(value: Any) -> None:
         for item in value.values():
             _make_ids(item)
 
+
+#: Make the ids of the messages nested in a value (a field of a message about to be
+#: encoded), as `serialize` does: a decoder then reads them as the ids they are.
+make_ids: Callable[[Any], None] = _make_ids
 
 _MID_SLOT = RingKernelMessage.__dict__["message_id"]
 _CID_SLOT = RingKernelMessage.__dict__["correlation_id"]

@@ -14,6 +14,12 @@ Design notes:
   arrays travel by reference): that is a class defined again (a module reloaded, a class
   shipped by value), and the newer class takes the tag. Otherwise a frame of one would
   decode as the other, as two classes of one factory function would (same qualified name).
+  Even with the same layout the takeover is refused while a live kernel declares the
+  class holding the tag (`declared.declared_by`): that kernel's frames would decode as the
+  new class. The replaced class's codec says so (`Codec.holds_tag`), which is how sends
+  of its messages are refused (`fields`, `identity`).
+- Past 600 lines: the wire format and the registry share the tag table and its lock, so
+  they stay in one module; what builds on them (field checks, declared types) does not.
 - A stream of frames (a queue's, a process ring's) is decoded by `message_decoder()`: it
   tries the previous frame's class first (msgspec checks the tag itself) and falls back to
   the dispatching path, so results and errors are the same. `Cls.deserialize` does the
@@ -41,6 +47,7 @@ from ...exceptions import (
 )
 from .._native import message_extension
 from .arrays import dec_hook, enc_hook, enc_hook_by_reference, ext_hook, release_references
+from .declared import check_not_declared
 
 __all__ = (
     "DIRECT_DECODERS",
@@ -54,6 +61,7 @@ __all__ = (
     "frame_header",
     "frame_priority",
     "get_message_type",
+    "holds_its_tag",
     "message_decoder",
     "message_field_names",
     "message_tag",
@@ -86,7 +94,18 @@ def message_tag(cls: type) -> str:
 class Codec:
     """The encoder and typed decoder of one message class."""
 
-    __slots__ = ("_header", "by_reference", "cls", "decode", "encode", "names", "nested", "tag")
+    __slots__ = (
+        "_header",
+        "by_reference",
+        "check",
+        "cls",
+        "decode",
+        "encode",
+        "holds_tag",
+        "names",
+        "nested",
+        "tag",
+    )
 
     def __init__(self, cls: type[msgspec.Struct], tag: str, *, by_reference: bool) -> None:
         self.cls = cls
@@ -104,6 +123,11 @@ class Codec:
         )
         self.decode: Callable[[Any], Any] = decoder.decode
         self._header: Callable[[Any], Any] | None = None
+        #: ``[True]`` while the class holds its tag; ``[False]`` once another class of
+        #: its name took the tag over (a cell: checks built from it see the change)
+        self.holds_tag: list[bool] = [True]
+        #: the cheap check of an instance's fields (built on first use by `fields`)
+        self.check: Callable[[Any], bool] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # a class pickled by value (Ray ships classes defined in `__main__` so) carries
@@ -191,7 +215,13 @@ def register_message_type(cls: type, *, by_reference: bool | None = None) -> Cod
         held = _TYPES.get(tag)
         if held is not None and held is not cls:
             _check_same_layout(tag, _CODECS[held], codec)
+            check_not_declared(tag, held)
             DIRECT_DECODERS.pop(held, None)  # its frames now decode as the new class
+            _CODECS[held].holds_tag[0] = False
+        known = _CODECS.get(cls)
+        if known is not None:  # registered again: checks built before see one cell
+            codec.holds_tag = known.holds_tag
+            codec.holds_tag[0] = True
         type.__setattr__(cls, "_pdc_codec", codec)  # what `serialize` reads first
         _CODECS[cls] = codec
         _TYPES[tag] = cls
@@ -245,6 +275,14 @@ def _check_same_layout(tag: str, held: Codec, new: Codec) -> None:
         "(a factory), set a distinct __qualname__ on the class before decorating it. A class "
         "redefined with the same fields (a module reloaded) takes the tag over instead"
     )
+
+
+def holds_its_tag(cls: type) -> bool:
+    """True unless ``cls`` is a message class whose tag another class took over since (a
+    module reloaded, a factory that made the class twice): frames of the tag decode into
+    that other class. A class that is not a message holds no tag: True."""
+    codec = _CODECS.get(cls)
+    return codec is None or codec.holds_tag[0]
 
 
 def _rebuilt_codec(cls: type, by_reference: bool) -> Codec:

@@ -11,10 +11,19 @@ Design notes:
 - When the `fast_message` extension is built, it holds the base and the counter (one C
   call per id, no 128-bit Python int); every id of the process then comes from it, so the
   two sources never hand out the same counter value.
+- A `send_and_receive` request whose id is not made yet gets one from its kernel's
+  *request space* (`request_space`, `next_request_id`): the high 8 bytes are fixed per
+  kernel id, the low 8 are those of a fresh id (unique in the process). A runtime can so tell a
+  reply correlated with one of its callers' requests from any other reply without
+  remembering each request: a reply in the space that no caller waits for was abandoned.
+  The space is derived from the kernel id, not drawn per process, so a request made in one
+  process (a Ray driver) is recognised by the kernel in another; 60 bits of it are a hash,
+  so an ordinary id falls in a given kernel's space with odds of 2**-60.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import uuid
@@ -22,7 +31,16 @@ from collections.abc import Callable
 
 from .._native import message_extension
 
-__all__ = ("ID_SOURCE", "IdSource", "new_message_id", "next_id_bytes", "uuid_from_bytes")
+__all__ = (
+    "ID_SOURCE",
+    "IdSource",
+    "in_request_space",
+    "new_message_id",
+    "next_id_bytes",
+    "next_request_id",
+    "request_space",
+    "uuid_from_bytes",
+)
 
 # clear the version nibble and the two variant bits, then set version 4 / RFC 4122
 _VERSION_MASK = ~(0xF000 << 64) & ~(0xC000 << 48) & ((1 << 128) - 1)
@@ -89,3 +107,36 @@ def uuid_from_bytes(raw: bytes) -> uuid.UUID:
     _set(u, "int", int.from_bytes(raw, "big"))
     _set(u, "is_safe", _SAFE_UNKNOWN)
     return u
+
+
+# -- request spaces -------------------------------------------------------------------------
+
+_spaces: dict[str, bytes] = {}
+
+
+def request_space(kernel_id: str) -> bytes:
+    """The high 8 bytes of every id `next_request_id` makes for kernel ``kernel_id``: a
+    hash of the id with the version-4 nibble set (the same in every process)."""
+    space = _spaces.get(kernel_id)
+    if space is None:
+        raw = bytearray(
+            hashlib.blake2b(
+                kernel_id.encode("utf-8", "surrogatepass"), digest_size=8, person=b"pdc-request"
+            ).digest()
+        )
+        raw[6] = (raw[6] & 0x0F) | 0x40
+        space = _spaces[kernel_id] = bytes(raw)
+    return space
+
+
+def next_request_id(space: bytes) -> bytes:
+    """A fresh id, as its 16 wire bytes, in request space ``space`` (`request_space`): a
+    well-formed version-4 UUID, never repeated in this process (its low 8 bytes are those
+    of a fresh `next_id_bytes`: the process's base XOR its counter, variant bits set)."""
+    return space + next_id_bytes()[8:]
+
+
+def in_request_space(key: object, space: bytes) -> bool:
+    """Whether ``key`` (a reply's correlation key: 16 bytes, None, or another value) is an
+    id of request space ``space``."""
+    return type(key) is bytes and len(key) == 16 and key[:8] == space

@@ -1,10 +1,11 @@
 """Execution tiers: where an actor runs, one module each, behind one contract.
 
-`contract.py` states what a tier provides (read its docstring first); `hosted.py` is the
-bridge that applies the runtime's policy to a tier whose actor runs off the loop; the
-other modules are the tiers. Adding a tier: write a `TierWorker` (or, for a tier that
-needs no bridge, a `RingKernel` subclass), a `HostedKernel` subclass that builds it, and
-register it with `register_tier`.
+`contract.py` states what a tier provides (read its docstring first); the bridge that
+applies the runtime's policy to a tier whose actor runs off the loop is policy and lives
+beside the runtime (`ring_kernels/hosted.py`); the other modules are the tiers. Adding a
+tier: write a `TierWorker` (or, for a tier that needs no bridge, a `RingKernel`
+subclass), a `HostedKernel` subclass that builds it, and register it with
+`register_tier`; `pydotcompute.ring_kernels.extend` holds every name that takes.
 
 Tiers are imported lazily by name, so the default tier never loads threads, processes,
 CUDA or Ray.

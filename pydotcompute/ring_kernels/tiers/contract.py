@@ -38,7 +38,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-from ...exceptions import TypeValidationError
+from ...exceptions import InvalidConfigurationError, TypeValidationError
 
 __all__ = ("ActorKind", "TierWorker", "actor_kind", "check_actor_kind")
 
@@ -58,10 +58,15 @@ class TierWorker(abc.ABC):
             runtime refuses the other kind at launch.
         SUPPORTS_RESTART: Whether `restart="on_failure"` can be honoured. The runtime
             refuses the option at launch on a tier that cannot.
+        EDGE_OUT: The direct edge kinds (`edges.EdgeKind`) the actor can produce into
+            (`route_into`); empty: its output always crosses the loop.
+        EDGE_IN: The direct edge kinds the actor can consume from (`open_edge`).
     """
 
     ACTOR_KIND: ClassVar[ActorKind] = "sync"
     SUPPORTS_RESTART: ClassVar[bool] = False
+    EDGE_OUT: ClassVar[frozenset[str]] = frozenset()
+    EDGE_IN: ClassVar[frozenset[str]] = frozenset()
 
     # -- limits -----------------------------------------------------------------------------
 
@@ -230,6 +235,34 @@ class TierWorker(abc.ABC):
         not be interrupted finishing its message). Tiers whose actor cannot outlive `stop`
         need not implement it."""
 
+    # -- direct edges (see `edges.py`) -------------------------------------------------------
+
+    def open_edge(self, kind: str, source_id: str) -> Any:
+        """Make a direct edge of ``kind`` (one of `EDGE_IN`) into this actor, from the
+        kernel ``source_id``, and read it from now on beside the runtime's inbox, fairly
+        and by priority. Its bound and backpressure policy are this kernel's. The edge
+        must offer ``counters()`` (see `edges.EdgeInfo`), readable from any thread.
+        What it holds when this actor stops is handed back by `take_undelivered`.
+
+        Raises:
+            InvalidConfigurationError: the tier does not consume from ``kind``.
+        """
+        raise InvalidConfigurationError(
+            f"kernel {source_id!r}: a {kind!r} edge cannot go into a {type(self).__name__}"
+        )
+
+    def route_into(self, edge: Any) -> None:
+        """Send what the actor sends into ``edge`` (made by the consumer's `open_edge`)
+        instead of the reply side; None routes it back. A send the edge cannot take (its
+        consumer stopped) takes the reply side, and so the loop path, instead.
+
+        Raises:
+            InvalidConfigurationError: the tier does not produce into the edge's kind.
+        """
+        raise InvalidConfigurationError(
+            f"a {type(self).__name__} cannot send into a direct edge ({edge!r})"
+        )
+
     # -- what is left ----------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -245,6 +278,13 @@ class TierWorker(abc.ABC):
     @abc.abstractmethod
     def failure(self) -> BaseException | None:
         """Why the actor failed (its exception, or the death of its process), or None."""
+
+    @property
+    def failed_on(self) -> Any:
+        """After a failure, until `take_undelivered`: the message in the actor's hands
+        when it failed (it raised on it, or its process died), or None (it held none, or
+        the tier cannot tell). A tracing runtime marks that message's span failed."""
+        return None
 
 
 # -- the actor kind: the one check --------------------------------------------------------

@@ -2,8 +2,12 @@
 
 Its room holds the whole mechanism:
 
-- `kernel`: `GPURingKernel`, the host side of one GPU actor (rings, control block, the
-  pump), on top of the shared kernel policy (`RingKernel`);
+- `worker`: `GPUWorker`, the tier's `TierWorker` (the persistent kernel, its rings and
+  control block, the task that watches them);
+- `kernel`: `GPURingKernel`, what ``tier="gpu"`` builds: the hosting bridge
+  (`HostedKernel`, which owns delivery, correlation, forwarding and drop accounting, as
+  for the thread and process tiers) around a `GPUWorker`, with the device's side of
+  launch, deactivate/reactivate and terminate, and the GPU's batch and record calls;
 - `prepare`: declaration checks, memory reservation, eager compiling, compile-only PTX;
 - `spec` (options, validation), `layout` (the control block), `host` (the host half of the
   rings), `slab` and `resources` (memory, streams, the device actor), `build`, `device`
@@ -25,6 +29,7 @@ from .prepare import (
     prepare_gpu_kernel,
     reserve_gpu_memory,
 )
+from .worker import GPUWorker, HandlerRejectedError
 
 __all__ = (
     "STATUS_OK",
@@ -32,6 +37,8 @@ __all__ = (
     "GPUKernelOptions",
     "GPUKernelStatistics",
     "GPURingKernel",
+    "GPUWorker",
+    "HandlerRejectedError",
     "check_gpu_kernel_spec",
     "compile_gpu_kernel_cuda_c",
     "compile_gpu_kernel_ptx",

@@ -1,20 +1,22 @@
 """The host's half of a GPU actor's rings: publish requests, take replies, read counters.
 
 Everything here runs on the event loop thread and never blocks: it is NumPy slicing over
-mapped memory plus one fence per publish. The ordering argument is in ``kernel.py``.
+mapped memory plus one fence per publish. The ordering argument is in ``kernel.py``. The
+doorbell word (inbox tail and both flags) is the one word two host threads write (the loop
+publishing, a worker's `stop` setting TERMINATE from its thread): it is composed and stored
+under ``bell``, a lock whose acquire is also the fence before the tail store.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Any
 
 import numpy as np
 
 from . import layout as L
 
-__all__ = ("HostRings", "Liveness", "Replies", "fence")
+__all__ = ("HostRings", "Liveness", "fence")
 
 _FENCE = threading.Lock()
 _IN_TAIL, _OUT_HEAD, _DOORBELL, _SHIFT = L.IN_TAIL, L.OUT_HEAD, L.DOORBELL, L.DOORBELL_SHIFT
@@ -34,6 +36,7 @@ class HostRings:
     """
 
     __slots__ = (
+        "bell",
         "ctl",
         "flags",
         "in_tail",
@@ -56,6 +59,7 @@ class HostRings:
         self.in_tail = 0  # requests published (the host's copy of ctl[IN_TAIL])
         self.out_head = 0  # replies taken (the host's copy of ctl[OUT_HEAD])
         self.flags = 0  # the doorbell's TERMINATE / ACTIVE bits
+        self.bell = threading.Lock()  # held while the doorbell is composed and stored
 
     @property
     def capacity_in(self) -> int:
@@ -71,13 +75,13 @@ class HostRings:
 
     def set_word(self, index: int, value: int) -> None:
         """Store a host-written word; ACTIVE and TERMINATE also ring the doorbell."""
-        fence()
-        self.ctl[index] = value
-        bit = L.DOORBELL_ACTIVE if index == L.ACTIVE else 0
-        bit = L.DOORBELL_TERMINATE if index == L.TERMINATE else bit
-        if bit:
-            self.flags = self.flags | bit if value else self.flags & ~bit
-            self.ctl[L.DOORBELL] = (self.in_tail << L.DOORBELL_SHIFT) | self.flags
+        with self.bell:  # (a fence as well)
+            self.ctl[index] = value
+            bit = L.DOORBELL_ACTIVE if index == L.ACTIVE else 0
+            bit = L.DOORBELL_TERMINATE if index == L.TERMINATE else bit
+            if bit:
+                self.flags = self.flags | bit if value else self.flags & ~bit
+                self.ctl[L.DOORBELL] = (self.in_tail << L.DOORBELL_SHIFT) | self.flags
 
     # -- inbox --------------------------------------------------------------------------
 
@@ -107,12 +111,13 @@ class HostRings:
             ring[i:] = recs[: cap - i]
             ring[: end - cap] = recs[cap - i :]
         tail += n
-        self.in_tail = tail
-        _FENCE.acquire()
-        _FENCE.release()
         ctl = self.ctl
+        bell = self.bell
+        bell.acquire()  # the fence: the slot bytes are stored before the tail
+        self.in_tail = tail
         ctl[_IN_TAIL] = tail
         ctl[_DOORBELL] = (tail << _SHIFT) | self.flags
+        bell.release()
 
     def unconsumed(self) -> np.ndarray[Any, Any]:
         """Copies of the requests the kernel never took (call once it stopped), and forget
@@ -167,39 +172,6 @@ def _take(ring: np.ndarray[Any, Any], start: int, n: int, cap: int) -> np.ndarra
     if i + n <= cap:
         return ring[i : i + n].copy()
     return np.concatenate((ring[i:cap], ring[: n - (cap - i)]))
-
-
-class Replies:
-    """Reply records waiting for ``receive``: a deque of structured-array chunks."""
-
-    __slots__ = ("chunks", "count")
-
-    def __init__(self) -> None:
-        self.chunks: deque[list[Any]] = deque()  # [records, next index]
-        self.count = 0
-
-    def push(self, records: np.ndarray[Any, Any]) -> None:
-        if len(records):
-            self.chunks.append([records, 0])
-            self.count += len(records)
-
-    def pop(self, n: int) -> np.ndarray[Any, Any]:
-        """Up to ``n`` records, oldest first."""
-        parts = []
-        while n > 0 and self.chunks:
-            chunk = self.chunks[0]
-            recs, i = chunk
-            take = min(n, len(recs) - i)
-            parts.append(recs[i : i + take])
-            n -= take
-            self.count -= take
-            if i + take == len(recs):
-                self.chunks.popleft()
-            else:
-                chunk[1] = i + take
-        if len(parts) == 1:
-            return parts[0]  # type: ignore[no-any-return]
-        return np.concatenate(parts)
 
 
 class Liveness:

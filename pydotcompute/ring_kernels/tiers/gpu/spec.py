@@ -19,6 +19,7 @@ from ....exceptions import InvalidConfigurationError, TypeValidationError
 from ...message import HEADER_FIELD_NAMES as _HEADER_NAMES
 from ...message import field_layout as _field_layout
 from ...message import fixed_layout_dtype, message_field_names
+from ..contract import check_actor_kind
 
 __all__ = ("GPUKernelOptions", "GPUKernelStatistics", "check_spec", "resolve_options")
 
@@ -246,6 +247,26 @@ def _check_message_type(kernel_id: str, role: str, tp: Any) -> np.dtype[Any]:
     return dtype
 
 
+def _check_kind(kernel_id: str, fn: Any) -> None:
+    """Refuse an async actor: the tier's actor-kind check (`check_actor_kind`), worded for
+    a device handler. It comes first, before the message types are looked at: a wrong kind
+    of actor is the first thing to fix."""
+    check_actor_kind(
+        kernel_id,
+        "gpu",
+        getattr(fn, "py_func", fn),
+        "sync",
+        runs=(
+            "the gpu tier runs device functions 'def handler(inp, out, state) -> int', not "
+            "async actors"
+        ),
+        advice=(
+            "; write the handler as a plain def over the message records, or drop "
+            "backend='cuda' (tier='gpu') to run the async actor on the asyncio tier"
+        ),
+    )
+
+
 def _check_handler(kernel_id: str, fn: Any) -> None:
     py = getattr(fn, "py_func", fn)
     name = getattr(py, "__name__", repr(py))
@@ -255,14 +276,7 @@ def _check_handler(kernel_id: str, fn: Any) -> None:
             f"the handler must be a function, got {type(fn).__name__}",
             TypeValidationError,
         )
-    if inspect.iscoroutinefunction(py) or inspect.isasyncgenfunction(py):
-        raise _fail(
-            kernel_id,
-            f"{name!r} is an async actor; a GPU ring kernel takes a device-function handler "
-            "'def handler(inp, out, state) -> int' (drop backend='cuda' to run the async actor "
-            "on the asyncio tier)",
-            TypeValidationError,
-        )
+    _check_kind(kernel_id, fn)
     target = getattr(fn, "targetoptions", None)
     if isinstance(target, dict) and target.get("device") is False:
         raise _fail(
@@ -307,6 +321,8 @@ def check_spec(
             kind or arity, a state that is not numeric.
         InvalidConfigurationError: unknown or out-of-range options, ``grid_size != 1``.
     """
+    if extra.get("cuda_source") is None:
+        _check_kind(kernel_id, fn)
     in_dtype = _check_message_type(kernel_id, "input_type", input_type)
     out_dtype = _check_message_type(kernel_id, "output_type", output_type)
     opts = resolve_options(kernel_id, extra)

@@ -78,6 +78,7 @@ class ChildSpec:
     kernel_id: str
     func: bytes
     output_type: type | None
+    check_fields: bool  # ``ctx.send`` checks field values (`framing.encoder_for`)
     in_name: str
     out_name: str
     spin_s: float
@@ -101,6 +102,7 @@ class ProcessKernelContext:
     """
 
     __slots__ = (
+        "_check_fields",
         "_codec",
         "_current",
         "_decode",
@@ -127,6 +129,7 @@ class ProcessKernelContext:
         self._out = out_ring
         self._spin_s = spec.spin_s
         self._output_type = spec.output_type
+        self._check_fields = spec.check_fields
         self._in_space_fd = spec.in_space.fileno()
         self._out_data_fd = spec.out_data.fileno()
         self._read_waiter = Waiter(spec.in_data.fileno(), None, spec.spin_s, spec.adaptive)
@@ -302,7 +305,9 @@ class ProcessKernelContext:
 
     def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
         """The encoder of ``msg``'s type (checked against ``output_type``; once per type)."""
-        return encoder_for(self.kernel_id, msg, self._output_type, "must send")
+        return encoder_for(
+            self.kernel_id, msg, self._output_type, "must send", fields=self._check_fields
+        )
 
     def _reject(self, data: bytes, exc: BaseException) -> None:
         """Report an undecodable record to the parent as its message's error."""
@@ -321,7 +326,8 @@ class ProcessKernelContext:
             True when queued, False when the timeout expired first.
 
         Raises:
-            TypeValidationError: ``msg`` is not the ``output_type``.
+            TypeValidationError: ``msg`` is not the ``output_type``, or a field holds a
+                value of another type than its annotation (unless the kernel checks none).
             MessageSerializationError: ``msg`` cannot be encoded, or its encoding can never
                 fit the outbox ring.
             QueueClosedError: the parent process has gone.

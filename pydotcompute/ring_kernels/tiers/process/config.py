@@ -111,6 +111,11 @@ class ProcessKernelConfig:
         record_latency: The child times each message its actor handles (from taking it to
             asking for the next) into a small shared-memory block;
             `ProcessWorker.drain_latencies` hands the statistics over.
+        check_fields: ``send`` (here) and ``ctx.send`` (in the child) refuse a message
+            whose field values are not of their annotated types with a
+            ``TypeValidationError`` at the call, as every tier does; False leaves it to
+            the decoder on the other side (the message is rejected there, as one that
+            does not decode).
     """
 
     kernel_id: str
@@ -125,11 +130,17 @@ class ProcessKernelConfig:
     ring_bytes: int | None = None
     adaptive_spin: bool = True
     record_latency: bool = False
+    check_fields: bool = True
 
     def __post_init__(self) -> None:
         if self.ring_bytes is not None:  # shorthand for both rings
             self.input_ring_bytes = self.output_ring_bytes = self.ring_bytes
         check_kernel_config(self)
+        if type(self.check_fields) is not bool:
+            raise InvalidConfigurationError(
+                f"check_fields of kernel {self.kernel_id!r} must be True or False, "
+                f"got {self.check_fields!r}"
+            )
         for name in ("input_ring_bytes", "output_ring_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1024:

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ....decorators.validators import wrong_message_type
 from ....exceptions import (
     MessageDeserializationError,
     MessageRejectedError,
@@ -39,7 +40,7 @@ from ....exceptions import (
     RemoteActorError,
     TypeValidationError,
 )
-from ...message import RingKernelMessage, frame_header
+from ...message import RingKernelMessage, check_fields, fields_check, frame_header
 
 __all__ = (
     "ERROR_FRAME",
@@ -186,15 +187,27 @@ def split_trace(kernel_id: str, data: bytes) -> tuple[int, int, int, bytes]:
 
 
 def encoder_for(
-    kernel_id: str, msg: object, expected: type | None, what: str
+    kernel_id: str, msg: object, expected: type | None, what: str, *, fields: bool = False
 ) -> Callable[[Any], bytes]:
     """Check ``msg`` against ``expected`` and return the encoder for its type.
 
     A ``@message`` encodes with its class's ``serialize``; anything else as a plain value.
+    With ``fields``, the encoder first checks each message's field values (`check_fields`:
+    msgspec's encoder writes whatever a field holds, and only the decoder would refuse it).
     """
     check_type(kernel_id, msg, expected, what)
     if isinstance(msg, RingKernelMessage):
-        return type(msg).serialize  # type: ignore[return-value]
+        serialize: Callable[[Any], bytes] = type(msg).serialize
+        if not fields:
+            return serialize
+        ok = fields_check(type(msg))
+
+        def checked(value: Any) -> bytes:
+            if not ok(value):
+                check_fields(value, kernel_id, what)
+            return serialize(value)
+
+        return checked
 
     def encode(value: Any) -> bytes:
         return encode_value(kernel_id, value)
@@ -353,11 +366,10 @@ def rejection(kernel_id: str, data: bytes) -> MessageRejectedError:
 
 
 def check_type(kernel_id: str, msg: object, expected: type | None, what: str) -> None:
-    """Refuse ``msg`` when it is not an ``expected`` (``what``: "expects", "must send")."""
+    """Refuse ``msg`` when it is not an ``expected`` (``what``: "expects", "must send"),
+    in the runtime's words (`wrong_message_type`)."""
     if expected is not None and not isinstance(msg, expected):
-        raise TypeValidationError(
-            f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
-        )
+        raise wrong_message_type(msg, expected, kernel_id, what)
 
 
 def no_encoder(msg: Any) -> bytes:  # pragma: no cover - replaced before first use

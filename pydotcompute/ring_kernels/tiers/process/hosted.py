@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ....exceptions import TypeValidationError
 from ...context import SEND_YIELD_EVERY
 from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ...message import reply_key, request_key
@@ -136,8 +137,8 @@ class ProcessHostedKernel(HostedKernel):
             and worker is not None
         ):
             try:
-                key = request_key(msg)
-            except AttributeError:
+                key = self.claim_request(msg)  # (its id made in the kernel's request space)
+            except TypeValidationError:
                 key = None
             if key is not None and key not in self._waiters:
                 try:
@@ -247,6 +248,7 @@ class ProcessHostedKernel(HostedKernel):
             "spin_us": self.config.extra.get("spin_us", self.HOSTED_SPIN_US),
             "input_queue_size": bridge if given else max(bridge, BRIDGE_WIDEST),
             "record_latency": self._timed,
+            "check_fields": self.config.check_fields,
         }
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from ...._public import expose
 from ... import _native
 from ...states import KernelState
 from .child import ProcessKernelContext
@@ -253,3 +254,7 @@ CythonRingKernel = ProcessKernel
 CythonKernelConfig = ProcessKernelConfig
 CythonKernelContext = ProcessKernelContext
 is_cython_kernel_available = is_process_kernel_compiled
+
+# The one class `pydotcompute.ring_kernels` exports under its own name reports it as its
+# module (the others are exported as aliases and keep this one).
+expose("pydotcompute.ring_kernels", ("CythonKernelState",), globals())

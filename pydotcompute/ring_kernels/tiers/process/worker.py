@@ -106,7 +106,7 @@ from ....exceptions import (
 from ... import _native
 from ..._native import FastLock, SharedByteRing
 from ..._native.spsc_py import SharedSegment
-from ...message import message_decoder
+from ...message import expecting, message_decoder
 from ...states import KernelState
 from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
 from ...wakers import Waker, WakerSet
@@ -210,7 +210,8 @@ class ProcessWorker(TierWorker):
         config: Ring sizes, spin budget and start method; defaults to
             ``ProcessKernelConfig(kernel_id)``.
         input_type: When given, ``send`` refuses other types.
-        output_type: When given, ``ctx.send`` in the child refuses other types.
+        output_type: When given, ``ctx.send`` in the child refuses other types, and a
+            reply decoded here that is not one is dropped as one that does not decode.
 
     Without types it carries ``@message`` instances and any MessagePack-able value (int,
     float, str, bytes, bool, None, lists and dicts of them, NumPy arrays) both ways; plain
@@ -263,6 +264,7 @@ class ProcessWorker(TierWorker):
         self._config = config
         self._input_type = input_type
         self._output_type = output_type
+        self._check_fields = config.check_fields
         self._state = KernelState.CREATED
         self._error: BaseException | None = None
         self._state_lock = threading.Lock()
@@ -321,7 +323,8 @@ class ProcessWorker(TierWorker):
         self._child_exited = False
         self._stop_requested = False
         self._pending_out: deque[bytes] = deque()
-        self._decode = message_decoder()  # the outbox's stream: its type's fast path
+        # the outbox's stream (its type's fast path), checked against ``output_type``
+        self._decode = expecting(message_decoder(), output_type, kernel_id)
         self._exit_code: int | None = None
         self._pid: int | None = None
         # the child's message timings (config.record_latency): the segment, its view, and
@@ -364,6 +367,21 @@ class ProcessWorker(TierWorker):
     def failure(self) -> BaseException | None:
         """`error`, under the name the tier contract uses."""
         return self._error
+
+    @property
+    def failed_on(self) -> Any:
+        """The message in the actor's hands when it failed (it raised, or the child died):
+        taken and not finished. None when it held none, or before the child exited and
+        after `take_undelivered` handed it back."""
+        with self._send_lock:
+            counts = self._final_counts
+            if self._error is None or counts is None:
+                return None
+            taken, done = counts
+            i = done - self._pruned
+            if taken <= done or not 0 <= i < len(self._inflight):
+                return None
+            return self._inflight[i]
 
     @property
     def failed(self) -> bool:
@@ -529,6 +547,7 @@ class ProcessWorker(TierWorker):
             kernel_id=self._kernel_id,
             func=self._func_bytes,
             output_type=self._output_type,
+            check_fields=self._check_fields,
             in_name=self._in_ring.name,
             out_name=self._out_ring.name,
             spin_s=self._spin_s,
@@ -1196,7 +1215,9 @@ class ProcessWorker(TierWorker):
     def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
         """The encoder of ``msg``'s type (checked against ``input_type``); chosen once per
         new type, so a traced worker's prefixing encoder costs an untraced one nothing."""
-        return encoder_for(self._kernel_id, msg, self._input_type, "expects")
+        return encoder_for(
+            self._kernel_id, msg, self._input_type, "expects", fields=self._check_fields
+        )
 
     # -- trace context on the wire (a tracing runtime only; see `framing`) ---------------
 

@@ -65,7 +65,15 @@ from ....exceptions import (
 from ...config import RingKernelConfig
 from ...fast_queue import PriorityBand, get_priority_band
 from ...kernel import KernelFunc
-from ...message import RingKernelMessage, deserialize_message
+from ...message import (
+    RingKernelMessage,
+    check_declared_types,
+    check_fields,
+    claim_request_key,
+    deserialize_message,
+    fields_ok,
+    request_space,
+)
 from ...states import KernelState
 from ...telemetry import RingKernelTelemetry
 from .. import check_actor_kind, tier_class
@@ -263,6 +271,7 @@ class RayTierKernel:
         self._books_closed = False  # the actor handed over what the kernel left
         self._inbox = _Depth(self)
         self._outbox = _Buffered(self)
+        check_declared_types(self, input_type=input_type, output_type=output_type)
 
     def __repr__(self) -> str:
         return f"<RayTierKernel {self.kernel_id!r} {self._state.name} actor={self._actor_name!r}>"
@@ -648,6 +657,8 @@ class RayTierKernel:
                 f"kernel {self.kernel_id!r} runs in a Ray actor, so its messages cross as "
                 f"MessagePack and must be @message objects; got {type(msg).__name__}"
             )
+        if self.config.check_fields and not fields_ok(msg):
+            check_fields(msg, self.kernel_id, "expects")  # as every tier does, at the call
         return msg.serialize()
 
     def trace_wire(self, header: Callable[[Any], tuple[int, int, int] | None]) -> None:
@@ -963,6 +974,10 @@ class RayTierKernel:
         self._require("send_and_receive to")
         if self._state is KernelState.LAUNCHED:
             raise _never_activated(self.kernel_id, "send_and_receive to")
+        if isinstance(msg, RingKernelMessage):
+            # an id not made yet is made in the kernel's request space, which the runtime
+            # in the actor recognises: a reply whose caller gave up is dropped there
+            claim_request_key(msg, request_space(self.kernel_id))
         data = self._encode(msg)
         if self._queued or self._setup is not None or self._restoring is not None:
             await self.flush()

@@ -29,6 +29,7 @@ from ...config import RingKernelConfig
 from ...kernel import KernelFunc
 from ...registry import get_registered_kernel
 from ...runtime import RingKernelRuntime
+from ...shutdown import ShutdownReport
 from ...telemetry import RingKernelTelemetry
 from .. import canonical_tier
 from .kernel import RayTierKernel
@@ -101,7 +102,7 @@ class RayRingKernelRuntime(RingKernelRuntime):
         self.session.start()
         return self
 
-    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> dict[str, int]:
+    async def shutdown(self, timeout: float = 10.0, *, ordered: bool = True) -> ShutdownReport:
         """Terminate every kernel (sources first unless ``ordered=False``), kill every
         actor, and shut Ray down if this runtime started it."""
         try:

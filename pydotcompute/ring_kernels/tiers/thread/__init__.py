@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from ...._public import expose
 from .context import ThreadedKernelContext
 from .hosted import ThreadHostedKernel
 from .standalone import ThreadedKernelPool, ThreadedKernelState, ThreadedRingKernel
@@ -28,4 +29,19 @@ __all__ = (
     "ThreadedKernelPool",
     "ThreadedKernelState",
     "ThreadedRingKernel",
+)
+
+# The names `pydotcompute.ring_kernels` exports report it as their module.
+expose(
+    "pydotcompute.ring_kernels",
+    (
+        "SPSCQueue",
+        "SyncQueue",
+        "ThreadedKernelConfig",
+        "ThreadedKernelContext",
+        "ThreadedKernelPool",
+        "ThreadedKernelState",
+        "ThreadedRingKernel",
+    ),
+    globals(),
 )

@@ -21,8 +21,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, cast
 
+from ....decorators.validators import wrong_message_type
 from ....exceptions import TypeValidationError
-from ...message import stamp_reply  # correlates a reply to the request being handled
+from ...message import (
+    check_fields,
+    fields_ok,
+    stamp_reply,  # correlates a reply to the request being handled
+)
 from ...telemetry import PyLatencyRecorder
 from .sync_queue import SPSCQueue, SyncQueue
 
@@ -54,6 +59,9 @@ class ContextSource(Protocol):
     def output_type(self) -> type | None: ...
 
     @property
+    def check_fields(self) -> bool: ...
+
+    @property
     def stop_signal(self) -> threading.Event: ...
 
     @property
@@ -61,10 +69,9 @@ class ContextSource(Protocol):
 
 
 def wrong_type(kernel_id: str, msg: object, expected: type, what: str) -> TypeValidationError:
-    """The error for ``msg`` that is not an ``expected`` (``what``: "expects", "must send")."""
-    return TypeValidationError(
-        f"kernel {kernel_id!r} {what} {expected.__name__}, got {type(msg).__name__}"
-    )
+    """The error for ``msg`` that is not an ``expected`` (``what``: "expects", "must send"),
+    in the runtime's words (`wrong_message_type`)."""
+    return wrong_message_type(msg, expected, kernel_id, what)
 
 
 class ThreadedKernelContext:
@@ -74,6 +81,7 @@ class ThreadedKernelContext:
     """
 
     __slots__ = (
+        "_check_fields",
         "_current",
         "_inbox",
         "_outbox",
@@ -90,6 +98,7 @@ class ThreadedKernelContext:
         self._inbox = worker.inbox
         self._outbox = worker.outbox
         self._output_type = worker.output_type
+        self._check_fields = worker.check_fields
         self._stop = worker.stop_signal
         self._current: Any = None  # the last message received: replies are correlated to it
         self._rec = worker.latency_recorder  # times each message (None: not timed)
@@ -155,10 +164,14 @@ class ThreadedKernelContext:
             True when queued, False when the timeout expired first.
 
         Raises:
-            TypeValidationError: ``msg`` is not the kernel's ``output_type``.
+            TypeValidationError: ``msg`` is not the kernel's ``output_type``, or a field
+                holds a value of another type than its annotation (unless the kernel
+                checks no fields).
         """
         if self._output_type is not None and not isinstance(msg, self._output_type):
             raise wrong_type(self.kernel_id, msg, self._output_type, "must send")
+        if self._check_fields and not fields_ok(msg):
+            check_fields(msg, self.kernel_id, "must send")
         stamp_reply(msg, self._current)
         return self._outbox.put(msg, timeout)
 
@@ -169,6 +182,18 @@ class ThreadedKernelContext:
     def wait_shutdown(self, timeout: float | None = None) -> bool:
         """Block until a stop is requested; True if it was, False on timeout."""
         return self._stop.wait(timeout)
+
+    def read_from(self, inputs: Any) -> None:
+        """Take messages from ``inputs`` (``get``, ``len``) instead of the inbox, from the
+        next ``receive`` on: a consumer of direct edges reads its inbox and its edges
+        (`edge.EdgeInputs`). Any thread may call it."""
+        self._inbox = inputs
+
+    def send_into(self, outbox: Any) -> None:
+        """Send through ``outbox`` (``put(msg, timeout)``) from the next ``send`` on: a
+        producer routed into a direct edge (`edge.EdgeOutput`), or its own outbox again.
+        Any thread may call it."""
+        self._outbox = outbox
 
 
 TraceIds = tuple[int, int, int]  # W3C (trace id, span id, trace flags)

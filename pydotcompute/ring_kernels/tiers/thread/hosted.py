@@ -8,6 +8,8 @@ Design notes:
 - `HostedThreadWorker` starts the actor through a method of its own, where a tracing
   runtime's `trace_wire` makes the actor's context traced before the actor runs: one
   ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
+- Direct edges (kind ``"objects"``, `edge.py`) hang off the hosted worker only: the
+  standalone `ThreadedRingKernel` has no runtime to connect it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from ...hosted import HostedKernel
 from ..contract import TierWorker
 from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelContext
+from .edge import KIND, EdgeEnds, ObjectEdge
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
 __all__ = ("HostedThreadWorker", "ThreadHostedKernel")
@@ -25,14 +28,67 @@ __all__ = ("HostedThreadWorker", "ThreadHostedKernel")
 
 class HostedThreadWorker(ThreadWorker):
     """The `ThreadWorker` of a runtime's thread-tier kernel, which a tracing runtime can
-    instrument (`trace_wire`). Takes `ThreadWorker`'s arguments."""
+    instrument (`trace_wire`), and that direct edges connect (`open_edge`, `route_into`).
+    Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
+    edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
-    def __init__(self, kernel_id: str, kernel_func: ThreadedKernelFunc, **kwargs: Any) -> None:
+    EDGE_OUT = frozenset({KIND})
+    EDGE_IN = frozenset({KIND})
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_func: ThreadedKernelFunc,
+        *,
+        edge_bound: tuple[int, str] = (4096, "block"),
+        **kwargs: Any,
+    ) -> None:
         self._hosted_actor = kernel_func  # checked by the runtime at launch
         self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
+        self._edges = EdgeEnds(
+            kernel_id,
+            self.inbox,
+            self.outbox,
+            capacity=edge_bound[0],
+            policy=edge_bound[1],
+            input_type=kwargs.get("input_type"),
+        )
+
+    # -- direct edges -------------------------------------------------------------------
+
+    def open_edge(self, kind: str, source_id: str) -> ObjectEdge:
+        if kind != KIND:
+            return super().open_edge(kind, source_id)  # type: ignore[no-any-return]
+        return self._edges.open(source_id)
+
+    def route_into(self, edge: Any) -> None:
+        if edge is not None and not isinstance(edge, ObjectEdge):
+            super().route_into(edge)
+        self._edges.route(edge)
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """As `ThreadWorker.stop`; when the actor has not finished within ``timeout``, the
+        incoming edges close at once (what they hold is handed back by
+        `take_undelivered`), so the actor takes nothing more from them."""
+        if self._edges.queued or self._edges.routed_in:
+            self.request_stop()
+            if not self.join(timeout):
+                self._edges.close()
+                timeout = min(max(timeout, 0.0), 0.5)
+        return super().stop(timeout)
+
+    def take_undelivered(self) -> list[Any]:
+        """As `ThreadWorker.take_undelivered`, then what the incoming edges still hold
+        (they close: later sends into them take the loop path)."""
+        return super().take_undelivered() + self._edges.take_left()
+
+    @property
+    def is_idle(self) -> bool:
+        return super().is_idle and not self._edges.queued
 
     def _run_actor(self, ctx: ThreadedKernelContext) -> Any:
+        self._edges.adopt(ctx)
         carrier = self._trace_carrier
         if carrier is not None:
             TracedThreadedKernelContext.adopt(ctx, carrier)
@@ -87,6 +143,7 @@ class ThreadHostedKernel(HostedKernel):
             output_queue_size=max(bridge, 1024),
             thread_name=self.config.extra.get("thread_name"),
             record_latency=self._timed,
+            check_fields=self.config.check_fields,
         )
         return HostedThreadWorker(
             self.kernel_id,
@@ -94,4 +151,5 @@ class ThreadHostedKernel(HostedKernel):
             config=cfg,
             input_type=self.input_type,
             output_type=self.output_type,
+            edge_bound=(self.config.input_queue_size, str(self.config.backpressure_strategy)),
         )

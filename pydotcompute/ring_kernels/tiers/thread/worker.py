@@ -52,6 +52,8 @@ from ....exceptions import (
     QueueClosedError,
     TypeValidationError,
 )
+from ...message import check_fields as check_message_fields
+from ...message import fields_ok
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
 from .. import check_actor_kind
@@ -91,6 +93,9 @@ class ThreadedKernelConfig:
             the interpreter alive at exit).
         record_latency: Time each message the actor handles (from taking it to asking for
             the next); `ThreadWorker.drain_latencies` hands the statistics over.
+        check_fields: ``send`` and the actor's ``ctx.send`` refuse a message whose field
+            values are not of their annotated types (``TypeValidationError``, at the
+            call), as a hop that decodes bytes would; False passes messages as they are.
     """
 
     kernel_id: str
@@ -100,6 +105,7 @@ class ThreadedKernelConfig:
     thread_name: str | None = None
     daemon: bool = True
     record_latency: bool = False
+    check_fields: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernel_id, str) or not self.kernel_id:
@@ -112,6 +118,11 @@ class ThreadedKernelConfig:
                 raise InvalidConfigurationError(
                     f"{name} of kernel {self.kernel_id!r} must be an int >= 1, got {value!r}"
                 )
+        if type(self.check_fields) is not bool:
+            raise InvalidConfigurationError(
+                f"check_fields of kernel {self.kernel_id!r} must be True or False, "
+                f"got {self.check_fields!r}"
+            )
 
 
 def _acquire(lock: threading.Lock, timeout: float | None) -> bool:
@@ -162,6 +173,7 @@ class ThreadWorker(TierWorker):
         self._func = kernel_func
         self._input_type = input_type
         self._output_type = output_type
+        self._check_fields = config.check_fields
         queue_type: type[SPSCQueue[Any]] | type[SyncQueue[Any]]
         queue_type = SPSCQueue if config.use_spsc else SyncQueue
         self._inbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
@@ -181,6 +193,7 @@ class ThreadWorker(TierWorker):
         self._context: ThreadedKernelContext | None = None
         self._unprocessed: list[Any] = []
         self._taken_n = 0  # how many of ``_unprocessed`` take_undelivered handed out
+        self._failed_on: Any = None  # the message in the actor's hands when it raised
         self._started_at = 0.0
         self._stopped_at = 0.0
         self._recorder: PyLatencyRecorder | None = (
@@ -205,6 +218,11 @@ class ThreadWorker(TierWorker):
         return self._output_type
 
     @property
+    def check_fields(self) -> bool:
+        """Whether messages in and out have their field values checked."""
+        return self._check_fields
+
+    @property
     def state(self) -> KernelState:
         """CREATED, ACTIVE (the thread runs), TERMINATING (stop asked), TERMINATED."""
         return self._state
@@ -218,6 +236,11 @@ class ThreadWorker(TierWorker):
     def failure(self) -> BaseException | None:
         """The actor's exception when it raised, else None."""
         return self._error
+
+    @property
+    def failed_on(self) -> Any:
+        """The message the actor raised on (in its hands then), else None."""
+        return self._failed_on
 
     @property
     def inbox(self) -> SPSCQueue[Any] | SyncQueue[Any]:
@@ -304,6 +327,7 @@ class ThreadWorker(TierWorker):
         if error is not None and ctx.handling:
             # the message it raised on was not finished: handed back first
             ctx.handling = False
+            self._failed_on = ctx.current
             self._unprocessed.append(ctx.current)
             if rec is not None:
                 rec.cancel()
@@ -367,6 +391,14 @@ class ThreadWorker(TierWorker):
 
     # -- messages in --------------------------------------------------------------------
 
+    def _admit(self, msg: Any) -> None:
+        """Refuse ``msg`` when it is not the ``input_type`` or its fields do not check."""
+        in_t = self._input_type
+        if in_t is not None and not isinstance(msg, in_t):
+            raise wrong_type(self._kernel_id, msg, in_t, "expects")
+        if self._check_fields and not fields_ok(msg):
+            check_message_fields(msg, self._kernel_id, "expects")
+
     def put(self, msg: Any, timeout: float | None = None) -> bool:
         """Queue ``msg`` for the actor, waiting while the inbox is full.
 
@@ -379,8 +411,7 @@ class ThreadWorker(TierWorker):
         """
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        if self._input_type is not None and not isinstance(msg, self._input_type):
-            raise wrong_type(self._kernel_id, msg, self._input_type, "expects")
+        self._admit(msg)
         lock = self._send_lock
         if not _acquire(lock, timeout):
             return False
@@ -396,8 +427,7 @@ class ThreadWorker(TierWorker):
         """Queue ``msg`` if the inbox has room; False when full (errors as `put`)."""
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        if self._input_type is not None and not isinstance(msg, self._input_type):
-            raise wrong_type(self._kernel_id, msg, self._input_type, "expects")
+        self._admit(msg)
         lock = self._send_lock
         if not lock.acquire(False):
             return False
@@ -415,12 +445,13 @@ class ThreadWorker(TierWorker):
         is the first, with nothing queued)."""
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        in_t = self._input_type
-        if in_t is not None:
+        if self._input_type is not None or self._check_fields:
             for i, msg in enumerate(msgs):
-                if not isinstance(msg, in_t):
+                try:
+                    self._admit(msg)
+                except TypeValidationError:
                     if not i:
-                        raise wrong_type(self._kernel_id, msg, in_t, "expects")
+                        raise
                     msgs = msgs[:i]
                     break
         lock = self._send_lock

@@ -1,0 +1,157 @@
+"""Pipelines of off-loop stages: the loop path against direct edges, and against the
+slowest stage alone.
+
+Each pipeline is ``runtime.send -> stage -> ... -> stage -> runtime.receive`` with a light
+handler (pass the message on), every message in flight (a producer task sends while the
+caller receives). For each pipeline the same run measures:
+
+- ``loop``: every hop crosses the event loop (``connect(..., direct=False)``);
+- ``direct``: ``connect`` picks a direct edge where both ends offer one (the kinds it got
+  are printed: today thread -> thread only; the process hops keep the loop);
+- ``slowest alone``: each distinct stage tier alone through the runtime; the slower one.
+
+Contenders run in interleaved rounds (loop, direct, alone, loop, ...) and the best of each
+is kept, so load from other work on the machine falls on all alike; ratios are of figures
+from the same run. The loop's CPU time per message (``time.thread_time`` of the thread
+running the loop, over the timed part) says how much of the data plane the loop still
+carries.
+
+    python benchmarks/edges_benchmark.py [--quick] [--json PATH]
+
+Target (issue): ``process -> process -> thread`` >= 0.6 x its slowest stage alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from _common import print_table, save_json  # noqa: E402
+from _edge_actors import Item, relay  # noqa: E402
+from _suite import summary_row  # noqa: E402
+
+from pydotcompute import RingKernelRuntime  # noqa: E402
+
+TARGET = 0.6
+PIPELINES = (("process", "process", "thread"), ("thread", "thread", "thread"))
+
+
+async def _rate(tiers: tuple[str, ...], n: int, *, direct: bool) -> tuple[float, float, list[str]]:
+    """Messages/s through the stages ``tiers`` in a row, the loop thread's CPU seconds per
+    message, and the kinds of the edges."""
+    async with RingKernelRuntime() as rt:
+        ids = [f"s{i}" for i in range(len(tiers))]
+        for kid, tier in zip(ids, tiers, strict=True):
+            await rt.launch(
+                kid, relay, input_type=Item, output_type=Item, tier=tier, queue_size=4096
+            )
+        for src, dst in itertools.pairwise(ids):
+            rt.connect(src, dst, direct=direct)
+        for kid in reversed(ids):
+            await rt.activate(kid)
+        head, tail = ids[0], ids[-1]
+
+        async def produce(count: int) -> None:
+            for i in range(count):
+                await rt.send(head, Item(seq=i))
+
+        for _ in range(2):  # warm up: every stage has run, the bridges have sized
+            task = asyncio.get_running_loop().create_task(produce(500))
+            for _ in range(500):
+                await rt.receive(tail, timeout=60)
+            await task
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        task = asyncio.get_running_loop().create_task(produce(n))
+        for _ in range(n):
+            await rt.receive(tail, timeout=60)
+        await task
+        elapsed = time.perf_counter() - t0
+        cpu = time.thread_time() - cpu0
+        kinds = [e.kind for e in rt.edges()]
+    return n / elapsed, cpu / n, kinds
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer messages (a smoke run)")
+    parser.add_argument("--json", default=None, help="where to write the JSON results")
+    args = parser.parse_args()
+    n = 3000 if args.quick else 20000
+    rounds = 1 if args.quick else 3
+    load_before = _load()
+    print(f"{n} messages a run, best of {rounds} interleaved rounds; load {load_before}")
+
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    for tiers in PIPELINES:
+        name = " -> ".join(tiers)
+        best: dict[str, tuple[float, float]] = {}
+        kinds: dict[str, list[str]] = {}
+        alone: dict[str, float] = {}
+        for _ in range(rounds):
+            for label, direct in (("loop", False), ("direct", True)):
+                rate, cpu, got = asyncio.run(_rate(tiers, n, direct=direct))
+                if rate > best.get(label, (0.0, 0.0))[0]:
+                    best[label] = (rate, cpu)
+                kinds[label] = got
+            for tier in sorted(set(tiers)):
+                rate, _, _ = asyncio.run(_rate((tier,), n, direct=False))
+                alone[tier] = max(alone.get(tier, 0.0), rate)
+        slowest = min(alone.values())
+        for label in ("loop", "direct"):
+            rate, cpu = best[label]
+            rows.append(
+                {
+                    "pipeline": name,
+                    "path": label,
+                    "edges": ",".join(kinds[label]),
+                    "msg/s": rate,
+                    "slowest alone": slowest,
+                    "ratio": rate / slowest,
+                    "loop CPU us/msg": cpu * 1e6,
+                }
+            )
+            summary.append(
+                summary_row(
+                    f"{name}: {label}",
+                    rate,
+                    "msg/s",
+                    higher_is_better=True,
+                    baseline=slowest,
+                    baseline_name="slowest stage alone",
+                    target=f"ratio >= {TARGET}" if tiers == PIPELINES[0] else None,
+                    note=f"edges {','.join(kinds[label])}",
+                )
+            )
+    print_table(
+        "light handler, every message in flight",
+        rows,
+        ["pipeline", "path", "edges", "msg/s", "slowest alone", "ratio", "loop CPU us/msg"],
+    )
+    print(f"load average before {load_before}, after {_load()} (other work skews this)")
+    save_json(
+        "edges",
+        {"quick": args.quick, "messages": n, "rows": rows, "summary": summary},
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""The control plane's view of `connect` edges, and how an edge's kind is negotiated.
+
+The data plane leaves the event loop where it can. The loop carries *control* (lifecycle,
+supervision, the accounting ledger, metrics, ``connect``/``disconnect`` decisions); the
+*data* between two off-loop kernels moves directly, from the producer's actor into the
+consumer's input, without a hop through the parent's loop.
+
+Edge kinds (`EdgeKind`):
+- ``"loop"``: the default, and what any edge with an asyncio, Ray or pool end, a tracing
+  runtime or a ``serialize=True`` kernel keeps: the producer's bridge collects the reply
+  on the loop and accepts it into the consumer's banded inbox (runtime.py, hosted.py).
+- ``"objects"``: thread -> thread, an in-process queue of objects, four priority bands,
+  no serialization (`tiers/thread/edge.py`).
+- ``"shm-ring"`` (process -> process, thread <-> process) and ``"device-ring"`` (GPU -> GPU
+  on one device) are the kinds the design provides for; no tier offers them yet, so such
+  edges are ``"loop"`` edges today.
+
+Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
+can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
+picks the first kind of `PREFERENCE` both ends offer, else ``"loop"``; the consumer's
+worker makes the edge (`TierWorker.open_edge`, its bound and policy are the consumer's) and
+the producer's worker writes into it (`TierWorker.route_into`). The runtime keeps
+``forward_to`` set either way, so ordered shutdown, the loop-path fallback and the
+producer's replies still in its bridge behave as before.
+
+How each promise holds on a direct edge:
+- *Backpressure*: the edge has the consumer's ``input_queue_size`` and policy: ``block``
+  blocks the producing actor's ``ctx.send``; ``reject`` and ``drop_oldest`` act at the
+  edge and are counted as the consumer's drops (reason ``backpressure``).
+- *Priority*: the edge keeps four bands and the consumer takes its highest band first, so
+  a HIGH message overtakes every lower one queued on that edge. Between a consumer's
+  inputs (its runtime inbox, fed by the bridge, and each edge) the actor takes turns: a
+  message waits behind at most one message of each other input per turn, plus what the
+  bridge already handed over (``bridge_queue_size``, as on the loop path).
+- *Accounting*: each edge counts ``accepted``, ``taken``, ``evicted`` (drop_oldest),
+  ``rejected`` and ``handed_back`` in the edge itself, written by the two actors and read
+  by the parent without the loop on the data path; ``accepted == taken + evicted +
+  handed_back + depth`` always. `EdgeTable.fold` adds them to the kernels' telemetry when
+  it is read (``runtime.get_telemetry``), and the metrics export them per edge.
+- *Ordered shutdown*: ``forward_to`` stays set, so `supervision.stop_waves` stops sources
+  first; a consumer's actor ends only once its inbox *and* its edges are drained; what is
+  left in an edge when it stops is handed back once, as the consumer's ``undelivered``.
+  An edge whose consumer stopped is closed: the producer's later sends take the loop path
+  (counted there as refused downstream), so nothing lands in a dead edge.
+- *Failure*: a consumer that fails hands back what its edges hold; a producer that fails
+  leaves its edge readable. (Re-attaching a restarted actor is for tiers that restart:
+  none that offers an edge does yet.)
+- *Tracing*: a tracing runtime keeps loop edges for now (its spans ride beside each
+  message on the loop path); a kind that carries trace context in its record header
+  declares it and is picked under tracing.
+- *Disconnect and re-connect*: ``disconnect`` routes the producer back to its outbox; the
+  edge stays attached to the consumer, which still drains it, so each message ends exactly
+  once across the switch. Connecting the same pair again reuses that edge.
+
+Design notes:
+- The producer falls back to the loop path (its outbox) until the consumer's actor has
+  looked at the edge once: an actor blocked in a plain ``receive`` is woken by that
+  loop-path message and reads its edges from then on, so no wake-up channel into a
+  blocked thread is needed and no message waits on an edge nobody reads.
+- Counters are folded into telemetry when telemetry is read, not per message, and the
+  folding is by difference from the last fold, so no counter is shared between threads
+  for writing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ("PREFERENCE", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
+
+logger = logging.getLogger("pydotcompute")
+
+EdgeKind = Literal["loop", "objects", "shm-ring", "device-ring"]
+
+#: Direct kinds in the order `connect` prefers them when both ends offer several.
+PREFERENCE: tuple[EdgeKind, ...] = ("objects", "shm-ring", "device-ring")
+
+
+@dataclass(frozen=True)
+class EdgeInfo:
+    """One ``connect`` edge as ``runtime.edges()`` reports it.
+
+    Attributes:
+        source: The producing kernel's id.
+        target: The consuming kernel's id.
+        kind: How its messages move (`EdgeKind`): ``"loop"`` through the runtime's event
+            loop, anything else directly between the two actors.
+        why: For a ``"loop"`` edge, why no direct kind was picked (empty for direct ones).
+        counters: The edge's own counters for a direct edge (``accepted``, ``taken``,
+            ``evicted``, ``rejected``, ``handed_back``, ``depth``, ``capacity``); empty
+            for a loop edge, whose messages are counted by the two kernels' telemetry.
+    """
+
+    source: str
+    target: str
+    kind: EdgeKind
+    why: str = ""
+    counters: dict[str, int] | None = None
+
+
+@dataclass
+class _Entry:
+    """What the table knows of one source's current ``connect``."""
+
+    source: Any
+    target: Any
+    kind: EdgeKind
+    why: str
+    edge: Any = None  # the direct edge (a tier's object), None for a loop edge
+
+
+class _Folded:
+    """How much of a direct edge's counters is already in the kernels' telemetry."""
+
+    __slots__ = ("dropped", "processed", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.processed = 0
+        self.dropped = 0
+
+
+class EdgeTable:
+    """The runtime's record of its ``connect`` edges: which kind each one got, the direct
+    edges it made (kept while their consumer may still drain them), and the folding of
+    their counters into telemetry. The runtime holds one; every method runs on its loop.
+    """
+
+    __slots__ = ("_current", "_direct", "_folded")
+
+    def __init__(self) -> None:
+        self._current: dict[Any, _Entry] = {}  # source kernel -> its edge now
+        # (source, target) -> direct edge: kept after a disconnect (the consumer drains
+        # it) and reused by a re-connect of the same pair
+        self._direct: dict[tuple[Any, Any], Any] = {}
+        self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
+
+    def connect(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> EdgeInfo:
+        """Record that ``source`` now forwards into ``target`` (the runtime already
+        called ``source.forward_to(target)``) and make the edge direct when both ends
+        offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
+        self.disconnect(source)
+        kind, why = negotiate(source, target, tracing=tracing)
+        if not direct and kind != "loop":
+            kind, why = "loop", "connected with direct=False"
+        entry = _Entry(source, target, kind, why)
+        if kind != "loop":
+            edge = self._direct.get((source, target))
+            try:
+                if edge is None:
+                    edge = target.worker.open_edge(kind, source.kernel_id)
+                    self._direct[(source, target)] = edge
+                source.worker.route_into(edge)
+            except Exception as exc:  # a tier that cannot after all: the loop path
+                logger.warning(
+                    "connect %r -> %r: the %s edge could not be made (%r); using the loop",
+                    source.kernel_id,
+                    target.kernel_id,
+                    kind,
+                    exc,
+                )
+                entry = _Entry(source, target, "loop", f"the {kind} edge failed: {exc!r}")
+            else:
+                entry.edge = edge
+        self._current[source] = entry
+        return self._info(entry)
+
+    def disconnect(self, source: Any) -> None:
+        """``source`` no longer forwards over its edge: a direct one routes the producer
+        back to its outbox (the consumer still drains what the edge holds)."""
+        entry = self._current.pop(source, None)
+        if entry is not None and entry.edge is not None:
+            source.worker.route_into(None)
+
+    def edges(self, kernels: Any) -> list[EdgeInfo]:
+        """One `EdgeInfo` per kernel of ``kernels`` that forwards somewhere."""
+        out: list[EdgeInfo] = []
+        for kernel in list(kernels):
+            target = kernel.forwards_to
+            if target is None:
+                continue
+            entry = self._current.get(kernel)
+            if entry is None or entry.target is not target:
+                entry = _Entry(kernel, target, "loop", "forwarding set outside runtime.connect")
+            out.append(self._info(entry))
+        return out
+
+    @staticmethod
+    def _info(entry: _Entry) -> EdgeInfo:
+        counters = None if entry.edge is None else dict(entry.edge.counters())
+        return EdgeInfo(
+            entry.source.kernel_id, entry.target.kernel_id, entry.kind, entry.why, counters
+        )
+
+    def fold(self, kernel: Any, tel: Any, *, timed: bool) -> None:
+        """Add the direct edges' counters to ``kernel``'s telemetry ``tel`` (as
+        ``runtime.get_counters`` reads it): ``messages_sent`` of a producer,
+        ``messages_received`` (in full: the runtime sets it afresh each read),
+        ``messages_processed`` and backpressure drops of a consumer. Differences since the
+        last fold are added, so each message is counted once."""
+        for (source, target), edge in self._direct.items():
+            if kernel is not source and kernel is not target:
+                continue
+            c = edge.counters()
+            done = self._folded.setdefault(id(edge), _Folded())
+            if kernel is source:
+                sent = c["accepted"] + c["rejected"]
+                if timed:
+                    tel.messages_sent += sent - done.sent
+                done.sent = sent
+            if kernel is target:
+                tel.messages_received += c["accepted"]
+                processed = c["accepted"] - c["evicted"]
+                if timed:
+                    tel.messages_processed += processed - done.processed
+                done.processed = processed
+                dropped = c["evicted"] + c["rejected"]
+                if dropped > done.dropped:
+                    tel.record_drop(dropped - done.dropped, "backpressure")
+                done.dropped = dropped
+
+    def forget(self, kernel: Any) -> None:
+        """Drop what the table keeps for ``kernel`` (removed from the runtime)."""
+        self._current.pop(kernel, None)
+        for pair in [p for p in self._direct if kernel in p]:
+            self._folded.pop(id(self._direct.pop(pair)), None)
+
+
+def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
+    """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
+    first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
+    the target's consumes from (``EDGE_IN``)."""
+    if tracing:
+        return "loop", "a tracing runtime keeps loop edges"
+    ends = []
+    for kernel, role in ((source, "source"), (target, "target")):
+        worker = getattr(kernel, "worker", None)
+        if worker is None:
+            tier = kernel.config.tier
+            return "loop", f"the {role} {kernel.kernel_id!r} runs on the {tier} tier (no worker)"
+        if kernel.config.serialize:
+            return "loop", f"the {role} {kernel.kernel_id!r} serializes its messages"
+        ends.append(worker)
+    offered = ends[0].EDGE_OUT
+    taken = ends[1].EDGE_IN
+    for kind in PREFERENCE:
+        if kind in offered and kind in taken:
+            return kind, ""
+    return "loop", (
+        f"no direct kind both ends offer ({source.config.tier} produces into "
+        f"{sorted(offered) or 'none'}, {target.config.tier} consumes from "
+        f"{sorted(taken) or 'none'})"
+    )

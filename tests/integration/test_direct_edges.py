@@ -1,0 +1,126 @@
+"""Direct kernel-to-kernel edges: `runtime.edges()`, the edge kinds `connect` picks, and
+the shared edge scenarios (``tests/tier_scenarios.py``, section ``direct edges``) run on
+each edge kind."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pydotcompute import RingKernelRuntime
+from pydotcompute.ring_kernels.edges import EdgeInfo
+from tests import tier_scenarios as sc
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+async def test_edges_lists_each_connect_with_its_kind() -> None:
+    """Every ``connect`` edge is listed once, with its kind and, for a loop edge, why it
+    is not direct; ``disconnect`` removes it."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        await rt.launch("b", sc.echo_sync, input_type=sc.Job, output_type=sc.Done, tier="thread")
+        await rt.launch("c", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        assert rt.edges() == []
+        rt.connect("b", "c")
+        rt.connect("a", "c")
+        edges = {(e.source, e.target): e for e in rt.edges()}
+        assert set(edges) == {("b", "c"), ("a", "c")}
+        for edge in edges.values():
+            assert isinstance(edge, EdgeInfo)
+            assert edge.kind == "loop"
+            assert edge.counters is None
+        assert "'c' runs on the asyncio tier" in edges[("b", "c")].why
+        assert "'a' runs on the asyncio tier" in edges[("a", "c")].why
+        rt.disconnect("a")
+        assert [(e.source, e.target) for e in rt.edges()] == [("b", "c")]
+
+
+async def test_edges_exported_as_metrics() -> None:
+    """``pydotcompute_edge_info`` names each edge with its kind, scraped over HTTP."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        await rt.launch("b", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        rt.connect("a", "b")
+        host, port = rt.serve_metrics(port=0)
+        text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
+    infos = [
+        s.labels
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "pydotcompute_edge_info" and s.value == 1.0
+    ]
+    assert infos == [{"source": "a", "target": "b", "kind": "loop"}], infos
+
+
+async def test_thread_edges_are_direct_unless_asked_or_traced() -> None:
+    """thread -> thread is an ``objects`` edge; ``direct=False`` and a tracing runtime
+    (whose spans ride the loop path) keep the loop, and say so."""
+    for tracing, direct, kind, why in (
+        (False, True, "objects", ""),
+        (False, False, "loop", "direct=False"),
+        (True, True, "loop", "tracing"),
+    ):
+        async with RingKernelRuntime(tracing=tracing) as rt:
+            for kid in ("a", "b"):
+                await rt.launch(
+                    kid, sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread"
+                )
+            rt.connect("a", "b", direct=direct)
+            (edge,) = rt.edges()
+            assert edge.kind == kind, edge
+            assert why in edge.why, edge
+            assert (edge.counters is None) == (kind == "loop"), edge
+
+
+# --- the shared edge scenarios, on each edge kind ----------------------------------------
+
+EDGE_CASES = [pytest.param(c, id=c.id) for c in sc.EDGE_CASES]
+
+
+@pytest.fixture(params=EDGE_CASES)
+def edge(request: pytest.FixtureRequest) -> sc.EdgeCase:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def test_edge_exactly_once_in_order(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_exactly_once_in_order(edge)
+
+
+async def test_edge_block_holds_the_bound(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_block_holds_the_bound(edge)
+
+
+async def test_edge_reject_counts_at_receiver(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_reject_counts_at_receiver(edge)
+
+
+async def test_edge_drop_oldest_counts_at_receiver(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_drop_oldest_counts_at_receiver(edge)
+
+
+async def test_edge_priority_overtakes(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_priority_overtakes(edge)
+
+
+async def test_edge_ordered_shutdown_drains(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_ordered_shutdown_drains(edge)
+
+
+async def test_edge_leftovers_handed_back_once(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_leftovers_handed_back_once(edge)
+
+
+async def test_edge_consumer_failure(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_consumer_failure(edge)
+
+
+async def test_edge_disconnect_reconnect(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_disconnect_reconnect(edge)
