@@ -699,7 +699,10 @@ async def wait_until(
     if deadline <= loop.time():
         fut.cancel()
         raise TimeoutError
-    deadlines = _deadlines_of(loop)
+    loop_ref, deadlines_ref = _last_deadlines  # (`_deadlines_of`'s first look, inlined)
+    deadlines = deadlines_ref() if loop_ref() is loop else None
+    if deadlines is None:
+        deadlines = _deadlines_of(loop)
     if deadlines is None:  # a loop that cannot be referenced weakly: a timer per wait
         handle = loop.call_at(deadline, _expire, fut)
         try:

@@ -585,7 +585,11 @@ class SPSCQueue(_QueueBase[T]):
                 wake()
         consumer = self._consumer
         if consumer.waiting:  # last: the woken thread waits for no more of our work
-            consumer.wake()
+            consumer.waiting = False  # (`_Parking.wake`, inlined)
+            try:
+                consumer.signal.release()
+            except RuntimeError:
+                pass  # already released: a wake-up is pending
         return True
 
     def _wait_space(self, timeout: float | None) -> bool:
@@ -627,7 +631,11 @@ class SPSCQueue(_QueueBase[T]):
                 wake()
         producer = self._producer
         if producer.waiting:  # last, as in `put`
-            producer.wake()
+            producer.waiting = False  # (`_Parking.wake`, inlined)
+            try:
+                producer.signal.release()
+            except RuntimeError:
+                pass  # already released: a wake-up is pending
         return item
 
     def _wait_item(self, timeout: float | None) -> bool:
