@@ -46,10 +46,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import sys
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from heapq import heapify as _heapify
+from heapq import heappop as _heappop
+from heapq import heappush as _heappush
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..exceptions import (
@@ -686,23 +691,147 @@ async def wait_until(
 ) -> Any:
     """Await ``fut`` and return its result; past ``deadline`` (``loop.time()``; None: no
     limit) the future fails with TimeoutError instead (cancelled, if the deadline has
-    already passed). A timer on the future, not an ``asyncio.timeout`` scope: no task
-    cancel and uncancel, and a cancellation from outside cancels ``fut`` as any await."""
+    already passed). Not an ``asyncio.timeout`` scope: no task cancel and uncancel, and a
+    cancellation from outside cancels ``fut`` as any await. The deadline joins the loop's
+    `_Deadlines` (one timer for every wait on the loop), not a timer of its own."""
     if deadline is None:
         return await fut
     if deadline <= loop.time():
         fut.cancel()
         raise TimeoutError
-    handle = loop.call_at(deadline, _expire, fut)
+    loop_ref, deadlines_ref = _last_deadlines  # (`_deadlines_of`'s first look, inlined)
+    deadlines = deadlines_ref() if loop_ref() is loop else None
+    if deadlines is None:
+        deadlines = _deadlines_of(loop)
+    if deadlines is None:  # a loop that cannot be referenced weakly: a timer per wait
+        handle = loop.call_at(deadline, _expire, fut)
+        try:
+            return await fut
+        finally:
+            handle.cancel()
+    # (`_Deadlines.add`, inlined: this is every timed round trip's path)
+    key = next(_deadline_keys)
+    waiting = deadlines.waiting
+    waiting[key] = fut
+    heap = deadlines.heap
+    _heappush(heap, (deadline, key))
+    if deadline < deadlines.armed or len(heap) > 2 * len(waiting) + 64:
+        deadlines.tend(deadline, loop)
     try:
         return await fut
     finally:
-        handle.cancel()
+        waiting.pop(key, None)
 
 
 def _expire(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError())
+
+
+_INF = float("inf")
+
+
+class _Deadlines:
+    """The deadlines of every `wait_until` on one event loop, behind one loop timer.
+
+    A timer per wait was the cost of a round trip with a timeout: on uvloop making one and
+    cancelling it costs about 10,000 instructions, and closing the cancelled timer's
+    handle makes the loop poll once more, without blocking, right after the caller's
+    step; the loop thread then takes the GIL again while an off-loop actor holds it,
+    which is one more sleep and wake-up a trip. Here a wait files its deadline (a dict
+    entry and a heap push) and takes it back when it ends; the timer is set for the
+    earliest deadline and moved only when an earlier one arrives. When it fires it fails
+    every wait that is due, drops entries of waits that ended, and is set for the next.
+    The heap keeps entries of ended waits until they reach its top, or until it holds
+    more than twice the live ones plus 64, when it is rebuilt from those.
+
+    Nothing here refers to the loop when idle: the loop's timer holds this object while
+    it is set, and the registry (`_deadlines_of`) refers to it weakly, so a closed loop
+    and its deadlines are collected together.
+    """
+
+    __slots__ = ("__weakref__", "armed", "handle", "heap", "waiting")
+
+    def __init__(self) -> None:
+        #: the waits in progress, by key (from `_deadline_keys`)
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        #: ``(deadline, key)`` of those waits (and of some that ended), earliest first
+        self.heap: list[tuple[float, int]] = []
+        self.armed = _INF  # the deadline the timer is set for (inf: no timer)
+        self.handle: asyncio.TimerHandle | None = None
+
+    def add(self, fut: asyncio.Future[Any], deadline: float, loop: Any) -> int:
+        """File ``fut`` to fail with TimeoutError at ``deadline``; returns its key (the
+        wait pops it from `waiting` when it ends)."""
+        key = next(_deadline_keys)
+        self.waiting[key] = fut
+        _heappush(self.heap, (deadline, key))
+        self.tend(deadline, loop)
+        return key
+
+    def tend(self, deadline: float, loop: Any) -> None:
+        """After ``deadline`` was filed: set the timer for it if it is the earliest, and
+        rebuild the heap when entries of ended waits crowd it."""
+        if deadline < self.armed:
+            self._arm(deadline, loop)
+        heap, waiting = self.heap, self.waiting
+        if len(heap) > 2 * len(waiting) + 64:
+            heap[:] = [e for e in heap if e[1] in waiting]
+            _heapify(heap)
+
+    def _arm(self, when: float, loop: Any) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed = when
+        self.handle = loop.call_at(when, self._fire, loop)
+
+    def _fire(self, loop: Any) -> None:
+        # a loop may run a timer up to its clock's resolution early (uvloop: a
+        # millisecond): every wait due by the deadline the timer was set for is due now
+        limit = max(self.armed, loop.time())
+        self.armed, self.handle = _INF, None
+        heap, waiting = self.heap, self.waiting
+        while heap and heap[0][0] <= limit:
+            fut = waiting.pop(_heappop(heap)[1], None)
+            if fut is not None and not fut.done():
+                fut.set_exception(TimeoutError())
+        while heap and heap[0][1] not in waiting:  # waits that ended: no timer for them
+            _heappop(heap)
+        if heap:
+            self._arm(heap[0][0], loop)
+
+
+_deadline_keys = itertools.count()
+#: each loop's `_Deadlines` (weakly: alive while a wait or the timer holds it)
+_deadline_registry: weakref.WeakKeyDictionary[Any, weakref.ref[_Deadlines]] = (
+    weakref.WeakKeyDictionary()
+)
+#: the last lookup's loop and deadlines, weakly (most programs run one loop)
+_last_deadlines: tuple[Callable[[], Any], Callable[[], _Deadlines | None]] = (
+    lambda: None,
+    lambda: None,
+)
+
+
+def _deadlines_of(loop: Any) -> _Deadlines | None:
+    """The `_Deadlines` of ``loop`` (made on first use); None when the loop cannot be
+    referenced weakly."""
+    global _last_deadlines
+    loop_ref, deadlines_ref = _last_deadlines
+    if loop_ref() is loop:
+        deadlines = deadlines_ref()
+        if deadlines is not None:
+            return deadlines
+    try:
+        found = _deadline_registry.get(loop)
+        deadlines = None if found is None else found()
+        if deadlines is None:
+            deadlines = _Deadlines()
+            _deadline_registry[loop] = weakref.ref(deadlines)
+        _last_deadlines = (weakref.ref(loop), weakref.ref(deadlines))
+    except TypeError:  # no weak references to this loop
+        return None
+    return deadlines
 
 
 class RingBuffer(Generic[T]):

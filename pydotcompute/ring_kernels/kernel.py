@@ -229,6 +229,7 @@ class RingKernel:
         "_inbox",
         "_kept_log",
         "_lookup",
+        "_loop",
         "_lost_log",
         "_on_failed",
         "_outbox",
@@ -334,6 +335,9 @@ class RingKernel:
         self._grace_cut: asyncio.Future[None] | None = None  # set by `hurry`
         self._kept_log: BurstLog | None = None  # replies a stopped target refused
         self._direct = True  # runtime may enqueue into _inbox directly (tier 1)
+        # the loop it was activated on (or of the first send_and_receive), kept as the
+        # queues keep theirs: on 3.11 looking the running loop up costs a getpid() call
+        self._loop: asyncio.AbstractEventLoop | None = None
         # the cheap field check of a message sent here (None: not checked): `_validate_in`
         self._in_ok = fields_checker(input_type) if config.check_fields else None
         check_declared_types(self, input_type=input_type, output_type=output_type)
@@ -491,7 +495,7 @@ class RingKernel:
         self._check("activate")
         await self._place_set_active(True, "activate")
         self._state = KernelState.ACTIVE  # first: an eagerly started actor looks at it
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         try:
             for i in range(len(self._ctxs)):
                 coro = self._supervise(i)
@@ -1228,7 +1232,9 @@ class RingKernel:
         again while a reply to it is still awaited (or after an attempt timed out) goes as
         a copy with a fresh ``message_id`` (see `expect_reply`).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         # (``hasattr`` would read ``message_id``, which builds a UUID a message keeps its
         # id as bytes to avoid)
@@ -1278,7 +1284,7 @@ class RingKernel:
             if fut.done():
                 return fut.result()
             try:
-                return await wait_until(fut, deadline, asyncio.get_running_loop())
+                return await wait_until(fut, deadline, self._loop or asyncio.get_running_loop())
             except TimeoutError:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None

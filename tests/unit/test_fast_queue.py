@@ -872,3 +872,109 @@ def test_a_full_queue_advises_what_its_own_policy_leaves() -> None:
         r"backpressure='block' or 'drop_oldest'$",
     ):
         rejecting.put_nowait(item(1))
+
+
+# --- wait_until: one timer per loop ------------------------------------------------------
+
+
+def _counting_call_at(loop: asyncio.AbstractEventLoop) -> list[float]:
+    """Record every ``loop.call_at`` (a plain asyncio loop lets an instance attribute
+    shadow the method)."""
+    calls: list[float] = []
+    plain = loop.call_at
+
+    def call_at(when: float, *args: Any, **kwargs: Any) -> Any:
+        calls.append(when)
+        return plain(when, *args, **kwargs)
+
+    loop.call_at = call_at  # type: ignore[method-assign]
+    return calls
+
+
+def test_waits_with_a_deadline_share_one_loop_timer() -> None:
+    """A thousand answered waits with the same timeout set the loop's timer once: no
+    timer is made and cancelled per wait (each cost a loop pass of its own)."""
+    from pydotcompute.ring_kernels.fast_queue import _deadlines_of, wait_until
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        calls = _counting_call_at(loop)
+        for i in range(1000):
+            fut = loop.create_future()
+            loop.call_soon(fut.set_result, i)
+            assert await wait_until(fut, loop.time() + 30.0, loop) == i
+        assert len(calls) == 1
+        deadlines = _deadlines_of(loop)
+        assert deadlines is not None
+        assert deadlines.waiting == {}  # every answered wait took its entry back
+        assert len(deadlines.heap) <= 2 * 0 + 65  # entries of ended waits are pruned
+
+    asyncio.run(main())
+
+
+async def test_each_wait_fails_at_its_own_deadline_in_any_order() -> None:
+    """Deadlines filed late but due early are honoured (the timer moves earlier), and a
+    wait never fails before its deadline."""
+    from pydotcompute.ring_kernels.fast_queue import wait_until
+
+    loop = asyncio.get_running_loop()
+    ended: dict[str, float] = {}
+
+    async def wait(name: str, seconds: float) -> None:
+        fut = loop.create_future()
+        deadline = loop.time() + seconds
+        with pytest.raises(TimeoutError):
+            await wait_until(fut, deadline, loop)
+        ended[name] = loop.time()
+        assert loop.time() >= deadline - 0.0011  # a loop clock's resolution (uvloop: 1 ms)
+        assert fut.done()
+
+    slow = asyncio.ensure_future(wait("slow", 0.3))
+    await asyncio.sleep(0)
+    fast = asyncio.ensure_future(wait("fast", 0.02))
+    middle = asyncio.ensure_future(wait("middle", 0.1))
+    await asyncio.wait_for(asyncio.gather(slow, fast, middle), 10.0)
+    assert sorted(ended, key=ended.__getitem__) == ["fast", "middle", "slow"]
+
+
+async def test_a_cancelled_wait_leaves_no_deadline_behind() -> None:
+    from pydotcompute.ring_kernels.fast_queue import _deadlines_of, wait_until
+
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    task = asyncio.ensure_future(wait_until(fut, loop.time() + 30.0, loop))
+    await asyncio.sleep(0)
+    deadlines = _deadlines_of(loop)
+    assert deadlines is not None
+    assert list(deadlines.waiting.values()) == [fut]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fut.cancelled()
+    assert deadlines.waiting == {}
+    # a deadline already passed: cancelled at once, nothing filed
+    late = loop.create_future()
+    with pytest.raises(TimeoutError):
+        await wait_until(late, loop.time() - 1.0, loop)
+    assert late.cancelled()
+    assert deadlines.waiting == {}
+
+
+def test_a_closed_loop_and_its_deadlines_are_collected() -> None:
+    """The registry refers to each loop's deadlines weakly: a loop closed with its timer
+    still set is not kept alive by them."""
+    import weakref
+
+    from pydotcompute.ring_kernels.fast_queue import _deadlines_of, wait_until
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        loop.call_soon(fut.set_result, 1)
+        await wait_until(fut, loop.time() + 60.0, loop)  # leaves the timer set
+        return weakref.ref(_deadlines_of(loop)), weakref.ref(loop)
+
+    deadlines_ref, loop_ref = asyncio.run(main())
+    gc.collect()
+    assert loop_ref() is None
+    assert deadlines_ref() is None

@@ -577,14 +577,19 @@ class SPSCQueue(_QueueBase[T]):
         self._enqueued += 1
         if len(items) > self._peak:
             self._peak = len(items)
-        if self._consumer.waiting:
-            self._consumer.wake()
         for wake in self._wakers.readable:
             wake()
         if self._empty_seen:
             self._empty_seen = False
             for wake in self._bursts.readable:
                 wake()
+        consumer = self._consumer
+        if consumer.waiting:  # last: the woken thread waits for no more of our work
+            consumer.waiting = False  # (`_Parking.wake`, inlined)
+            try:
+                consumer.signal.release()
+            except RuntimeError:
+                pass  # already released: a wake-up is pending
         return True
 
     def _wait_space(self, timeout: float | None) -> bool:
@@ -618,20 +623,26 @@ class SPSCQueue(_QueueBase[T]):
                 return None
         item = items.popleft()
         self._dequeued += 1
-        if self._producer.waiting:
-            self._producer.wake()
         for wake in self._wakers.writable:
             wake()
         if self._full_seen:
             self._full_seen = False
             for wake in self._bursts.writable:
                 wake()
+        producer = self._producer
+        if producer.waiting:  # last, as in `put`
+            producer.waiting = False  # (`_Parking.wake`, inlined)
+            try:
+                producer.signal.release()
+            except RuntimeError:
+                pass  # already released: a wake-up is pending
         return item
 
     def _wait_item(self, timeout: float | None) -> bool:
         items = self._items
         deadline = None if timeout is None else _monotonic() + timeout
         parking = self._consumer
+        signal = parking.signal
         while True:
             parking.waiting = True
             if items:  # re-check after announcing
@@ -641,13 +652,14 @@ class SPSCQueue(_QueueBase[T]):
                 parking.waiting = False
                 raise self._get_closed()
             if deadline is None:
-                remaining = -1.0
+                signal.acquire()  # (`_Parking.sleep`, inlined: the actor's idle path)
             else:
                 remaining = deadline - _monotonic()
                 if remaining <= 0:
                     parking.waiting = False
                     return False
-            parking.sleep(remaining)
+                signal.acquire(True, remaining)
+            parking.waiting = False
 
     # -- batches ----------------------------------------------------------------------
 
