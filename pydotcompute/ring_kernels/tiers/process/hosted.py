@@ -39,6 +39,7 @@ from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ...message import reply_key, request_key
 from ..contract import TierWorker
 from .config import ProcessKernelConfig, check_spin_us
+from .edge_worker import HostedProcessWorker
 from .waiting import PROBE_EVERY
 from .worker import ProcessWorker
 
@@ -255,12 +256,13 @@ class ProcessHostedKernel(HostedKernel):
         spin = check_spin_us(
             "reply_spin_us", self.kernel_id, self.config.extra.get("reply_spin_us", 0.0)
         )
-        worker = ProcessWorker(
+        worker = HostedProcessWorker(
             self.kernel_id,
             self._func,
             config=ProcessKernelConfig(self.kernel_id, **kwargs),
             input_type=self.input_type,
             output_type=self.output_type,
+            edge_bound=(self.config.input_queue_size, str(self.config.backpressure_strategy)),
         )
         worker.bound_in_flight(bridge)  # replies not yet read count against the bridge
         self._reply_spin_max = self._reply_spin_s = spin / 1e6

@@ -145,6 +145,7 @@ class ObjectEdge:
             "evicted": self.evicted,
             "rejected": self.rejected,
             "handed_back": self.handed_back,
+            "lost": 0,  # a thread consumer never loses the message it holds
             "depth": len(self),
             "capacity": self.capacity,
         }
