@@ -257,6 +257,10 @@ class EdgeReader:
             self._m.detach()
             self._rings = ()
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.detach()
+
 
 class EdgeWriter:
     """The producing end of one edge, in the producer's process. One thread writes.
@@ -459,6 +463,10 @@ class EdgeWriter:
             self._m.detach()
             self._rings = ()
             self._closed = True
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.detach()
 
 
 def _remove(path: str) -> None:

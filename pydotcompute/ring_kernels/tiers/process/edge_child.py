@@ -214,8 +214,6 @@ class EdgeProcessKernelContext(ProcessKernelContext):
     def receive(self, timeout: float | None = None) -> Any:
         """`ProcessKernelContext.receive`, from the inbox and the edges by turns."""
         st: ChildEdges = self._edges
-        if st.pending:
-            st.apply()
         rec = self._rec
         if rec is not None:
             rec.idle()
@@ -231,10 +229,14 @@ class EdgeProcessKernelContext(ProcessKernelContext):
         spin_end = 0.0
         spun = False
         while True:
+            if st.pending:  # (a pause, too, takes effect before the next look)
+                st.apply()
             reader, data = st.poll(ring, wake)
             if data is not None:
                 msg = self._take(data)
-                if msg is REJECTED:
+                if msg is REJECTED:  # reported back as its message's error: finished
+                    if reader is not None:
+                        reader.finish()
                     continue
                 st.hold(reader, data)
                 if spun and waiter.misses:
@@ -244,9 +246,6 @@ class EdgeProcessKernelContext(ProcessKernelContext):
                 return msg
             if self._gone or (ring.writer_closed and not ring.readable() and not st.queued()):
                 raise self._closed()
-            if st.pending:
-                st.apply()
-                continue
             if timeout is not None:
                 remaining: float | None = deadline - _monotonic()  # type: ignore[operator]
                 if remaining <= 0:  # type: ignore[operator]

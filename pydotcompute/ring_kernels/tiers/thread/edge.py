@@ -35,13 +35,17 @@ from collections import deque
 from typing import Any
 
 from ....exceptions import QueueClosedError
+from ..process.edge import KIND as SHM_KIND
+from ..process.edge import ShmEdge
 from .context import ThreadedKernelContext, wrong_type
+from .shm_edge import ShmInput, ShmOutput
 from .sync_queue import SPSCQueue, SyncQueue
 
 __all__ = ("KIND", "EdgeEnds", "EdgeInputs", "EdgeOutput", "ObjectEdge")
 
 #: the edge kind this module provides (`ring_kernels.edges.EdgeKind`)
 KIND = "objects"
+SHM_RING_BYTES = 1 << 20  # each band ring of a shm-ring edge into a thread actor
 _monotonic = time.monotonic
 _POLICIES = ("block", "reject", "drop_oldest")
 
@@ -224,6 +228,9 @@ class ObjectEdge:
                 return msg
         return None
 
+    def arm(self, waiting: bool) -> None:
+        """Nothing to announce: a put rings the consumer's bell itself."""
+
     def close(self) -> list[Any]:
         """Refuse further puts (they take the loop path) and return what is left, highest
         band first, each once (counted ``handed_back``)."""
@@ -251,14 +258,17 @@ class EdgeInputs:
     Offers what `ThreadedKernelContext` asks of its inbox (``get``, ``len``, truth).
     """
 
-    __slots__ = ("_bell", "_edges", "_inbox", "_seen", "_turn")
+    __slots__ = ("_bell", "_edges", "_inbox", "_seen", "_turn", "paused")
 
     def __init__(self, inbox: SPSCQueue[Any] | SyncQueue[Any]) -> None:
         self._inbox = inbox
-        self._edges: tuple[ObjectEdge, ...] = ()
-        self._seen: tuple[ObjectEdge, ...] = ()
+        self._edges: tuple[Any, ...] = ()  # `ObjectEdge`s and `shm_edge.ShmInput`s
+        self._seen: tuple[Any, ...] = ()
         self._turn = 0
         self._bell = _Bell()
+        #: the kernel is deactivated: its edges are not read (its inbox is held back by
+        #: the runtime's bridge)
+        self.paused = False
         inbox.add_burst_waker(self._bell.ring)
 
     @property
@@ -267,11 +277,18 @@ class EdgeInputs:
         return self._bell
 
     @property
-    def edges(self) -> tuple[ObjectEdge, ...]:
+    def edges(self) -> tuple[Any, ...]:
         """The incoming edges (kept until the consumer stops)."""
         return self._edges
 
-    def add(self, edge: ObjectEdge) -> None:
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) taking from the edges; a resumed consumer looks again."""
+        self.paused = paused
+        if not paused:
+            self._bell.waiting = True
+            self._bell.ring()
+
+    def add(self, edge: Any) -> None:
         """Read ``edge`` too, from the consumer's next look on (any thread)."""
         self._edges = (*self._edges, edge)
         self._bell.waiting = True  # a consumer asleep now wakes and sees it
@@ -296,6 +313,8 @@ class EdgeInputs:
         edges = self._edges
         if edges is not self._seen:
             self.mark_live()
+        if self.paused:
+            edges = ()
         n = len(edges) + 1
         turn = self._turn
         closed: BaseException | None = None
@@ -315,7 +334,7 @@ class EdgeInputs:
             if msg is not None:
                 self._turn = (at + 1) % n
                 return msg
-        if closed is not None and not any(len(e) for e in edges):
+        if closed is not None and not any(len(e) for e in self._edges):
             raise closed
         return None
 
@@ -332,18 +351,25 @@ class EdgeInputs:
         bell = self._bell
         while True:
             bell.waiting = True
-            msg = self._poll()  # looked at again after announcing
-            if msg is not None:
-                bell.waiting = False
-                return msg
-            if deadline is None:
-                remaining = -1.0
-            else:
-                remaining = deadline - _monotonic()
-                if remaining <= 0:
+            edges = self._edges
+            for e in edges:  # a shared-memory edge's producer rings only if announced
+                e.arm(True)
+            try:
+                msg = self._poll()  # looked at again after announcing
+                if msg is not None:
                     bell.waiting = False
-                    return None
-            bell.sleep(remaining)
+                    return msg
+                if deadline is None:
+                    remaining = -1.0
+                else:
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        bell.waiting = False
+                        return None
+                bell.sleep(remaining)
+            finally:
+                for e in edges:
+                    e.arm(False)
 
     def close(self) -> list[Any]:
         """Close every edge; what they held, each once (the consumer stopped)."""
@@ -401,6 +427,8 @@ class EdgeEnds:
         "_lock",
         "_outbox",
         "_output",
+        "_output_type",
+        "_paused",
         "_policy",
     )
 
@@ -413,14 +441,17 @@ class EdgeEnds:
         capacity: int,
         policy: str,
         input_type: type | None,
+        output_type: type | None = None,
     ) -> None:
         self._kernel_id = kernel_id
         self._outbox = outbox
+        self._output_type = output_type
+        self._paused = False
         self._capacity = capacity
         self._policy = policy
         self._input_type = input_type
         self._inputs: EdgeInputs | None = None
-        self._output: EdgeOutput | None = None
+        self._output: EdgeOutput | ShmOutput | None = None
         self._ctx: ThreadedKernelContext | None = None
         self._lock = threading.Lock()  # the loop routes while the actor thread starts
         self._inbox = inbox
@@ -438,28 +469,51 @@ class EdgeEnds:
             if self._output is not None:
                 ctx.send_into(self._output)
 
-    def open(self, source_id: str) -> ObjectEdge:
-        """A new edge into this worker from ``source_id``."""
+    def open(self, source_id: str, kind: str = KIND) -> ObjectEdge | ShmEdge:
+        """A new edge of ``kind`` (``objects`` or ``shm-ring``) into this worker from
+        ``source_id``."""
         with self._lock:
             inputs = self._inputs
             if inputs is None:
                 inputs = self._inputs = EdgeInputs(self._inbox)
-            edge = ObjectEdge(
-                f"edge {source_id!r} -> {self._kernel_id!r}",
-                self._capacity,
-                self._policy,
-                self._input_type,
-                inputs.bell,
-            )
-            inputs.add(edge)
+                inputs.paused = self._paused
+            edge: ObjectEdge | ShmEdge
+            if kind == SHM_KIND:
+                edge = ShmEdge(
+                    source_id,
+                    self._kernel_id,
+                    capacity=self._capacity,
+                    policy=self._policy,
+                    ring_bytes=SHM_RING_BYTES,
+                )
+                inputs.add(ShmInput(edge, self._kernel_id, inputs.bell.ring))
+            else:
+                edge = ObjectEdge(
+                    f"edge {source_id!r} -> {self._kernel_id!r}",
+                    self._capacity,
+                    self._policy,
+                    self._input_type,
+                    inputs.bell,
+                )
+                inputs.add(edge)
             if self._ctx is not None:
                 self._ctx.read_from(inputs)
         return edge
 
-    def route(self, edge: ObjectEdge | None) -> None:
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) reading the incoming edges (the kernel is deactivated)."""
+        with self._lock:
+            self._paused = paused
+            if self._inputs is not None:
+                self._inputs.pause(paused)
+
+    def route(self, edge: ObjectEdge | ShmEdge | None) -> None:
         """Send into ``edge`` (None: the outbox again)."""
         with self._lock:
-            self._output = None if edge is None else EdgeOutput(edge, self._outbox)
+            if isinstance(edge, ShmEdge):
+                self._output = ShmOutput(edge, self._outbox, self._kernel_id, self._output_type)
+            else:
+                self._output = None if edge is None else EdgeOutput(edge, self._outbox)
             ctx = self._ctx
             if ctx is not None:
                 ctx.send_into(self._outbox if self._output is None else self._output)
