@@ -15,7 +15,8 @@ Design notes:
   two bytecodes of the actor's thread and touches no ring: a ``receive`` or ``send`` in
   progress finishes on the methods it started with. A receive parked on its inbox alone
   sees the change with its next message, which the producer sends on the loop path until
-  the edge is live (this context marks it so once it has attached it).
+  the edge is live (this context marks it so once it has attached it). Edges named before
+  the child started are attached, and live, before its actor runs.
 - By turns: the inbox (fed by the runtime's bridge) and each edge take turns, so a
   message waits behind at most one message of each other input per turn.
 - The record in the actor's hands is *finished* when it asks for its next message (the
@@ -330,3 +331,4 @@ def setup(ctx: ProcessKernelContext, spec: ChildSpec) -> None:
     except FileNotFoundError:
         return
     changed(EDGE_SIGNAL, None)
+    edges.apply()  # live before the actor runs: its first receive reads them

@@ -307,9 +307,11 @@ class EdgeInputs:
     def __bool__(self) -> bool:
         return len(self) > 0
 
-    def _poll(self) -> Any:
+    def _poll(self, settle: bool = True) -> Any:
         """One message by turns (None: none now). Raises the inbox's closed error when it
-        is closed and drained and every edge is empty."""
+        is closed and drained and every edge is empty. Without ``settle`` an empty inbox
+        is skipped, not asked (asking arms its wake-up and looks for its close: the look
+        before sleeping does both)."""
         edges = self._edges
         if edges is not self._seen:
             self.mark_live()
@@ -318,11 +320,14 @@ class EdgeInputs:
         n = len(edges) + 1
         turn = self._turn
         closed: BaseException | None = None
+        inbox = self._inbox
         for i in range(n):
             at = (turn + i) % n
             if at == 0:
+                if not settle and not len(inbox):
+                    continue
                 try:
-                    msg = self._inbox.get(0)
+                    msg = inbox.get(0)
                 except QueueClosedError as exc:
                     closed = exc
                     continue
@@ -344,9 +349,11 @@ class EdgeInputs:
         Raises:
             QueueClosedError: the inbox is shut down and drained and every edge is empty.
         """
-        msg = self._poll()
-        if msg is not None or timeout == 0:
+        msg = self._poll(settle=False)
+        if msg is not None:
             return msg
+        if timeout == 0:
+            return self._poll()
         deadline = None if timeout is None else _monotonic() + timeout
         bell = self._bell
         while True:

@@ -60,8 +60,14 @@ class ShmInput:
         return self._edge
 
     def _on_data(self) -> None:
-        """Watcher thread: the producer rang (this end was armed)."""
-        self._reader.drain_bell()
+        """Watcher thread: the producer rang (this end was armed). Disarmed at once, so
+        the producer's writes until the consumer runs ring nothing more (its bell is
+        rung below, and it arms again before it next sleeps)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._reader.arm(False)
+            self._reader.drain_bell()
         self._ring()
 
     @property
