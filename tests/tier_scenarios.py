@@ -2267,6 +2267,17 @@ async def scenario_edge_disconnect_reconnect(case: EdgeCase) -> None:
 # whose process is killed leaves its edge readable to the runtime.
 
 
+def context_class_sync(ctx: Any) -> None:
+    """Answers each ``Job`` with one whose payload names the actor's context class."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            ctx.send(Job(seq=job.seq, payload=type(ctx).__name__))
+
+
 async def _edge_gated(rt: Any, case: EdgeCase, gate: str, k: int, **b_opts: Any) -> None:
     """``a -> b`` with b holding job 0 until ``gate`` exists, and ``k`` more sent into a
     (through a, queued for b: in the edge, or b's inbox on the loop path)."""

@@ -192,3 +192,21 @@ async def test_process_edges_are_direct_unless_asked_or_traced() -> None:
                 (got,) = rt.edges()
                 assert got.kind == kind, got
                 assert why in got.why, got
+
+
+async def test_a_process_actor_without_edges_keeps_the_plain_context() -> None:
+    """Only a child given edges swaps in the edge-aware context (its receive reads its
+    inputs by turns): one without pays nothing per message for edges."""
+    async with RingKernelRuntime() as rt:
+        for kid in ("solo", "a", "b"):
+            actor = sc.pass_job_sync if kid == "a" else sc.context_class_sync
+            await rt.launch(kid, actor, input_type=sc.Job, output_type=sc.Job, tier="process")
+        rt.connect("a", "b")
+        for kid in ("solo", "b", "a"):
+            await rt.activate(kid)
+        await rt.send("solo", sc.Job(seq=1))
+        await rt.send("a", sc.Job(seq=2))
+        solo = await rt.receive("solo", timeout=30)
+        edged = await rt.receive("b", timeout=30)
+    assert solo.payload == "ProcessKernelContext"
+    assert edged.payload == "EdgeProcessKernelContext"

@@ -49,6 +49,9 @@ Design notes:
 - Names: the rings and header are unlinked once the edge is closed (a producer that
   attaches later finds none and takes the loop path); the runtime's own mappings stay
   until the edge object goes, so its counters stay readable.
+- Length: a little past the house limit on purpose: the layout, both ends and the
+  runtime's side share the header words and the close protocol, read best together. The
+  child's side is `edge_child`, the parent worker's `edge_worker`, a thread's `edge_local`.
 """
 
 from __future__ import annotations
@@ -64,8 +67,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from ....exceptions import InvalidConfigurationError, QueueClosedError
 from ..._native import SharedByteRing
 from ..._native.spsc_py import SharedSegment
@@ -75,7 +76,6 @@ __all__ = (
     "BANDS",
     "KIND",
     "POLICIES",
-    "ControlBlock",
     "EdgeReader",
     "EdgeSpec",
     "EdgeWriter",
@@ -619,61 +619,3 @@ class ShmEdge:
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<ShmEdge {self.name}{state}>"
-
-
-class ControlBlock:
-    """Which edges a child's actor reads and writes, told by the runtime's process: a
-    small shared segment holding a MessagePack blob under a sequence lock (odd while
-    written). The child reads it when told to (see `edge_child`).
-
-    Args:
-        name: The segment's name.
-        create: The runtime's side creates it; the child attaches.
-    """
-
-    SIZE = 1 << 16
-    _DATA = 64
-
-    def __init__(self, name: str, *, create: bool) -> None:
-        self._seg = SharedSegment(name, self.SIZE if create else 0, create=create)
-        self._q = self._seg.buf[: self._DATA].cast("Q")
-
-    @property
-    def name(self) -> str:
-        return self._seg.name
-
-    def write(self, value: Any) -> None:
-        """Publish ``value`` (one writer)."""
-        blob = msgspec.msgpack.encode(value)
-        if len(blob) > self.SIZE - self._DATA:
-            raise InvalidConfigurationError(
-                f"too many edges for one kernel: their description takes {len(blob)} "
-                f"bytes, at most {self.SIZE - self._DATA} fit"
-            )
-        q = self._q
-        q[0] += 1  # odd: being written
-        self._seg.buf[self._DATA : self._DATA + len(blob)] = blob
-        q[1] = len(blob)
-        q[0] += 1
-
-    def read(self) -> tuple[int, Any]:
-        """``(sequence, value)``; ``(0, None)`` when nothing was written yet."""
-        q = self._q
-        while True:
-            seq = q[0]
-            if seq & 1:
-                time.sleep(0)
-                continue
-            n = q[1]
-            blob = bytes(self._seg.buf[self._DATA : self._DATA + n]) if seq else b""
-            if q[0] == seq:
-                return seq, (msgspec.msgpack.decode(blob) if blob else None)
-
-    def close(self, unlink: bool = False) -> None:
-        """Unmap (and with ``unlink`` remove the name); idempotent."""
-        if self._q is not None:
-            self._q.release()
-            self._q = None  # type: ignore[assignment]
-            if unlink:
-                self._seg.unlink()
-            self._seg.close()

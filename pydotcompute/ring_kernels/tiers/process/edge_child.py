@@ -33,19 +33,80 @@ import signal
 import time
 from typing import Any
 
+import msgspec
+
 from ....exceptions import InvalidConfigurationError
+from ..._native.spsc_py import SharedSegment
 from ...message import RingKernelMessage, stamp_reply
 from .child import FLUSH_EVERY, REJECTED, ChildSpec, ProcessKernelContext
-from .edge import ControlBlock, EdgeReader, EdgeWriter, band_of
+from .edge import EdgeReader, EdgeWriter, band_of
 from .framing import pack_report, too_large
 from .waiting import SLICE_S, WRITE_OK, drain_bell
 
-__all__ = ("EDGE_SIGNAL", "ChildEdges", "EdgeProcessKernelContext", "setup")
+__all__ = ("EDGE_SIGNAL", "ChildEdges", "ControlBlock", "EdgeProcessKernelContext", "setup")
 
 #: The signal the runtime's process sends a child whose edges changed.
 EDGE_SIGNAL = signal.SIGUSR1
 _monotonic = time.monotonic
 _perf = time.perf_counter
+
+
+class ControlBlock:
+    """Which edges a child's actor reads and writes, told by the runtime's process: a
+    small shared segment holding a MessagePack blob under a sequence lock (odd while
+    written). The child reads it when signalled (see the module notes).
+
+    Args:
+        name: The segment's name.
+        create: The runtime's side creates it; the child attaches.
+    """
+
+    SIZE = 1 << 16
+    _DATA = 64
+
+    def __init__(self, name: str, *, create: bool) -> None:
+        self._seg = SharedSegment(name, self.SIZE if create else 0, create=create)
+        self._q = self._seg.buf[: self._DATA].cast("Q")
+
+    @property
+    def name(self) -> str:
+        return self._seg.name
+
+    def write(self, value: Any) -> None:
+        """Publish ``value`` (one writer)."""
+        blob = msgspec.msgpack.encode(value)
+        if len(blob) > self.SIZE - self._DATA:
+            raise InvalidConfigurationError(
+                f"too many edges for one kernel: their description takes {len(blob)} "
+                f"bytes, at most {self.SIZE - self._DATA} fit"
+            )
+        q = self._q
+        q[0] += 1  # odd: being written
+        self._seg.buf[self._DATA : self._DATA + len(blob)] = blob
+        q[1] = len(blob)
+        q[0] += 1
+
+    def read(self) -> tuple[int, Any]:
+        """``(sequence, value)``; ``(0, None)`` when nothing was written yet."""
+        q = self._q
+        while True:
+            seq = q[0]
+            if seq & 1:
+                time.sleep(0)
+                continue
+            n = q[1]
+            blob = bytes(self._seg.buf[self._DATA : self._DATA + n]) if seq else b""
+            if q[0] == seq:
+                return seq, (msgspec.msgpack.decode(blob) if blob else None)
+
+    def close(self, unlink: bool = False) -> None:
+        """Unmap (and with ``unlink`` remove the name); idempotent."""
+        if self._q is not None:
+            self._q.release()
+            self._q = None  # type: ignore[assignment]
+            if unlink:
+                self._seg.unlink()
+            self._seg.close()
 
 
 class ChildEdges:

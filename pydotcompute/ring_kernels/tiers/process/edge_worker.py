@@ -4,7 +4,7 @@
 the tier contract it makes ``shm-ring`` edges into its actor (`open_edge`: the edge's
 segments belong to this process, see `edge.ShmEdge`) and routes its actor's sends into
 one (`route_into`). `EdgePorts` keeps the edges and tells the child about them: it
-writes them into the child's `edge.ControlBlock` and sends `edge_child.EDGE_SIGNAL`.
+writes them into the child's `edge_child.ControlBlock` and sends `edge_child.EDGE_SIGNAL`.
 
 Design notes:
 - The control block is created at the first edge only, so a child without edges never
@@ -32,8 +32,8 @@ import threading
 from typing import Any
 
 from ....exceptions import MessageDeserializationError
-from .edge import KIND, ControlBlock, ShmEdge
-from .edge_child import EDGE_SIGNAL, setup
+from .edge import KIND, ShmEdge
+from .edge_child import EDGE_SIGNAL, ControlBlock, setup
 from .waiting import ring_bell
 from .worker import ProcessWorker
 

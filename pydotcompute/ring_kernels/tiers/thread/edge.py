@@ -35,17 +35,17 @@ from collections import deque
 from typing import Any
 
 from ....exceptions import QueueClosedError
-from ..process.edge import KIND as SHM_KIND
-from ..process.edge import ShmEdge
+from .. import edge_provider
 from .context import ThreadedKernelContext, wrong_type
-from .shm_edge import ShmInput, ShmOutput
 from .sync_queue import SPSCQueue, SyncQueue
 
 __all__ = ("KIND", "EdgeEnds", "EdgeInputs", "EdgeOutput", "ObjectEdge")
 
 #: the edge kind this module provides (`ring_kernels.edges.EdgeKind`)
 KIND = "objects"
-SHM_RING_BYTES = 1 << 20  # each band ring of a shm-ring edge into a thread actor
+#: the kind a process actor's edges have: one to or from a thread actor is read or
+#: written here, in-process (`edge_provider` makes its ends)
+SHM_KIND = "shm-ring"
 _monotonic = time.monotonic
 _POLICIES = ("block", "reject", "drop_oldest")
 
@@ -458,7 +458,7 @@ class EdgeEnds:
         self._policy = policy
         self._input_type = input_type
         self._inputs: EdgeInputs | None = None
-        self._output: EdgeOutput | ShmOutput | None = None
+        self._output: Any = None  # an `EdgeOutput`, or a shared-memory edge's end
         self._ctx: ThreadedKernelContext | None = None
         self._lock = threading.Lock()  # the loop routes while the actor thread starts
         self._inbox = inbox
@@ -476,7 +476,7 @@ class EdgeEnds:
             if self._output is not None:
                 ctx.send_into(self._output)
 
-    def open(self, source_id: str, kind: str = KIND) -> ObjectEdge | ShmEdge:
+    def open(self, source_id: str, kind: str = KIND) -> Any:
         """A new edge of ``kind`` (``objects`` or ``shm-ring``) into this worker from
         ``source_id``."""
         with self._lock:
@@ -484,16 +484,16 @@ class EdgeEnds:
             if inputs is None:
                 inputs = self._inputs = EdgeInputs(self._inbox)
                 inputs.paused = self._paused
-            edge: ObjectEdge | ShmEdge
+            edge: Any
             if kind == SHM_KIND:
-                edge = ShmEdge(
+                edge, end = edge_provider(kind).make_input(
                     source_id,
                     self._kernel_id,
                     capacity=self._capacity,
                     policy=self._policy,
-                    ring_bytes=SHM_RING_BYTES,
+                    ring=inputs.bell.ring,
                 )
-                inputs.add(ShmInput(edge, self._kernel_id, inputs.bell.ring))
+                inputs.add(end)
             else:
                 edge = ObjectEdge(
                     f"edge {source_id!r} -> {self._kernel_id!r}",
@@ -514,11 +514,14 @@ class EdgeEnds:
             if self._inputs is not None:
                 self._inputs.pause(paused)
 
-    def route(self, edge: ObjectEdge | ShmEdge | None) -> None:
-        """Send into ``edge`` (None: the outbox again)."""
+    def route(self, edge: Any) -> None:
+        """Send into ``edge`` (an `ObjectEdge` or a ``shm-ring`` edge; None: the outbox
+        again)."""
         with self._lock:
-            if isinstance(edge, ShmEdge):
-                self._output = ShmOutput(edge, self._outbox, self._kernel_id, self._output_type)
+            if edge is not None and edge.kind == SHM_KIND:
+                self._output = edge_provider(SHM_KIND).make_output(
+                    edge, self._outbox, self._kernel_id, self._output_type
+                )
             else:
                 self._output = None if edge is None else EdgeOutput(edge, self._outbox)
             ctx = self._ctx

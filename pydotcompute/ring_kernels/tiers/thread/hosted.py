@@ -9,8 +9,8 @@ Design notes:
   runtime's `trace_wire` makes the actor's context traced before the actor runs: one
   ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
 - Direct edges (kind ``"objects"``, `edge.py`, and ``"shm-ring"`` to and from a process
-  actor, `shm_edge.py`) hang off the hosted worker only: the standalone
-  `ThreadedRingKernel` has no runtime to connect it.
+  actor, whose in-process ends the process tier provides by name) hang off the hosted
+  worker only: the standalone `ThreadedRingKernel` has no runtime to connect it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ from typing import Any
 
 from ...hosted import HostedKernel
 from ..contract import TierWorker
-from ..process.edge import KIND as SHM_KIND
-from ..process.edge import ShmEdge
 from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelContext
-from .edge import KIND, EdgeEnds, ObjectEdge
+from .edge import KIND, SHM_KIND, EdgeEnds
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
 __all__ = ("HostedThreadWorker", "ThreadHostedKernel")
@@ -61,13 +59,13 @@ class HostedThreadWorker(ThreadWorker):
 
     # -- direct edges -------------------------------------------------------------------
 
-    def open_edge(self, kind: str, source_id: str) -> ObjectEdge | ShmEdge:
+    def open_edge(self, kind: str, source_id: str) -> Any:
         if kind not in (KIND, SHM_KIND):
             return super().open_edge(kind, source_id)  # type: ignore[no-any-return]
         return self._edges.open(source_id, kind)
 
     def route_into(self, edge: Any) -> None:
-        if edge is not None and not isinstance(edge, (ObjectEdge, ShmEdge)):
+        if edge is not None and edge.kind not in (KIND, SHM_KIND):
             super().route_into(edge)
         self._edges.route(edge)
 

@@ -1,17 +1,18 @@
-"""A thread actor's end of a ``shm-ring`` edge (`process.edge`): thread <-> process.
+"""The ends of a ``shm-ring`` edge in the runtime's own process: thread <-> process.
 
-The thread side reads and writes the edge's band rings in-process, so a message between a
+A thread actor reads and writes an edge's band rings in-process, so a message between a
 thread actor and a process actor crosses shared memory once and never the event loop.
-`ShmInput` is a consumer's end, read by `edge.EdgeInputs` beside the thread's inbox and
-its object edges (it offers what `edge.ObjectEdge` offers a consumer); `ShmOutput` is a
-producer's (what `edge.EdgeOutput` offers its context).
+`ShmInput` is a consumer's end (what the thread tier's ``EdgeInputs`` reads beside its
+inbox and object edges), `ShmOutput` a producer's. Another tier reaches them through
+`make_input` and `make_output`, loaded by name (``tiers.edge_provider("shm-ring")``):
+tiers never import each other.
 
 Design notes:
 - Waking a thread from another process: the producer's child rings the edge's data
   doorbell (a named pipe) only while this end is *armed* (its actor sleeps), and the
-  process's shared watcher thread (`process.watcher.WATCHER`) turns that into a ring of
-  the consumer's bell. So a busy consumer costs the producer nothing, and a sleeping one
-  one hop through the watcher.
+  process's shared watcher thread (`watcher.WATCHER`) turns that into a ring of the
+  consumer's bell, disarming the end at once so the writes until the consumer runs ring
+  nothing more. A busy consumer costs the producer nothing, a sleeping one one hop.
 - One lock between the consumer's takes and `ShmInput.close`: a thread actor still busy
   when its grace period ran out may take while the runtime closes the edge, and a ring
   has one reader at a time.
@@ -24,11 +25,33 @@ from collections.abc import Callable
 from typing import Any
 
 from ...message import message_decoder
-from ..process.edge import EdgeReader, EdgeWriter, ShmEdge, band_of
-from ..process.framing import FRAME_TAG, decode_value, encoder_for, no_encoder
-from ..process.watcher import WATCHER
+from .edge import EdgeReader, EdgeWriter, ShmEdge, band_of
+from .framing import FRAME_TAG, decode_value, encoder_for, no_encoder
+from .watcher import WATCHER
 
-__all__ = ("ShmInput", "ShmOutput")
+__all__ = ("ShmInput", "ShmOutput", "make_input", "make_output")
+
+#: each band ring's bytes of an edge into an actor of the runtime's process
+RING_BYTES = 1 << 20
+
+
+def make_input(
+    source_id: str,
+    target_id: str,
+    *,
+    capacity: int,
+    policy: str,
+    ring: Callable[[], None],
+) -> tuple[ShmEdge, ShmInput]:
+    """A new edge into ``target_id``, an actor of this process (a thread's), with the
+    end it reads; ``ring`` wakes that actor (see the notes)."""
+    edge = ShmEdge(source_id, target_id, capacity=capacity, policy=policy, ring_bytes=RING_BYTES)
+    return edge, ShmInput(edge, target_id, ring)
+
+
+def make_output(edge: ShmEdge, outbox: Any, kernel_id: str, output_type: type | None) -> ShmOutput:
+    """What ``kernel_id``, an actor of this process, sends through into ``edge``."""
+    return ShmOutput(edge, outbox, kernel_id, output_type)
 
 
 class ShmInput:
