@@ -1971,6 +1971,10 @@ class EdgeCase:
 EDGE_CASES = (
     EdgeCase("thread", "thread", False, "loop"),
     EdgeCase("thread", "thread", True, "objects"),
+    EdgeCase("process", "process", False, "loop"),
+    EdgeCase("process", "process", True, "shm-ring"),
+    EdgeCase("thread", "process", True, "shm-ring"),
+    EdgeCase("process", "thread", True, "shm-ring"),
 )
 
 
@@ -2188,7 +2192,9 @@ async def scenario_edge_ordered_shutdown_drains(case: EdgeCase) -> None:
     async with asyncio.timeout(BOUND_S):
         n = 300
         async with RingKernelRuntime() as rt:
-            await _edge_pair(rt, case, queue_size=32)
+            # b's outbox holds every reply: a full, unread outbox would hold a process
+            # kernel's loop path back (its bridge counts unread replies), not the edge
+            await _edge_pair(rt, case, input_queue_size=32, output_queue_size=n)
             await _send_range(rt, 0, n, payload="sleep:0.0005")
         read = _read_all(rt, "b")
         assert sorted(read) == list(range(n)), len(read)
@@ -2249,7 +2255,7 @@ async def scenario_edge_disconnect_reconnect(case: EdgeCase) -> None:
     async with asyncio.timeout(BOUND_S):
         n = 600
         async with RingKernelRuntime() as rt:
-            await _edge_pair(rt, case, queue_size=64)
+            await _edge_pair(rt, case, input_queue_size=64, output_queue_size=n)
             for i in range(n):
                 await rt.send("a", Job(seq=i, payload="sleep:0.0001" if i % 7 == 0 else ""))
                 if i == 200:
@@ -2482,3 +2488,125 @@ async def scenario_unchecked_fields_rule(case: TierCase, *, serialize: bool) -> 
             echoed = await rt.receive("k", timeout=10)
             assert echoed.seq == "7"  # the very value sent
             assert await _dropped(rt, "k") == 0
+
+
+# --- round 4: direct edges through shared memory ---
+# ``shm-ring`` edges (process -> process, thread <-> process) run every scenario of the
+# section above (`EDGE_CASES`); these pin what the kinds add: a deactivated consumer stops
+# reading its edges, the data plane moves while the event loop is blocked, and a consumer
+# whose process is killed leaves its edge readable to the runtime.
+
+
+def context_class_sync(ctx: Any) -> None:
+    """Answers each ``Job`` with one whose payload names the actor's context class."""
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            ctx.send(Job(seq=job.seq, payload=type(ctx).__name__))
+
+
+async def _edge_gated(rt: Any, case: EdgeCase, gate: str, k: int, **b_opts: Any) -> None:
+    """``a -> b`` with b holding job 0 until ``gate`` exists, and ``k`` more sent into a
+    (through a, queued for b: in the edge, or b's inbox on the loop path)."""
+    await _edge_pair(rt, case, bridge_queue_size=1, **b_opts)
+    # b's actor has looked at its edge once it took a message: a's take the edge now
+    await rt.send("a", Job(seq=-1))
+    assert (await rt.receive("b", timeout=BOUND_S)).seq == -1
+    await rt.send("a", Job(seq=0, payload=f"gate:{gate}"))
+    await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 2)
+    await _send_range(rt, 1, k + 1)
+    await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 2)
+
+
+def _queued_for_b(rt: Any, case: EdgeCase) -> int:
+    """Messages a forwarded that b's actor has not taken (its edge, or its inbox)."""
+    if case.kind == "loop":
+        return len(rt.get_kernel("b").inbox)
+    return _edge_counters(rt, case)["depth"]
+
+
+async def scenario_edge_pause_holds_edge(case: EdgeCase) -> None:
+    """A deactivated consumer takes nothing from its edges (as its bridge holds its inbox
+    back): what a forwards meanwhile waits there, and arrives once, in order, after
+    ``reactivate``. (The actor may finish the one message it was already taking.)"""
+    async with asyncio.timeout(BOUND_S):
+        k = 20
+        async with RingKernelRuntime() as rt:
+            await _edge_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            await rt.send("a", Job(seq=0))  # b runs, and its edge is live
+            assert (await rt.receive("b", timeout=BOUND_S)).seq == 0
+            await rt.deactivate("b")
+            await _send_range(rt, 1, k + 1)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 1)
+            await asyncio.sleep(0.3)  # time for a consumer that still read to take them
+            held = _queued_for_b(rt, case)
+            assert held >= k - 1, (held, case)
+            await rt.reactivate("b")
+            got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(k)]
+            assert got == list(range(1, k + 1))
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_edge_flows_while_loop_blocked(case: EdgeCase) -> None:
+    """The data plane leaves the event loop: with the loop blocked (a synchronous sleep
+    on it), the consumer still takes what its direct edge holds; the edge's counters
+    show it without the loop."""
+    if case.kind == "loop":
+        pytest.skip("a loop edge moves its messages on the event loop, by design")
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        k = 30
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_gated(rt, case, gate, k, queue_size=64, output_queue_size=4 * k)
+        await _settle(rt, lambda: _edge_counters(rt, case)["depth"], k)
+        before = _edge_counters(rt, case)
+        assert before["depth"] == k, before
+        open(gate, "w").close()
+        deadline = time.monotonic() + BOUND_S / 2
+        taken = before["taken"]
+        while taken < before["taken"] + k and time.monotonic() < deadline:
+            time.sleep(0.01)  # blocks the loop: nothing below runs on it meanwhile
+            taken = _edge_counters(rt, case)["taken"]
+        assert taken == before["taken"] + k, (before, taken)
+        got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(k + 1)]
+        assert got == list(range(k + 1))
+
+
+async def scenario_edge_consumer_killed(case: EdgeCase) -> None:
+    """A consumer whose process is killed (``kill -9``): what its edge holds outlives the
+    child (the runtime's process owns the segments) and is handed back once; the
+    message in its actor's hands is handed back on the loop path (the runtime kept it)
+    and counted ``lost`` on a direct edge (it never came back); the producer runs on."""
+    if case.target != "process":
+        pytest.skip("only a process consumer can be killed")
+    import signal
+
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        k = 12
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _edge_gated(rt, case, gate, k, queue_size=64)
+        b = rt.get_kernel("b")
+        os.kill(b.worker.pid, signal.SIGKILL)
+        with pytest.raises(KernelFailedError):
+            await rt.receive("b", timeout=BOUND_S)
+        await _send_range(rt, k + 1, k + 5)  # a runs on: the loop path, refused by b
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 6)
+        await asyncio.sleep(0.05)
+        left = _seqs(b.undelivered)
+        c = _edge_counters(rt, case)
+        await rt.shutdown()
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left += _seqs(rt.get_kernel("a").undelivered)
+        assert_exactly_once(list(range(k + 5)), read, left, _all_dropped(rt))
+        if case.kind == "loop":
+            assert 0 in left, left
+        else:
+            assert c["lost"] == 1, (c, left)
+            assert 0 not in left, (c, left)
+            assert c["handed_back"] >= k, c  # (and what a sent before b's end was seen)
+            assert rt.get_telemetry("b").drop_reasons().get("lost") == 1
+            assert set(range(1, k + 1)) <= set(left), left

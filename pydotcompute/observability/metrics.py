@@ -258,7 +258,7 @@ def _families(rows: list[_Row], gpu: bool) -> Iterator[Metric]:
 
 
 #: the outcomes a direct edge counts (`ring_kernels.edges`), as the ``outcome`` label
-_EDGE_OUTCOMES = ("accepted", "taken", "evicted", "rejected", "handed_back")
+_EDGE_OUTCOMES = ("accepted", "taken", "evicted", "rejected", "handed_back", "lost")
 
 
 def _read_edges(runtime: RingKernelRuntime) -> list[Any]:
@@ -281,7 +281,7 @@ def _edge_families(edges: list[Any]) -> Iterator[Metric]:
     count = CounterMetricFamily(
         "pydotcompute_edge_messages",
         "Messages a direct edge counted, by outcome (accepted, taken, evicted, rejected, "
-        "handed_back).",
+        "handed_back, lost).",
         labels=[*labels, "outcome"],
     )
     depth = GaugeMetricFamily(

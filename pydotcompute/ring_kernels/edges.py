@@ -11,9 +11,10 @@ Edge kinds (`EdgeKind`):
   on the loop and accepts it into the consumer's banded inbox (runtime.py, hosted.py).
 - ``"objects"``: thread -> thread, an in-process queue of objects, four priority bands,
   no serialization (`tiers/thread/edge.py`).
-- ``"shm-ring"`` (process -> process, thread <-> process) and ``"device-ring"`` (GPU -> GPU
-  on one device) are the kinds the design provides for; no tier offers them yet, so such
-  edges are ``"loop"`` edges today.
+- ``"shm-ring"``: process -> process, a band ring per priority in shared memory, owned by
+  the runtime's process (`tiers/process/edge.py`).
+- ``"device-ring"`` (GPU -> GPU on one device) is the kind the design provides for; no tier
+  offers it yet, so such edges are ``"loop"`` edges today.
 
 Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
 can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
@@ -33,7 +34,7 @@ How each promise holds on a direct edge:
   message waits behind at most one message of each other input per turn, plus what the
   bridge already handed over (``bridge_queue_size``, as on the loop path).
 - *Accounting*: each edge counts ``accepted``, ``taken``, ``evicted`` (drop_oldest),
-  ``rejected`` and ``handed_back`` in the edge itself, written by the two actors and read
+  ``rejected``, ``handed_back`` and ``lost`` in the edge itself, written by the two actors and read
   by the parent without the loop on the data path; ``accepted == taken + evicted +
   handed_back + depth`` always. `EdgeTable.fold` adds them to the kernels' telemetry when
   it is read (``runtime.get_telemetry``), and the metrics export them per edge.
@@ -42,9 +43,11 @@ How each promise holds on a direct edge:
   left in an edge when it stops is handed back once, as the consumer's ``undelivered``.
   An edge whose consumer stopped is closed: the producer's later sends take the loop path
   (counted there as refused downstream), so nothing lands in a dead edge.
-- *Failure*: a consumer that fails hands back what its edges hold; a producer that fails
-  leaves its edge readable. (Re-attaching a restarted actor is for tiers that restart:
-  none that offers an edge does yet.)
+- *Failure*: a consumer that fails hands back what its edges hold (a ``shm-ring``'s
+  segments belong to the runtime's process, so they outlive a crashed child; the record
+  its actor held when the process died is counted ``lost``); a producer that fails leaves
+  its edge readable. (Re-attaching a restarted actor is for tiers that restart: none that
+  offers an edge does yet.)
 - *Tracing*: a tracing runtime keeps loop edges for now (its spans ride beside each
   message on the loop path); a kind that carries trace context in its record header
   declares it and is picked under tracing.
@@ -89,8 +92,9 @@ class EdgeInfo:
             loop, anything else directly between the two actors.
         why: For a ``"loop"`` edge, why no direct kind was picked (empty for direct ones).
         counters: The edge's own counters for a direct edge (``accepted``, ``taken``,
-            ``evicted``, ``rejected``, ``handed_back``, ``depth``, ``capacity``); empty
-            for a loop edge, whose messages are counted by the two kernels' telemetry.
+            ``evicted``, ``rejected``, ``handed_back``, ``lost``, ``depth``,
+            ``capacity``); None for a loop edge, whose messages are counted by the two
+            kernels' telemetry.
     """
 
     source: str
@@ -114,12 +118,13 @@ class _Entry:
 class _Folded:
     """How much of a direct edge's counters is already in the kernels' telemetry."""
 
-    __slots__ = ("dropped", "processed", "sent")
+    __slots__ = ("dropped", "lost", "processed", "sent")
 
     def __init__(self) -> None:
         self.sent = 0
         self.processed = 0
         self.dropped = 0
+        self.lost = 0
 
 
 class EdgeTable:
@@ -220,6 +225,10 @@ class EdgeTable:
                 if dropped > done.dropped:
                     tel.record_drop(dropped - done.dropped, "backpressure")
                 done.dropped = dropped
+                lost = c.get("lost", 0)  # taken by a consumer whose process died
+                if lost > done.lost:
+                    tel.record_drop(lost - done.lost, "lost")
+                done.lost = lost
 
     def forget(self, kernel: Any) -> None:
         """Drop what the table keeps for ``kernel`` (removed from the runtime)."""

@@ -422,6 +422,13 @@ class HostedKernel(RingKernel):
             self.telemetry.messages_processed += n
         return n
 
+    async def _place_set_active(self, active: bool, operation: str) -> None:
+        """`deactivate` and `reactivate`: the actor stops (resumes) taking from its
+        direct edges too, as the pump stops (resumes) handing it the inbox."""
+        worker = self._worker
+        if worker is not None:
+            worker.pause_edges(not active)
+
     def messages_received(self) -> int:
         """Messages accepted so far: through the inbox, and offered straight to the worker."""
         return super().messages_received() + self._handed_direct
@@ -1076,6 +1083,7 @@ class HostedKernel(RingKernel):
                 await pump
         worker = self._worker
         if worker is not None:
+            worker.pause_edges(False)  # a deactivated kernel drains its edges too
             grace = 0.0 if self.hurried else deadline - loop.time()
             await asyncio.to_thread(worker.stop, max(0.1, grace))
         collector = self._collector

@@ -698,8 +698,8 @@ class RingKernelRuntime:
     def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
 
-        Between two off-loop kernels whose tiers offer a direct edge (thread -> thread
-        today) the messages move straight from actor to actor, off the event loop; with
+        Between two off-loop kernels whose tiers offer a direct edge (thread and process
+        kernels) the messages move straight from actor to actor, off the event loop; with
         ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
         says which (docs/concepts/data-plane.md).
 
@@ -730,7 +730,8 @@ class RingKernelRuntime:
         (until `remove`), and how its messages move.
 
         Each `EdgeInfo` names the source and target, the edge's ``kind`` (``"loop"``:
-        through this runtime's event loop; ``"objects"``: directly, thread to thread),
+        through this runtime's event loop; ``"objects"``: directly, thread to thread;
+        ``"shm-ring"``: directly through shared memory, with a process end),
         ``why`` a loop edge is not direct, and a direct edge's own counters (see
         docs/concepts/data-plane.md).
         """

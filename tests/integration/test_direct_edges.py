@@ -124,3 +124,89 @@ async def test_edge_consumer_failure(edge: sc.EdgeCase) -> None:
 
 async def test_edge_disconnect_reconnect(edge: sc.EdgeCase) -> None:
     await sc.scenario_edge_disconnect_reconnect(edge)
+
+
+# --- round 4: direct edges through shared memory -------------------------------------------
+
+
+async def test_edge_pause_holds_edge(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_pause_holds_edge(edge)
+
+
+async def test_edge_flows_while_loop_blocked(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_flows_while_loop_blocked(edge)
+
+
+async def test_edge_consumer_killed(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_consumer_killed(edge)
+
+
+@pytest.mark.parametrize(("source", "target"), [("process", "process"), ("thread", "process")])
+async def test_shm_edges_and_their_counts_exported_as_metrics(source: str, target: str) -> None:
+    """A ``shm-ring`` edge is listed with its kind, and its counters (read from the
+    edge's shared header) are exported per outcome, scraped over HTTP."""
+    n = 50
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier=source)
+        await rt.launch("b", sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier=target)
+        rt.connect("a", "b")
+        for kid in ("b", "a"):
+            await rt.activate(kid)
+        # once b's actor has taken a message it has looked at its edge: from then on a's
+        # messages take it (before, they take the loop path, which wakes b)
+        await rt.send("a", sc.Job(seq=-1))
+        assert (await rt.receive("b", timeout=30)).seq == -1
+        base = rt.edges()[0].counters or {}
+        for i in range(n):
+            await rt.send("a", sc.Job(seq=i))
+        assert [(await rt.receive("b", timeout=30)).seq for _ in range(n)] == list(range(n))
+        host, port = rt.serve_metrics(port=0)
+        text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
+    labels = {"source": "a", "target": "b", "kind": "shm-ring"}
+    counts = {
+        s.labels["outcome"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "pydotcompute_edge_messages_total"
+        and {k: s.labels[k] for k in labels} == labels
+    }
+    assert counts["accepted"] == counts["taken"] == base["accepted"] + n, (counts, base)
+    assert counts["lost"] == counts["handed_back"] == 0, counts
+
+
+async def test_process_edges_are_direct_unless_asked_or_traced() -> None:
+    """process -> process, thread -> process and process -> thread are ``shm-ring``
+    edges; ``direct=False`` and a tracing runtime keep the loop, and say so."""
+    for source, target in (("process", "process"), ("thread", "process"), ("process", "thread")):
+        for tracing, direct, kind, why in (
+            (False, True, "shm-ring", ""),
+            (False, False, "loop", "direct=False"),
+            (True, True, "loop", "tracing"),
+        ):
+            async with RingKernelRuntime(tracing=tracing) as rt:
+                for kid, tier in (("a", source), ("b", target)):
+                    await rt.launch(
+                        kid, sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier=tier
+                    )
+                rt.connect("a", "b", direct=direct)
+                (got,) = rt.edges()
+                assert got.kind == kind, got
+                assert why in got.why, got
+
+
+async def test_a_process_actor_without_edges_keeps_the_plain_context() -> None:
+    """Only a child given edges swaps in the edge-aware context (its receive reads its
+    inputs by turns): one without pays nothing per message for edges."""
+    async with RingKernelRuntime() as rt:
+        for kid in ("solo", "a", "b"):
+            actor = sc.pass_job_sync if kid == "a" else sc.context_class_sync
+            await rt.launch(kid, actor, input_type=sc.Job, output_type=sc.Job, tier="process")
+        rt.connect("a", "b")
+        for kid in ("solo", "b", "a"):
+            await rt.activate(kid)
+        await rt.send("solo", sc.Job(seq=1))
+        await rt.send("a", sc.Job(seq=2))
+        solo = await rt.receive("solo", timeout=30)
+        edged = await rt.receive("b", timeout=30)
+    assert solo.payload == "ProcessKernelContext"
+    assert edged.payload == "EdgeProcessKernelContext"

@@ -25,6 +25,7 @@ __all__ = (
     "actor_kind",
     "canonical_tier",
     "check_actor_kind",
+    "edge_provider",
     "register_tier",
     "tier_class",
     "tier_names",
@@ -81,3 +82,24 @@ def tier_class(tier: str) -> Any:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
+
+
+#: The module that makes each direct edge kind another tier reads or writes in its own
+#: process (a thread actor's end of a ``shm-ring`` edge); loaded by name, as tiers are.
+_EDGE_PROVIDERS = {"shm-ring": "pydotcompute.ring_kernels.tiers.process.edge_local"}
+
+
+def edge_provider(kind: str) -> Any:
+    """The module providing edges of ``kind`` to a tier that does not make them itself
+    (``make_input``, ``make_output``; see ``tiers/process/edge_local.py``), imported on
+    first use.
+
+    Raises:
+        InvalidConfigurationError: no tier provides ``kind`` that way.
+    """
+    target = _EDGE_PROVIDERS.get(kind)
+    if target is None:
+        raise InvalidConfigurationError(
+            f"no tier provides {kind!r} edges to others; known: {sorted(_EDGE_PROVIDERS)}"
+        )
+    return importlib.import_module(target)

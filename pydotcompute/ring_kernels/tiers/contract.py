@@ -305,6 +305,12 @@ class TierWorker(abc.ABC):
             f"a {type(self).__name__} cannot send into a direct edge ({edge!r})"
         )
 
+    def pause_edges(self, paused: bool) -> None:  # noqa: B027
+        """Stop (``paused``) or resume taking messages from the direct edges into this
+        actor: the kernel is deactivated, and its actor must take nothing more from them
+        (as the bridge holds back its inbox); what they hold waits there. Tiers without
+        edges need not implement it."""
+
     # -- what is left ----------------------------------------------------------------------
 
     @abc.abstractmethod

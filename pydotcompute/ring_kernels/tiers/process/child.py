@@ -68,6 +68,7 @@ __all__ = ("ChildSpec", "ProcessKernelContext", "TracedProcessKernelContext", "c
 
 FLUSH_EVERY = 256  # a timing child hands its latencies over at least this often (messages)
 _REJECTED = object()  # `_take`: the record was reported back, read the next one
+REJECTED = _REJECTED  # (under its public name, for the direct edges' context)
 _monotonic = time.monotonic
 
 
@@ -90,6 +91,10 @@ class ChildSpec:
     status: Any  # write end: ready/error reports (MessagePack bytes)
     stderr: Any = None  # the parent's stderr: ours is a file the parent reads while we start
     lat_name: str | None = None  # a SharedLatencyBlock segment: time each message into it
+    # direct edges (`edge_child`): the runtime's control segment, and the function that
+    # readies the context for them before the actor runs (module-level: pickled by name)
+    ctl_name: str | None = None
+    setup: Any = None
 
 
 class ProcessKernelContext:
@@ -106,6 +111,7 @@ class ProcessKernelContext:
         "_codec",
         "_current",
         "_decode",
+        "_edges",  # an `edge_child.ChildEdges` once the runtime gave it edges, else None
         "_gone",
         "_in",
         "_in_space_fd",
@@ -146,6 +152,7 @@ class ProcessKernelContext:
         self._rec: Any = None
         self._timed = 0
         self._trace_token: Any = None  # the attached context of the message in hand (traced)
+        self._edges: Any = None
 
     def time_into(self, block: SharedLatencyBlock) -> None:
         """Time every message from now on into ``block`` (the parent reads it)."""
@@ -365,6 +372,10 @@ class ProcessKernelContext:
         """Encode ``msg`` into the outbox if there is room; False when full."""
         return self.send(msg, 0)
 
+    def actor_ended(self, status: Any) -> None:
+        """The actor returned (``status`` None) or raised (``status``: the report pipe):
+        a context with direct edges finishes, or reports back, the record in hand."""
+
     def wait_shutdown(self, timeout: float | None = None) -> bool:
         """Block until a stop is requested (or the parent dies); False on timeout."""
         deadline = None if timeout is None else _monotonic() + timeout
@@ -477,6 +488,8 @@ def child_main(spec: ChildSpec) -> None:
         in_ring = SharedByteRing.attach(spec.in_name)
         out_ring = SharedByteRing.attach(spec.out_name)
         ctx = ProcessKernelContext(spec, in_ring, out_ring)
+        if spec.setup is not None:
+            spec.setup(ctx, spec)
         if spec.lat_name is not None:
             lat_seg = SharedSegment(spec.lat_name, create=False)
             lat = SharedLatencyBlock(lat_seg.buf)
@@ -489,9 +502,12 @@ def child_main(spec: ChildSpec) -> None:
             if not (ctx.parent_gone or in_ring.writer_closed):
                 raise
         in_ring.mark_done()  # the actor ended cleanly: what it took is finished
+        ctx.actor_ended(None)
         finished = True
     except BaseException as exc:  # reported to the parent, which raises it to callers
         try:
+            if ctx is not None and phase == "run":
+                ctx.actor_ended(status)
             status.send_bytes(pack_report("error", phase, *exception_data(exc)))
         except OSError:
             pass  # the parent is gone

@@ -27,7 +27,7 @@ from typing import Any
 from ...hosted import BRIDGE_WIDEST, HostedKernel
 from ..contract import TierWorker
 from .config import ProcessKernelConfig, check_spin_us
-from .worker import ProcessWorker
+from .edge_worker import HostedProcessWorker
 
 __all__ = ("ProcessHostedKernel",)
 
@@ -74,11 +74,12 @@ class ProcessHostedKernel(HostedKernel):
         ring_bytes = self.config.extra.get("ring_bytes")
         if ring_bytes is not None:
             kwargs["ring_bytes"] = ring_bytes
-        return ProcessWorker(
+        return HostedProcessWorker(
             self.kernel_id,
             self._func,
             config=ProcessKernelConfig(self.kernel_id, **kwargs),
             input_type=self.input_type,
             output_type=self.output_type,
             room=bridge,  # replies not yet read count against the bridge
+            edge_bound=(self.config.input_queue_size, str(self.config.backpressure_strategy)),
         )

@@ -564,6 +564,7 @@ class ProcessWorker(TierWorker):
             out_space=child_bell,
             status=status_w,
             lat_name=None if self._lat_seg is None else self._lat_seg.name,
+            **self._edge_spec(),
         )
         process = ctx.Process(
             target=child_main,
@@ -730,6 +731,8 @@ class ProcessWorker(TierWorker):
             while report := self._read_status():
                 if report[0] == "error":
                     error = rebuild_error(report, self._kernel_id, process.pid)
+                elif report[0] == "left":
+                    self._edge_report(report)
             if error is None and self._exit_code != 0 and not self._stop_requested:
                 error = ChildProcessError(
                     f"the child process of kernel {self._kernel_id!r} (pid {process.pid}) "
@@ -743,6 +746,14 @@ class ProcessWorker(TierWorker):
                 self._stopped_at = _monotonic()
             self._child_exited = True
         return True
+
+    def _edge_spec(self) -> dict[str, Any]:
+        """Further `ChildSpec` fields: a worker with direct edges names its control
+        segment and the child's setup (`edge_worker`)."""
+        return {}
+
+    def _edge_report(self, report: list[Any]) -> None:
+        """A ``["left", ...]`` report: the child's actor raised holding an edge's record."""
 
     def _read_status(self) -> list[Any]:
         """The next report on the status pipe (``[]`` when none, closed or malformed).

@@ -35,6 +35,7 @@ from collections import deque
 from typing import Any
 
 from ....exceptions import QueueClosedError
+from .. import edge_provider
 from .context import ThreadedKernelContext, wrong_type
 from .sync_queue import SPSCQueue, SyncQueue
 
@@ -42,6 +43,9 @@ __all__ = ("KIND", "EdgeEnds", "EdgeInputs", "EdgeOutput", "ObjectEdge")
 
 #: the edge kind this module provides (`ring_kernels.edges.EdgeKind`)
 KIND = "objects"
+#: the kind a process actor's edges have: one to or from a thread actor is read or
+#: written here, in-process (`edge_provider` makes its ends)
+SHM_KIND = "shm-ring"
 _monotonic = time.monotonic
 _POLICIES = ("block", "reject", "drop_oldest")
 
@@ -145,6 +149,7 @@ class ObjectEdge:
             "evicted": self.evicted,
             "rejected": self.rejected,
             "handed_back": self.handed_back,
+            "lost": 0,  # a thread consumer never loses the message it holds
             "depth": len(self),
             "capacity": self.capacity,
         }
@@ -223,6 +228,9 @@ class ObjectEdge:
                 return msg
         return None
 
+    def arm(self, waiting: bool) -> None:
+        """Nothing to announce: a put rings the consumer's bell itself."""
+
     def close(self) -> list[Any]:
         """Refuse further puts (they take the loop path) and return what is left, highest
         band first, each once (counted ``handed_back``)."""
@@ -250,14 +258,17 @@ class EdgeInputs:
     Offers what `ThreadedKernelContext` asks of its inbox (``get``, ``len``, truth).
     """
 
-    __slots__ = ("_bell", "_edges", "_inbox", "_seen", "_turn")
+    __slots__ = ("_bell", "_edges", "_inbox", "_seen", "_turn", "paused")
 
     def __init__(self, inbox: SPSCQueue[Any] | SyncQueue[Any]) -> None:
         self._inbox = inbox
-        self._edges: tuple[ObjectEdge, ...] = ()
-        self._seen: tuple[ObjectEdge, ...] = ()
+        self._edges: tuple[Any, ...] = ()  # `ObjectEdge`s and `shm_edge.ShmInput`s
+        self._seen: tuple[Any, ...] = ()
         self._turn = 0
         self._bell = _Bell()
+        #: the kernel is deactivated: its edges are not read (its inbox is held back by
+        #: the runtime's bridge)
+        self.paused = False
         inbox.add_burst_waker(self._bell.ring)
 
     @property
@@ -266,11 +277,18 @@ class EdgeInputs:
         return self._bell
 
     @property
-    def edges(self) -> tuple[ObjectEdge, ...]:
+    def edges(self) -> tuple[Any, ...]:
         """The incoming edges (kept until the consumer stops)."""
         return self._edges
 
-    def add(self, edge: ObjectEdge) -> None:
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) taking from the edges; a resumed consumer looks again."""
+        self.paused = paused
+        if not paused:
+            self._bell.waiting = True
+            self._bell.ring()
+
+    def add(self, edge: Any) -> None:
         """Read ``edge`` too, from the consumer's next look on (any thread)."""
         self._edges = (*self._edges, edge)
         self._bell.waiting = True  # a consumer asleep now wakes and sees it
@@ -289,20 +307,27 @@ class EdgeInputs:
     def __bool__(self) -> bool:
         return len(self) > 0
 
-    def _poll(self) -> Any:
+    def _poll(self, settle: bool = True) -> Any:
         """One message by turns (None: none now). Raises the inbox's closed error when it
-        is closed and drained and every edge is empty."""
+        is closed and drained and every edge is empty. Without ``settle`` an empty inbox
+        is skipped, not asked (asking arms its wake-up and looks for its close: the look
+        before sleeping does both)."""
         edges = self._edges
         if edges is not self._seen:
             self.mark_live()
+        if self.paused:
+            edges = ()
         n = len(edges) + 1
         turn = self._turn
         closed: BaseException | None = None
+        inbox = self._inbox
         for i in range(n):
             at = (turn + i) % n
             if at == 0:
+                if not settle and not len(inbox):
+                    continue
                 try:
-                    msg = self._inbox.get(0)
+                    msg = inbox.get(0)
                 except QueueClosedError as exc:
                     closed = exc
                     continue
@@ -314,7 +339,7 @@ class EdgeInputs:
             if msg is not None:
                 self._turn = (at + 1) % n
                 return msg
-        if closed is not None and not any(len(e) for e in edges):
+        if closed is not None and not any(len(e) for e in self._edges):
             raise closed
         return None
 
@@ -324,25 +349,34 @@ class EdgeInputs:
         Raises:
             QueueClosedError: the inbox is shut down and drained and every edge is empty.
         """
-        msg = self._poll()
-        if msg is not None or timeout == 0:
+        msg = self._poll(settle=False)
+        if msg is not None:
             return msg
+        if timeout == 0:
+            return self._poll()
         deadline = None if timeout is None else _monotonic() + timeout
         bell = self._bell
         while True:
             bell.waiting = True
-            msg = self._poll()  # looked at again after announcing
-            if msg is not None:
-                bell.waiting = False
-                return msg
-            if deadline is None:
-                remaining = -1.0
-            else:
-                remaining = deadline - _monotonic()
-                if remaining <= 0:
+            edges = self._edges
+            for e in edges:  # a shared-memory edge's producer rings only if announced
+                e.arm(True)
+            try:
+                msg = self._poll()  # looked at again after announcing
+                if msg is not None:
                     bell.waiting = False
-                    return None
-            bell.sleep(remaining)
+                    return msg
+                if deadline is None:
+                    remaining = -1.0
+                else:
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        bell.waiting = False
+                        return None
+                bell.sleep(remaining)
+            finally:
+                for e in edges:
+                    e.arm(False)
 
     def close(self) -> list[Any]:
         """Close every edge; what they held, each once (the consumer stopped)."""
@@ -400,6 +434,8 @@ class EdgeEnds:
         "_lock",
         "_outbox",
         "_output",
+        "_output_type",
+        "_paused",
         "_policy",
     )
 
@@ -412,14 +448,17 @@ class EdgeEnds:
         capacity: int,
         policy: str,
         input_type: type | None,
+        output_type: type | None = None,
     ) -> None:
         self._kernel_id = kernel_id
         self._outbox = outbox
+        self._output_type = output_type
+        self._paused = False
         self._capacity = capacity
         self._policy = policy
         self._input_type = input_type
         self._inputs: EdgeInputs | None = None
-        self._output: EdgeOutput | None = None
+        self._output: Any = None  # an `EdgeOutput`, or a shared-memory edge's end
         self._ctx: ThreadedKernelContext | None = None
         self._lock = threading.Lock()  # the loop routes while the actor thread starts
         self._inbox = inbox
@@ -437,28 +476,54 @@ class EdgeEnds:
             if self._output is not None:
                 ctx.send_into(self._output)
 
-    def open(self, source_id: str) -> ObjectEdge:
-        """A new edge into this worker from ``source_id``."""
+    def open(self, source_id: str, kind: str = KIND) -> Any:
+        """A new edge of ``kind`` (``objects`` or ``shm-ring``) into this worker from
+        ``source_id``."""
         with self._lock:
             inputs = self._inputs
             if inputs is None:
                 inputs = self._inputs = EdgeInputs(self._inbox)
-            edge = ObjectEdge(
-                f"edge {source_id!r} -> {self._kernel_id!r}",
-                self._capacity,
-                self._policy,
-                self._input_type,
-                inputs.bell,
-            )
-            inputs.add(edge)
+                inputs.paused = self._paused
+            edge: Any
+            if kind == SHM_KIND:
+                edge, end = edge_provider(kind).make_input(
+                    source_id,
+                    self._kernel_id,
+                    capacity=self._capacity,
+                    policy=self._policy,
+                    ring=inputs.bell.ring,
+                )
+                inputs.add(end)
+            else:
+                edge = ObjectEdge(
+                    f"edge {source_id!r} -> {self._kernel_id!r}",
+                    self._capacity,
+                    self._policy,
+                    self._input_type,
+                    inputs.bell,
+                )
+                inputs.add(edge)
             if self._ctx is not None:
                 self._ctx.read_from(inputs)
         return edge
 
-    def route(self, edge: ObjectEdge | None) -> None:
-        """Send into ``edge`` (None: the outbox again)."""
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) reading the incoming edges (the kernel is deactivated)."""
         with self._lock:
-            self._output = None if edge is None else EdgeOutput(edge, self._outbox)
+            self._paused = paused
+            if self._inputs is not None:
+                self._inputs.pause(paused)
+
+    def route(self, edge: Any) -> None:
+        """Send into ``edge`` (an `ObjectEdge` or a ``shm-ring`` edge; None: the outbox
+        again)."""
+        with self._lock:
+            if edge is not None and edge.kind == SHM_KIND:
+                self._output = edge_provider(SHM_KIND).make_output(
+                    edge, self._outbox, self._kernel_id, self._output_type
+                )
+            else:
+                self._output = None if edge is None else EdgeOutput(edge, self._outbox)
             ctx = self._ctx
             if ctx is not None:
                 ctx.send_into(self._outbox if self._output is None else self._output)

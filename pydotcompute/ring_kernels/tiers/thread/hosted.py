@@ -8,8 +8,9 @@ Design notes:
 - `HostedThreadWorker` starts the actor through a method of its own, where a tracing
   runtime's `trace_wire` makes the actor's context traced before the actor runs: one
   ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
-- Direct edges (kind ``"objects"``, `edge.py`) hang off the hosted worker only: the
-  standalone `ThreadedRingKernel` has no runtime to connect it.
+- Direct edges (kind ``"objects"``, `edge.py`, and ``"shm-ring"`` to and from a process
+  actor, whose in-process ends the process tier provides by name) hang off the hosted
+  worker only: the standalone `ThreadedRingKernel` has no runtime to connect it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from ...hosted import HostedKernel
 from ..contract import TierWorker
 from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelContext
-from .edge import KIND, EdgeEnds, ObjectEdge
+from .edge import KIND, SHM_KIND, EdgeEnds
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
 __all__ = ("HostedThreadWorker", "ThreadHostedKernel")
@@ -32,8 +33,8 @@ class HostedThreadWorker(ThreadWorker):
     Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
-    EDGE_OUT = frozenset({KIND})
-    EDGE_IN = frozenset({KIND})
+    EDGE_OUT = frozenset({KIND, SHM_KIND})
+    EDGE_IN = frozenset({KIND, SHM_KIND})
 
     def __init__(
         self,
@@ -53,19 +54,23 @@ class HostedThreadWorker(ThreadWorker):
             capacity=edge_bound[0],
             policy=edge_bound[1],
             input_type=kwargs.get("input_type"),
+            output_type=kwargs.get("output_type"),
         )
 
     # -- direct edges -------------------------------------------------------------------
 
-    def open_edge(self, kind: str, source_id: str) -> ObjectEdge:
-        if kind != KIND:
+    def open_edge(self, kind: str, source_id: str) -> Any:
+        if kind not in (KIND, SHM_KIND):
             return super().open_edge(kind, source_id)  # type: ignore[no-any-return]
-        return self._edges.open(source_id)
+        return self._edges.open(source_id, kind)
 
     def route_into(self, edge: Any) -> None:
-        if edge is not None and not isinstance(edge, ObjectEdge):
+        if edge is not None and edge.kind not in (KIND, SHM_KIND):
             super().route_into(edge)
         self._edges.route(edge)
+
+    def pause_edges(self, paused: bool) -> None:
+        self._edges.pause(paused)
 
     def stop(self, timeout: float = 5.0) -> bool:
         """As `ThreadWorker.stop`; when the actor has not finished within ``timeout``, the
