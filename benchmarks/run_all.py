@@ -136,6 +136,13 @@ SUITE = (
         "ring kernels on Ray against plain Ray calls",
         json_flag="--out",
     ),
+    Script(
+        "ray_multinode",
+        "ray_multinode_benchmark.py",
+        False,
+        "a cross-node asyncio -> ray -> ray pipeline against the same hops by hand",
+        json_flag="--out",
+    ),
 )
 
 
