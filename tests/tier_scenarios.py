@@ -69,6 +69,12 @@ def _pause_of(job: Any) -> float:
     return 0.0
 
 
+def _pause_after(job: Any) -> float:
+    """How long the actor holds ``job`` *after* answering it (payload ``after:S``)."""
+    payload = _payload(job)
+    return float(payload[6:]) if payload.startswith("after:") else 0.0
+
+
 async def echo_async(ctx: Any) -> None:
     while not ctx.should_terminate:
         job = await ctx.receive()
@@ -81,6 +87,9 @@ async def echo_async(ctx: Any) -> None:
             await ctx.send(Done(seq=job.seq))
         except QueueFullError:
             pass  # a reject-policy kernel downstream refused it (counted as dropped)
+        pause = _pause_after(job)
+        if pause:
+            await asyncio.sleep(pause)
 
 
 def echo_sync(ctx: Any) -> None:
@@ -97,6 +106,9 @@ def echo_sync(ctx: Any) -> None:
         if pause:
             time.sleep(pause)
         ctx.send(Done(seq=job.seq))
+        pause = _pause_after(job)
+        if pause:
+            time.sleep(pause)
 
 
 def plain_def_actor(ctx: Any) -> None:
@@ -249,6 +261,24 @@ async def scenario_message_in_hand_at_grace_end(case: TierCase) -> None:
         await asyncio.sleep(0.6)
         read = _read_all(rt, "k")
         assert_exactly_once([0, 1, 2], read, _seqs(left), rt.get_telemetry("k").messages_dropped)
+
+
+async def scenario_answered_message_in_hand_is_not_handed_back(case: TierCase) -> None:
+    """A message the actor already answered, still in its hands when the grace period ends,
+    ends once: its reply is read; it is not handed back as well (the answer finishes it)."""
+    async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
+        await _launch(rt, case)
+        await rt.send("k", Job(seq=0, payload="after:0.6"))
+        await rt.send("k", Job(seq=1))  # never taken: handed back
+        deadline = time.monotonic() + BOUND_S
+        while rt.get_telemetry("k").messages_sent < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the reply to 0 is out; the actor still holds 0
+        await asyncio.sleep(0.1)
+        left = await rt.terminate("k", timeout=0.1)
+        await asyncio.sleep(0.7)  # a thread finishes its pause late
+        read = _read_all(rt, "k")
+        assert 0 in read, (read, _seqs(left))
+        assert_exactly_once([0, 1], read, _seqs(left), rt.get_telemetry("k").messages_dropped)
 
 
 # --- 3: forwarding into a reject-policy kernel ---------------------------------------------------

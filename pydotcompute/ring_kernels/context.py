@@ -250,6 +250,7 @@ class KernelContext:
         else:
             msg = self._prepare_reply(msg)
         if (self._waiters or self._answers) and k.hand_to_caller(msg):  # a caller's reply
+            self._handling = False  # answered: the message in hand is finished
             return True
         target = self._forward
         if target is not None:
@@ -279,12 +280,14 @@ class KernelContext:
                 self._count_lost_reply()
                 raise
             else:
+                self._handling = False
                 return True
         out = self._outbox
         if out.offer(msg):  # open, with room: appended
+            self._handling = False
             return True
         try:
-            return await out.put(msg, timeout=timeout)
+            put = await out.put(msg, timeout=timeout)
         except asyncio.CancelledError:
             if self._stopping and not out.closed:
                 # terminate's grace period ran out while the outbox was full: the reply
@@ -295,6 +298,9 @@ class KernelContext:
             else:
                 self._count_lost_reply()
             raise
+        if put:
+            self._handling = False
+        return put
 
     def _count_lost_reply(self) -> None:
         """A reply that got nowhere (nobody waits for it any more, a reject-policy kernel
@@ -305,18 +311,24 @@ class KernelContext:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
         if (self._waiters or self._answers) and self._kernel.hand_to_caller(msg):
+            self._handling = False
             return True
         target = self._forward
         if target is not None:
             try:
                 target.accept_nowait(msg)
+                self._handling = False
                 return True
             except KernelStateError as exc:  # stopped downstream: kept here, as in `send`
                 self._kernel.reply_kept(target, exc)
                 if self._stopping:
                     self._outbox.put_overflow(msg)
+                    self._handling = False
                     return True
-        return self._outbox.put_nowait(msg)
+        put = self._outbox.put_nowait(msg)
+        if put:
+            self._handling = False
+        return put
 
     async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
         """Send ``msg`` straight into another kernel's inbox (same runtime); yields to the
@@ -336,6 +348,7 @@ class KernelContext:
         if self._tel is not None:
             self._tel.messages_sent += 1
         await lookup(kernel_id).accept(msg, timeout)
+        self._handling = False
         return True
 
     # -- the kernel's side (called by the kernel, not by actors) --------------------------
@@ -355,9 +368,9 @@ class KernelContext:
         self._answers = answers
 
     def take_unfinished(self) -> list[Any]:
-        """The message the actor was handling (taken, and it has not asked for the next
-        one) as a one-item list, else ``[]``; it stops counting as processed. Used when the
-        actor was cancelled or raised on it."""
+        """The message the actor was handling (taken, not answered, and it has not asked
+        for the next one) as a one-item list, else ``[]``; it stops counting as processed.
+        Used when the actor was cancelled or raised on it."""
         if not self._handling or self._current is None:
             return []
         self._handling = False

@@ -129,6 +129,10 @@ async def test_message_in_hand_at_grace_end(case: sc.TierCase) -> None:
     await sc.scenario_message_in_hand_at_grace_end(case)
 
 
+async def test_answered_message_in_hand_is_not_handed_back(case: sc.TierCase) -> None:
+    await sc.scenario_answered_message_in_hand_is_not_handed_back(case)
+
+
 async def test_forward_into_reject_inbox(case: sc.TierCase) -> None:
     await sc.scenario_forward_into_reject_inbox(case)
 

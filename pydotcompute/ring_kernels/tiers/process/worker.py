@@ -39,7 +39,8 @@ Design notes:
   else `RemoteActorError`, with the child's traceback as a
   note; callers get ``KernelFailedError`` after the replies sent before it.
 - What is in flight is never lost. The parent keeps every message it sent until the child
-  has *finished* it (the actor asked for its next message, or returned), counted by the
+  has *finished* it (the actor asked for its next message, returned, or answered it: a
+  reply written after the last ``mark_done`` finishes the one in hand), counted by the
   inbox ring's ``records_done``; when the child ends early, `take_undelivered` hands
   back exactly the unfinished ones, in send order, the one in the actor's hands first.
   Kept objects are pruned lazily, every 64 sends (or every in-flight window, the hand-over
@@ -738,7 +739,7 @@ class ProcessWorker(TierWorker):
                     f"the child process of kernel {self._kernel_id!r} (pid {process.pid}) "
                     f"{describe_exit(self._exit_code)} without reporting an error"
                 )
-            self._final_counts = self._inbox_counts()
+            self._final_counts = self._answered(self._inbox_counts())
             with self._state_lock:
                 if error is not None and self._error is None:
                     self._error = error
@@ -783,6 +784,19 @@ class ProcessWorker(TierWorker):
         sent = base + len(self._inflight)
         taken = min(max(taken, base), sent)
         return taken, min(max(done, base), taken)
+
+    def _answered(self, counts: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``counts`` at the child's exit, with the message in the actor's hands finished
+        when it was answered: the child wrote a reply after it last marked its messages
+        done (``done_mark``), so handing that message back as well would report it twice."""
+        ring, out = self._in_ring, self._out_ring
+        if counts is None or counts[0] <= counts[1] or ring is None or out is None:
+            return counts
+        try:
+            answered = out.records_written > ring.done_mark
+        except ValueError:  # closed by a concurrent stop
+            return counts
+        return (counts[0], counts[0]) if answered else counts
 
     def _ring_failed(self, exc: RingCorruptedError) -> None:
         """A ring's header is impossible: fail with ``exc`` and end the child (its channel

@@ -173,7 +173,10 @@ class ThreadedKernelContext:
         if self._check_fields and not fields_ok(msg):
             check_fields(msg, self.kernel_id, "must send")
         stamp_reply(msg, self._current)
-        return self._outbox.put(msg, timeout)
+        if self._outbox.put(msg, timeout):
+            self.handling = False  # answered: the message in hand is finished
+            return True
+        return False
 
     def send_nowait(self, msg: Any) -> bool:
         """Put a reply into the outbox if there is room; False when full."""
