@@ -79,6 +79,33 @@ def scenarios() -> dict[str, Scenario]:
     }
 
 
+def _names_used(code: Any) -> set[str]:
+    """The global names ``code`` and the functions nested in it refer to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names_used(const)
+    return names
+
+
+def calls(fn: Scenario, method: str) -> bool:
+    """Whether scenario ``fn``, or a function of ``tier_scenarios`` it uses (and so on),
+    calls ``method`` (found by name in their code)."""
+    seen: set[str] = set()
+    todo = [fn]
+    while todo:
+        code = todo.pop().__code__
+        used = _names_used(code)
+        if method in used:
+            return True
+        for name in used - seen:
+            seen.add(name)
+            helper = vars(sc).get(name)
+            if inspect.isfunction(helper) and helper.__module__ == sc.__name__:
+                todo.append(helper)
+    return False
+
+
 def _variants(short: str, fn: Scenario) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(id suffix, keyword arguments)`` for each run of ``fn``."""
     params = inspect.signature(fn).parameters.values()

@@ -15,7 +15,7 @@ import pytest
 
 from pydotcompute.testing import all_loops
 from tests import tier_scenarios as sc
-from tests.scenario_base import scenario_params
+from tests.scenario_base import calls, scenario_params, scenarios
 
 pytestmark = all_loops()
 
@@ -27,6 +27,10 @@ CASES = {
 }
 
 NO_BRIDGE = "the asyncio tier has no bridge: its inbox is the only bound"
+NO_REQUEST = (
+    "reply_spin_us changes only send_and_receive, which this scenario never calls: the "
+    "process case runs the same code"
+)
 
 #: case id -> scenario -> why that case skips it (besides `scenario_base`'s rules for
 #: every file: the restart policy, pools)
@@ -36,6 +40,11 @@ SKIPS: dict[str, dict[str, str]] = {
         "priority_not_starved": "the asyncio tier serves its banded inbox directly",
         "batched_hand_over_keeps_promises": "the asyncio tier has no bridge: nothing is "
         "handed over",
+    },
+    "process-spin": {
+        name: NO_REQUEST
+        for name, scenario in scenarios().items()
+        if not calls(scenario, "send_and_receive")
     },
 }
 
