@@ -79,9 +79,18 @@ SPANS_IN_ACTORS = (
     "asyncio tier's context, which the asyncio case pins), in a process whose tracer "
     "provider this test cannot read"
 )
+RECEIVED_UNCOUNTED = "messages_received does not count every message the kernel took: {}"
 #: case id -> scenario -> what goes wrong on Ray
 GAPS: dict[str, dict[str, str]] = {
+    "tier": {
+        "direct_and_queued_sends_keep_order": RECEIVED_UNCOUNTED.format(
+            "310 of 330, the 20 send_and_receive requests (each one Ray call) left out"
+        ),
+    },
     "ray-runtime": {
+        "direct_and_queued_sends_keep_order": RECEIVED_UNCOUNTED.format(
+            "refresh_telemetry reads 0 of 330"
+        ),
         "shutdown_of_a_cycle_keeps_what_it_cannot_forward": (
             "an actor forwards through a bridge (RemotePeer) that counts a message as sent "
             "once it takes it; a batch the stopped target refuses is known only later, and a "
@@ -113,12 +122,14 @@ SKIPS: dict[str, dict[str, str]] = {
         ),
         "bridge_bound_holds": NO_BRIDGE,
         "priority_not_starved": NO_BRIDGE,
+        "batched_hand_over_keeps_promises": NO_BRIDGE,
         "failed_message_spans_say_so": SPANS_IN_ACTORS,
         **IN_ACTOR,
     },
     "ray-runtime": {
         "bridge_bound_holds": NO_BRIDGE,
         "priority_not_starved": NO_BRIDGE,
+        "batched_hand_over_keeps_promises": NO_BRIDGE,
         "restart_on_failure": SNAPSHOT,
         "every_message_is_timed": SNAPSHOT,
         "shutdown_drains_pipeline_head_to_tail": CLOSURE_SINK,
