@@ -3,9 +3,11 @@
 Each ``scenario_*`` coroutine takes a :class:`TierCase` (the tier's name and the actors it
 runs) and checks one promise the runtime makes the same on every tier: accounting
 (every accepted message ends exactly once), supervision, correlation, backpressure and
-the edges (cancellation, not-active kernels, wrong actor kinds). The CPU tiers run them in
-``tests/integration/test_tier_contract.py``; the GPU tier (under the CUDA simulator) and
-the Ray tier can import this module from their own test processes.
+the edges (cancellation, not-active kernels, wrong actor kinds). ``tests/scenario_base.py``
+lists every ``scenario_*`` taking a `TierCase` for each tier's contract file (the CPU tiers
+in ``tests/integration/test_tier_contract.py``; the GPU tier under the CUDA simulator and
+the Ray tier from their own test processes), on both event loops: a new scenario needs no
+test function, only a reason wherever a tier skips it.
 
 Actors are module-level so that a child process can import them.
 """
