@@ -3,9 +3,11 @@
 Each ``scenario_*`` coroutine takes a :class:`TierCase` (the tier's name and the actors it
 runs) and checks one promise the runtime makes the same on every tier: accounting
 (every accepted message ends exactly once), supervision, correlation, backpressure and
-the edges (cancellation, not-active kernels, wrong actor kinds). The CPU tiers run them in
-``tests/integration/test_tier_contract.py``; the GPU tier (under the CUDA simulator) and
-the Ray tier can import this module from their own test processes.
+the edges (cancellation, not-active kernels, wrong actor kinds). ``tests/scenario_base.py``
+lists every ``scenario_*`` taking a `TierCase` for each tier's contract file (the CPU tiers
+in ``tests/integration/test_tier_contract.py``; the GPU tier under the CUDA simulator and
+the Ray tier from their own test processes): a new scenario needs no
+test function, only a reason wherever a tier skips it.
 
 Actors are module-level so that a child process can import them.
 """
@@ -116,6 +118,37 @@ def plain_def_actor(ctx: Any) -> None:
     echo_sync(ctx)
 
 
+#: Seconds a scenario's runtime gives its shutdown when the scenario leaves ``async with``.
+#: The runtime's own default (10 s) is waited out whole by every scenario that leaves a
+#: kernel unable to drain (an outbox nobody reads, a stage never activated), which is the
+#: point of several; a scenario about that exit itself asks for ``exit_timeout=None``.
+EXIT_TIMEOUT_S = 1.0
+_CLASS_EXIT: Any = object()  # ``exit_timeout`` not given: the class's `exit_timeout_s`
+
+
+class ExitsWithin:
+    """A runtime class mixin: leaving ``async with`` shuts down within ``exit_timeout``
+    seconds (the class's `exit_timeout_s` unless given; None: the runtime's own exit,
+    its default timeout). Every other method is the runtime's own."""
+
+    exit_timeout_s: float = EXIT_TIMEOUT_S
+
+    def __init__(self, *args: Any, exit_timeout: float | None = _CLASS_EXIT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        given = exit_timeout is not _CLASS_EXIT
+        self.scenario_exit_timeout = exit_timeout if given else self.exit_timeout_s
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.scenario_exit_timeout is None:
+            await super().__aexit__(*exc)  # type: ignore[misc]
+        else:
+            await self.shutdown(timeout=self.scenario_exit_timeout)  # type: ignore[attr-defined]
+
+
+class ScenarioRuntime(ExitsWithin, RingKernelRuntime):
+    """`RingKernelRuntime` leaving ``async with`` within `EXIT_TIMEOUT_S` (`ExitsWithin`)."""
+
+
 @dataclass(frozen=True)
 class TierCase:
     """One tier under test: its name and an echo actor of the kind it runs."""
@@ -124,8 +157,9 @@ class TierCase:
     echo: Callable[..., Any]
     wrong_kind: Callable[..., Any]  # an actor of the kind this tier refuses
     options: tuple[tuple[str, Any], ...] = ()
-    #: The runtime the scenario drives (the Ray tests pass ``RayRingKernelRuntime``).
-    make_runtime: Callable[[], Any] = RingKernelRuntime
+    #: The runtime the scenario drives (the Ray tests pass ``RayRingKernelRuntime``'s
+    #: `ExitsWithin` subclass); it takes the runtime's keywords and ``exit_timeout``.
+    make_runtime: Callable[..., Any] = ScenarioRuntime
 
     def opts(self, **more: Any) -> dict[str, Any]:
         out = dict(self.options)
@@ -1067,7 +1101,7 @@ async def scenario_shutdown_drains_pipeline_head_to_tail(case: TierCase) -> None
     sink (sources stop first, each stage drains into the next), nothing is dropped, and at
     most one log line is written about it."""
     async with asyncio.timeout(BOUND_S):
-        rt = case.make_runtime()
+        rt = case.make_runtime(exit_timeout=None)  # its own exit: the point here
         seen: list[int] = []
         with _log_lines() as lines:
             async with rt:
@@ -1762,7 +1796,7 @@ async def scenario_every_way_of_stopping_honours_drain_timeout(case: TierCase) -
     hand the rest back, counted in the report, instead of draining all 10 (5 s of work)
     within the shutdown's timeout."""
     for way in ("terminate", "shutdown", "leave", "cancelled"):
-        rt = case.make_runtime()
+        rt = case.make_runtime(exit_timeout=None)  # its own exit: the point here
         queued = asyncio.Event()
         reports: list[dict[str, int]] = []
 
@@ -1809,7 +1843,7 @@ async def scenario_unread_replies_reported_at_shutdown(case: TierCase) -> None:
     the shutdown drains the pipeline into that outbox, counts what is there in
     ``runtime.shutdown_report.unread``, logs it in one line, and ``take_unread`` reads
     each of them once afterwards."""
-    rt = case.make_runtime()
+    rt = case.make_runtime(exit_timeout=None)  # its own exit: the point here
     sent = asyncio.Event()
 
     async def app() -> None:
@@ -1848,7 +1882,7 @@ async def scenario_shutdown_cancelled_again_closes_its_books(case: TierCase) -> 
     runs, as ``asyncio.run`` does on a second Ctrl-C: the shutdown stops every kernel at
     once instead of being broken off, so every message ends once (readable, handed back
     or counted), the report says so, and the cancellation still comes through."""
-    rt = case.make_runtime()
+    rt = case.make_runtime(exit_timeout=None)  # its own exit: the point here
     accepted: list[int] = []
     backed_up = asyncio.Event()
 

@@ -1,20 +1,19 @@
 """The tier contract on the GPU tier: ``tests/tier_scenarios.py``'s scenarios, under the
 Numba CUDA simulator.
 
-Every ``scenario_*`` of the shared module runs here on ``tier="gpu"``. A GPU actor is a
-device function over fixed-layout messages, so this process runs the scenarios with
-fixed-layout twins of their ``Job`` and ``Done`` (same constructor: ``seq``, ``payload``,
-``priority``; the payload's instruction is encoded into two numbers on construction) and a
-device echo handler that reads them. Scenarios the GPU tier cannot run skip, naming why.
+Every scenario of the shared module runs here on ``tier="gpu"``, on both event loops,
+listed by ``tests/scenario_base.py`` as for every other tier. A GPU actor is a device
+function over fixed-layout messages, so this process runs the scenarios with fixed-layout
+twins of their ``Job`` and ``Done`` (same constructor: ``seq``, ``payload``, ``priority``;
+the payload's instruction is encoded into two numbers on construction) and a device echo
+handler that reads them. Scenarios the GPU tier cannot run skip, naming why (`SKIPS`).
 Run in its own process: ``NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cudasim``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import numpy as np
@@ -27,10 +26,14 @@ from pydotcompute.exceptions import (
     TypeValidationError,
 )
 from pydotcompute.ring_kernels import KernelState
+from pydotcompute.testing import all_loops
 from tests import tier_scenarios as sc
 from tests.gpu_ring_kernel_suite import Add, Sum, add_handler, launch_gpu
+from tests.scenario_base import scenario_params
 
 pytest.importorskip("numba.cuda")
+
+pytestmark = all_loops()
 
 # payload instructions, as the device handler reads them: payload[0] is the operation
 _ECHO, _BOOM, _SLEEP, _RETURN = 0.0, 1.0, 2.0, 3.0
@@ -82,73 +85,52 @@ async def _async_actor(ctx: Any) -> None:  # not a device handler
 GPU = sc.TierCase("gpu", gpu_echo, _async_actor, options=(("block_size", 1),))
 
 #: Scenarios the GPU tier cannot run, and why: each needs an actor a device handler cannot
-#: be. Everything else (the bridge's delivery, correlation, forwarding, accounting, batched
+#: be (`scenario_base` adds the rules of every tier file: the restart policy, pools).
+#: Everything else (the bridge's delivery, correlation, forwarding, accounting, batched
 #: hand-over) is the same code on every hosted tier and runs here.
-SKIPS: dict[str, str] = {
-    "scenario_actor_returns_by_itself": (
-        "a device handler cannot end the persistent kernel: it runs until terminated"
-    ),
-    "scenario_pool_routes_around_a_returned_replica": (
-        "a device handler cannot end the persistent kernel, and a GPU actor is one kernel "
-        "(the gpu tier refuses replicas)"
-    ),
-    "scenario_abandoned_requests_bounded": (
-        "needs an actor that never replies: the device answers every message, with a reply "
-        "or a rejection that ends its request"
-    ),
-    "scenario_producer_actor_yields": (
-        "a device handler answers each message with exactly one reply, never a burst"
-    ),
-    "scenario_factory_message_keeps_its_class": (
-        "the factory's message classes carry str fields: no fixed layout for the GPU rings"
-    ),
-    "scenario_value_too_deep_refused_at_send": (
-        "nested values have no fixed layout: the GPU tier refuses such a class at launch"
-    ),
-    "scenario_failed_message_spans_say_so": (
-        "a tracing runtime records no process span for a GPU kernel (its handler runs on "
-        "the device, outside any Python tracer), so there is no span to mark failed"
-    ),
-    # round 4: message types
-    "scenario_typed_kernel_gets_its_own_class": (
-        "the factory's message classes carry str fields: no fixed layout for the GPU rings "
-        "(a replaced class is refused at launch on every tier: test_replaced_class_refused_"
-        "at_launch below)"
-    ),
-    "scenario_reload_is_one_rule_on_every_tier": (
-        "needs a Python actor that sends back what it receives; a device handler is "
-        "compiled for one input and one output class"
-    ),
-    "scenario_answered_message_in_hand_is_not_handed_back": (
-        "a device handler's reply is the end of its message: it cannot hold a message after "
-        "answering it"
-    ),
-    "scenario_wrong_field_type_refused_in_ctx_send": (
-        "a device handler writes its reply into a fixed-layout record: it has no ctx.send"
-    ),
+SKIPS: dict[str, dict[str, str]] = {
+    "gpu": {
+        "actor_returns_by_itself": (
+            "a device handler cannot end the persistent kernel: it runs until terminated"
+        ),
+        "abandoned_requests_bounded": (
+            "needs an actor that never replies: the device answers every message, with a "
+            "reply or a rejection that ends its request"
+        ),
+        "producer_actor_yields": (
+            "a device handler answers each message with exactly one reply, never a burst"
+        ),
+        "factory_message_keeps_its_class": (
+            "the factory's message classes carry str fields: no fixed layout for the GPU rings"
+        ),
+        "value_too_deep_refused_at_send": (
+            "nested values have no fixed layout: the GPU tier refuses such a class at launch"
+        ),
+        "failed_message_spans_say_so": (
+            "a tracing runtime records no process span for a GPU kernel (its handler runs on "
+            "the device, outside any Python tracer), so there is no span to mark failed"
+        ),
+        "typed_kernel_gets_its_own_class": (
+            "the factory's message classes carry str fields: no fixed layout for the GPU "
+            "rings (a replaced class is refused at launch on every tier: "
+            "test_replaced_class_refused_at_launch below)"
+        ),
+        "reload_is_one_rule_on_every_tier": (
+            "needs a Python actor that sends back what it receives; a device handler is "
+            "compiled for one input and one output class"
+        ),
+        "answered_message_in_hand_is_not_handed_back": (
+            "a device handler's reply is the end of its message: it cannot hold a message "
+            "after answering it"
+        ),
+        "wrong_field_type_refused_in_ctx_send": (
+            "a device handler writes its reply into a fixed-layout record: it has no ctx.send"
+        ),
+    },
 }
 
-
 #: Scenarios the GPU tier does not pass yet, and why (strict: a pass is reported).
-GAPS: dict[str, str] = {}
-
-
-def _scenarios() -> Iterator[Any]:
-    for name, fn in sorted(vars(sc).items()):
-        if not name.startswith("scenario_") or not inspect.iscoroutinefunction(fn):
-            continue
-        if name.startswith("scenario_edge_"):  # direct edges: run per edge kind elsewhere
-            continue
-        short = name.removeprefix("scenario_")
-        marks = [pytest.mark.skip(reason=SKIPS[name])] if name in SKIPS else []
-        if name in GAPS:
-            marks.append(pytest.mark.xfail(reason=GAPS[name], strict=True))
-        if "serialize" in inspect.signature(fn).parameters:
-            for ser in (False, True):
-                kid = f"{short}[{'serialized' if ser else 'objects'}]"
-                yield pytest.param(fn, {"serialize": ser}, id=kid, marks=marks)
-        else:
-            yield pytest.param(fn, {}, id=short, marks=marks)
+GAPS: dict[str, dict[str, str]] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -158,9 +140,9 @@ def _fixed_layout_messages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sc, "Done", GpuDone)
 
 
-@pytest.mark.parametrize(("scenario", "kwargs"), list(_scenarios()))
-async def test_shared_scenario(scenario: Any, kwargs: dict[str, Any]) -> None:
-    await scenario(GPU, **kwargs)
+@pytest.mark.parametrize(("scenario", "case", "kwargs"), scenario_params({"gpu": GPU}, SKIPS, GAPS))
+async def test_scenario(scenario: Any, case: sc.TierCase, kwargs: dict[str, Any]) -> None:
+    await scenario(case, **kwargs)
 
 
 # --- GPU-only: what the shared scenarios do not cover ----------------------------------------

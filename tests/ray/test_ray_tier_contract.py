@@ -11,6 +11,8 @@ with what goes wrong (`GAPS`).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from pydotcompute.distributed.ray import RayRingKernelRuntime
@@ -18,10 +20,24 @@ from tests import tier_scenarios as sc
 
 pytestmark = pytest.mark.ray
 
-RAY_TIER = sc.TierCase("ray", sc.echo_async, sc.plain_def_actor)
-RAY_RUNTIME = sc.TierCase(
-    "ray", sc.echo_async, sc.plain_def_actor, make_runtime=RayRingKernelRuntime
+#: Seconds leaving a scenario's ``async with`` gives the shutdown of a runtime with Ray
+#: kernels: each stop is a call to a Ray actor (`tier_scenarios.EXIT_TIMEOUT_S`).
+RAY_EXIT_S = 5.0
+
+
+class ScenarioRayRuntime(sc.ExitsWithin, RayRingKernelRuntime):
+    """`RayRingKernelRuntime` leaving ``async with`` within `RAY_EXIT_S`."""
+
+    exit_timeout_s = RAY_EXIT_S
+
+
+RAY_TIER = sc.TierCase(
+    "ray",
+    sc.echo_async,
+    sc.plain_def_actor,
+    make_runtime=functools.partial(sc.ScenarioRuntime, exit_timeout=RAY_EXIT_S),
 )
+RAY_RUNTIME = sc.TierCase("ray", sc.echo_async, sc.plain_def_actor, make_runtime=ScenarioRayRuntime)
 
 # -- scenarios that cannot apply to Ray (skipped), and known gaps (xfail) ------------------
 
