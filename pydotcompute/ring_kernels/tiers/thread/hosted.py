@@ -10,6 +10,9 @@ Design notes:
   ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
 - Direct edges (kind ``"objects"``, `edge.py`) hang off the hosted worker only: the
   standalone `ThreadedRingKernel` has no runtime to connect it.
+- The hosted worker does not check what it is handed (type, fields): the bridge admitted
+  every message first (`HostedKernel._admit`, or `send`'s exact-type check), so a second
+  check per message was pure cost, on the pipelined path most of all.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class HostedThreadWorker(ThreadWorker):
         self._hosted_actor = kernel_func  # checked by the runtime at launch
         self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
+        # the runtime's bridge admits every message (its type and fields) before handing
+        # it over, and edges write to their own queues: no second check per message
+        self._admits = False
         self._edges = EdgeEnds(
             kernel_id,
             self.inbox,
