@@ -662,15 +662,18 @@ class HostedKernel(RingKernel):
             return
         poll = worker.poll_replies
         deliver = self._deliver_now
+        rearms = worker.SHORT_POLL_REARMS
         try:
             while True:
                 # (`_drain_batch`, inlined: one frame less on every reply's way)
+                drained = False
                 try:
                     replies = poll(budget)
                 except Exception as exc:
                     taken = self._polled_error(exc)
                 else:
                     taken = n = len(replies)
+                    drained = rearms and n < budget
                     if n == 1 and self._answers:  # a lone reply, most likely a caller's
                         if not deliver(replies[0]):
                             ready.append(replies[0])
@@ -681,7 +684,7 @@ class HostedKernel(RingKernel):
                 budget -= taken
                 if ready:  # the collector delivers the rest (or reports an error)
                     return
-                if not taken:
+                if not taken or drained:
                     # nothing more: the loop runs other tasks before the next drain (a
                     # wake-up from the worker), so this turn's budget starts afresh
                     budget = SEND_YIELD_EVERY

@@ -61,12 +61,18 @@ class TierWorker(abc.ABC):
         EDGE_OUT: The direct edge kinds (`edges.EdgeKind`) the actor can produce into
             (`route_into`); empty: its output always crosses the loop.
         EDGE_IN: The direct edge kinds the actor can consume from (`open_edge`).
+        SHORT_POLL_REARMS: True when `poll_replies` returning fewer replies than asked
+            means the tier held no more just then and `on_readable`'s callback runs for
+            the next one: the runtime stops polling there, without one more poll to find
+            none (on a round trip, a poll and a lock for nothing). False: it polls until
+            a poll finds none.
     """
 
     ACTOR_KIND: ClassVar[ActorKind] = "sync"
     SUPPORTS_RESTART: ClassVar[bool] = False
     EDGE_OUT: ClassVar[frozenset[str]] = frozenset()
     EDGE_IN: ClassVar[frozenset[str]] = frozenset()
+    SHORT_POLL_REARMS: ClassVar[bool] = False
 
     # -- limits -----------------------------------------------------------------------------
 

@@ -146,6 +146,9 @@ class ThreadWorker(TierWorker):
     """
 
     ACTOR_KIND = "sync"
+    # a short `poll_replies` emptied the outbox and armed its burst waker (`SPSCQueue`
+    # arms it there; `SyncQueue` runs its wakers at every put)
+    SHORT_POLL_REARMS = True
 
     def __init__(
         self,
