@@ -237,7 +237,7 @@ class HostedKernel(RingKernel):
             )
         return data
 
-    def _accept_now(self, msg: Any) -> bool:
+    def try_accept(self, msg: Any) -> bool:
         """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
         messages already in the inbox, or hand it straight to the worker; False when it
         must take the inbox's own path (empty inbox and no hand-over, or a full one)."""
@@ -251,6 +251,8 @@ class HostedKernel(RingKernel):
         if inbox is not None and inbox.qsize and not self._stopping:
             return bool(inbox.offer(msg))  # behind others: the pump keeps the order
         return self._hand_over(msg)
+
+    _accept_now = try_accept  # (its older name)
 
     def _admit(self, msg: Any) -> None:
         """Refuse at once what this kernel can never carry (`_check_size`) and what is not
