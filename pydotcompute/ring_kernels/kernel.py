@@ -1024,8 +1024,8 @@ class RingKernel:
         this kernel always asks for. A tier with a quick intake (the hosting bridge's
         direct hand-over) overrides it; ``send_and_receive`` tries it first.
 
-        Raises:
-            As `accept`, for a message this kernel can never take.
+        It raises what `accept` raises for a message this kernel can never take
+        (``TypeValidationError`` for the wrong class, say).
         """
         return False
 
