@@ -40,10 +40,11 @@ DESIGN_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("bridge", r"^process, reply_spin_us=100, round trip p50$", "ratio <= 2.0"),  # vs direct
     ("bridge", r"^thread, round trip p50$", "ratio <= 1.3"),  # vs call_soon_threadsafe
     ("bridge", r"^process, pipelined throughput$", "ratio >= 0.8"),  # vs the direct kernel
-    ("bridge", r"^thread, pipelined throughput$", "ratio >= 0.8"),
+    ("bridge", r"^thread, pipelined throughput$", "ratio >= 0.9"),  # DESIGN.md: 0.9 for thread
     ("bridge", r"^descriptors per process kernel$", "<= 4 fd"),
     # many actors on one loop
     ("actor_scaling", r"^1,000 actors: aggregate throughput$", "ratio >= 1.0"),  # vs bare tasks
+    ("actor_scaling", r"^1,000 actors, a caller each: aggregate round trips$", "ratio >= 1.0"),
     ("actor_scaling", r"^bytes per idle actor$", "<= 8192 B"),
     ("actor_scaling", r"^launch \+ activate 10,000 actors$", "<= 0.5 s"),
     # the codec against a like-for-like msgspec.Struct
@@ -70,6 +71,12 @@ _OPS = {
     "<": lambda a, b: a < b,
     ">": lambda a, b: a > b,
 }
+
+
+#: A floor made of two threads (or a loop and a thread) handing a message to and fro waits
+#: on two wake-ups a round trip: on a quiet machine it reads 8-9 us; above this it waited
+#: on slow wake-ups (a loaded or throttled machine), and a ratio against it hides cost.
+SLOW_WAKE_FLOOR_US = 15.0
 
 
 def design_target(benchmark: str, metric: str) -> str | None:
@@ -134,6 +141,7 @@ def summary_row(
     target: str | None = None,
     note: str | None = None,
     compare: bool = True,
+    slow_baseline: float | None = None,
 ) -> dict[str, Any]:
     """One line of the suite summary.
 
@@ -148,10 +156,16 @@ def summary_row(
         note: Why a value is missing, or anything a reader must know.
         compare: False for rows that are checks rather than speeds (an error bound):
             ``run_all.py --compare`` then reports them without a regression verdict.
+        slow_baseline: Where the baseline counts as slow (a time above it, a rate below
+            it): a floor that waits on a slow wake-up makes any ratio against it look
+            better than it is, so such a row says so in its ``note`` (see `slow_floor`).
     """
     ratio = None
     if value is not None and baseline:
         ratio = value / baseline
+    slow = slow_floor(baseline, slow_baseline, higher_is_better=higher_is_better, unit=unit)
+    if slow:
+        note = f"{note}; {slow}" if note else slow
     return {
         "name": name,
         "value": value,
@@ -163,7 +177,29 @@ def summary_row(
         "target": target,
         "note": note,
         "compare": compare,
+        "slow_baseline": slow_baseline,
     }
+
+
+def slow_floor(
+    baseline: float | None,
+    limit: float | None,
+    *,
+    higher_is_better: bool,
+    unit: str | None = None,
+) -> str | None:
+    """A warning when a floor measured ``baseline`` beyond ``limit`` (slower: a time above
+    it, a rate below it), else None."""
+    if baseline is None or limit is None:
+        return None
+    slow = baseline < limit if higher_is_better else baseline > limit
+    if not slow:
+        return None
+    unit = f" {unit}" if unit else ""
+    return (
+        f"SLOW FLOOR: it read {baseline:,.3g}{unit} (limit {limit:,.3g}{unit}); a ratio "
+        "against a slow wake-up hides what ours adds, read it with care"
+    )
 
 
 def chart_path(name: str, json_path: str | None) -> Path:
@@ -279,6 +315,7 @@ def adapt_summary(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:
                     baseline=tier2[0]["p50_us"],
                     baseline_name="SimpleQueue ping-pong",
                     target=f"ratio <= {t['tier2_target_ratio']}",
+                    slow_baseline=SLOW_WAKE_FLOOR_US,
                 )
             )
             tier3 = {r["what"].split(" (")[0]: r for r in data["tier3"]}

@@ -10,6 +10,11 @@ What it measures:
   the heap collected before each), and the ratio is ours / floor per round, its median
   reported (target for 1,000 actors: >= 1.0). The ratio against our own one-actor figure
   shows what the event loop's per-task wake-ups cost as actors are added;
+- 1,000 actors each with a caller of its own: every caller makes round trips (send, then
+  receive the reply) with its actor, all at once, against 1,000 bare echo tasks on two
+  ``asyncio.Queue`` objects each with a caller each, interleaved the same way (target
+  >= 1.0). Each message wakes one task on either side, the per-task path a window of
+  messages does not amortise;
 - memory per idle actor: ``tracemalloc`` bytes allocated by launching and activating
   10,000 actors (queues, context, telemetry, task and coroutine), divided by 10,000
   (target <= 8 KiB);
@@ -29,6 +34,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +105,57 @@ async def floor_throughput(n_tasks: int, total: int) -> float:
     return total / dt
 
 
+async def pairs_throughput(n_actors: int, total: int) -> float:
+    """Every actor has a caller of its own making round trips (send, then receive the
+    reply), all callers at once: aggregate round trips per second. Each message wakes one
+    task on each side, so this is the per-task wake-up path a window does not amortise."""
+    per = max(total // n_actors, 1)
+    async with RingKernelRuntime() as rt:
+        ids = [f"p{i}" for i in range(n_actors)]
+        for kid in ids:
+            await rt.launch(kid, echo, input_type=Tick, queue_size=4096)
+            await rt.activate(kid)
+
+        async def caller(kid: str) -> None:
+            send, receive = rt.send, rt.receive
+            for i in range(per):
+                await send(kid, Tick(value=i))
+                await receive(kid)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(kid) for kid in ids))
+        dt = time.perf_counter() - t0
+    return n_actors * per / dt
+
+
+async def floor_pairs_throughput(n_tasks: int, total: int) -> float:
+    """``pairs_throughput`` with a bare task echoing through two ``asyncio.Queue`` objects in
+    place of each actor."""
+    per = max(total // n_tasks, 1)
+    pairs: list[tuple[asyncio.Queue[Any], asyncio.Queue[Any]]] = [
+        (asyncio.Queue(4096), asyncio.Queue(4096)) for _ in range(n_tasks)
+    ]
+
+    async def echo_task(q_in: asyncio.Queue[Any], q_out: asyncio.Queue[Any]) -> None:
+        while True:
+            await q_out.put(await q_in.get())
+
+    async def caller(q_in: asyncio.Queue[Any], q_out: asyncio.Queue[Any]) -> None:
+        for i in range(per):
+            await q_in.put(Tick(value=i))
+            await q_out.get()
+
+    tasks = [asyncio.create_task(echo_task(i, o)) for i, o in pairs]
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(i, o) for i, o in pairs))
+    dt = time.perf_counter() - t0
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return n_tasks * per / dt
+
+
 async def idle_memory(n: int) -> dict[str, float]:
     async def parked(q: asyncio.Queue[Any]) -> None:
         await q.get()
@@ -148,21 +205,30 @@ def throughput_metric(n_actors: int) -> str:
     return f"{n_actors:,} actor{'' if n_actors == 1 else 's'}: aggregate throughput"
 
 
+#: actors (each with a caller of its own) in the round-trip row
+PAIRS = 1000
+PAIRS_METRIC = f"{PAIRS:,} actors, a caller each: aggregate round trips"
 IDLE_BYTES_METRIC = "bytes per idle actor"
 LAUNCH_METRIC = "launch + activate 10,000 actors"
 
 
-async def interleaved(n: int, total: int, rounds: int) -> dict[str, Any]:
+async def interleaved(
+    n: int,
+    total: int,
+    rounds: int,
+    ours_fn: Callable[[int, int], Awaitable[float]] = throughput,
+    floor_fn: Callable[[int, int], Awaitable[float]] = floor_throughput,
+) -> dict[str, Any]:
     """``rounds`` runs each of the actors and of the bare-task floor, alternating which goes
     first, the heap collected before each; the per-round ratios and the median rates."""
     ours: list[float] = []
     floor: list[float] = []
     for r in range(rounds):
-        order = (throughput, floor_throughput) if r % 2 == 0 else (floor_throughput, throughput)
+        order = (ours_fn, floor_fn) if r % 2 == 0 else (floor_fn, ours_fn)
         for fn in order:
             gc.collect()
             rate = await fn(n, total)
-            (ours if fn is throughput else floor).append(rate)
+            (ours if fn is ours_fn else floor).append(rate)
     ratios = [a / b for a, b in zip(ours, floor, strict=True)]
     return {
         "msgs_per_s": statistics.median(ours),
@@ -179,6 +245,9 @@ async def _measure(quick: bool) -> dict[str, Any]:
     await throughput(10, 5_000)  # warm up both paths
     await floor_throughput(10, 5_000)
     scaling = {n: await interleaved(n, total, rounds) for n in COUNTS}
+    await pairs_throughput(10, 1_000)  # warm up both paths
+    await floor_pairs_throughput(10, 1_000)
+    pairs = await interleaved(PAIRS, total // 2, rounds, pairs_throughput, floor_pairs_throughput)
     # timing without tracemalloc (it slows allocation), then memory with it
     mem = await idle_memory(10_000)
     rt = RingKernelRuntime()
@@ -196,6 +265,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
         "throughput": {n: s["msgs_per_s"] for n, s in scaling.items()},
         "floor_throughput": {n: s["floor_msgs_per_s"] for n, s in scaling.items()},
         "scaling": scaling,
+        "pairs": pairs,
         "rounds": rounds,
         "messages_per_run": total,
         "idle": mem,
@@ -218,6 +288,20 @@ def summary(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"ratio range {s['ratio_min']:.2f}-{s['ratio_max']:.2f}",
         )
         row["ratio"] = s["ratio"]  # the median same-round ratio, not a ratio of medians
+        rows.append(row)
+    pairs = r.get("pairs")
+    if pairs is not None:
+        row = summary_row(
+            PAIRS_METRIC,
+            pairs["msgs_per_s"],
+            "round trips/s",
+            higher_is_better=True,
+            baseline=pairs["floor_msgs_per_s"],
+            baseline_name=f"{PAIRS:,} bare tasks on asyncio.Queue, a caller each",
+            note=f"median of {r['rounds']} interleaved rounds; "
+            f"ratio range {pairs['ratio_min']:.2f}-{pairs['ratio_max']:.2f}",
+        )
+        row["ratio"] = pairs["ratio"]
         rows.append(row)
     idle = r["idle"]
     rows.append(
@@ -260,6 +344,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for n, s in r["scaling"].items()
         ],
         ["actors", "msg/s", "floor msg/s", "ratio", "ratio min-max", "vs one"],
+    )
+    p = r["pairs"]
+    print_table(
+        f"{PAIRS:,} actors, each with a caller of its own making round trips, all at once "
+        f"({name}); floor: {PAIRS:,} bare echo tasks on asyncio.Queue, a caller each "
+        "(target >= 1.0)",
+        [
+            {
+                "round trips/s": p["msgs_per_s"],
+                "floor round trips/s": p["floor_msgs_per_s"],
+                "ratio": p["ratio"],
+                "ratio min-max": f"{p['ratio_min']:.2f}-{p['ratio_max']:.2f}",
+            }
+        ],
+        ["round trips/s", "floor round trips/s", "ratio", "ratio min-max"],
     )
     m = r["idle"]
     print_table(

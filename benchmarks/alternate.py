@@ -5,7 +5,8 @@ runs ``benchmarks/bridge_benchmark.py`` (each checkout's own copy, with that che
 on ``PYTHONPATH``) old, new, new, old, old, new... so that machine drift falls on both alike,
 collects every summary row of every run and prints, per row, the median value of each side,
 the median same-run ratio of each side (against the floor the script measured in that same
-run) and new/old in the better direction (above 1 is better). ``--markdown FILE`` writes the
+run), each side's median floor itself (marked SLOW where the script says its floor waited on
+slow wake-ups) and new/old in the better direction (above 1 is better). ``--markdown FILE`` writes the
 table for docs/benchmarks.md; the raw runs are saved as JSON.
 
 Design notes:
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import print_table, save_json  # noqa: E402
-from _suite import adapt_summary, json_flag  # noqa: E402
+from _suite import adapt_summary, json_flag, slow_floor  # noqa: E402
 
 
 def run_once(
@@ -93,6 +94,9 @@ def combine(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]
         new_v = _median([r.get("value") for r in new_rows])
         old_r = _median([r.get("ratio") for r in old_rows])
         new_r = _median([r.get("ratio") for r in new_rows])
+        old_f = _median([r.get("baseline") for r in old_rows])
+        new_f = _median([r.get("baseline") for r in new_rows])
+        limit = sample.get("slow_baseline")
         gain = None
         if old_v and new_v:
             gain = new_v / old_v if higher else old_v / new_v
@@ -102,14 +106,25 @@ def combine(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]
                 "unit": sample.get("unit"),
                 "old": old_v,
                 "old ratio": old_r,
+                "old floor": _floor(old_f, limit, higher),
                 "new": new_v,
                 "new ratio": new_r,
+                "new floor": _floor(new_f, limit, higher),
                 "new/old (>1 better)": gain,
                 "baseline": sample.get("baseline_name"),
                 "runs": f"{len(old_rows)}+{len(new_rows)}",
             }
         )
     return table
+
+
+def _floor(value: float | None, limit: float | None, higher: bool) -> Any:
+    """A side's median floor, marked when it is slow (see `_suite.slow_floor`)."""
+    if value is None:
+        return None
+    if slow_floor(value, limit, higher_is_better=higher):
+        return f"{_fmt(value)} (SLOW)"
+    return value
 
 
 def _fmt(v: Any) -> str:
@@ -121,7 +136,17 @@ def _fmt(v: Any) -> str:
 
 
 def markdown(table: list[dict[str, Any]], title: str) -> str:
-    cols = ["row", "unit", "old", "old ratio", "new", "new ratio", "new/old (>1 better)"]
+    cols = [
+        "row",
+        "unit",
+        "old",
+        "old ratio",
+        "old floor",
+        "new",
+        "new ratio",
+        "new floor",
+        "new/old (>1 better)",
+    ]
     lines = [f"#### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in table:
         lines.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")

@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import loop_factories, percentiles, print_table, save_json
-from _suite import summary_row
+from _suite import SLOW_WAKE_FLOOR_US, slow_floor, summary_row
 from _tier_actors import Ping, Pong, echo_actor
 
 from pydotcompute import RingKernelRuntime
@@ -259,6 +259,8 @@ SUMMARY = (
         "CythonRingKernel direct",
     ),
 )
+#: the p50 (us) beyond which a floor counts as slow (see `_suite.SLOW_WAKE_FLOOR_US`)
+SLOW_FLOORS = {"thread floor": SLOW_WAKE_FLOOR_US}
 DESCRIPTORS_METRIC = "descriptors per process kernel"
 #: how many process-tier kernels the descriptor count launches
 DESCRIPTOR_KERNELS = 8
@@ -304,6 +306,7 @@ def summary(rounds: list[dict[str, Any]], fds_per_kernel: float | None) -> list[
             baseline=statistics.median(r[floor][idx] for r in rounds),
             baseline_name=floor_name,
             note=f"median of {len(rounds)} rounds; ratio range {min(vals):.2f}-{max(vals):.2f}",
+            slow_baseline=SLOW_FLOORS.get(floor) if kind == "p50" else None,
         )
         row["ratio"] = statistics.median(vals)  # of the same-round ratios
         rows.append(row)
@@ -364,14 +367,33 @@ def main(argv: list[str] | None = None) -> None:
         if not all(ours in r and floor in r for r in rounds):
             continue  # (an older checkout without reply_spin_us)
         vals = [r[ours][idx] / r[floor][idx] for r in rounds]
+        floors = [r[floor][idx] for r in rounds]
         ratios.append(
             {
                 "ratio": label,
                 "median": statistics.median(vals),
                 "min-max": f"{min(vals):.2f}-{max(vals):.2f}",
+                "floor (median)": f"{statistics.median(floors):,.3g} "
+                + ("us" if kind == "p50" else "msg/s"),
+                "floor min-max": f"{min(floors):,.3g}-{max(floors):,.3g}",
             }
         )
-    print_table("same-round ratios", ratios, ["ratio", "median", "min-max"])
+    print_table(
+        "same-round ratios (beside each, the floor's own value)",
+        ratios,
+        ["ratio", "median", "min-max", "floor (median)", "floor min-max"],
+    )
+    for floor, limit in SLOW_FLOORS.items():
+        slow = [
+            r[floor][0] for r in rounds if slow_floor(r[floor][0], limit, higher_is_better=False)
+        ]
+        if slow:
+            print(
+                f"\nWARNING: the {floor} read {', '.join(f'{v:.1f}' for v in slow)} us in "
+                f"{len(slow)} of {len(rounds)} rounds (slow: > {limit:g} us). Wake-ups are "
+                "slow on this machine now; a ratio against such a floor hides what the "
+                "runtime adds (trip_counts_benchmark.py counts it instead)."
+            )
     factory = loop_factories()[0][1]
     with asyncio.Runner(loop_factory=factory) as runner:
         fds = runner.run(descriptors_per_kernel())

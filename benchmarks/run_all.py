@@ -130,6 +130,12 @@ SUITE = (
         "pipelines of off-loop stages: loop path vs direct edges vs the slowest stage",
     ),
     Script(
+        "trip_counts",
+        "trip_counts_benchmark.py",
+        False,
+        "system calls and instructions a round trip (strace, callgrind): counts, not times",
+    ),
+    Script(
         "ray",
         "ray_benchmark.py",
         False,

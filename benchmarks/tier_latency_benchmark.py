@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import percentiles, print_table, save_json
+from _suite import SLOW_WAKE_FLOOR_US
 from _tier_actors import (
     Ping,
     Pong,
@@ -404,6 +405,12 @@ def main() -> None:
             ],
         )
 
+    floor2 = t2[0]["p50_us"]
+    if floor2 > SLOW_WAKE_FLOOR_US:
+        print(
+            f"\nWARNING: the tier-2 floor (SimpleQueue ping-pong) read {floor2:.1f} us (slow: "
+            f"> {SLOW_WAKE_FLOOR_US:g} us); a ratio against it hides what the kernel adds"
+        )
     ours2 = t2[1]
     ours3 = t3[2]
     mpq = t3[4]

@@ -297,7 +297,7 @@ class HostedKernel(RingKernel):
             self._encoder.keep_encoded(msg, data)  # the hand-over writes these bytes
         return data
 
-    def _accept_now(self, msg: Any, timeout: float | None = None) -> bool:
+    def try_accept(self, msg: Any, timeout: float | None = None) -> bool:
         """`accept`'s part that never waits: check and validate ``msg``, then queue it behind
         messages already in the inbox, or hand it straight to the worker; False when it
         must take the inbox's own path (empty inbox and no hand-over, or a full one).
@@ -339,11 +339,11 @@ class HostedKernel(RingKernel):
         self._validate_in(msg)
 
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
-        if not self._accept_now(msg, timeout):
+        if not self.try_accept(msg, timeout):
             await super().accept(msg, timeout)
 
     def accept_nowait(self, msg: Any) -> None:
-        if not self._accept_now(msg):
+        if not self.try_accept(msg):
             super().accept_nowait(msg)
 
     async def send(self, msg: Any, timeout: float | None = None) -> bool:
@@ -362,7 +362,7 @@ class HostedKernel(RingKernel):
             and inbox.offer(msg)
         ):
             return True
-        if not self._accept_now(msg, timeout):  # (`accept` without a coroutine of its own)
+        if not self.try_accept(msg, timeout):  # (`accept` without a coroutine of its own)
             await RingKernel.accept(self, msg, timeout)
         return True
 
@@ -854,15 +854,18 @@ class HostedKernel(RingKernel):
             return
         poll = worker.poll_replies
         deliver = self._deliver_now
+        rearms = worker.SHORT_POLL_REARMS
         try:
             while True:
                 # (`_drain_batch`, inlined: one frame less on every reply's way)
+                drained = False
                 try:
                     replies = poll(budget)
                 except Exception as exc:
                     taken = self._polled_error(exc)
                 else:
                     taken = n = len(replies)
+                    drained = rearms and n < budget
                     if n == 1 and self._answers:  # a lone reply, most likely a caller's
                         if not deliver(replies[0]):
                             ready.append(replies[0])
@@ -873,7 +876,7 @@ class HostedKernel(RingKernel):
                 budget -= taken
                 if ready:  # the collector delivers the rest (or reports an error)
                     return
-                if not taken:
+                if not taken or drained:
                     # nothing more: the loop runs other tasks before the next drain (a
                     # wake-up from the worker), so this turn's budget starts afresh
                     budget = SEND_YIELD_EVERY

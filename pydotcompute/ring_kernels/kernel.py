@@ -1018,6 +1018,17 @@ class RingKernel:
         if ok is not None and not ((t is in_t or in_t is None) and ok(msg)):
             check_fields(msg, self.kernel_id, "expects")
 
+    def try_accept(self, msg: Any) -> bool:
+        """Accept ``msg`` at once, without a coroutine, where that needs no waiting: True
+        when done; False (nothing done) when the caller must ``await accept(msg)``, which
+        this kernel always asks for. A tier with a quick intake (the hosting bridge's
+        direct hand-over) overrides it; ``send_and_receive`` tries it first.
+
+        It raises what `accept` raises for a message this kernel can never take
+        (``TypeValidationError`` for the wrong class, say).
+        """
+        return False
+
     async def accept(self, msg: Any, timeout: float | None = None) -> None:
         """Validate ``msg`` and enqueue it, applying the inbox's backpressure policy: the
         path of every send that is not the runtime's fast path, and how kernels hand
@@ -1246,7 +1257,8 @@ class RingKernel:
         accepted = timed_out = False
         try:
             if timeout is None:
-                await self.accept(msg, None)
+                if not self.try_accept(msg):
+                    await self.accept(msg, None)
                 accepted = True
                 return await fut
             # The time limit is the intake's own (a send that waits for room) and then a
@@ -1255,7 +1267,8 @@ class RingKernel:
             # ``wait_for`` can swallow a cancellation that lands as the reply arrives).
             deadline = loop.time() + timeout
             try:
-                await self.accept(msg, timeout)
+                if not self.try_accept(msg):
+                    await self.accept(msg, timeout)
             except QueueTimeoutError:
                 timed_out = True
                 raise self._no_reply(msg, timeout) from None

@@ -330,3 +330,30 @@ def test_two_classes_of_one_name_are_named_by_module_and_said_to_be_so() -> None
     text = str(info.value)
     assert f"bytes hold a {__name__}.twin.Named message of another definition" in text
     assert f"expected {__name__}.twin.Named" in text
+
+
+class _CountedKernel(FakeKernel):
+    """A `FakeKernel` that counts how often its state is read."""
+
+    reads = 0
+
+    @property  # type: ignore[override]
+    def state(self) -> _State:
+        _CountedKernel.reads += 1
+        return _State("ACTIVE")
+
+    @state.setter
+    def state(self, value: _State) -> None:
+        pass
+
+
+def test_declaring_a_class_for_many_kernels_reads_each_state_a_bounded_number_of_times() -> None:
+    """Launching n kernels of one class costs O(n) in all: each declaration does not look
+    at every kernel declared before it (10,000 launches took 45 s that way, not 0.3 s)."""
+    cls = _twin("Many")
+    kernels = [_CountedKernel(f"k{i}") for i in range(2000)]
+    _CountedKernel.reads = 0
+    for k in kernels:
+        check_declared_types(k, input_type=cls)
+    assert _CountedKernel.reads <= 8 * len(kernels), _CountedKernel.reads
+    assert len(declared_by(cls)) == len(kernels)  # every one of them is still named

@@ -315,18 +315,24 @@ def test_burst_wakers_run_once_a_burst_on_spsc() -> None:
     q.put(2)
     assert events == ["readable"]  # armed at first: nothing was ever found
     assert not q.put(3, timeout=0)  # found full: the next get runs the writable one
-    assert q.get_many(5) == [1, 2]
+    assert q.get_many(5) == [1, 2]  # fewer than asked: it took all, and armed it
     assert events == ["readable", "writable"]
     q.put(4)
-    assert events == ["readable", "writable"]  # no consumer found it empty since
-    assert q.get(0) == 4
-    assert q.get(0) is None  # found empty: the next put runs it again
-    q.put_many([5])
     assert events == ["readable", "writable", "readable"]
-    assert q.get_many(4) == [5]
-    assert q.get_many(4) == []
+    q.put(5)
+    assert events == ["readable", "writable", "readable"]  # no consumer emptied it since
+    assert q.get(0) == 4
+    assert q.get_many(1) == [5]  # as many as asked: not armed (the caller polls again)
     q.put(6)
-    assert q.put_many([7, 8]) == 1  # found full: armed
+    assert events == ["readable", "writable", "readable"]
+    assert q.get(0) == 6
+    assert q.get(0) is None  # found empty: the next put runs it again
+    q.put_many([7])
+    assert events == ["readable", "writable", "readable", "readable"]
+    assert q.get_many(4) == [7]
+    assert q.get_many(4) == []
+    q.put(8)
+    assert q.put_many([9, 10]) == 1  # found full: armed
     q.get(0)
     assert events[-2:] == ["readable", "writable"]
     q.shutdown()  # shutdown runs them all
@@ -373,6 +379,40 @@ def test_a_polling_consumer_misses_nothing_with_a_burst_waker() -> None:
     while i < n:
         i += q.put_many(list(range(i, min(i + 7, n))))
     t.join(30)
+    assert not t.is_alive()
+    assert got == list(range(n))
+
+
+def test_a_consumer_that_stops_at_a_short_batch_misses_nothing() -> None:
+    """A batch shorter than asked means the queue was emptied and the burst waker armed:
+    a consumer that sleeps then, without polling once more to find nothing, still gets
+    every item and is always woken (the runtime's reply drain works this way)."""
+    q: SPSCQueue[int] = SPSCQueue(64)
+    n = 3_000
+    woken = threading.Event()
+    q.add_burst_waker(woken.set)
+    got: list[int] = []
+    stalled: list[int] = []
+
+    def consume() -> None:
+        while len(got) < n:
+            batch = q.get_many(16)
+            got.extend(batch)
+            if len(batch) == 16 or len(got) == n:
+                continue
+            if not woken.wait(10):
+                stalled.append(len(got))
+                return
+            woken.clear()
+
+    t = threading.Thread(target=consume, name="test-consumer")
+    t.start()
+    i = 0
+    while i < n and t.is_alive():
+        i += q.put_many(list(range(i, min(i + 3, n))))
+        time.sleep(0.0001)  # the consumer empties the queue: short batches all along
+    t.join(30)
+    assert not stalled, f"no wake-up after {stalled[0]} items"
     assert not t.is_alive()
     assert got == list(range(n))
 

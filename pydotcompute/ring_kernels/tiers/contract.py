@@ -66,6 +66,11 @@ class TierWorker(abc.ABC):
             ``reply_spin_us`` has the event loop poll for a waiting caller's reply before
             it parks, and a lone request is made inline (`HostedKernel.send_and_receive`);
             without it that option does nothing.
+        SHORT_POLL_REARMS: True when `poll_replies` returning fewer replies than asked
+            means the tier held no more just then and `on_readable`'s callback runs for
+            the next one: the runtime stops polling there, without one more poll to find
+            none (on a round trip, a poll and a lock for nothing). False: it polls until
+            a poll finds none.
     """
 
     ACTOR_KIND: ClassVar[ActorKind] = "sync"
@@ -73,6 +78,7 @@ class TierWorker(abc.ABC):
     EDGE_OUT: ClassVar[frozenset[str]] = frozenset()
     EDGE_IN: ClassVar[frozenset[str]] = frozenset()
     SUPPORTS_INLINE_REQUEST: ClassVar[bool] = False
+    SHORT_POLL_REARMS: ClassVar[bool] = False
 
     # -- limits -----------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ Design notes:
 - Direct edges (kind ``"objects"``, `edge.py`, and ``"shm-ring"`` to and from a process
   actor, whose in-process ends the process tier provides by name) hang off the hosted
   worker only: the standalone `ThreadedRingKernel` has no runtime to connect it.
+- The hosted worker does not check what it is handed (type, fields): the bridge admitted
+  every message first (`HostedKernel._admit`, or `send`'s exact-type check), so a second
+  check per message was pure cost, on the pipelined path most of all.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class HostedThreadWorker(ThreadWorker):
         self._hosted_actor = kernel_func  # checked by the runtime at launch
         self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
+        # the runtime's bridge admits every message (its type and fields) before handing
+        # it over, and edges write to their own queues: no second check per message
+        self._admits = False
         self._edges = EdgeEnds(
             kernel_id,
             self.inbox,

@@ -27,9 +27,10 @@ Design notes:
   or writable (a pool waiting on many outboxes, or an event loop hosting a threaded kernel);
   they run in the thread that changed the queue, after the change, outside any lock.
 - Burst wakers (``add_burst_waker``) run once a burst on ``SPSCQueue``: after a consumer
-  found the queue empty (or a producer found it full), the same flag-then-look-again
-  handshake as parking. A host that polls until it finds nothing loses no wake-up and
-  does not pay a call per item; ``SyncQueue`` runs them as plain wakers.
+  found the queue empty, or emptied it with ``get_many`` (or a producer found it full), the
+  same flag-then-look-again handshake as parking. A host that polls until it finds nothing,
+  or until ``get_many`` gives fewer than asked, loses no wake-up and does not pay a call
+  per item; ``SyncQueue`` runs them as plain wakers.
 - ``put_many``/``get_many`` move a batch at once, waking each side once.
 """
 
@@ -696,7 +697,9 @@ class SPSCQueue(_QueueBase[T]):
 
     def get_many(self, max_count: int) -> list[T]:
         """Pop up to ``max_count`` items, oldest first, without waiting (``[]``: none);
-        the producer and the wakers are woken once (consumer side).
+        the producer and the wakers are woken once (consumer side). Fewer than
+        ``max_count`` means it took all there was and the burst wakers are armed: the next
+        put runs the readable ones.
 
         Raises:
             QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
@@ -714,6 +717,16 @@ class SPSCQueue(_QueueBase[T]):
         if n > max_count:
             n = max_count
         out = [queued.popleft()] if n == 1 else list(starmap(queued.popleft, repeat((), n)))
+        while n < max_count:
+            # took all there was: arm the burst wakers, then look again (as when it finds
+            # none), so a caller given fewer than it asked for need not poll to find none
+            self._empty_seen = True
+            more = len(queued)
+            if not more:
+                break
+            more = min(more, max_count - n)
+            out += starmap(queued.popleft, repeat((), more))
+            n += more
         self._dequeued += n
         if self._producer.waiting:
             self._producer.wake()

@@ -146,6 +146,9 @@ class ThreadWorker(TierWorker):
     """
 
     ACTOR_KIND = "sync"
+    # a short `poll_replies` emptied the outbox and armed its burst waker (`SPSCQueue`
+    # arms it there; `SyncQueue` runs its wakers at every put)
+    SHORT_POLL_REARMS = True
 
     def __init__(
         self,
@@ -174,6 +177,9 @@ class ThreadWorker(TierWorker):
         self._input_type = input_type
         self._output_type = output_type
         self._check_fields = config.check_fields
+        # whether `put`/`offer` check what they are given (a host that admits every message
+        # before handing it over turns this off: `HostedThreadWorker`)
+        self._admits = input_type is not None or config.check_fields
         queue_type: type[SPSCQueue[Any]] | type[SyncQueue[Any]]
         queue_type = SPSCQueue if config.use_spsc else SyncQueue
         self._inbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
@@ -411,7 +417,8 @@ class ThreadWorker(TierWorker):
         """
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        self._admit(msg)
+        if self._admits:
+            self._admit(msg)
         lock = self._send_lock
         if not _acquire(lock, timeout):
             return False
@@ -427,7 +434,8 @@ class ThreadWorker(TierWorker):
         """Queue ``msg`` if the inbox has room; False when full (errors as `put`)."""
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        self._admit(msg)
+        if self._admits:
+            self._admit(msg)
         lock = self._send_lock
         if not lock.acquire(False):
             return False
@@ -445,7 +453,7 @@ class ThreadWorker(TierWorker):
         is the first, with nothing queued)."""
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
-        if self._input_type is not None or self._check_fields:
+        if self._admits:
             for i, msg in enumerate(msgs):
                 try:
                     self._admit(msg)
