@@ -1018,11 +1018,12 @@ class RingKernel:
         if ok is not None and not ((t is in_t or in_t is None) and ok(msg)):
             check_fields(msg, self.kernel_id, "expects")
 
-    def try_accept(self, msg: Any) -> bool:
+    def try_accept(self, msg: Any, timeout: float | None = None) -> bool:
         """Accept ``msg`` at once, without a coroutine, where that needs no waiting: True
         when done; False (nothing done) when the caller must ``await accept(msg)``, which
         this kernel always asks for. A tier with a quick intake (the hosting bridge's
-        direct hand-over) overrides it; ``send_and_receive`` tries it first.
+        direct hand-over) overrides it; ``send_and_receive`` tries it first, passing its
+        ``timeout`` (the most a reply spin at the hand-over may take).
 
         It raises what `accept` raises for a message this kernel can never take
         (``TypeValidationError`` for the wrong class, say).
@@ -1267,7 +1268,7 @@ class RingKernel:
             # ``wait_for`` can swallow a cancellation that lands as the reply arrives).
             deadline = loop.time() + timeout
             try:
-                if not self.try_accept(msg):
+                if not self.try_accept(msg, timeout):
                     await self.accept(msg, timeout)
             except QueueTimeoutError:
                 timed_out = True
