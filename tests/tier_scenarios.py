@@ -2076,10 +2076,21 @@ def pass_job_sync(ctx: Any) -> None:
             ctx.send(job)
 
 
+def _edge_kinds_only(case: Any) -> None:
+    """A direct-edge scenario runs on an `EdgeCase` (``test_direct_edges.py``); a tier's
+    own runner that collects every scenario skips it, saying so."""
+    if not isinstance(case, EdgeCase):
+        pytest.skip(
+            "a direct-edge scenario runs per edge kind in test_direct_edges.py (a GPU -> GPU "
+            "device-ring edge is not built)"
+        )
+
+
 async def _edge_pair(
     rt: Any, case: EdgeCase, *, a_opts: dict[str, Any] | None = None, **b_opts: Any
 ) -> None:
     """``a`` (relay) -> ``b`` (relay), connected before they run, both active."""
+    _edge_kinds_only(case)
     await rt.launch(
         "a", pass_job_sync, input_type=Job, output_type=Job, tier=case.source, **(a_opts or {})
     )
@@ -2583,6 +2594,8 @@ async def _edge_gated(rt: Any, case: EdgeCase, gate: str, k: int, **b_opts: Any)
     await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, 2)
     await _send_range(rt, 1, k + 1)
     await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 2)
+    if case.kind != "loop":  # b holds job 0 (so job -1 is finished), 1..k wait in the edge
+        await _settle(rt, lambda: int(_edge_counters(rt, case)["depth"] == k), 1)
 
 
 def _queued_for_b(rt: Any, case: EdgeCase) -> int:
@@ -2618,6 +2631,7 @@ async def scenario_edge_flows_while_loop_blocked(case: EdgeCase) -> None:
     """The data plane leaves the event loop: with the loop blocked (a synchronous sleep
     on it), the consumer still takes what its direct edge holds; the edge's counters
     show it without the loop."""
+    _edge_kinds_only(case)
     if case.kind == "loop":
         pytest.skip("a loop edge moves its messages on the event loop, by design")
     async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
@@ -2625,7 +2639,6 @@ async def scenario_edge_flows_while_loop_blocked(case: EdgeCase) -> None:
         k = 30
         rt = await stack.enter_async_context(RingKernelRuntime())
         await _edge_gated(rt, case, gate, k, queue_size=64, output_queue_size=4 * k)
-        await _settle(rt, lambda: _edge_counters(rt, case)["depth"], k)
         before = _edge_counters(rt, case)
         assert before["depth"] == k, before
         open(gate, "w").close()
@@ -2644,6 +2657,7 @@ async def scenario_edge_consumer_killed(case: EdgeCase) -> None:
     child (the runtime's process owns the segments) and is handed back once; the
     message in its actor's hands is handed back on the loop path (the runtime kept it)
     and counted ``lost`` on a direct edge (it never came back); the producer runs on."""
+    _edge_kinds_only(case)
     if case.target != "process":
         pytest.skip("only a process consumer can be killed")
     import signal

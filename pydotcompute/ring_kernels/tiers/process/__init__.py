@@ -7,6 +7,9 @@
 - `config`: `ProcessKernelConfig`; `kernel`: `ProcessKernel` (public name
   ``CythonRingKernel``), the synchronous façade; `hosted`: `ProcessHostedKernel`, what
   ``tier="process"`` builds.
+- `edge`: direct ``shm-ring`` edges (band rings in shared memory); `edge_child` the
+  child's side, `edge_worker` the parent's (`HostedProcessWorker`), `edge_local` a thread
+  actor's in-process ends.
 
 Names load on first use, so that the child, which imports `child`, loads neither the
 parent side nor the runtime's hosting bridge.

@@ -7,6 +7,10 @@ by the producing actor's thread (``ctx.send``) and read by the consuming actor's
 runtime's bridge) and each incoming edge, by turns, each edge highest band first.
 `EdgeOutput` is what a producer routed into an edge sends through. `EdgeEnds` ties them
 to one `HostedThreadWorker`. The control plane (`ring_kernels/edges.py`) decides when.
+A ``shm-ring`` edge to or from a process actor is read and written here too, through the
+ends the process tier provides by name (`tiers.edge_provider`); `EdgeInputs` reads them
+like an `ObjectEdge` and announces its sleep to them (``arm``). While the kernel is
+deactivated (`EdgeEnds.pause`) its actor takes nothing from its edges.
 
 Design notes:
 - One lock per edge, taken by the producer's ``put`` and by ``close``: a put either lands
