@@ -73,7 +73,7 @@ types: install
 	$(BIN)/mypy pydotcompute
 
 test-main: install
-	$(PYTEST) -q tests --ignore=tests/cudasim
+	$(PYTEST) -q tests --ignore=tests/cudasim --durations=25
 
 # The queue and tier tests again on the pure-Python twin of the Cython extension.
 test-purepython: install

@@ -2,12 +2,12 @@
 
 Every scenario of ``tests/tier_scenarios.py`` runs here on each case below, listed by
 ``tests/scenario_base.py`` as it lists them for the GPU (simulator) and Ray test processes;
-`SKIPS` says what a case cannot run, and why. The asyncio and thread cases run on both
-event loops (asyncio's and uvloop's): their actors' hand-overs are the loop's own calls.
-The process cases run on uvloop, the loop a deployed runtime uses: their data moves in the
-child and the shared rings, the same on either loop, and they are most of this file's
-time. Run this file again with ``PYDOTCOMPUTE_PUREPYTHON=1`` for the process tier on the
-pure-Python ring.
+`SKIPS` says what a case cannot run, and why. Every tier runs on both event loops
+(asyncio's and uvloop's). The process-spin case, the process tier with
+``reply_spin_us``, runs on uvloop only, the loop a deployed runtime uses: it changes only
+how the loop polls for a reply, and the process cases are most of this file's time. Run
+this file again with ``PYDOTCOMPUTE_PUREPYTHON=1`` for the process tier on the pure-Python
+ring.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tests import tier_scenarios as sc
 from tests.scenario_base import calls, scenario_params, scenarios
 
 #: Cases run on both event loops, and cases run on uvloop only (see the module's note).
-BOTH_LOOPS = {"asyncio": sc.ASYNCIO, "thread": sc.THREAD}
-UVLOOP_ONLY = {"process": sc.PROCESS, "process-spin": sc.PROCESS_SPIN}
+BOTH_LOOPS = {"asyncio": sc.ASYNCIO, "thread": sc.THREAD, "process": sc.PROCESS}
+UVLOOP_ONLY = {"process-spin": sc.PROCESS_SPIN}
 CASES = {**BOTH_LOOPS, **UVLOOP_ONLY}
 
 NO_BRIDGE = "the asyncio tier has no bridge: its inbox is the only bound"
@@ -60,7 +60,7 @@ async def test_scenario(scenario: Any, case: sc.TierCase, kwargs: dict[str, Any]
 
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 @pytest.mark.parametrize(("scenario", "case", "kwargs"), _params(UVLOOP_ONLY))
-async def test_process_scenario(scenario: Any, case: sc.TierCase, kwargs: dict[str, Any]) -> None:
+async def test_spin_scenario(scenario: Any, case: sc.TierCase, kwargs: dict[str, Any]) -> None:
     await scenario(case, **kwargs)
 
 
