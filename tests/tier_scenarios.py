@@ -2063,6 +2063,9 @@ def relay_job_sync(ctx: Any) -> None:
         if pause:
             time.sleep(pause)
         ctx.send(Job(seq=job.seq))  # NORMAL: the outbox keeps the order it was handled in
+        pause = _pause_after(job)
+        if pause:
+            time.sleep(pause)
 
 
 def pass_job_sync(ctx: Any) -> None:
@@ -2688,3 +2691,31 @@ async def scenario_edge_consumer_killed(case: EdgeCase) -> None:
             assert c["handed_back"] >= k, c  # (and what a sent before b's end was seen)
             assert rt.get_telemetry("b").drop_reasons().get("lost") == 1
             assert set(range(1, k + 1)) <= set(left), left
+
+
+# --- round 4: the answered message in hand ------------------------------------------------
+
+
+async def scenario_edge_answered_record_ends_once(case: EdgeCase) -> None:
+    """A consumer killed (``kill -9``) while it holds a message it already answered: the
+    reply ends it, on every edge kind; it is neither handed back nor counted ``lost``."""
+    _edge_kinds_only(case)
+    if case.target != "process":
+        pytest.skip("only a process consumer can be killed")
+    import signal
+
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime() as rt:
+        await _edge_pair(rt, case, queue_size=64)
+        await rt.send("a", Job(seq=-1))  # b's actor has looked at its edge: it is live
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -1
+        await rt.send("a", Job(seq=0, payload="after:30"))
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == 0  # b holds 0, answered
+        b = rt.get_kernel("b")
+        os.kill(b.worker.pid, signal.SIGKILL)
+        with pytest.raises(KernelFailedError):
+            await rt.receive("b", timeout=BOUND_S)
+        await rt.shutdown()
+        left = _seqs(b.undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        assert 0 not in left, left
+        assert rt.get_telemetry("b").drop_reasons().get("lost", 0) == 0
+        assert_exactly_once([-1, 0], [-1, 0], left, _all_dropped(rt))

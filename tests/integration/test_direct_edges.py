@@ -210,3 +210,7 @@ async def test_a_process_actor_without_edges_keeps_the_plain_context() -> None:
         edged = await rt.receive("b", timeout=30)
     assert solo.payload == "ProcessKernelContext"
     assert edged.payload == "EdgeProcessKernelContext"
+
+
+async def test_edge_answered_record_ends_once(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_answered_record_ends_once(edge)

@@ -19,8 +19,9 @@ Design notes:
   the child started are attached, and live, before its actor runs.
 - By turns: the inbox (fed by the runtime's bridge) and each edge take turns, so a
   message waits behind at most one message of each other input per turn.
-- The record in the actor's hands is *finished* when it asks for its next message (the
-  edge's ``finished`` count, as the inbox's ``mark_done``); if the actor raises, the
+- The record in the actor's hands is *finished* when it asks for its next message or
+  answers it (a send that succeeded: the edge's ``finished`` count, as the inbox's
+  ``mark_done``); if the actor raises before either, the
   record is reported back on the status pipe (``["left", base, record]``) and handed
   back by the runtime; if the process dies, the runtime counts it ``lost``.
 """
@@ -338,7 +339,10 @@ class EdgeProcessKernelContext(ProcessKernelContext):
             st.apply()
         writer = st.writer
         if writer is None or not writer.usable:
-            return super().send(msg, timeout)
+            if super().send(msg, timeout):
+                st.finish()  # answered: an edge record in hand is finished
+                return True
+            return False
         codec = self._codec
         if type(msg) is not codec[0]:  # validate each new type once
             encode = self._encoder_for(msg)
@@ -352,9 +356,14 @@ class EdgeProcessKernelContext(ProcessKernelContext):
             raise too_large(
                 self.kernel_id, msg, len(data), writer.max_record_size, "edge"
             ) from None
-        if done is True or done is False:
-            return done
-        return all(self._write_out(msg, record, timeout) for record in done)  # the loop path
+        if done is not True and done is not False:  # the loop path
+            done = all(self._write_out(msg, record, timeout) for record in done)
+        if done:
+            # answered: the message in hand is finished, from an edge or the inbox (the
+            # parent sees no reply in the outbox to tell it so)
+            st.finish()
+            self._in.mark_done(self._out)
+        return done
 
     def _write_out(self, msg: Any, data: bytes, timeout: float | None) -> bool:
         try:

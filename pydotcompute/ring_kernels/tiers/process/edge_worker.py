@@ -120,9 +120,10 @@ class EdgePorts:
         if isinstance(base, str) and isinstance(record, bytes):
             self._left[base] = record
 
-    def close(self) -> tuple[list[bytes], list[bytes]]:
+    def close(self, answered: bool = False) -> tuple[list[bytes], list[bytes]]:
         """The actor stopped (its process has ended): close the incoming edges, once.
-        Returns ``(the records the actor raised on, what the edges held)``."""
+        ``answered``: the record in the actor's hands had been answered (finished, not
+        lost). Returns ``(the records the actor raised on, what the edges held)``."""
         with self._lock:
             if self._closed:
                 return [], []
@@ -134,6 +135,9 @@ class EdgePorts:
             base = edge.spec[0]
             hand = self._left.pop(base, None)
             lost = edge.unfinished() - (hand is not None)
+            if answered and lost > 0:  # its reply ends it
+                lost -= 1
+                answered = False
             if hand is not None:
                 hands.append(hand)
             left += edge.close(lost=max(lost, 0))
@@ -218,7 +222,7 @@ class HostedProcessWorker(ProcessWorker):
         the record the actor raised on first, then the inbox's messages, then the
         edges' (which close: later sends into them take the loop path)."""
         out = super().take_undelivered()  # (raises while the child runs)
-        hands, left = self._ports.close()
+        hands, left = self._ports.close(answered=self.answered_at_exit)
         return self._decoded(hands) + out + self._decoded(left)
 
     def _decoded(self, records: list[bytes]) -> list[Any]:

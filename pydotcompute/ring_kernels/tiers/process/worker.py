@@ -322,6 +322,7 @@ class ProcessWorker(TierWorker):
         self._consumed = 0
         self._gated = False
         self._final_counts: tuple[int, int] | None = None  # (taken, done) once the child ended
+        self._answered_at_exit = False  # see `answered_at_exit`
         self._undelivered_taken = False
         self._rx: Any = None  # the outbox ring while receiving from it is allowed
         self._status: Any = None
@@ -788,15 +789,26 @@ class ProcessWorker(TierWorker):
     def _answered(self, counts: tuple[int, int] | None) -> tuple[int, int] | None:
         """``counts`` at the child's exit, with the message in the actor's hands finished
         when it was answered: the child wrote a reply after it last marked its messages
-        done (``done_mark``), so handing that message back as well would report it twice."""
+        done (``done_mark``), so handing that message back as well would report it twice.
+        (Read from the rings' headers after the exit: no race with a kill between the
+        reply's write and a mark.)"""
         ring, out = self._in_ring, self._out_ring
-        if counts is None or counts[0] <= counts[1] or ring is None or out is None:
+        if ring is None or out is None:
             return counts
         try:
-            answered = out.records_written > ring.done_mark
+            self._answered_at_exit = out.records_written > ring.done_mark
         except ValueError:  # closed by a concurrent stop
             return counts
-        return (counts[0], counts[0]) if answered else counts
+        if counts is None or counts[0] <= counts[1] or not self._answered_at_exit:
+            return counts
+        return (counts[0], counts[0])
+
+    @property
+    def answered_at_exit(self) -> bool:
+        """True when the child, at its exit, had written a reply since its actor last
+        asked for a message: the message in the actor's hands (from the inbox or a direct
+        edge) was answered, so it is finished."""
+        return self._answered_at_exit
 
     def _ring_failed(self, exc: RingCorruptedError) -> None:
         """A ring's header is impossible: fail with ``exc`` and end the child (its channel
