@@ -117,6 +117,7 @@ class HostedThreadWorker(ThreadWorker):
         runtime shadows its ``send``), so an untraced worker checks nothing.
         """
         carrier = self._trace_carrier = TraceCarrier(received)
+        self._edges.trace_into(carrier)  # what comes over an edge carries its context too
         plain_offer = self.offer
 
         def offer(msg: Any) -> bool:
