@@ -263,3 +263,83 @@ async def test_a_tracing_runtime_still_widens_the_bridge(
     span_exporter.clear()
     assert got == list(range(n))
     assert widest > 64, widest
+
+
+# --- round 4: direct edges keep the trace ---
+
+
+async def test_a_pipeline_of_direct_edges_is_one_trace(span_exporter: Any) -> None:
+    """a (thread) -> b (thread) -> c (process) -> d (process), every edge direct under a
+    tracing runtime: each Job is one trace from its ``send a`` to d, whose actor sees the
+    context b's recorded ``process b`` span carried on (c takes it from b's record and
+    writes it into d's), and nothing is lost."""
+    from tests import tier_scenarios as sc
+
+    n = 20
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        for kid, tier in (("a", "thread"), ("b", "thread"), ("c", "process")):
+            await rt.launch(kid, sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier=tier)
+        await rt.launch(
+            "d", sc.report_trace_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        for src, dst in ("ab", "bc", "cd"):
+            rt.connect(src, dst)
+        assert [e.kind for e in rt.edges()] == ["objects", "shm-ring", "shm-ring"]
+        for kid in "dcba":
+            await rt.activate(kid)
+        jobs = [sc.Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("a", job)
+        got = [await rt.receive("d", timeout=BOUND_S) for _ in range(n)]
+        counters = [e.counters for e in rt.edges()]
+        await finished(span_exporter, "process b", n)
+    assert sorted(r.seq for r in got) == list(range(n))
+    for c in counters:
+        assert c is not None, counters
+        assert c["accepted"] == c["taken"] == n, counters
+    spans = span_exporter.get_finished_spans()
+    by = {(s.name, s.attributes.get("messaging.message.id")): s for s in spans}
+    seen = {r.seq: r.payload.split(":") for r in got}
+    for job in jobs:
+        send_a = by[("send a", str(job.message_id))]
+        process_a = by[("process a", str(job.message_id))]
+        process_b = by[("process b", str(job.message_id))]
+        assert process_a.parent.span_id == send_a.context.span_id
+        assert process_b.parent.span_id == process_a.context.span_id  # over the edge
+        trace_id, span_id = seen[job.seq]
+        assert trace_id == f"{send_a.context.trace_id:032x}"
+        assert span_id == f"{process_b.context.span_id:016x}"  # carried through c
+
+
+async def test_a_thread_consumer_fails_the_span_of_the_edge_message_it_raised_on(
+    span_exporter: Any,
+) -> None:
+    """b (thread) takes Jobs from an ``objects`` edge and raises on one: the ``process b``
+    span it recorded for that message is failed, with the actor's exception; the one
+    before is not."""
+    from opentelemetry.trace import StatusCode
+
+    from tests import tier_scenarios as sc
+
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread")
+        await rt.launch(
+            "b", sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread"
+        )
+        rt.connect("a", "b")
+        assert [e.kind for e in rt.edges()] == ["objects"]
+        for kid in "ba":
+            await rt.activate(kid)
+        ok, boom = sc.Job(seq=0), sc.Job(seq=1, payload="boom")
+        await rt.send("a", ok)
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == 0
+        await rt.send("a", boom)
+        spans = await finished(span_exporter, "process b", 2)
+    by = {s.attributes["messaging.message.id"]: s for s in spans}
+    failed = by[str(boom.message_id)]
+    assert failed.status.status_code == StatusCode.ERROR
+    assert "ValueError: boom at 1" in (failed.status.description or "")
+    assert [e.name for e in failed.events] == ["exception"]
+    assert by[str(ok.message_id)].status.status_code == StatusCode.UNSET

@@ -150,8 +150,10 @@ class ShmInput:
         if data[:2] != TRACE_FRAME:
             return decode_value(self._kernel_id, data)
         trace_id, span_id, flags, record = split_trace(self._kernel_id, data)
-        msg = self._decode(record) if record[0] != FRAME_TAG else decode_value(
-            self._kernel_id, record
+        msg = (
+            self._decode(record)
+            if record[0] != FRAME_TAG
+            else decode_value(self._kernel_id, record)
         )
         carrier = self._carrier
         if carrier is not None:

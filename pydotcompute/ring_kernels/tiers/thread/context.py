@@ -330,6 +330,17 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
             carrier.token = context.attach(trace.set_span_in_context(span))
         return msg
 
+    def finish(self, exc: BaseException | None) -> None:
+        """The actor ended (it raised ``exc``, or returned: None): the message in its
+        hands is finished, and a ``process`` span recorded here for it fails with
+        ``exc`` (as OpenTelemetry's conventions ask)."""
+        span = self._trace.span
+        if exc is not None and span is not None:
+            assert self.otel is not None
+            span.record_exception(exc)
+            span.set_status(self.otel[0].StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        self._leave()
+
     def receive(self, timeout: float | None = None) -> Any:
         self._leave()  # asking for the next message finishes the previous one
         return self._enter(super().receive(timeout))

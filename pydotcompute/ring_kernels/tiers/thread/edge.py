@@ -218,10 +218,12 @@ class ObjectEdge:
         for d in reversed(self._bands):
             while d:
                 try:
-                    d.popleft()
+                    gone = d.popleft()
                 except IndexError:
                     break
                 self.evicted += 1
+                if self.carrier is not None:  # (traced) its context goes with it
+                    self.carrier.forget(gone)
                 return True
         return False
 
@@ -592,7 +594,12 @@ class EdgeEnds:
         `take_left` returns what they held."""
         inputs = self._inputs
         if inputs is not None:
-            self._left += inputs.close()
+            left = inputs.close()
+            carrier = self._carrier
+            if carrier is not None:  # (traced) handed back: their contexts are let go
+                for msg in left:
+                    carrier.forget(msg)
+            self._left += left
 
     def take_left(self) -> list[Any]:
         """What closing the edges left, each message once (closing them first)."""
