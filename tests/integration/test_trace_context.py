@@ -82,7 +82,7 @@ async def test_child_spans_nest_and_the_reply_parents_the_next_hop(span_exporter
         await rt.launch("c", forward_sync, input_type=Seen, output_type=Seen, tier="thread")
         for kid in "bc":
             await rt.activate(kid)
-        rt.connect("b", "c")
+        rt.connect("b", "c", direct=False)  # the loop path: the reply's frame parents send c
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
             await rt.send("b", job)
@@ -181,7 +181,7 @@ async def test_spans_in_a_thread_actor_nest_and_its_sends_parent_the_next_hop(
         for kid in "atp":
             await rt.activate(kid)
         rt.connect("a", "t")
-        rt.connect("t", "p")
+        rt.connect("t", "p", direct=False)  # the loop path: t's send parents send p
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
             await rt.send("a", job)
@@ -343,3 +343,47 @@ async def test_a_thread_consumer_fails_the_span_of_the_edge_message_it_raised_on
     assert "ValueError: boom at 1" in (failed.status.description or "")
     assert [e.name for e in failed.events] == ["exception"]
     assert by[str(ok.message_id)].status.status_code == StatusCode.UNSET
+
+
+async def test_children_traced_before_their_edges_carry_the_context(span_exporter: Any) -> None:
+    """a and b (process) handle traced messages first, then are connected: their contexts,
+    traced already, take the edge on as traced ones, so what a writes into the edge still
+    carries its span and b handles it inside a's trace."""
+    from tests import tier_scenarios as sc
+
+    n = 30
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        await rt.launch(
+            "b", sc.report_trace_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        for kid in "ba":
+            await rt.activate(kid)
+        await rt.send("a", sc.Job(seq=-1))  # both children see a trace frame first
+        await rt.send("b", sc.Job(seq=-2))
+        assert (await rt.receive("a", timeout=BOUND_S)).seq == -1
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -2
+        rt.connect("a", "b")
+        assert [e.kind for e in rt.edges()] == ["shm-ring"]
+        # b, parked on its inbox alone, looks at its edge once a message wakes it (on the
+        # loop path); then the edge is live
+        await rt.send("a", sc.Job(seq=-3))
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -3
+        await asyncio.sleep(0.2)
+        jobs = [sc.Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("a", job)
+        got = {r.seq: r.payload for r in [await rt.receive("b", timeout=BOUND_S) for _ in range(n)]}
+        (edge,) = rt.edges()
+        await finished(span_exporter, "process a", n + 2)
+    assert sorted(got) == list(range(n))
+    assert edge.counters is not None
+    assert edge.counters["accepted"] == n, edge.counters
+    spans = span_exporter.get_finished_spans()
+    process_a = {s.attributes["messaging.message.id"]: s for s in spans if s.name == "process a"}
+    for job in jobs:
+        trace_id = f"{process_a[str(job.message_id)].context.trace_id:032x}"
+        assert got[job.seq].split(":")[0] == trace_id, job.seq
