@@ -2719,3 +2719,99 @@ async def scenario_edge_answered_record_ends_once(case: EdgeCase) -> None:
         assert 0 not in left, left
         assert rt.get_telemetry("b").drop_reasons().get("lost", 0) == 0
         assert_exactly_once([-1, 0], [-1, 0], left, _all_dropped(rt))
+
+
+# --- round 4: traced edges ---
+# A tracing runtime keeps its direct edges direct: the producer's trace context rides in
+# each record's header, and the consumer handles the message inside it.
+
+
+def report_trace_sync(ctx: Any) -> None:
+    """Answers each ``Job`` with its ``seq`` and, as ``payload``, the W3C ids of the span
+    current while it handled it (``"<trace id>:<span id>"`` in hex)."""
+    from opentelemetry import trace
+
+    while not ctx.should_terminate:
+        try:
+            job = ctx.receive(timeout=0.05)
+        except QueueClosedError:
+            return
+        if job is not None:
+            sc = trace.get_current_span().get_span_context()
+            ctx.send(Job(seq=job.seq, payload=f"{sc.trace_id:032x}:{sc.span_id:016x}"))
+
+
+async def _finished_spans(exporter: Any, name: str, n: int) -> list[Any]:
+    """The finished spans called ``name``, once there are ``n`` (or the bound passed)."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        spans = [s for s in exporter.get_finished_spans() if s.name == name]
+        if len(spans) >= n or time.monotonic() > deadline:
+            return spans
+        await asyncio.sleep(0.02)
+
+
+async def scenario_edge_traced_links(case: EdgeCase) -> None:
+    """Under a tracing runtime the edge keeps its kind, every message arrives once, and b
+    handles each message inside the trace of a's ``process`` span: on a direct edge as
+    the child of that span (a thread consumer records its own ``process b`` span under
+    it; a process consumer has a's span current), on the loop path through ``send b``."""
+    _edge_kinds_only(case)
+    exporter = span_exporter()
+    exporter.clear()
+    n = 40
+    async with asyncio.timeout(BOUND_S * 2):
+        async with RingKernelRuntime(tracing=True) as rt:
+            await rt.launch("a", pass_job_sync, input_type=Job, output_type=Job, tier=case.source)
+            await rt.launch(
+                "b", report_trace_sync, input_type=Job, output_type=Job, tier=case.target
+            )
+            rt.connect("a", "b", direct=case.direct)
+            assert [e.kind for e in rt.edges()] == [case.kind], rt.edges()
+            for kid in ("b", "a"):
+                await rt.activate(kid)
+            jobs = [Job(seq=i) for i in range(n)]
+            for job in jobs:
+                await rt.send("a", job)
+            got = {}
+            for _ in range(n):
+                reply = await rt.receive("b", timeout=BOUND_S)
+                assert reply.seq not in got, reply.seq  # once each
+                got[reply.seq] = reply.payload
+            assert sorted(got) == list(range(n))
+            c = _edge_counters(rt, case)
+            if case.kind != "loop":
+                assert c["accepted"] == c["taken"] == n, c
+            await _finished_spans(exporter, "process a", n)
+            if case.target == "thread" or case.kind == "loop":
+                await _finished_spans(exporter, "process b", n)
+        assert _all_dropped(rt) == 0
+    spans = exporter.get_finished_spans()
+
+    def one(name: str, message_id: Any) -> Any:
+        found = [
+            s
+            for s in spans
+            if s.name == name and s.attributes.get("messaging.message.id") == str(message_id)
+        ]
+        assert len(found) == 1, (name, message_id, found)
+        return found[0]
+
+    for job in jobs:
+        process_a = one("process a", job.message_id)
+        trace_id = f"{process_a.context.trace_id:032x}"
+        seen_trace, seen_span = got[job.seq].split(":")
+        assert seen_trace == trace_id, (job.seq, got[job.seq], trace_id)  # one trace
+        if case.target == "process" and case.kind != "loop":
+            # nothing between: a's span is current while b handles the message
+            assert seen_span == f"{process_a.context.span_id:016x}", job.seq
+            continue
+        process_b = one("process b", job.message_id)  # a passes the Job on as it is
+        assert process_b.context.trace_id == process_a.context.trace_id
+        assert seen_span == f"{process_b.context.span_id:016x}", job.seq
+        if case.kind == "loop":
+            send_b = one("send b", job.message_id)
+            assert send_b.parent.span_id == process_a.context.span_id
+            assert process_b.parent.span_id == send_b.context.span_id
+        else:  # recorded by b's own context, as the child of a's span
+            assert process_b.parent.span_id == process_a.context.span_id

@@ -53,6 +53,11 @@ Design notes:
   while the actor handles the message, so spans the actor makes nest under it.
 - A ``process`` span starts before the hand-over (its context is in the record); when the
   tier is full, the span waits with the message and is used for its next offer.
+- Direct edges (``objects``, ``shm-ring``) stay direct: the producer's current context
+  rides in each record's header and the consumer's actor makes it current (a thread
+  consumer records the ``process`` span itself). The wrapper passes the edge calls to its
+  tier; a producer routed into an edge sends nothing back, so its ``process`` span ends
+  at the hand-over instead of at a reply that never comes.
 """
 
 from __future__ import annotations
@@ -426,6 +431,9 @@ class TracingWorker(TierWorker):
         self.ACTOR_KIND = inner.ACTOR_KIND  # type: ignore[misc]
         self.SUPPORTS_RESTART = inner.SUPPORTS_RESTART  # type: ignore[misc]
         self.SUPPORTS_INLINE_REQUEST = inner.SUPPORTS_INLINE_REQUEST  # type: ignore[misc]
+        self.EDGE_OUT = inner.EDGE_OUT  # type: ignore[misc]
+        self.EDGE_IN = inner.EDGE_IN  # type: ignore[misc]
+        self._routed = False  # the actor sends into a direct edge: no reply comes back
         self._tracer = tracer
         self._kernel = kernel
         self._lock = threading.Lock()
@@ -496,7 +504,7 @@ class TracingWorker(TierWorker):
                     del unsent[next(iter(unsent))]
             return False
         key = _message_id(msg)
-        if key is None:  # a plain value: nothing can match its reply
+        if key is None or self._routed:  # a plain value, or its reply goes into an edge
             span.end()
             return True
         with self._lock:
@@ -568,6 +576,16 @@ class TracingWorker(TierWorker):
         return self.inner.failed_on
 
     # -- delegated -------------------------------------------------------------------------
+
+    def open_edge(self, kind: str, source_id: str) -> Any:
+        return self.inner.open_edge(kind, source_id)
+
+    def route_into(self, edge: Any) -> None:
+        self.inner.route_into(edge)
+        self._routed = edge is not None
+
+    def pause_edges(self, paused: bool) -> None:
+        self.inner.pause_edges(paused)
 
     @property
     def max_message_bytes(self) -> int | None:

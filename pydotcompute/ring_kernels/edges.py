@@ -6,8 +6,8 @@ supervision, the accounting ledger, metrics, ``connect``/``disconnect`` decision
 consumer's input, without a hop through the parent's loop.
 
 Edge kinds (`EdgeKind`):
-- ``"loop"``: the default, and what any edge with an asyncio, Ray or pool end, a tracing
-  runtime or a ``serialize=True`` kernel keeps: the producer's bridge collects the reply
+- ``"loop"``: the default, and what any edge with an asyncio, Ray or pool end or a
+  ``serialize=True`` kernel keeps: the producer's bridge collects the reply
   on the loop and accepts it into the consumer's banded inbox (runtime.py, hosted.py).
 - ``"objects"``: thread -> thread, an in-process queue of objects, four priority bands,
   no serialization (`tiers/thread/edge.py`).
@@ -48,9 +48,11 @@ How each promise holds on a direct edge:
   its actor held when the process died is counted ``lost``); a producer that fails leaves
   its edge readable. (Re-attaching a restarted actor is for tiers that restart: none that
   offers an edge does yet.)
-- *Tracing*: a tracing runtime keeps loop edges for now (its spans ride beside each
-  message on the loop path); a kind that carries trace context in its record header
-  declares it and is picked under tracing.
+- *Tracing*: a kind in `TRACED_KINDS` carries each message's trace context in its record
+  header (``shm-ring``: the process tier's ``0xC1 'T'`` frame; ``objects``: the ids
+  beside the message, in the consumer's `TraceCarrier`), so a tracing runtime keeps it
+  direct; the consumer's actor makes that context current, and a thread consumer records
+  the message's ``process`` span itself (the runtime's bridge never sees it).
 - *Disconnect and re-connect*: ``disconnect`` routes the producer back to its outbox; the
   edge stays attached to the consumer, which still drains it, so each message ends exactly
   once across the switch. Connecting the same pair again reuses that edge.
@@ -71,7 +73,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ("PREFERENCE", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
+__all__ = ("PREFERENCE", "TRACED_KINDS", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
 
 logger = logging.getLogger("pydotcompute")
 
@@ -79,6 +81,8 @@ EdgeKind = Literal["loop", "objects", "shm-ring", "device-ring"]
 
 #: Direct kinds in the order `connect` prefers them when both ends offer several.
 PREFERENCE: tuple[EdgeKind, ...] = ("objects", "shm-ring", "device-ring")
+#: Direct kinds whose records carry trace context: the ones a tracing runtime may pick.
+TRACED_KINDS: frozenset[str] = frozenset({"objects", "shm-ring"})
 
 
 @dataclass(frozen=True)
@@ -240,9 +244,7 @@ class EdgeTable:
 def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
     first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
-    the target's consumes from (``EDGE_IN``)."""
-    if tracing:
-        return "loop", "a tracing runtime keeps loop edges"
+    the target's consumes from (``EDGE_IN``); under ``tracing`` only `TRACED_KINDS`."""
     ends = []
     for kernel, role in ((source, "source"), (target, "target")):
         worker = getattr(kernel, "worker", None)
@@ -256,6 +258,8 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
     taken = ends[1].EDGE_IN
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
+            if tracing and kind not in TRACED_KINDS:
+                return "loop", f"a {kind} edge carries no trace context (a tracing runtime)"
             return kind, ""
     return "loop", (
         f"no direct kind both ends offer ({source.config.tier} produces into "

@@ -60,13 +60,14 @@ async def test_edges_exported_as_metrics() -> None:
     assert infos == [{"source": "a", "target": "b", "kind": "loop"}], infos
 
 
-async def test_thread_edges_are_direct_unless_asked_or_traced() -> None:
-    """thread -> thread is an ``objects`` edge; ``direct=False`` and a tracing runtime
-    (whose spans ride the loop path) keep the loop, and say so."""
+async def test_thread_edges_are_direct_unless_asked() -> None:
+    """thread -> thread is an ``objects`` edge, under a tracing runtime too (the trace
+    context rides with each message); ``direct=False`` keeps the loop, and says so."""
     for tracing, direct, kind, why in (
         (False, True, "objects", ""),
         (False, False, "loop", "direct=False"),
-        (True, True, "loop", "tracing"),
+        (True, True, "objects", ""),
+        (True, False, "loop", "direct=False"),
     ):
         async with RingKernelRuntime(tracing=tracing) as rt:
             for kid in ("a", "b"):
@@ -174,14 +175,15 @@ async def test_shm_edges_and_their_counts_exported_as_metrics(source: str, targe
     assert counts["lost"] == counts["handed_back"] == 0, counts
 
 
-async def test_process_edges_are_direct_unless_asked_or_traced() -> None:
+async def test_process_edges_are_direct_unless_asked() -> None:
     """process -> process, thread -> process and process -> thread are ``shm-ring``
-    edges; ``direct=False`` and a tracing runtime keep the loop, and say so."""
+    edges, under a tracing runtime too (the trace context rides in each record's
+    header); ``direct=False`` keeps the loop, and says so."""
     for source, target in (("process", "process"), ("thread", "process"), ("process", "thread")):
         for tracing, direct, kind, why in (
             (False, True, "shm-ring", ""),
             (False, False, "loop", "direct=False"),
-            (True, True, "loop", "tracing"),
+            (True, True, "shm-ring", ""),
         ):
             async with RingKernelRuntime(tracing=tracing) as rt:
                 for kid, tier in (("a", source), ("b", target)):
@@ -214,3 +216,10 @@ async def test_a_process_actor_without_edges_keeps_the_plain_context() -> None:
 
 async def test_edge_answered_record_ends_once(edge: sc.EdgeCase) -> None:
     await sc.scenario_edge_answered_record_ends_once(edge)
+
+
+# --- round 4: traced edges -----------------------------------------------------------------
+
+
+async def test_edge_traced_links(edge: sc.EdgeCase) -> None:
+    await sc.scenario_edge_traced_links(edge)

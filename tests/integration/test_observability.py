@@ -410,7 +410,7 @@ async def test_a_new_reply_continues_the_trace_across_the_process_tier(span_expo
         for kid in "abc":
             await rt.activate(kid)
         rt.connect("a", "b")
-        rt.connect("b", "c")
+        rt.connect("b", "c", direct=False)  # the loop path: a ``send c`` on every hop
         for i in range(3):
             await rt.send("a", Job(seq=i))
         for _ in range(3):

@@ -82,7 +82,7 @@ async def test_child_spans_nest_and_the_reply_parents_the_next_hop(span_exporter
         await rt.launch("c", forward_sync, input_type=Seen, output_type=Seen, tier="thread")
         for kid in "bc":
             await rt.activate(kid)
-        rt.connect("b", "c")
+        rt.connect("b", "c", direct=False)  # the loop path: the reply's frame parents send c
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
             await rt.send("b", job)
@@ -181,7 +181,7 @@ async def test_spans_in_a_thread_actor_nest_and_its_sends_parent_the_next_hop(
         for kid in "atp":
             await rt.activate(kid)
         rt.connect("a", "t")
-        rt.connect("t", "p")
+        rt.connect("t", "p", direct=False)  # the loop path: t's send parents send p
         jobs = [Job(seq=i) for i in range(n)]
         for job in jobs:
             await rt.send("a", job)
@@ -263,3 +263,127 @@ async def test_a_tracing_runtime_still_widens_the_bridge(
     span_exporter.clear()
     assert got == list(range(n))
     assert widest > 64, widest
+
+
+# --- round 4: direct edges keep the trace ---
+
+
+async def test_a_pipeline_of_direct_edges_is_one_trace(span_exporter: Any) -> None:
+    """a (thread) -> b (thread) -> c (process) -> d (process), every edge direct under a
+    tracing runtime: each Job is one trace from its ``send a`` to d, whose actor sees the
+    context b's recorded ``process b`` span carried on (c takes it from b's record and
+    writes it into d's), and nothing is lost."""
+    from tests import tier_scenarios as sc
+
+    n = 20
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        for kid, tier in (("a", "thread"), ("b", "thread"), ("c", "process")):
+            await rt.launch(kid, sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier=tier)
+        await rt.launch(
+            "d", sc.report_trace_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        for src, dst in ("ab", "bc", "cd"):
+            rt.connect(src, dst)
+        assert [e.kind for e in rt.edges()] == ["objects", "shm-ring", "shm-ring"]
+        for kid in "dcba":
+            await rt.activate(kid)
+        jobs = [sc.Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("a", job)
+        got = [await rt.receive("d", timeout=BOUND_S) for _ in range(n)]
+        counters = [e.counters for e in rt.edges()]
+        await finished(span_exporter, "process b", n)
+    assert sorted(r.seq for r in got) == list(range(n))
+    for c in counters:
+        assert c is not None, counters
+        assert c["accepted"] == c["taken"] == n, counters
+    spans = span_exporter.get_finished_spans()
+    by = {(s.name, s.attributes.get("messaging.message.id")): s for s in spans}
+    seen = {r.seq: r.payload.split(":") for r in got}
+    for job in jobs:
+        send_a = by[("send a", str(job.message_id))]
+        process_a = by[("process a", str(job.message_id))]
+        process_b = by[("process b", str(job.message_id))]
+        assert process_a.parent.span_id == send_a.context.span_id
+        assert process_b.parent.span_id == process_a.context.span_id  # over the edge
+        trace_id, span_id = seen[job.seq]
+        assert trace_id == f"{send_a.context.trace_id:032x}"
+        assert span_id == f"{process_b.context.span_id:016x}"  # carried through c
+
+
+async def test_a_thread_consumer_fails_the_span_of_the_edge_message_it_raised_on(
+    span_exporter: Any,
+) -> None:
+    """b (thread) takes Jobs from an ``objects`` edge and raises on one: the ``process b``
+    span it recorded for that message is failed, with the actor's exception; the one
+    before is not."""
+    from opentelemetry.trace import StatusCode
+
+    from tests import tier_scenarios as sc
+
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread")
+        await rt.launch(
+            "b", sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread"
+        )
+        rt.connect("a", "b")
+        assert [e.kind for e in rt.edges()] == ["objects"]
+        for kid in "ba":
+            await rt.activate(kid)
+        ok, boom = sc.Job(seq=0), sc.Job(seq=1, payload="boom")
+        await rt.send("a", ok)
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == 0
+        await rt.send("a", boom)
+        spans = await finished(span_exporter, "process b", 2)
+    by = {s.attributes["messaging.message.id"]: s for s in spans}
+    failed = by[str(boom.message_id)]
+    assert failed.status.status_code == StatusCode.ERROR
+    assert "ValueError: boom at 1" in (failed.status.description or "")
+    assert [e.name for e in failed.events] == ["exception"]
+    assert by[str(ok.message_id)].status.status_code == StatusCode.UNSET
+
+
+async def test_children_traced_before_their_edges_carry_the_context(span_exporter: Any) -> None:
+    """a and b (process) handle traced messages first, then are connected: their contexts,
+    traced already, take the edge on as traced ones, so what a writes into the edge still
+    carries its span and b handles it inside a's trace."""
+    from tests import tier_scenarios as sc
+
+    n = 30
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        await rt.launch(
+            "b", sc.report_trace_sync, input_type=sc.Job, output_type=sc.Job, tier="process"
+        )
+        for kid in "ba":
+            await rt.activate(kid)
+        await rt.send("a", sc.Job(seq=-1))  # both children see a trace frame first
+        await rt.send("b", sc.Job(seq=-2))
+        assert (await rt.receive("a", timeout=BOUND_S)).seq == -1
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -2
+        rt.connect("a", "b")
+        assert [e.kind for e in rt.edges()] == ["shm-ring"]
+        # b, parked on its inbox alone, looks at its edge once a message wakes it (on the
+        # loop path); then the edge is live
+        await rt.send("a", sc.Job(seq=-3))
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -3
+        await asyncio.sleep(0.2)
+        jobs = [sc.Job(seq=i) for i in range(n)]
+        for job in jobs:
+            await rt.send("a", job)
+        got = {r.seq: r.payload for r in [await rt.receive("b", timeout=BOUND_S) for _ in range(n)]}
+        (edge,) = rt.edges()
+        await finished(span_exporter, "process a", n + 2)
+    assert sorted(got) == list(range(n))
+    assert edge.counters is not None
+    assert edge.counters["accepted"] == n, edge.counters
+    spans = span_exporter.get_finished_spans()
+    process_a = {s.attributes["messaging.message.id"]: s for s in spans if s.name == "process a"}
+    for job in jobs:
+        trace_id = f"{process_a[str(job.message_id)].context.trace_id:032x}"
+        assert got[job.seq].split(":")[0] == trace_id, job.seq

@@ -15,7 +15,9 @@ Design notes:
   the context into a `TracedProcessKernelContext` (a ``__class__`` swap; opentelemetry is
   imported then, not before), which attaches each record's context while the actor handles
   it and prefixes what the actor sends with the current one. An untraced child never
-  changes class, imports nothing and checks nothing more per message.
+  changes class, imports nothing and checks nothing more per message. A context with
+  direct edges swaps to its own traced form (``traced_class``): the records of its edges
+  carry the header too, and nothing else about them changes.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class ProcessKernelContext:
         "_write_waiter",
         "kernel_id",
     )
+    traced_class: ClassVar[type[ProcessKernelContext]]
 
     def __init__(self, spec: ChildSpec, in_ring: Any, out_ring: Any) -> None:
         self.kernel_id = spec.kernel_id
@@ -304,9 +307,10 @@ class ProcessKernelContext:
             return _REJECTED
 
     def _trace_from_now(self, data: bytes) -> Any:
-        """Become a `TracedProcessKernelContext` and take ``data``, a trace frame."""
+        """Become a `TracedProcessKernelContext` (or this class's ``traced_class``) and
+        take ``data``, a trace frame."""
         TracedProcessKernelContext.load()
-        self.__class__ = TracedProcessKernelContext
+        self.__class__ = type(self).traced_class
         self._codec = (None, no_encoder, False)  # the next send chooses a prefixing encoder
         return self._take(data)
 
@@ -454,6 +458,11 @@ class TracedProcessKernelContext(ProcessKernelContext):
             return trace_header(ctx.trace_id, ctx.span_id, ctx.trace_flags) + encode(value)
 
         return traced
+
+
+#: what `ProcessKernelContext._trace_from_now` turns a context into (a context with
+#: direct edges has its own, `edge_child.TracedEdgeProcessKernelContext`)
+ProcessKernelContext.traced_class = TracedProcessKernelContext
 
 
 def child_main(spec: ChildSpec) -> None:

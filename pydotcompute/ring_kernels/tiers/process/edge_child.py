@@ -39,12 +39,25 @@ import msgspec
 from ....exceptions import InvalidConfigurationError
 from ..._native.spsc_py import SharedSegment
 from ...message import RingKernelMessage, stamp_reply
-from .child import FLUSH_EVERY, REJECTED, ChildSpec, ProcessKernelContext
+from .child import (
+    FLUSH_EVERY,
+    REJECTED,
+    ChildSpec,
+    ProcessKernelContext,
+    TracedProcessKernelContext,
+)
 from .edge import EdgeReader, EdgeWriter, band_of
 from .framing import pack_report, too_large
 from .waiting import SLICE_S, WRITE_OK, drain_bell
 
-__all__ = ("EDGE_SIGNAL", "ChildEdges", "ControlBlock", "EdgeProcessKernelContext", "setup")
+__all__ = (
+    "EDGE_SIGNAL",
+    "ChildEdges",
+    "ControlBlock",
+    "EdgeProcessKernelContext",
+    "TracedEdgeProcessKernelContext",
+    "setup",
+)
 
 #: The signal the runtime's process sends a child whose edges changed.
 EDGE_SIGNAL = signal.SIGUSR1
@@ -381,6 +394,17 @@ class EdgeProcessKernelContext(ProcessKernelContext):
             self._edges.report_hand(status)
 
 
+class TracedEdgeProcessKernelContext(TracedProcessKernelContext, EdgeProcessKernelContext):
+    """An `EdgeProcessKernelContext` under a tracing runtime: the traced context's
+    ``receive`` (leaving the previous record's context), ``_take`` (taking a record's
+    context) and encoder (prefixing the current one) around the edge-aware methods."""
+
+    __slots__ = ()
+
+
+EdgeProcessKernelContext.traced_class = TracedEdgeProcessKernelContext
+
+
 def setup(ctx: ProcessKernelContext, spec: ChildSpec) -> None:
     """`ChildSpec.setup`: install `EDGE_SIGNAL`'s handler, and take the edges the
     runtime named before this child started (if any: else the context stays plain)."""
@@ -393,6 +417,9 @@ def setup(ctx: ProcessKernelContext, spec: ChildSpec) -> None:
         edges.pending = True
         if type(ctx) is ProcessKernelContext:
             ctx.__class__ = EdgeProcessKernelContext
+            ctx.adopt_edges(edges)  # type: ignore[attr-defined]
+        elif type(ctx) is TracedProcessKernelContext:  # (a tracing runtime's)
+            ctx.__class__ = TracedEdgeProcessKernelContext
             ctx.adopt_edges(edges)  # type: ignore[attr-defined]
 
     signal.signal(EDGE_SIGNAL, changed)

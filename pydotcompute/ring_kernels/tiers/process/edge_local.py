@@ -26,7 +26,15 @@ from typing import Any
 
 from ...message import message_decoder
 from .edge import EdgeReader, EdgeWriter, ShmEdge, band_of
-from .framing import FRAME_TAG, decode_value, encoder_for, no_encoder
+from .framing import (
+    FRAME_TAG,
+    TRACE_FRAME,
+    decode_value,
+    encoder_for,
+    no_encoder,
+    split_trace,
+    trace_header,
+)
 from .watcher import WATCHER
 
 __all__ = ("ShmInput", "ShmOutput", "make_input", "make_output")
@@ -42,11 +50,20 @@ def make_input(
     capacity: int,
     policy: str,
     ring: Callable[[], None],
+    carrier: Any = None,
 ) -> tuple[ShmEdge, ShmInput]:
     """A new edge into ``target_id``, an actor of this process (a thread's), with the
-    end it reads; ``ring`` wakes that actor (see the notes)."""
+    end it reads; ``ring`` wakes that actor (see the notes); ``carrier`` (a tracing
+    runtime's) takes the trace context of each record that has one."""
     edge = ShmEdge(source_id, target_id, capacity=capacity, policy=policy, ring_bytes=RING_BYTES)
-    return edge, ShmInput(edge, target_id, ring)
+    return edge, ShmInput(edge, target_id, ring, carrier)
+
+
+def _decode_any(kernel_id: str, decode: Callable[[bytes], Any], data: bytes) -> Any:
+    """A record read back from an edge, its trace header (if any) dropped."""
+    if data[:2] == TRACE_FRAME:
+        data = split_trace(kernel_id, data)[3]
+    return decode(data) if data[0] != FRAME_TAG else decode_value(kernel_id, data)
 
 
 def make_output(edge: ShmEdge, outbox: Any, kernel_id: str, output_type: type | None) -> ShmOutput:
@@ -61,13 +78,26 @@ class ShmInput:
         edge: The edge (made by the consumer's worker, in this process).
         kernel_id: The consumer, for decode errors.
         ring: What wakes the consumer (its `edge.EdgeInputs` bell's ``ring``).
+        carrier: The consumer's `TraceCarrier` under a tracing runtime (None: untraced).
     """
 
     kind = "shm-ring"
 
-    __slots__ = ("_closed", "_decode", "_edge", "_kernel_id", "_lock", "_reader", "_ring")
+    __slots__ = (
+        "_carrier",
+        "_closed",
+        "_decode",
+        "_edge",
+        "_kernel_id",
+        "_lock",
+        "_reader",
+        "_ring",
+    )
 
-    def __init__(self, edge: ShmEdge, kernel_id: str, ring: Callable[[], None]) -> None:
+    def __init__(
+        self, edge: ShmEdge, kernel_id: str, ring: Callable[[], None], carrier: Any = None
+    ) -> None:
+        self._carrier = carrier
         self._edge = edge
         self._kernel_id = kernel_id
         self._reader = EdgeReader(edge.spec)
@@ -117,7 +147,18 @@ class ShmInput:
             return None
         if data[0] != FRAME_TAG:
             return self._decode(data)
-        return decode_value(self._kernel_id, data)
+        if data[:2] != TRACE_FRAME:
+            return decode_value(self._kernel_id, data)
+        trace_id, span_id, flags, record = split_trace(self._kernel_id, data)
+        msg = (
+            self._decode(record)
+            if record[0] != FRAME_TAG
+            else decode_value(self._kernel_id, record)
+        )
+        carrier = self._carrier
+        if carrier is not None:
+            carrier.carry(msg, (trace_id, span_id, flags), True)
+        return msg
 
     def arm(self, waiting: bool) -> None:
         """Announce (or withdraw) that the consumer sleeps: the producer then rings."""
@@ -134,10 +175,7 @@ class ShmInput:
             WATCHER.discard([self._reader.data_fd])
             self._reader.detach()
         kernel_id, decode = self._kernel_id, self._decode
-        return [
-            decode(data) if data[0] != FRAME_TAG else decode_value(kernel_id, data)
-            for data in self._edge.close()
-        ]
+        return [_decode_any(kernel_id, decode, data) for data in self._edge.close()]
 
 
 class ShmOutput:
@@ -186,11 +224,39 @@ class ShmOutput:
         if len(done) == 1 and done[0] is data:
             return bool(self.outbox.put(msg, timeout))
         for record in done:  # a close raced the write: what it left, decoded again
-            value = (
-                self._decode(record)
-                if record[0] != FRAME_TAG
-                else decode_value(self._kernel_id, record)
+            value = _decode_any(self._kernel_id, self._decode, record)
+            if not self.outbox.put(value, timeout):
+                return False
+        return True
+
+    def put_traced(
+        self,
+        msg: Any,
+        timeout: float | None,
+        ids: tuple[int, int, int],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """`put` in the trace context ``ids``: the record goes with the ``0xC1 'T'``
+        header; what takes the loop path reports ``ids`` to ``received`` (the runtime)."""
+        writer = self._writer
+        if writer is None or not writer.usable:
+            received(msg, *ids)
+            return bool(self.outbox.put(msg, timeout))
+        codec = self._codec
+        if type(msg) is not codec[0]:
+            codec = self._codec = (
+                type(msg),
+                encoder_for(self._kernel_id, msg, self._output_type, "must send"),
             )
+        data = trace_header(*ids) + codec[1](msg)
+        done = writer.put(data, band_of(msg), timeout)
+        if done is True or done is False:
+            return done
+        if len(done) == 1 and done[0] is data:
+            received(msg, *ids)
+            return bool(self.outbox.put(msg, timeout))
+        for record in done:  # a close raced the write: what it left, decoded again
+            value = _decode_any(self._kernel_id, self._decode, record)
             if not self.outbox.put(value, timeout):
                 return False
         return True

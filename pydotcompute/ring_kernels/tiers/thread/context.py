@@ -13,6 +13,12 @@ Design notes:
   actor's thread before the actor runs; opentelemetry is imported then), which attaches
   it while the actor handles the message and reports the current context with what the
   actor sends. An untraced context never changes class and checks nothing more.
+- Direct edges under tracing: what the actor sends into an edge goes with the current
+  context (`put_traced`: beside the object in the consumer's carrier, or in a
+  ``shm-ring`` record's header), not reported to the runtime, which never sees it. A
+  message taken from an edge has no ``process`` span yet (no bridge handed it over), so
+  the consumer's context records one here, under the producer's context, while the
+  actor handles it.
 """
 
 from __future__ import annotations
@@ -212,20 +218,24 @@ class TraceCarrier:
             message is queued.
     """
 
-    __slots__ = ("_carried", "_lock", "received", "token")
+    __slots__ = ("_carried", "_lock", "received", "span", "token")
 
     def __init__(self, received: Callable[[Any, int, int, int], None]) -> None:
         self.received = received
-        self._carried: dict[int, tuple[Any, TraceIds]] = {}  # id(msg) -> (msg, ids)
-        self._lock = threading.Lock()  # the bridge adds, the actor's thread takes
+        # id(msg) -> (msg, ids, whether it came over a direct edge)
+        self._carried: dict[int, tuple[Any, TraceIds, bool]] = {}
+        self._lock = threading.Lock()  # the bridge (or a producer) adds, the actor takes
         #: the attached context of the message in the actor's hands (None: none)
         self.token: Any = None
+        #: the ``process`` span recorded here for a message taken from an edge (None: none)
+        self.span: Any = None
 
-    def carry(self, msg: Any, ids: TraceIds) -> None:
-        """Remember that ``msg`` travels in the context of ``ids``."""
+    def carry(self, msg: Any, ids: TraceIds, edge: bool = False) -> None:
+        """Remember that ``msg`` travels in the context of ``ids`` (``edge``: over a direct
+        edge, where nobody recorded its ``process`` span)."""
         with self._lock:
             carried = self._carried
-            carried[id(msg)] = (msg, ids)
+            carried[id(msg)] = (msg, ids, edge)
             if len(carried) > MAX_CARRIED:
                 del carried[next(iter(carried))]
 
@@ -234,11 +244,24 @@ class TraceCarrier:
         with self._lock:
             self._carried.pop(id(msg), None)
 
-    def take(self, msg: Any) -> TraceIds | None:
-        """The context ``msg`` travels in (forgotten now), or None."""
+    def take(self, msg: Any) -> tuple[TraceIds, bool] | None:
+        """The context ``msg`` travels in and whether it came over an edge (forgotten
+        now), or None."""
         with self._lock:
             got = self._carried.pop(id(msg), None)
-        return None if got is None or got[0] is not msg else got[1]
+        return None if got is None or got[0] is not msg else (got[1], got[2])
+
+
+def _process_attributes(kernel_id: str, msg: Any) -> dict[str, Any]:
+    """The attributes of a ``process`` span (as `observability.tracing` sets them)."""
+    attrs: dict[str, Any] = {
+        "messaging.system": "pydotcompute",
+        "messaging.destination.name": kernel_id,
+    }
+    mid = getattr(msg, "message_id", None)
+    if mid is not None:
+        attrs["messaging.message.id"] = str(mid)
+    return attrs
 
 
 class TracedThreadedKernelContext(ThreadedKernelContext):
@@ -251,8 +274,9 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
     """
 
     __slots__ = ()
-    #: ``(opentelemetry.trace, opentelemetry.context)``, imported by `adopt`
-    otel: ClassVar[tuple[Any, Any] | None] = None
+    #: ``(opentelemetry.trace, opentelemetry.context, the "pydotcompute" tracer)``,
+    #: imported by `adopt`
+    otel: ClassVar[tuple[Any, Any, Any] | None] = None
 
     @classmethod
     def adopt(cls, ctx: ThreadedKernelContext, carrier: TraceCarrier) -> None:
@@ -261,7 +285,7 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
         if cls.otel is None:
             from opentelemetry import context, trace
 
-            cls.otel = (trace, context)
+            cls.otel = (trace, context, trace.get_tracer("pydotcompute"))
         ctx.__class__ = cls
         cast(TracedThreadedKernelContext, ctx).follow(carrier)
 
@@ -277,23 +301,45 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
             carrier.token = None
             assert self.otel is not None
             self.otel[1].detach(token)
+            span = carrier.span
+            if span is not None:  # recorded here: the message came over an edge
+                carrier.span = None
+                span.end()
 
     def _enter(self, msg: Any) -> Any:
         """Attach the context ``msg`` travels in (if it has one); returns ``msg``."""
         if msg is None:
             return None
         carrier = self._trace
-        ids = carrier.take(msg)
-        if ids is not None:
+        got = carrier.take(msg)
+        if got is not None:
             assert self.otel is not None
-            trace, context = self.otel
-            trace_id, span_id, flags = ids
+            trace, context, tracer = self.otel
+            (trace_id, span_id, flags), edge = got
             remote = trace.SpanContext(
                 trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
             )
             span = trace.NonRecordingSpan(remote)
+            if edge:  # no bridge recorded its ``process`` span: it is recorded here
+                span = carrier.span = tracer.start_span(
+                    f"process {self.kernel_id}",
+                    context=trace.set_span_in_context(span),
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes=_process_attributes(self.kernel_id, msg),
+                )
             carrier.token = context.attach(trace.set_span_in_context(span))
         return msg
+
+    def finish(self, exc: BaseException | None) -> None:
+        """The actor ended (it raised ``exc``, or returned: None): the message in its
+        hands is finished, and a ``process`` span recorded here for it fails with
+        ``exc`` (as OpenTelemetry's conventions ask)."""
+        span = self._trace.span
+        if exc is not None and span is not None:
+            assert self.otel is not None
+            span.record_exception(exc)
+            span.set_status(self.otel[0].StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        self._leave()
 
     def receive(self, timeout: float | None = None) -> Any:
         self._leave()  # asking for the next message finishes the previous one
@@ -307,8 +353,25 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
         assert self.otel is not None
         sc = self.otel[0].get_current_span().get_span_context()
         if sc.is_valid:
-            self._trace.received(msg, sc.trace_id, sc.span_id, sc.trace_flags)
+            ids = (sc.trace_id, sc.span_id, sc.trace_flags)
+            put_traced = getattr(self._outbox, "put_traced", None)
+            if put_traced is not None:  # routed into a direct edge: the context goes along
+                return self._send_traced(put_traced, msg, timeout, ids)
+            self._trace.received(msg, *ids)
         return super().send(msg, timeout)
+
+    def _send_traced(self, put_traced: Any, msg: Any, timeout: float | None, ids: TraceIds) -> bool:
+        """`ThreadedKernelContext.send` into a direct edge's output, with ``ids``; the
+        output reports them (``received``) only for a message it sends the loop way."""
+        if self._output_type is not None and not isinstance(msg, self._output_type):
+            raise wrong_type(self.kernel_id, msg, self._output_type, "must send")
+        if self._check_fields and not fields_ok(msg):
+            check_fields(msg, self.kernel_id, "must send")
+        stamp_reply(msg, self._current)
+        if put_traced(msg, timeout, ids, self._trace.received):
+            self.handling = False
+            return True
+        return False
 
     def send_nowait(self, msg: Any) -> bool:
         return self.send(msg, 0)

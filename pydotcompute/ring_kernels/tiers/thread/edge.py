@@ -29,6 +29,10 @@ Design notes:
   an `EdgeInputs` from the next ``receive`` on. An edge is *live* once the consumer's
   `EdgeInputs` has seen it; before that the producer's sends take the loop path (see
   `ring_kernels/edges.py`), so a consumer blocked in a plain ``receive`` is woken by them.
+- Trace context (a tracing runtime only): an edge into a traced actor holds its
+  `TraceCarrier` (``carrier``), and a traced producer's `EdgeOutput.put_traced` puts the
+  ids there before the object goes in, as the traced bridge does for the inbox. The
+  untraced ``put`` and ``take`` do not look at it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ....exceptions import QueueClosedError
@@ -106,6 +111,7 @@ class ObjectEdge:
         "_space",
         "accepted",
         "capacity",
+        "carrier",
         "consumer",
         "evicted",
         "handed_back",
@@ -125,6 +131,8 @@ class ObjectEdge:
         self.policy = policy if policy in _POLICIES else "block"
         self.input_type = input_type
         self.consumer = consumer
+        #: the consumer's `TraceCarrier` under a tracing runtime (None: untraced)
+        self.carrier: Any = None
         self._bands: tuple[deque[Any], ...] = (deque(), deque(), deque(), deque())
         self._lock = threading.Lock()
         self._space = _Bell()  # the producer waits here for room (``block``)
@@ -210,10 +218,12 @@ class ObjectEdge:
         for d in reversed(self._bands):
             while d:
                 try:
-                    d.popleft()
+                    gone = d.popleft()
                 except IndexError:
                     break
                 self.evicted += 1
+                if self.carrier is not None:  # (traced) its context goes with it
+                    self.carrier.forget(gone)
                 return True
         return False
 
@@ -410,6 +420,32 @@ class EdgeOutput:
             return self.outbox.put(msg, timeout)
         return done
 
+    def put_traced(
+        self,
+        msg: Any,
+        timeout: float | None,
+        ids: tuple[int, int, int],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """`put` in the trace context ``ids``: it goes beside ``msg`` into the consumer's
+        carrier, or, when ``msg`` takes the loop path, to ``received`` (the runtime)."""
+        edge = self.edge
+        in_t = edge.input_type
+        if in_t is not None and not isinstance(msg, in_t):
+            raise wrong_type(edge.name, msg, in_t, "expects")
+        carrier = edge.carrier
+        if carrier is not None:
+            carrier.carry(msg, ids, True)  # before the consumer can take it
+        done = edge.put(msg, timeout)
+        if done is None:
+            if carrier is not None:
+                carrier.forget(msg)
+            received(msg, *ids)
+            return bool(self.outbox.put(msg, timeout))
+        if not done and carrier is not None:
+            carrier.forget(msg)
+        return done
+
     def __len__(self) -> int:
         return len(self.outbox)
 
@@ -429,6 +465,7 @@ class EdgeEnds:
 
     __slots__ = (
         "_capacity",
+        "_carrier",
         "_ctx",
         "_inbox",
         "_input_type",
@@ -467,6 +504,12 @@ class EdgeEnds:
         self._lock = threading.Lock()  # the loop routes while the actor thread starts
         self._inbox = inbox
         self._left: list[Any] = []  # closed edges' leftovers not yet taken
+        self._carrier: Any = None  # the actor's `TraceCarrier` (a tracing runtime)
+
+    def trace_into(self, carrier: Any) -> None:
+        """Have the edges into this actor carry trace context to ``carrier`` (a tracing
+        runtime, before any edge is opened)."""
+        self._carrier = carrier
 
     def adopt(self, ctx: ThreadedKernelContext) -> None:
         """The actor's context, on its thread before the actor runs: routes set before
@@ -496,6 +539,7 @@ class EdgeEnds:
                     capacity=self._capacity,
                     policy=self._policy,
                     ring=inputs.bell.ring,
+                    carrier=self._carrier,
                 )
                 inputs.add(end)
             else:
@@ -506,6 +550,7 @@ class EdgeEnds:
                     self._input_type,
                     inputs.bell,
                 )
+                edge.carrier = self._carrier
                 inputs.add(edge)
             if self._ctx is not None:
                 self._ctx.read_from(inputs)
@@ -549,7 +594,12 @@ class EdgeEnds:
         `take_left` returns what they held."""
         inputs = self._inputs
         if inputs is not None:
-            self._left += inputs.close()
+            left = inputs.close()
+            carrier = self._carrier
+            if carrier is not None:  # (traced) handed back: their contexts are let go
+                for msg in left:
+                    carrier.forget(msg)
+            self._left += left
 
     def take_left(self) -> list[Any]:
         """What closing the edges left, each message once (closing them first)."""

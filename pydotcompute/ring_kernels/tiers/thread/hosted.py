@@ -19,7 +19,7 @@ Design notes:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ...hosted import HostedKernel
 from ..contract import TierWorker
@@ -101,9 +101,17 @@ class HostedThreadWorker(ThreadWorker):
     def _run_actor(self, ctx: ThreadedKernelContext) -> Any:
         self._edges.adopt(ctx)
         carrier = self._trace_carrier
-        if carrier is not None:
-            TracedThreadedKernelContext.adopt(ctx, carrier)
-        return self._hosted_actor(ctx)
+        if carrier is None:
+            return self._hosted_actor(ctx)
+        TracedThreadedKernelContext.adopt(ctx, carrier)
+        traced = cast(TracedThreadedKernelContext, ctx)
+        try:
+            result = self._hosted_actor(ctx)
+        except BaseException as exc:
+            traced.finish(exc)  # the span it recorded for an edge message says so
+            raise
+        traced.finish(None)
+        return result
 
     def trace_wire(
         self,
@@ -117,6 +125,7 @@ class HostedThreadWorker(ThreadWorker):
         runtime shadows its ``send``), so an untraced worker checks nothing.
         """
         carrier = self._trace_carrier = TraceCarrier(received)
+        self._edges.trace_into(carrier)  # what comes over an edge carries its context too
         plain_offer = self.offer
 
         def offer(msg: Any) -> bool:
