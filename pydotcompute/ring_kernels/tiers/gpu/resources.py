@@ -56,6 +56,7 @@ from ....exceptions import (
 )
 from . import layout as L
 from .host import fence
+from .edge import EdgeArena, edge_arena
 from .slab import Carve, MemorySlabs, default_chunk_bytes
 
 __all__ = (
@@ -386,12 +387,17 @@ class DeviceActor:
                 self.lat = self._mapped("lat", ring_in, np.dtype(np.int64))
                 self.ctl = self._mapped("ctl", L.CTL_WORDS, np.dtype(np.int64))
                 self.state_dev = self._state_array(state)
-                # where a cooperative block stages a batch of inbox slots (device memory)
-                n_stage = L.BATCH if cooperative else 1
+                # where a batch is staged (device memory): inbox slots of a cooperative
+                # block, records taken from a device edge (``edge.py``)
+                n_stage = L.BATCH
                 if self.simulator:
                     self.stage: Any = np.zeros(n_stage, in_dtype).view(np.recarray)
                 else:
                     self.stage = self._take("device", n_stage, in_dtype).device
+                # the device's edge arena (a CUDA C kernel does not take edges)
+                self.edge_arena: EdgeArena | None = None
+                if self.flavour != "cuda_c":
+                    self.edge_arena = edge_arena(device_id, self._slabs, may_grow=_live == 0)
         except BaseException:
             self._give_back_carves()
             raise
@@ -478,8 +484,12 @@ class DeviceActor:
     # -- compile and launch --------------------------------------------------------------
 
     def _args(self) -> tuple[Any, ...]:
+        # without an edge arena the kernel never routes (`edge_arena` is None): any
+        # uint8 / int64 arrays stand in for the arena's two arguments
         if self.simulator:
             h = self.host
+            stage_b = np.asarray(self.stage).view(np.uint8)
+            arena = self.edge_arena
             return (
                 h["inbox"].view(np.recarray),
                 h["outbox"].view(np.recarray),
@@ -488,7 +498,13 @@ class DeviceActor:
                 h["ctl"],
                 self.state_dev,
                 self.stage,
+                h["outbox"].view(np.uint8),
+                stage_b,
+                stage_b if arena is None else arena.data,
+                h["ctl"] if arena is None else arena.hdr_device,
             )
+        stage_b = self.stage.view(np.uint8)
+        arena = self.edge_arena
         return (
             self.inbox,
             self.outbox,
@@ -497,6 +513,10 @@ class DeviceActor:
             self.ctl,
             self.state_dev,
             self.stage,
+            self.outbox.view(np.uint8),
+            stage_b,
+            stage_b if arena is None else arena.data,
+            self.ctl if arena is None else arena.hdr_device,
         )
 
     def mark_compiling(self, compiling: bool) -> None:
