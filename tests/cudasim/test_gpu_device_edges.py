@@ -2,7 +2,8 @@
 
 Run alone (the simulator must be on before Numba is imported)::
 
-    NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cudasim/test_gpu_device_edges.py -p no:cacheprovider
+    NUMBA_ENABLE_CUDASIM=1 python -m pytest -p no:cacheprovider \
+        tests/cudasim/test_gpu_device_edges.py
 
 The producer's persistent kernel writes its replies into a ring in (simulated) device
 memory; the consumer's kernel polls it beside its inbox; the host only reads counters.
@@ -88,9 +89,7 @@ def _edge(rt: RingKernelRuntime, source: str) -> Any:
 
 async def _pair(rt: RingKernelRuntime, *, ring: int | None = None, activate: bool = True) -> None:
     opts: dict[str, Any] = {} if ring is None else {"ring_size": ring}
-    await launch_gpu(
-        rt, "a", hop_handler, Hop, Hop, state=np.zeros(1, np.int64), activate=activate
-    )
+    await launch_gpu(rt, "a", hop_handler, Hop, Hop, state=np.zeros(1, np.int64), activate=activate)
     await launch_gpu(
         rt, "b", hop_handler, Hop, Hop, state=np.zeros(1, np.int64), activate=activate, **opts
     )
@@ -111,9 +110,11 @@ async def test_pipeline_exactly_once_in_order(rt: RingKernelRuntime) -> None:
     c = _edge(rt, "a").counters
     assert c is not None
     assert c["accepted"] == c["taken"] == n, c
-    assert c["depth"] == 0 and c["handed_back"] == 0, c
+    assert c["depth"] == 0, c
+    assert c["handed_back"] == 0, c
     a, b = rt.get_kernel("a"), rt.get_kernel("b")
-    assert isinstance(a, GPURingKernel) and isinstance(b, GPURingKernel)
+    assert isinstance(a, GPURingKernel)
+    assert isinstance(b, GPURingKernel)
     # the producer's replies never reached its host side: the kernel wrote them into the edge
     assert a.statistics().replies_received == 0
     assert a.statistics().processed == b.statistics().processed == n
@@ -148,13 +149,14 @@ async def test_small_edge_ring_holds_backpressure(rt: RingKernelRuntime) -> None
     await asyncio.sleep(SIM.settle)
     c = _edge(rt, "a").counters
     assert c is not None
-    assert c["accepted"] == 4 and c["depth"] == 4 and c["capacity"] == 4, c
+    assert c["accepted"] == c["depth"] == c["capacity"] == 4, c
     assert c["full_events"] >= 1, c
     await rt.reactivate("b")
     got = [await rt.receive("b", timeout=30) for _ in range(n)]
     assert [g.seq for g in got] == list(range(n))
     c = _edge(rt, "a").counters
-    assert c is not None and c["accepted"] == c["taken"] == n, c
+    assert c is not None
+    assert c["accepted"] == c["taken"] == n, c
 
 
 async def test_terminate_hands_back_what_the_edge_holds(rt: RingKernelRuntime) -> None:
@@ -249,4 +251,5 @@ async def test_disconnect_and_reconnect_keep_exactly_once(rt: RingKernelRuntime)
     again = [await rt.receive("b", timeout=30) for _ in range(10)]
     assert [m.seq for m in again] == list(range(40, 50))
     c = _edge(rt, "a").counters
-    assert c is not None and c["accepted"] == c["taken"] == 40, c
+    assert c is not None
+    assert c["accepted"] == c["taken"] == 40, c

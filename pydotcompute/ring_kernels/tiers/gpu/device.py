@@ -188,9 +188,10 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     output records plus one scratch slot at the end), ``ostat`` (int64 status per outbox
     slot), ``lat`` (int64 latency ring, one entry per processed message modulo its size),
     ``ctl`` (the control block, ``layout.py``), ``state`` (the actor's device array),
-    ``stage`` (``BATCH`` input records in device memory), ``outb`` and ``stageb`` (the
-    outbox and ``stage`` as bytes), ``arena`` (the device's edge arena, bytes in device
-    memory) and ``ehdr`` (the edge headers, int64 words in mapped memory; ``edge.py``).
+    ``stage`` (``BATCH`` input records in device memory), ``ostage`` (one output record in
+    device memory: the reply bound for an out-edge), ``stageb`` and ``ostageb`` (the two as
+    bytes), ``arena`` (the device's edge arena, bytes in device memory) and ``ehdr`` (the
+    edge headers, int64 words in mapped memory; ``edge.py``).
 
     Thread 0 polls and decides; the decision reaches the block through shared memory and
     ``syncthreads``. When several messages wait, up to ``BATCH`` are handled one after the
@@ -203,8 +204,9 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     flight at once instead of every thread reading every field across PCIe), then handles
     the staged copies.
 
-    Device edges (``EDGE_ROUTE``): with the out route on, each reply (status 0) is copied
-    from the scratch slot into the out-edge's next slot in ``arena`` and the batch is
+    Device edges (``EDGE_ROUTE``): with the out route on, the handler writes its reply into
+    ``ostage`` (device memory, not the mapped outbox: no PCIe traffic per message), and
+    each reply (status 0) is copied from there into the out-edge's next slot and the batch is
     published with one release store of the edge's tail; a full edge stalls the kernel
     (backpressure: it waits, it never overwrites). With the in route on, the edge is a
     second input: a batch is taken from the inbox or the edge by turns, the edge's records
@@ -220,8 +222,9 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         ctl: Any,
         state: Any,
         stage: Any,
-        outb: Any,
+        ostage: Any,
         stageb: Any,
+        ostageb: Any,
         arena: Any,
         ehdr: Any,
     ) -> None:
@@ -231,7 +234,7 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         cap_in = inbox.shape[0]
         cap_out = outbox.shape[0] - 1  # the last slot is the scratch reply of a dropped one
         isz_in = stageb.shape[0] // stage.shape[0]  # bytes per input record
-        isz_out = outb.shape[0] // outbox.shape[0]  # bytes per output record
+        isz_out = ostageb.shape[0] // ostage.shape[0]  # bytes per output record
         nlat = lat.shape[0]
         max_backoff = ctl[MAX_BACKOFF_NS]
         drop_when_full = ctl[OUTBOX_POLICY] != 0
@@ -374,10 +377,20 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                 written = 0
                 for j in range(count):
                     i = (sh[1] + j) % cap_in
-                    o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS and not to_edge else cap_out
+                    o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS else cap_out
                     t0 = now_ns()
                     status = 0
-                    if cooperative:
+                    if to_edge:  # the reply goes to device memory, then into the edge
+                        if cooperative:
+                            status = handler(stage[j], ostage[0], state)
+                            cuda.threadfence_system()
+                            cuda.syncthreads()
+                        elif tid == 0:
+                            if staged:
+                                status = handler(stage[j], ostage[0], state)
+                            else:
+                                status = handler(inbox[i], ostage[0], state)
+                    elif cooperative:
                         status = handler(stage[j], outbox[o], state)
                         cuda.threadfence_system()
                         cuda.syncthreads()
@@ -388,18 +401,18 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                             status = handler(inbox[i], outbox[o], state)
                     if tid == 0:
                         rin = stage[j] if staged else inbox[i]
-                        rout = outbox[o]
+                        rout = ostage[0] if to_edge else outbox[o]
                         rout._mid_hi = 0
                         rout._mid_lo = 0
                         rout._cid_hi = rin._mid_hi
                         rout._cid_lo = rin._mid_lo
                         rout._priority = rin._priority
-                        ostat[o] = status
-                        if to_edge and status == 0:  # the reply into the out-edge's slot
+                        if not to_edge:
+                            ostat[o] = status
+                        elif status == 0:  # the reply into the out-edge's next slot
                             dst = eo_base + ((eo_tail + written) % eo_cap) * isz_out
-                            srcb = o * isz_out
                             for b in range(isz_out):
-                                arena[dst + b] = outb[srcb + b]
+                                arena[dst + b] = ostageb[b]
                             written += 1
                         dt = now_ns() - t0
                         lat[processed % nlat] = dt

@@ -55,8 +55,8 @@ from ....exceptions import (
     TypeValidationError,
 )
 from . import layout as L
-from .host import fence
 from .edge import EdgeArena, edge_arena
+from .host import fence
 from .slab import Carve, MemorySlabs, default_chunk_bytes
 
 __all__ = (
@@ -392,8 +392,10 @@ class DeviceActor:
                 n_stage = L.BATCH
                 if self.simulator:
                     self.stage: Any = np.zeros(n_stage, in_dtype).view(np.recarray)
+                    self.ostage: Any = np.zeros(1, out_dtype).view(np.recarray)
                 else:
                     self.stage = self._take("device", n_stage, in_dtype).device
+                    self.ostage = self._take("device", 1, out_dtype).device
                 # the device's edge arena (a CUDA C kernel does not take edges)
                 self.edge_arena: EdgeArena | None = None
                 if self.flavour != "cuda_c":
@@ -498,8 +500,9 @@ class DeviceActor:
                 h["ctl"],
                 self.state_dev,
                 self.stage,
-                h["outbox"].view(np.uint8),
+                self.ostage,
                 stage_b,
+                np.asarray(self.ostage).view(np.uint8),
                 stage_b if arena is None else arena.data,
                 h["ctl"] if arena is None else arena.hdr_device,
             )
@@ -513,8 +516,9 @@ class DeviceActor:
             self.ctl,
             self.state_dev,
             self.stage,
-            self.outbox.view(np.uint8),
+            self.ostage,
             stage_b,
+            self.ostage.view(np.uint8),
             stage_b if arena is None else arena.data,
             self.ctl if arena is None else arena.hdr_device,
         )

@@ -282,9 +282,7 @@ class GPUWorker(TierWorker):
         r = self._rings
         if r is None or self._released:
             return True
-        return (
-            not self._pending and not r.in_flight() and not r.ready() and not self._edge_depth()
-        )
+        return not self._pending and not r.in_flight() and not r.ready() and not self._edge_depth()
 
     def _edge_depth(self) -> int:
         edge = self._edge_in
@@ -868,7 +866,8 @@ class GPUWorker(TierWorker):
         if self._edge_out is not None:
             self._unroute()
         dev = self._dev
-        assert dev is not None and dev.edge_arena is not None  # (edge_fit)
+        assert dev is not None
+        assert dev.edge_arena is not None
         if not edge.placed:
             if not edge.place(dev.edge_arena):
                 raise InvalidConfigurationError(
@@ -949,7 +948,8 @@ class GPUWorker(TierWorker):
                     self._kernel_id,
                     exc,
                 )
-        self._leftovers.extend(edge.read_back())
+        # (a device-to-host copy on a GPU: made on the loop's thread, as every CUDA call)
+        self._leftovers.extend(self._device_call(edge.read_back))
 
     def take_undelivered(self) -> list[Any]:
         """The requests the stopped kernel never took, once (none while it may still run:
