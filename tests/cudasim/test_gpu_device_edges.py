@@ -298,3 +298,35 @@ async def test_benchmark_pipeline_runs_on_the_simulator() -> None:
     kinds = [row["kind"] for row in r["rows"]]
     assert kinds == ["device-ring", "loop"]
     assert r["rows"][0]["counters"]["accepted"] == 70
+
+
+def _scrape(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+async def test_device_edge_exported_as_metrics(rt: RingKernelRuntime) -> None:
+    """``pydotcompute_edge_info`` names the edge with kind ``device-ring`` and
+    ``pydotcompute_edge_messages`` carries its counters, scraped over HTTP."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await _pair(rt)
+    rt.connect("a", "b")
+    n = 25
+    for i in range(n):
+        await rt.send("a", Hop(seq=i, hops=0))
+    assert [(await rt.receive("b", timeout=30)).seq for _ in range(n)] == list(range(n))
+    host, port = rt.serve_metrics(port=0)
+    text = await asyncio.to_thread(_scrape, f"http://{host}:{port}/metrics")
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    info = [s.labels for s in samples if s.name == "pydotcompute_edge_info" and s.value == 1.0]
+    assert info == [{"source": "a", "target": "b", "kind": "device-ring"}], info
+    counts = {
+        s.labels["outcome"]: s.value
+        for s in samples
+        if s.name.startswith("pydotcompute_edge_messages") and s.labels.get("kind") == "device-ring"
+    }
+    assert counts["accepted"] == counts["taken"] == n, counts
