@@ -330,3 +330,30 @@ async def test_device_edge_exported_as_metrics(rt: RingKernelRuntime) -> None:
         if s.name.startswith("pydotcompute_edge_messages") and s.labels.get("kind") == "device-ring"
     }
     assert counts["accepted"] == counts["taken"] == n, counts
+
+
+def picky_hop_handler(inp: Any, out: Any, state: Any) -> int:
+    if inp.seq % 4 == 3:
+        return 5
+    out.seq = inp.seq
+    out.hops = inp.hops + 1
+    return 0
+
+
+async def test_rejections_into_an_edge_are_counted(rt: RingKernelRuntime) -> None:
+    """A message the producer's handler rejects puts nothing into the edge and is counted
+    as the producer's drop (reason ``rejected``), as on the loop path."""
+    await launch_gpu(rt, "a", picky_hop_handler, Hop, Hop)
+    await launch_gpu(rt, "b", hop_handler, Hop, Hop, state=np.zeros(1, np.int64))
+    rt.connect("a", "b")
+    n = 40
+    for i in range(n):
+        await rt.send("a", Hop(seq=i, hops=0))
+    kept = [i for i in range(n) if i % 4 != 3]
+    got = [await rt.receive("b", timeout=30) for _ in kept]
+    assert [g.seq for g in got] == kept
+    c = _edge(rt, "a").counters
+    assert c is not None
+    assert c["accepted"] == len(kept), c
+    tel = rt.get_counters("a")
+    assert (tel.drops_by_reason or {}).get("rejected") == n - len(kept), tel.drops_by_reason

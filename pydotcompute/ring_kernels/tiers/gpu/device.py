@@ -62,6 +62,7 @@ EDGE_ROUTE_OUT, EDGE_ROUTE_IN = L.EDGE_ROUTE_OUT, L.EDGE_ROUTE_IN
 EDGE_OUT_BASE, EDGE_OUT_CAP, EDGE_OUT_HDR = L.EDGE_OUT_BASE, L.EDGE_OUT_CAP, L.EDGE_OUT_HDR
 EDGE_IN_BASE, EDGE_IN_CAP, EDGE_IN_HDR = L.EDGE_IN_BASE, L.EDGE_IN_CAP, L.EDGE_IN_HDR
 EH_TAIL, EH_HEAD, EH_FULL = L.EH_TAIL, L.EH_HEAD, L.EH_FULL
+EDGE_REJECTED = L.EDGE_REJECTED
 
 load_acquire: Any
 load_relaxed: Any
@@ -264,6 +265,7 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         eo_tail = 0  # records published into the out-edge
         eo_head_seen = 0  # the consumer's head as last read
         eo_full = 0
+        eo_rejected = 0  # messages rejected while writing into an out-edge
         ei_base = 0  # in-edge
         ei_cap = 1
         ei_hdr = 0
@@ -425,6 +427,8 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                         if status != 0:
                             errors += 1
                             last_bad = status
+                            if to_edge:
+                                eo_rejected += 1
                 if tid == 0:
                     # one publication per batch: counters first, then the release stores
                     store_relaxed(ctl, PROCESSED, processed)
@@ -435,6 +439,7 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                     store_relaxed(ctl, MAX_LATENCY, max_lat)
                     store_relaxed(ctl, MIN_LATENCY, min_lat)
                     if to_edge:
+                        store_relaxed(ctl, EDGE_REJECTED, eo_rejected)
                         cuda.threadfence_system()
                         eo_tail += written
                         store_release(ehdr, eo_hdr + EH_TAIL, eo_tail)

@@ -30,6 +30,7 @@ __all__ = (
     "EDGE_OUT_BASE",
     "EDGE_OUT_CAP",
     "EDGE_OUT_HDR",
+    "EDGE_REJECTED",
     "EDGE_ROUTE",
     "EDGE_ROUTE_ACK",
     "EDGE_ROUTE_IN",
@@ -101,6 +102,9 @@ HEARTBEAT = 43  # advances while the kernel idles or stalls (the watchdog reads 
 # a heartbeat proves the kernel alive, this that it sees what the host published.
 TAIL_SEEN = 44
 EDGE_ROUTE_ACK = 45  # the last EDGE_ROUTE value the kernel acted on
+# messages the handler rejected while the kernel wrote into an out-edge (no reply reached
+# the host, so the host counts these drops from here; ERRORS counts every rejection)
+EDGE_REJECTED = 47
 PROCESSED = 48  # messages handled (replied, rejected or reply dropped)
 DROPPED = 49  # replies discarded because the outbox was full (policy 1)
 ERRORS = 50  # messages the handler rejected (non-zero status)

@@ -190,6 +190,7 @@ class GPUWorker(TierWorker):
         self._taken = 0  # replies taken from the outbox ring
         self._lat_seen = 0
         self._drops_seen = 0
+        self._edge_rejected_seen = 0
         self._recorder: PyLatencyRecorder = LatencyRecorder()
         self._failure: BaseException | None = None
         self._failure_told = False
@@ -772,6 +773,16 @@ class GPUWorker(TierWorker):
         if new <= 0:
             return 0
         self._drops_seen = seen
+        return new
+
+    def take_edge_rejections(self) -> int:
+        """Messages the handler rejected while the kernel wrote into a device edge, since
+        the last call (no `HandlerRejectedError` reached the bridge for them)."""
+        seen = self.word(L.EDGE_REJECTED)
+        new = seen - self._edge_rejected_seen
+        if new <= 0:
+            return 0
+        self._edge_rejected_seen = seen
         return new
 
     # -- what is left ---------------------------------------------------------------------
