@@ -700,9 +700,8 @@ class RingKernelRuntime:
 
         Between two off-loop kernels whose tiers offer a direct edge (thread and process
         kernels; two GPU kernels on one device) the messages move straight from actor to
-        actor, off the event loop; with
-        ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
-        says which (docs/concepts/data-plane.md).
+        actor, off the event loop; with ``direct=False``, or where no direct kind fits,
+        they cross the loop. `edges` says which (docs/concepts/data-plane.md).
 
         Raises:
             TypeValidationError: the source's ``output_type`` cannot be the target's
