@@ -97,6 +97,12 @@ SUITE = (
         True,
         "persistent CUDA kernel against launch-per-message",
     ),
+    Script(
+        "gpu_edge",
+        "gpu_edge_benchmark.py",
+        False,
+        "GPU -> GPU: a device-ring edge against the loop path",
+    ),
     Script("pagerank", "pagerank_benchmark.py", True, "PageRank: dense, sparse, GPU and actors"),
     Script(
         "realtime_anomaly",

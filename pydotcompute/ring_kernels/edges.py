@@ -13,8 +13,11 @@ Edge kinds (`EdgeKind`):
   no serialization (`tiers/thread/edge.py`).
 - ``"shm-ring"``: process -> process, a band ring per priority in shared memory, owned by
   the runtime's process (`tiers/process/edge.py`).
-- ``"device-ring"`` (GPU -> GPU on one device) is the kind the design provides for; no tier
-  offers it yet, so such edges are ``"loop"`` edges today.
+- ``"device-ring"``: GPU -> GPU on one device, a ring of fixed-layout records in device
+  memory written by the producer's persistent kernel and polled by the consumer's
+  (`tiers/gpu/edge.py`). A source worker may refine the pick with ``edge_fit(kind,
+  target_worker)``: "" to accept, a reason to keep the loop path (kernels on two
+  devices), or `TypeValidationError` to refuse the connect (records of another class).
 
 Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
 can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
@@ -72,6 +75,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ..exceptions import TypeValidationError
 
 __all__ = ("PREFERENCE", "TRACED_KINDS", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
 
@@ -151,7 +156,12 @@ class EdgeTable:
         called ``source.forward_to(target)``) and make the edge direct when both ends
         offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
         self.disconnect(source)
-        kind, why = negotiate(source, target, tracing=tracing)
+        try:
+            kind, why = negotiate(source, target, tracing=tracing)
+        except TypeValidationError:  # the direct kind refuses the pair (`check` raised it)
+            if direct:
+                raise
+            kind, why = "loop", "connected with direct=False"
         if not direct and kind != "loop":
             kind, why = "loop", "connected with direct=False"
         entry = _Entry(source, target, kind, why)
@@ -175,6 +185,16 @@ class EdgeTable:
                 entry.edge = edge
         self._current[source] = entry
         return self._info(entry)
+
+    def check(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> None:
+        """Raise before anything changes when the direct kind ``connect`` would pick
+        refuses the pair (a source worker's ``edge_fit``).
+
+        Raises:
+            TypeValidationError: e.g. a ``device-ring`` edge between different classes.
+        """
+        if direct:
+            negotiate(source, target, tracing=tracing)
 
     def disconnect(self, source: Any) -> None:
         """``source`` no longer forwards over its edge: a direct one routes the producer
@@ -260,7 +280,9 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
         if kind in offered and kind in taken:
             if tracing and kind not in TRACED_KINDS:
                 return "loop", f"a {kind} edge carries no trace context (a tracing runtime)"
-            return kind, ""
+            fit = getattr(ends[0], "edge_fit", None)
+            why = "" if fit is None else fit(kind, ends[1])
+            return (kind, "") if not why else ("loop", why)
     return "loop", (
         f"no direct kind both ends offer ({source.config.tier} produces into "
         f"{sorted(offered) or 'none'}, {target.config.tier} consumes from "

@@ -699,13 +699,13 @@ class RingKernelRuntime:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
 
         Between two off-loop kernels whose tiers offer a direct edge (thread and process
-        kernels) the messages move straight from actor to actor, off the event loop; with
-        ``direct=False``, or where no direct kind fits, they cross the loop. `edges`
-        says which (docs/concepts/data-plane.md).
+        kernels; two GPU kernels on one device) the messages move straight from actor to
+        actor, off the event loop; with ``direct=False``, or where no direct kind fits,
+        they cross the loop. `edges` says which (docs/concepts/data-plane.md).
 
         Raises:
             TypeValidationError: the source's ``output_type`` cannot be the target's
-                ``input_type``.
+                ``input_type`` (for a GPU -> GPU edge: is not the same class).
         """
         src, dst = self._kernel(source_id), self._kernel(target_id)
         if src is dst:
@@ -716,8 +716,10 @@ class RingKernelRuntime:
                 f"cannot connect {source_id!r} -> {target_id!r}: {source_id!r} sends "
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
+        tracing = self.tracer is not None
+        self._edge_table.check(src, dst, tracing=tracing, direct=direct)
         src.forward_to(dst)
-        self._edge_table.connect(src, dst, tracing=self.tracer is not None, direct=direct)
+        self._edge_table.connect(src, dst, tracing=tracing, direct=direct)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
@@ -731,7 +733,8 @@ class RingKernelRuntime:
 
         Each `EdgeInfo` names the source and target, the edge's ``kind`` (``"loop"``:
         through this runtime's event loop; ``"objects"``: directly, thread to thread;
-        ``"shm-ring"``: directly through shared memory, with a process end),
+        ``"shm-ring"``: directly through shared memory, with a process end;
+        ``"device-ring"``: GPU kernel to GPU kernel through device memory),
         ``why`` a loop edge is not direct, and a direct edge's own counters (see
         docs/concepts/data-plane.md).
         """

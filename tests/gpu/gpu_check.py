@@ -24,7 +24,9 @@ What it does, in order, every step inside the total budget (``--budget`` seconds
    (versions and a kernel bounded to 10 s), ``suite`` (the hardware tests, a per-test
    timeout, one line per test in ``tests.log``), ``probe`` (actors started and stopped
    beside a running one, ``--probe-seconds``), ``bench`` (ring round trip against a launch
-   per message, batched throughput), ``pagerank`` (PageRank on the GPU at ``--pagerank-nodes``)
+   per message, batched throughput), ``edge`` (two GPU kernels joined by a ``device-ring``
+   edge against the same pair over the loop: round trip, throughput, exactly once),
+   ``pagerank`` (PageRank on the GPU at ``--pagerank-nodes``)
    and ``soak`` (``--soak-messages`` through one actor, only with time left).
 
 A step that no longer fits the budget is skipped with the reason. ``summary.json`` is
@@ -74,6 +76,7 @@ STEPS: dict[str, tuple[int, int, bool, bool, str]] = {
     "suite": (200, 30, True, False, "the hardware tests (tests/gpu, no soak), per-test timeout"),
     "probe": (0, 15, True, False, "actors started and stopped beside a running one"),
     "bench": (100, 30, True, False, "ring round trip vs launch per message; batched throughput"),
+    "edge": (60, 15, True, False, "GPU -> GPU: a device-ring edge vs the loop path"),
     "pagerank": (80, 25, True, False, "PageRank on the GPU at 1M nodes"),
     "soak": (90, 20, True, True, "a soak through one actor: nothing lost"),
 }
@@ -1047,6 +1050,30 @@ def step_bench(figures: dict[str, Any], opts: argparse.Namespace) -> int:
     return 0
 
 
+def step_edge(figures: dict[str, Any], opts: argparse.Namespace) -> int:
+    _require_gpu(figures)
+    bench = _import_benchmark("gpu_edge_benchmark")
+    r = bench.main(["--quick"])
+    if r is None:
+        raise StepFailed("the edge benchmark found no GPU (see check.log)")
+    rows = {row["kind"]: row for row in r["rows"]}
+    dev, loop = rows["device-ring"], rows["loop"]
+    figures.update(
+        device_ring_rtt_p50_us=dev["rtt_p50_us"],
+        device_ring_rtt_p99_us=dev["rtt_p99_us"],
+        device_ring_msg_per_s=dev["msg_per_s"],
+        loop_rtt_p50_us=loop["rtt_p50_us"],
+        loop_msg_per_s=loop["msg_per_s"],
+        rtt_loop_over_device=r["rtt_loop_over_device"],
+        tput_device_over_loop=r["tput_device_over_loop"],
+        device_ring_counters=dev["counters"],
+        exactly_once_in_order=r["exactly_once_in_order"],
+    )
+    if not r["exactly_once_in_order"]:
+        raise StepFailed("a GPU -> GPU pipeline lost, repeated or reordered a message")
+    return 0
+
+
 def step_pagerank(figures: dict[str, Any], opts: argparse.Namespace) -> int:
     try:
         import cupy as cp
@@ -1103,6 +1130,7 @@ CHILD_STEPS: dict[str, Callable[[dict[str, Any], argparse.Namespace], int]] = {
     "suite": step_suite,
     "probe": step_probe,
     "bench": step_bench,
+    "edge": step_edge,
     "pagerank": step_pagerank,
     "soak": step_soak,
 }

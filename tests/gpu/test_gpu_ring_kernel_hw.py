@@ -12,8 +12,12 @@ sizes the soak (default a million).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,3 +149,50 @@ async def test_soak_a_million_messages(rt: RingKernelRuntime) -> None:
     tel = rt.get_telemetry("soak")
     assert tel.messages_processed == n
     assert tel.messages_dropped == 0
+
+
+# --- device-ring edges: GPU -> GPU on one device ------------------------------------------------
+
+
+def _edge_benchmark() -> Any:
+    """``benchmarks/gpu_edge_benchmark.py`` (the check's ``edge`` step runs it too)."""
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("gpu_edge_benchmark")
+
+
+async def test_device_ring_edge_round_trip_and_throughput() -> None:
+    """Two real persistent kernels joined by a ``device-ring`` edge, and the same pair over
+    the loop: every message arrives once, in order, through both; the figures (round trip
+    and throughput of each kind) are printed, not asserted."""
+    r = await _edge_benchmark().measure(n_rtt=100, n_tput=1_000, timeout=30.0)
+    print(r)
+    assert r["exactly_once_in_order"], r
+    dev = next(row for row in r["rows"] if row["kind"] == "device-ring")
+    c = dev["counters"]
+    assert c["accepted"] == c["taken"] == 1_100, c
+    assert c["depth"] == 0, c
+
+
+async def test_device_ring_edge_backpressure(rt: RingKernelRuntime) -> None:
+    """A 4-slot edge into a deactivated kernel: the producer's kernel fills it and waits;
+    after reactivate every message arrives once, in order."""
+    await launch_gpu(rt, "a", suite.double_handler, Sum, Sum)
+    await launch_gpu(rt, "b", suite.double_handler, Sum, Sum, ring_size=4)
+    rt.connect("a", "b")
+    (edge,) = rt.edges()
+    assert edge.kind == "device-ring", edge
+    await rt.deactivate("b")
+    n = 40
+    for i in range(n):
+        await rt.send("a", Sum(total=float(i), count=i))
+    await suite.wait_for(lambda: (rt.edges()[0].counters or {}).get("accepted") == 4)
+    await asyncio.sleep(HW.settle)
+    c = rt.edges()[0].counters
+    assert c is not None
+    assert c["accepted"] == c["depth"] == 4, c
+    await rt.reactivate("b")
+    got = [await rt.receive("b", timeout=30) for _ in range(n)]
+    assert [g.count for g in got] == list(range(n))
+    assert [g.total for g in got] == [4.0 * i for i in range(n)]

@@ -49,7 +49,9 @@ def test_the_plan_fits_the_device_call_limits() -> None:
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     names = [s["step"] for s in plan["steps"]]
-    assert names == ["install", "build", "smoke", "suite", "probe", "bench", "pagerank", "soak"]
+    assert names == [
+        *("install", "build", "smoke", "suite", "probe", "bench", "edge", "pagerank", "soak")
+    ]
     assert plan["budget_s"] == 420  # fits a 10-minute command with room for the start
     assert all(0 < s["min_s"] <= s["limit_s"] < 600 for s in plan["steps"])
     probe = next(s for s in plan["steps"] if s["step"] == "probe")
@@ -75,7 +77,7 @@ def test_a_step_gets_what_is_left_and_is_skipped_when_too_little_is(check: Modul
     class Opts:
         probe_seconds = 20.0
 
-    later = ["probe", "bench", "pagerank", "soak"]
+    later = ["probe", "bench", "edge", "pagerank", "soak"]
     # plenty of time: the longest limit, keeping the later required steps' shortest limits
     assert check.plan_limit("suite", 400.0, later, Opts) == 200
     # little time: what is left, down to the step's own shortest useful limit

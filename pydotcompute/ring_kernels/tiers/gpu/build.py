@@ -69,6 +69,11 @@ def record_types(in_dtype: np.dtype[Any], out_dtype: np.dtype[Any], state: Any) 
         types.int64[::1],
         state_ty,
         from_dtype(in_dtype)[::1],
+        from_dtype(out_dtype)[::1],  # the reply bound for a device edge
+        types.uint8[::1],  # the stage as bytes
+        types.uint8[::1],  # that reply as bytes
+        types.uint8[::1],  # the device's edge arena
+        types.int64[::1],  # the edge headers
     )
 
 

@@ -57,6 +57,12 @@ MAX_LATENCY, MIN_LATENCY, LAST_STATUS = L.MAX_LATENCY, L.MIN_LATENCY, L.LAST_STA
 OUTBOX_FULL, SPIN_ITERATIONS, BATCH = L.OUTBOX_FULL, L.SPIN_ITERATIONS, L.BATCH
 CMD_IDLE, CMD_PROCESS, CMD_PROCESS_DROP = L.CMD_IDLE, L.CMD_PROCESS, L.CMD_PROCESS_DROP
 CMD_STALL, CMD_EXIT = L.CMD_STALL, L.CMD_EXIT
+EDGE_ROUTE, EDGE_ROUTE_ACK = L.EDGE_ROUTE, L.EDGE_ROUTE_ACK
+EDGE_ROUTE_OUT, EDGE_ROUTE_IN = L.EDGE_ROUTE_OUT, L.EDGE_ROUTE_IN
+EDGE_OUT_BASE, EDGE_OUT_CAP, EDGE_OUT_HDR = L.EDGE_OUT_BASE, L.EDGE_OUT_CAP, L.EDGE_OUT_HDR
+EDGE_IN_BASE, EDGE_IN_CAP, EDGE_IN_HDR = L.EDGE_IN_BASE, L.EDGE_IN_CAP, L.EDGE_IN_HDR
+EH_TAIL, EH_HEAD, EH_FULL = L.EH_TAIL, L.EH_HEAD, L.EH_FULL
+EDGE_REJECTED = L.EDGE_REJECTED
 
 load_acquire: Any
 load_relaxed: Any
@@ -182,8 +188,11 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     Arguments of the returned kernel: ``inbox`` (ring of input records), ``outbox`` (ring of
     output records plus one scratch slot at the end), ``ostat`` (int64 status per outbox
     slot), ``lat`` (int64 latency ring, one entry per processed message modulo its size),
-    ``ctl`` (the control block, ``layout.py``), ``state`` (the actor's device array) and
-    ``stage`` (``BATCH`` input records in device memory; cooperative kernels only).
+    ``ctl`` (the control block, ``layout.py``), ``state`` (the actor's device array),
+    ``stage`` (``BATCH`` input records in device memory), ``ostage`` (one output record in
+    device memory: the reply bound for an out-edge), ``stageb`` and ``ostageb`` (the two as
+    bytes), ``arena`` (the device's edge arena, bytes in device memory) and ``ehdr`` (the
+    edge headers, int64 words in mapped memory; ``edge.py``).
 
     Thread 0 polls and decides; the decision reaches the block through shared memory and
     ``syncthreads``. When several messages wait, up to ``BATCH`` are handled one after the
@@ -195,15 +204,38 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
     (thread ``t`` copies slots ``t``, ``t + blockDim``, ...: many reads of host memory in
     flight at once instead of every thread reading every field across PCIe), then handles
     the staged copies.
+
+    Device edges (``EDGE_ROUTE``): with the out route on, the handler writes its reply into
+    ``ostage`` (device memory, not the mapped outbox: no PCIe traffic per message), and
+    each reply (status 0) is copied from there into the out-edge's next slot and the batch is
+    published with one release store of the edge's tail; a full edge stalls the kernel
+    (backpressure: it waits, it never overwrites). With the in route on, the edge is a
+    second input: a batch is taken from the inbox or the edge by turns, the edge's records
+    are copied into ``stage`` by the block, handled, and the edge's head is released after
+    the batch. A rejected message (non-zero status) puts nothing into the out-edge.
     """
 
     def pdc_ring_kernel(
-        inbox: Any, outbox: Any, ostat: Any, lat: Any, ctl: Any, state: Any, stage: Any
+        inbox: Any,
+        outbox: Any,
+        ostat: Any,
+        lat: Any,
+        ctl: Any,
+        state: Any,
+        stage: Any,
+        ostage: Any,
+        stageb: Any,
+        ostageb: Any,
+        arena: Any,
+        ehdr: Any,
     ) -> None:
         tid = cuda.threadIdx.x
-        sh = cuda.shared.array(4, types.int64)
+        nthr = cuda.blockDim.x
+        sh = cuda.shared.array(10, types.int64)
         cap_in = inbox.shape[0]
         cap_out = outbox.shape[0] - 1  # the last slot is the scratch reply of a dropped one
+        isz_in = stageb.shape[0] // stage.shape[0]  # bytes per input record
+        isz_out = ostageb.shape[0] // ostage.shape[0]  # bytes per output record
         nlat = lat.shape[0]
         max_backoff = ctl[MAX_BACKOFF_NS]
         drop_when_full = ctl[OUTBOX_POLICY] != 0
@@ -226,12 +258,26 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
         dt = 0
         idle = 0
         backoff = 0
+        route = 0  # the EDGE_ROUTE value acted on
+        eo_base = 0  # out-edge: slots at arena[eo_base:], eo_cap of them, header eo_hdr
+        eo_cap = 1
+        eo_hdr = 0
+        eo_tail = 0  # records published into the out-edge
+        eo_head_seen = 0  # the consumer's head as last read
+        eo_full = 0
+        eo_rejected = 0  # messages rejected while writing into an out-edge
+        ei_base = 0  # in-edge
+        ei_cap = 1
+        ei_hdr = 0
+        ei_head = 0  # records taken from the in-edge
+        turn = 0  # 1: the in-edge goes first when both inputs hold messages
         if tid == 0:
             store_release(ctl, STARTED, 1)
         while True:
             if tid == 0:
                 cmd = CMD_IDLE
                 count = 0
+                src = 0
                 # one word brings the inbox tail and both flags: an idle poll is one
                 # system-scope load (one round trip to host memory)
                 bell = load_acquire(ctl, DOORBELL)
@@ -241,64 +287,135 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                 if terminate != 0:
                     cmd = CMD_EXIT
                 else:
+                    if idle % 16 == 0:  # edge routes: between batches, every 16th idle poll
+                        want = load_acquire(ctl, EDGE_ROUTE)
+                        if want != route:
+                            if (want & EDGE_ROUTE_OUT) != 0 and (route & EDGE_ROUTE_OUT) == 0:
+                                eo_base = ctl[EDGE_OUT_BASE]
+                                eo_cap = ctl[EDGE_OUT_CAP]
+                                eo_hdr = ctl[EDGE_OUT_HDR]
+                                eo_tail = load_acquire(ehdr, eo_hdr + EH_TAIL)
+                                eo_head_seen = load_acquire(ehdr, eo_hdr + EH_HEAD)
+                                eo_full = load_acquire(ehdr, eo_hdr + EH_FULL)
+                            if (want & EDGE_ROUTE_IN) != 0 and (route & EDGE_ROUTE_IN) == 0:
+                                ei_base = ctl[EDGE_IN_BASE]
+                                ei_cap = ctl[EDGE_IN_CAP]
+                                ei_hdr = ctl[EDGE_IN_HDR]
+                                ei_head = load_acquire(ehdr, ei_hdr + EH_HEAD)
+                            route = want
+                            stalled = False
+                            store_release(ctl, EDGE_ROUTE_ACK, route)
                     if active != active_seen:
                         active_seen = active
                         store_release(ctl, ACTIVE_ACK, active)
                     if active != 0:
                         avail = tail_seen - head
+                        if (route & EDGE_ROUTE_IN) != 0:
+                            avail_e = load_acquire(ehdr, ei_hdr + EH_TAIL) - ei_head
+                            if avail_e > 0 and (avail <= 0 or turn != 0):
+                                src = 1
+                                avail = avail_e
                         if avail > 0:
-                            space = cap_out - (out_tail - out_head_seen)
-                            if space < avail:
-                                out_head_seen = load_acquire(ctl, OUT_HEAD)
+                            if (route & EDGE_ROUTE_OUT) != 0:
+                                space = eo_cap - (eo_tail - eo_head_seen)
+                                if space < avail:
+                                    eo_head_seen = load_acquire(ehdr, eo_hdr + EH_HEAD)
+                                    space = eo_cap - (eo_tail - eo_head_seen)
+                            else:
                                 space = cap_out - (out_tail - out_head_seen)
+                                if space < avail:
+                                    out_head_seen = load_acquire(ctl, OUT_HEAD)
+                                    space = cap_out - (out_tail - out_head_seen)
                             if space > 0:
                                 cmd = CMD_PROCESS
                                 count = min(avail, space, BATCH)
                                 stalled = False
+                                turn = 1 - src  # the other input goes first next time
                             else:
                                 if not stalled:
                                     stalled = True
-                                    full_events += 1
-                                    store_relaxed(ctl, OUTBOX_FULL, full_events)
-                                if drop_when_full:
+                                    if (route & EDGE_ROUTE_OUT) != 0:
+                                        eo_full += 1
+                                        store_relaxed(ehdr, eo_hdr + EH_FULL, eo_full)
+                                    else:
+                                        full_events += 1
+                                        store_relaxed(ctl, OUTBOX_FULL, full_events)
+                                if drop_when_full and (route & EDGE_ROUTE_OUT) == 0:
                                     cmd = CMD_PROCESS_DROP
                                     count = min(avail, BATCH)
+                                    turn = 1 - src
                                 else:
                                     cmd = CMD_STALL
                 sh[0] = cmd
-                sh[1] = head
+                sh[1] = ei_head if src != 0 else head
                 sh[2] = out_tail
                 sh[3] = count
+                sh[4] = src
+                sh[5] = 1 if (route & EDGE_ROUTE_OUT) != 0 else 0
+                sh[6] = ei_base
+                sh[7] = ei_cap
             cuda.syncthreads()
             cmd = sh[0]
             if cmd == CMD_EXIT:
                 break
             if cmd == CMD_PROCESS or cmd == CMD_PROCESS_DROP:  # noqa: SIM109 - Numba
                 count = sh[3]
-                if cooperative:  # stage the batch: the block's reads overlap
-                    for j in range(tid, count, cuda.blockDim.x):
+                from_edge = sh[4] != 0
+                to_edge = sh[5] != 0
+                if from_edge:  # stage the batch from the in-edge (device memory), as bytes
+                    first = sh[1]
+                    ebase = sh[6]
+                    ecap = sh[7]
+                    for k in range(tid, count * isz_in, nthr):
+                        j = k // isz_in
+                        b = k - j * isz_in
+                        stageb[k] = arena[ebase + ((first + j) % ecap) * isz_in + b]
+                    cuda.syncthreads()
+                elif cooperative:  # stage the batch: the block's reads overlap
+                    for j in range(tid, count, nthr):
                         stage[j] = inbox[(sh[1] + j) % cap_in]
                     cuda.syncthreads()
+                staged = cooperative or from_edge
+                written = 0
                 for j in range(count):
                     i = (sh[1] + j) % cap_in
                     o = (sh[2] + j) % cap_out if cmd == CMD_PROCESS else cap_out
                     t0 = now_ns()
                     status = 0
-                    if cooperative:
+                    if to_edge:  # the reply goes to device memory, then into the edge
+                        if cooperative:
+                            status = handler(stage[j], ostage[0], state)
+                            cuda.threadfence_system()
+                            cuda.syncthreads()
+                        elif tid == 0:
+                            if staged:
+                                status = handler(stage[j], ostage[0], state)
+                            else:
+                                status = handler(inbox[i], ostage[0], state)
+                    elif cooperative:
                         status = handler(stage[j], outbox[o], state)
                         cuda.threadfence_system()
                         cuda.syncthreads()
                     elif tid == 0:
-                        status = handler(inbox[i], outbox[o], state)
+                        if staged:
+                            status = handler(stage[j], outbox[o], state)
+                        else:
+                            status = handler(inbox[i], outbox[o], state)
                     if tid == 0:
-                        rin = stage[j] if cooperative else inbox[i]
-                        rout = outbox[o]
+                        rin = stage[j] if staged else inbox[i]
+                        rout = ostage[0] if to_edge else outbox[o]
                         rout._mid_hi = 0
                         rout._mid_lo = 0
                         rout._cid_hi = rin._mid_hi
                         rout._cid_lo = rin._mid_lo
                         rout._priority = rin._priority
-                        ostat[o] = status
+                        if not to_edge:
+                            ostat[o] = status
+                        elif status == 0:  # the reply into the out-edge's next slot
+                            dst = eo_base + ((eo_tail + written) % eo_cap) * isz_out
+                            for b in range(isz_out):
+                                arena[dst + b] = ostageb[b]
+                            written += 1
                         dt = now_ns() - t0
                         lat[processed % nlat] = dt
                         processed += 1
@@ -310,6 +427,8 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                         if status != 0:
                             errors += 1
                             last_bad = status
+                            if to_edge:
+                                eo_rejected += 1
                 if tid == 0:
                     # one publication per batch: counters first, then the release stores
                     store_relaxed(ctl, PROCESSED, processed)
@@ -319,14 +438,23 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                     store_relaxed(ctl, TOTAL_LATENCY, total_lat)
                     store_relaxed(ctl, MAX_LATENCY, max_lat)
                     store_relaxed(ctl, MIN_LATENCY, min_lat)
-                    head += count
-                    if cmd == CMD_PROCESS:
+                    if to_edge:
+                        store_relaxed(ctl, EDGE_REJECTED, eo_rejected)
+                        cuda.threadfence_system()
+                        eo_tail += written
+                        store_release(ehdr, eo_hdr + EH_TAIL, eo_tail)
+                    elif cmd == CMD_PROCESS:
                         out_tail += count
                         store_release(ctl, OUT_TAIL, out_tail)
                     else:
                         dropped += count
                         store_relaxed(ctl, DROPPED, dropped)
-                    store_release(ctl, IN_HEAD, head)
+                    if from_edge:
+                        ei_head += count
+                        store_release(ehdr, ei_hdr + EH_HEAD, ei_head)
+                    else:
+                        head += count
+                        store_release(ctl, IN_HEAD, head)
                 idle = 0
                 backoff = 0
             else:

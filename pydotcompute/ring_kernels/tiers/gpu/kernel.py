@@ -279,6 +279,9 @@ class GPURingKernel(HostedKernel):
         n = 0 if gpu is None else gpu.take_device_drops()
         if n:
             self._count_dropped(n, "outbox_full")
+        n = 0 if gpu is None else gpu.take_edge_rejections()
+        if n:  # rejected while the replies went into a device edge: no error reached us
+            self._count_dropped(n, "rejected")
 
     def state_snapshot(self) -> np.ndarray[Any, Any]:
         """A host copy of the actor's device state (``final_state`` once terminated)."""

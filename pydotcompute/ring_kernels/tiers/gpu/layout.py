@@ -24,6 +24,23 @@ __all__ = (
     "DOORBELL_SHIFT",
     "DOORBELL_TERMINATE",
     "DROPPED",
+    "EDGE_IN_BASE",
+    "EDGE_IN_CAP",
+    "EDGE_IN_HDR",
+    "EDGE_OUT_BASE",
+    "EDGE_OUT_CAP",
+    "EDGE_OUT_HDR",
+    "EDGE_REJECTED",
+    "EDGE_ROUTE",
+    "EDGE_ROUTE_ACK",
+    "EDGE_ROUTE_IN",
+    "EDGE_ROUTE_OUT",
+    "EDGE_WORDS",
+    "EH_CLOSED",
+    "EH_FULL",
+    "EH_HANDED",
+    "EH_HEAD",
+    "EH_TAIL",
     "ERRORS",
     "HEARTBEAT",
     "IN_HEAD",
@@ -56,7 +73,19 @@ DOORBELL = 1
 DOORBELL_ACTIVE = 1
 DOORBELL_TERMINATE = 2
 DOORBELL_SHIFT = 2
+# Device edges (``edge.py``): which edges the kernel writes into / reads from. The kernel
+# reads EDGE_ROUTE (acquire) between batches and every 16th idle poll, then the parameters
+# of a route that turned on, and acknowledges in EDGE_ROUTE_ACK.
+EDGE_ROUTE = 2  # bit EDGE_ROUTE_OUT: replies go into an edge; bit EDGE_ROUTE_IN: read one
+EDGE_ROUTE_OUT = 1
+EDGE_ROUTE_IN = 2
+EDGE_OUT_BASE = 3  # byte offset of the out-edge's slots in the edge arena
+EDGE_OUT_CAP = 4  # its slot count
+EDGE_OUT_HDR = 5  # index of its header words in the edge header array
+EDGE_IN_BASE = 6
+EDGE_IN_CAP = 7
 OUT_HEAD = 8  # replies consumed from the outbox ring (monotonic)
+EDGE_IN_HDR = 9
 ACTIVE = 16  # 1 = process messages, 0 = hold them (deactivated)
 TERMINATE = 17  # 1 = leave the loop at the next iteration
 OUTBOX_POLICY = 18  # 0 = stall while the outbox is full, 1 = run the handler, drop the reply
@@ -72,6 +101,10 @@ HEARTBEAT = 43  # advances while the kernel idles or stalls (the watchdog reads 
 # The inbox tail the kernel last read from the doorbell, stored just before each heartbeat:
 # a heartbeat proves the kernel alive, this that it sees what the host published.
 TAIL_SEEN = 44
+EDGE_ROUTE_ACK = 45  # the last EDGE_ROUTE value the kernel acted on
+# messages the handler rejected while the kernel wrote into an out-edge (no reply reached
+# the host, so the host counts these drops from here; ERRORS counts every rejection)
+EDGE_REJECTED = 47
 PROCESSED = 48  # messages handled (replied, rejected or reply dropped)
 DROPPED = 49  # replies discarded because the outbox was full (policy 1)
 ERRORS = 50  # messages the handler rejected (non-zero status)
@@ -83,6 +116,14 @@ LAST_STATUS = 55  # the last non-zero status a handler returned
 OUTBOX_FULL = 56  # times the kernel found the outbox full (stall or drop episodes)
 
 CTL_WORDS = 64
+
+# -- one device edge's header (int64 words in mapped memory, ``edge.py``) ----------------------
+EH_TAIL = 0  # records the producing kernel published (release store): ``accepted``
+EH_FULL = 1  # times the producing kernel found the edge full (backpressure episodes)
+EH_HEAD = 8  # records the consuming kernel took (release store): ``taken``
+EH_HANDED = 16  # records the host read back and handed back after the consumer stopped
+EH_CLOSED = 17  # 1 once the host closed the edge (no kernel writes or reads it any more)
+EDGE_WORDS = 24  # three 64-byte lines: producer, consumer, host
 
 # -- what thread 0 tells the block each iteration ---------------------------------------------
 CMD_IDLE = 0

@@ -55,6 +55,7 @@ from ....exceptions import (
     TypeValidationError,
 )
 from . import layout as L
+from .edge import EdgeArena, edge_arena
 from .host import fence
 from .slab import Carve, MemorySlabs, default_chunk_bytes
 
@@ -386,12 +387,19 @@ class DeviceActor:
                 self.lat = self._mapped("lat", ring_in, np.dtype(np.int64))
                 self.ctl = self._mapped("ctl", L.CTL_WORDS, np.dtype(np.int64))
                 self.state_dev = self._state_array(state)
-                # where a cooperative block stages a batch of inbox slots (device memory)
-                n_stage = L.BATCH if cooperative else 1
+                # where a batch is staged (device memory): inbox slots of a cooperative
+                # block, records taken from a device edge (``edge.py``)
+                n_stage = L.BATCH
                 if self.simulator:
                     self.stage: Any = np.zeros(n_stage, in_dtype).view(np.recarray)
+                    self.ostage: Any = np.zeros(1, out_dtype).view(np.recarray)
                 else:
                     self.stage = self._take("device", n_stage, in_dtype).device
+                    self.ostage = self._take("device", 1, out_dtype).device
+                # the device's edge arena (a CUDA C kernel does not take edges)
+                self.edge_arena: EdgeArena | None = None
+                if self.flavour != "cuda_c":
+                    self.edge_arena = edge_arena(device_id, self._slabs, may_grow=_live == 0)
         except BaseException:
             self._give_back_carves()
             raise
@@ -478,8 +486,12 @@ class DeviceActor:
     # -- compile and launch --------------------------------------------------------------
 
     def _args(self) -> tuple[Any, ...]:
+        # without an edge arena the kernel never routes (`edge_arena` is None): any
+        # uint8 / int64 arrays stand in for the arena's two arguments
         if self.simulator:
             h = self.host
+            stage_b = np.asarray(self.stage).view(np.uint8)
+            arena = self.edge_arena
             return (
                 h["inbox"].view(np.recarray),
                 h["outbox"].view(np.recarray),
@@ -488,7 +500,14 @@ class DeviceActor:
                 h["ctl"],
                 self.state_dev,
                 self.stage,
+                self.ostage,
+                stage_b,
+                np.asarray(self.ostage).view(np.uint8),
+                stage_b if arena is None else arena.data,
+                h["ctl"] if arena is None else arena.hdr_device,
             )
+        stage_b = self.stage.view(np.uint8)
+        arena = self.edge_arena
         return (
             self.inbox,
             self.outbox,
@@ -497,6 +516,11 @@ class DeviceActor:
             self.ctl,
             self.state_dev,
             self.stage,
+            self.ostage,
+            stage_b,
+            self.ostage.view(np.uint8),
+            stage_b if arena is None else arena.data,
+            self.ctl if arena is None else arena.hdr_device,
         )
 
     def mark_compiling(self, compiling: bool) -> None:

@@ -34,6 +34,12 @@ Design notes:
   never took, the latencies, the final state and the control block (counters stay
   readable through `word`). A kernel that does not acknowledge TERMINATE keeps its
   memory (it may still write it) and `hung` says so; a later `stop` tries again.
+- Device edges (``edge.py``): a producer routed into a ``device-ring`` edge writes its
+  replies there from its kernel, so the bridge sees none of them; the consumer's kernel
+  polls the edge beside its inbox. Route changes are acknowledged by the kernel
+  (``EDGE_ROUTE_ACK``) and waited for on the calling thread (microseconds: the kernel reads
+  the word between batches). The consumer's monitor spins while its edge holds records,
+  and the producer's wakes it when its kernel makes progress.
 - A message the handler rejects (a non-zero status) reaches the bridge as a
   `HandlerRejectedError`: a `MessageRejectedError` (the bridge counts it as dropped,
   reason ``rejected``, and tells its caller) that is also a `KernelError`.
@@ -44,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -55,16 +62,19 @@ import numpy as np
 
 from ....exceptions import (
     CUDAError,
+    InvalidConfigurationError,
     KernelCompilationError,
     KernelError,
     KernelFailedError,
     KernelStateError,
     MessageRejectedError,
+    TypeValidationError,
 )
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
 from ..contract import TierWorker
 from . import layout as L
+from .edge import DeviceEdge
 from .host import HostRings, Liveness
 from .prepare import compile_within
 from .spec import GPUKernelOptions, normalize_state
@@ -73,6 +83,8 @@ if TYPE_CHECKING:
     from .resources import DeviceActor
 
 __all__ = ("GPUWorker", "HandlerRejectedError")
+
+logger = logging.getLogger("pydotcompute")
 
 Latencies = tuple[int, int, int, int, list[tuple[int, int]]]
 #: Longest a worker thread waits for the loop to make a CUDA call for it before making it
@@ -129,6 +141,8 @@ class GPUWorker(TierWorker):
 
     ACTOR_KIND = "sync"
     SUPPORTS_RESTART = False
+    EDGE_OUT = frozenset({"device-ring"})
+    EDGE_IN = frozenset({"device-ring"})
 
     def __init__(
         self,
@@ -176,6 +190,7 @@ class GPUWorker(TierWorker):
         self._taken = 0  # replies taken from the outbox ring
         self._lat_seen = 0
         self._drops_seen = 0
+        self._edge_rejected_seen = 0
         self._recorder: PyLatencyRecorder = LatencyRecorder()
         self._failure: BaseException | None = None
         self._failure_told = False
@@ -186,6 +201,9 @@ class GPUWorker(TierWorker):
         self._hung: KernelStateError | None = None
         self._ctl_final: np.ndarray[Any, Any] | None = None
         self.final_state: np.ndarray[Any, Any] | None = None
+        self._route = 0  # the EDGE_ROUTE bits the host asked for
+        self._edge_in: DeviceEdge | None = None  # the device edge this kernel reads
+        self._edge_out: DeviceEdge | None = None  # the device edge it writes into now
 
     def __repr__(self) -> str:
         state = "failed" if self._failure else "stopped" if self._stopped else "running"
@@ -216,6 +234,27 @@ class GPUWorker(TierWorker):
         return self._hung
 
     @property
+    def input_type(self) -> Any:
+        """The input message class (its records are the inbox's slots)."""
+        return self._in_t
+
+    @property
+    def in_dtype(self) -> np.dtype[Any]:
+        """The input record layout."""
+        return self._in_dtype
+
+    @property
+    def device_id(self) -> int:
+        """The CUDA device the kernel runs on."""
+        return self._opts.device_id
+
+    @property
+    def edge_source(self) -> str | None:
+        """The id of the kernel whose device edge this one reads (None: none, or closed)."""
+        edge = self._edge_in
+        return None if edge is None or edge.closed else edge.source_id
+
+    @property
     def replies_taken(self) -> int:
         """Replies taken from the outbox ring so far (rejections included)."""
         return self._taken
@@ -244,7 +283,11 @@ class GPUWorker(TierWorker):
         r = self._rings
         if r is None or self._released:
             return True
-        return not self._pending and not r.in_flight() and not r.ready()
+        return not self._pending and not r.in_flight() and not r.ready() and not self._edge_depth()
+
+    def _edge_depth(self) -> int:
+        edge = self._edge_in
+        return 0 if edge is None else edge.depth
 
     def snapshot_state(self) -> np.ndarray[Any, Any] | None:
         """A host copy of the actor's state: live while the kernel runs, the final state
@@ -439,7 +482,7 @@ class GPUWorker(TierWorker):
                 self._kick_any_thread()
                 drained = self._wait(
                     lambda: (
-                        not r.in_flight()
+                        (not r.in_flight() and not self._edge_depth())
                         or self._failure is not None
                         or self._device_call(dev.finished)
                     ),
@@ -457,6 +500,7 @@ class GPUWorker(TierWorker):
                     self._failure = failure
                 self._hung = None
                 self._finish_device(dev, r)
+                self._close_edge_in()
             else:
                 self._hung = KernelStateError(
                     self._kernel_id,
@@ -731,7 +775,192 @@ class GPUWorker(TierWorker):
         self._drops_seen = seen
         return new
 
+    def take_edge_rejections(self) -> int:
+        """Messages the handler rejected while the kernel wrote into a device edge, since
+        the last call (no `HandlerRejectedError` reached the bridge for them)."""
+        seen = self.word(L.EDGE_REJECTED)
+        new = seen - self._edge_rejected_seen
+        if new <= 0:
+            return 0
+        self._edge_rejected_seen = seen
+        return new
+
     # -- what is left ---------------------------------------------------------------------
+
+    # -- device edges (``edge.py``) --------------------------------------------------------
+
+    def edge_fit(self, kind: str, consumer: Any) -> str:
+        """Whether this kernel can write into a ``kind`` edge read by ``consumer``'s
+        kernel: "" when it can, else why the edge keeps the loop path (`edges.negotiate`).
+
+        Raises:
+            TypeValidationError: the consumer's input class is not this kernel's output
+                class: a device edge copies records as they are.
+        """
+        if kind != "device-ring":
+            return f"the gpu tier has no {kind!r} edges"
+        if not isinstance(consumer, GPUWorker):
+            return f"a device-ring edge needs a GPU kernel at both ends, not {consumer!r}"
+        if self._out_t is not consumer.input_type or self._out_dtype != consumer.in_dtype:
+            raise TypeValidationError(
+                f"cannot connect {self._kernel_id!r} -> {consumer.kernel_id!r} over a "
+                f"device-ring edge: {self._kernel_id!r} writes {self._out_t.__name__} records "
+                f"but {consumer.kernel_id!r} reads {consumer.input_type.__name__} records, and "
+                "the edge copies records as they are; give both kernels the same @message "
+                "class, or connect(..., direct=False) to convert on the loop path"
+            )
+        if self.device_id != consumer.device_id:
+            return (
+                f"the kernels run on different devices ({self._kernel_id!r} on cuda:"
+                f"{self.device_id}, {consumer.kernel_id!r} on cuda:{consumer.device_id}); a "
+                "device-ring edge joins two kernels on one device"
+            )
+        for w in (self, consumer):
+            if w.flavour == "cuda_c":
+                return f"{w.kernel_id!r} has a CUDA C handler, whose kernel takes no device edges"
+            dev = w.device
+            if dev is None or dev.edge_arena is None:
+                return f"{w.kernel_id!r} was started without the device's edge arena (no room)"
+        src = consumer.edge_source
+        if src is not None and src != self._kernel_id:
+            return (
+                f"{consumer.kernel_id!r} already reads a device-ring edge from {src!r} (a GPU "
+                "kernel reads one device edge beside its inbox)"
+            )
+        return ""
+
+    @property
+    def kernel_id(self) -> str:
+        return self._kernel_id
+
+    def open_edge(self, kind: str, source_id: str) -> Any:
+        """The ``device-ring`` edge from ``source_id`` into this kernel (its memory is
+        taken when the producer is routed into it)."""
+        if kind != "device-ring":
+            return super().open_edge(kind, source_id)
+        self._check_open()
+        edge = self._edge_in
+        if edge is not None and not edge.closed:
+            if edge.source_id == source_id:
+                return edge
+            raise InvalidConfigurationError(
+                f"GPU kernel {self._kernel_id!r} already reads a device-ring edge from "
+                f"{edge.source_id!r}; a GPU kernel reads one device edge beside its inbox"
+            )
+        edge = DeviceEdge(self, source_id, self._ring_size, self._in_dtype, self._in_t.from_records)
+        self._edge_in = edge
+        return edge
+
+    def route_into(self, edge: Any) -> None:
+        """Have the kernel write its replies into ``edge`` (a `DeviceEdge`), or back into
+        its outbox (None). Returns once the kernel (and, the first time, the consumer's
+        kernel) acknowledged.
+
+        Raises:
+            InvalidConfigurationError: not a device edge, a closed one, or no room for it.
+            KernelFailedError: a kernel did not acknowledge within ``terminate_timeout``.
+        """
+        if edge is None:
+            self._unroute()
+            return
+        if not isinstance(edge, DeviceEdge):
+            super().route_into(edge)
+            return
+        if edge.closed:
+            raise InvalidConfigurationError(f"the device edge into {edge.consumer!r} is closed")
+        why = self.edge_fit("device-ring", edge.consumer)
+        if why:
+            raise InvalidConfigurationError(why)
+        if self._edge_out is edge:
+            return
+        self._check_open()
+        if self._edge_out is not None:
+            self._unroute()
+        dev = self._dev
+        assert dev is not None
+        assert dev.edge_arena is not None
+        if not edge.placed:
+            if not edge.place(dev.edge_arena):
+                raise InvalidConfigurationError(
+                    f"the edge arena of cuda:{self.device_id} has no room for a "
+                    f"{edge.capacity}-slot edge of {edge.dtype.itemsize}-byte records"
+                )
+            edge.consumer.attach_in(edge)
+        self._change_route(
+            self._route | L.EDGE_ROUTE_OUT,
+            {L.EDGE_OUT_BASE: edge.base, L.EDGE_OUT_CAP: edge.capacity, L.EDGE_OUT_HDR: edge.hdr},
+        )
+        self._edge_out = edge
+        edge.producer = self
+
+    def attach_in(self, edge: DeviceEdge) -> None:
+        """Have the kernel read ``edge`` (placed) beside its inbox; waits for its ack."""
+        self._change_route(
+            self._route | L.EDGE_ROUTE_IN,
+            {L.EDGE_IN_BASE: edge.base, L.EDGE_IN_CAP: edge.capacity, L.EDGE_IN_HDR: edge.hdr},
+        )
+
+    def detach_out(self, edge: DeviceEdge) -> None:
+        """``edge`` is being closed (its consumer stopped): the kernel writes into its
+        outbox again; returns once it acknowledged, or at once when it no longer runs."""
+        if self._edge_out is not edge:
+            return
+        self._unroute()
+
+    def wake(self) -> None:
+        """Wake the monitor (a producer's kernel wrote into this kernel's edge)."""
+        self._kick_any_thread()
+
+    def _unroute(self) -> None:
+        edge, self._edge_out = self._edge_out, None
+        if edge is None:
+            return
+        edge.producer = None
+        r = self._rings
+        if r is None or self._released:
+            return
+        try:
+            self._change_route(self._route & ~L.EDGE_ROUTE_OUT, {})
+        except KernelStateError:  # stopped meanwhile: it writes nothing any more
+            pass
+
+    def _change_route(self, route: int, params: dict[int, int]) -> None:
+        r = self._rings
+        if r is None or self._released:
+            raise KernelStateError(
+                self._kernel_id, KernelState.TERMINATED, "route", "its GPU kernel has stopped"
+            )
+        for index, value in params.items():
+            r.set_word(index, value)
+        r.set_word(L.EDGE_ROUTE, route)  # after the parameters (set_word fences)
+        self._route = route
+        self._kick_any_thread()
+        deadline = time.monotonic() + self._opts.terminate_timeout
+        delay = 0.0
+        while (got := self._ack_problem(L.EDGE_ROUTE_ACK, route, "an edge", deadline)) is None:
+            time.sleep(delay)
+            delay = min(delay * 2 or 1e-5, 1e-3)
+        self._acknowledged(got)
+
+    def _close_edge_in(self) -> None:
+        """The kernel ended: stop the producer writing into its edge, then hand back what
+        the edge still holds (after the requests the kernel never took)."""
+        edge = self._edge_in
+        if edge is None or edge.closed:
+            return
+        producer = edge.producer
+        if producer is not None:
+            try:
+                producer.detach_out(edge)
+            except Exception as exc:  # it failed: it was told to leave its loop
+                logger.warning(
+                    "GPU kernel %r: the producer of its device edge did not acknowledge the "
+                    "close (%r); reading the edge back anyway",
+                    self._kernel_id,
+                    exc,
+                )
+        # (a device-to-host copy on a GPU: made on the loop's thread, as every CUDA call)
+        self._leftovers.extend(self._device_call(edge.read_back))
 
     def take_undelivered(self) -> list[Any]:
         """The requests the stopped kernel never took, once (none while it may still run:
@@ -785,6 +1014,9 @@ class GPUWorker(TierWorker):
         if head != self._head_seen:
             self._head_seen = head
             progressed = True
+            out = self._edge_out
+            if out is not None:  # its kernel may have written into the edge
+                out.consumer.wake()
             self._wake_room_waiters()
             if self._want_room and self._free(r) > 0:
                 self._want_room = False
@@ -821,7 +1053,7 @@ class GPUWorker(TierWorker):
                         self._note_failure(problem)
                         continue
                 waited = now - last
-                if r.in_flight() > 0 or self._want_room or waited < spin:
+                if r.in_flight() > 0 or self._want_room or waited < spin or self._edge_depth():
                     await asyncio.sleep(0 if waited < spin else min(1e-3, waited / 4))
                     continue
                 fut = loop.create_future()
