@@ -92,8 +92,9 @@ def test_every_message_is_accounted_for_whatever_the_number_of_interrupts(
     # ... and the report says so: every loss, and every reply left unread
     report, unread = figures["report"], figures["unread"]
     # (on the thread tier the message in a cut-off thread's hands is counted when the
-    # thread finishes it, which may be after the report: docs/concepts/tiers.md)
-    late = dropped - figures["dropped_at_report"] if tier == "thread" else 0
+    # thread finishes it, which may be after the report, and even before the script
+    # reads its figures: at most one for each of its two kernels, docs/concepts/tiers.md)
+    late = 2 if tier == "thread" else 0
     assert dropped - late <= sum(report.values()) <= dropped, figures
     assert sum(unread.values()) == readable, figures
     assert figures["interrupted"] is (signals > 1), figures
