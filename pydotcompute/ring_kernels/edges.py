@@ -71,6 +71,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .pool_edges import EdgeGroup, replica_name
+
 __all__ = ("PREFERENCE", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
 
 logger = logging.getLogger("pydotcompute")
@@ -94,7 +96,11 @@ class EdgeInfo:
         counters: The edge's own counters for a direct edge (``accepted``, ``taken``,
             ``evicted``, ``rejected``, ``handed_back``, ``lost``, ``depth``,
             ``capacity``); None for a loop edge, whose messages are counted by the two
-            kernels' telemetry.
+            kernels' telemetry. For an edge with a pool end, the sums of its replica
+            edges'.
+        replicas: For a direct edge with a pool end (`pool_edges.py`), one `EdgeInfo`
+            per replica edge, named by replica (``"p[0]" -> "b"`` out of a pool,
+            ``"a" -> "p[0]"`` into one), each with its own counters; empty otherwise.
     """
 
     source: str
@@ -102,6 +108,7 @@ class EdgeInfo:
     kind: EdgeKind
     why: str = ""
     counters: dict[str, int] | None = None
+    replicas: tuple[EdgeInfo, ...] = ()
 
 
 @dataclass
@@ -155,7 +162,7 @@ class EdgeTable:
             edge = self._direct.get((source, target))
             try:
                 if edge is None:
-                    edge = target.worker.open_edge(kind, source.kernel_id)
+                    edge = _open(source, target, kind)
                     self._direct[(source, target)] = edge
                 source.worker.route_into(edge)
             except Exception as exc:  # a tier that cannot after all: the loop path
@@ -194,10 +201,16 @@ class EdgeTable:
 
     @staticmethod
     def _info(entry: _Entry) -> EdgeInfo:
-        counters = None if entry.edge is None else dict(entry.edge.counters())
-        return EdgeInfo(
-            entry.source.kernel_id, entry.target.kernel_id, entry.kind, entry.why, counters
-        )
+        edge = entry.edge
+        counters = None if edge is None else dict(edge.counters())
+        source, target = entry.source.kernel_id, entry.target.kernel_id
+        replicas: tuple[EdgeInfo, ...] = ()
+        if isinstance(edge, EdgeGroup):
+            replicas = tuple(
+                EdgeInfo(src, dst, entry.kind, "", dict(part.counters()))
+                for src, dst, part in edge.replica_edges(source, target)
+            )
+        return EdgeInfo(source, target, entry.kind, entry.why, counters, replicas)
 
     def fold(self, kernel: Any, tel: Any, *, timed: bool) -> None:
         """Add the direct edges' counters to ``kernel``'s telemetry ``tel`` (as
@@ -237,6 +250,18 @@ class EdgeTable:
             self._folded.pop(id(self._direct.pop(pair)), None)
 
 
+def _open(source: Any, target: Any, kind: str) -> Any:
+    """The consumer's worker makes the edge; out of a pool (a source worker with
+    ``edge_replicas``), one per producing replica, as an `EdgeGroup`."""
+    replicas = getattr(source.worker, "edge_replicas", 0)
+    if replicas <= 0:
+        return target.worker.open_edge(kind, source.kernel_id)
+    parts = [
+        target.worker.open_edge(kind, replica_name(source.kernel_id, i)) for i in range(replicas)
+    ]
+    return EdgeGroup(kind, parts, spread=False)
+
+
 def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
     first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
@@ -254,8 +279,16 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
         ends.append(worker)
     offered = ends[0].EDGE_OUT
     taken = ends[1].EDGE_IN
+    pool_in = getattr(ends[1], "edge_replicas", 0) > 0
+    spreads = getattr(ends[0], "EDGE_SPREAD", frozenset())
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
+            if pool_in and kind not in spreads:
+                return "loop", (
+                    f"the source {source.kernel_id!r} ({source.config.tier} tier) cannot "
+                    f"spread {kind} messages over the replicas of the pool "
+                    f"{target.kernel_id!r}"
+                )
             return kind, ""
     return "loop", (
         f"no direct kind both ends offer ({source.config.tier} produces into "

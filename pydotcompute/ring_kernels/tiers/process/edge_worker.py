@@ -87,6 +87,10 @@ class EdgePorts:
             edge.close()
         return edge
 
+    def share_bound(self, replicas: int) -> None:
+        """Each edge opened from now on holds ``1 / replicas`` of the bound (rounded up)."""
+        self._capacity = max(1, -(-self._capacity // max(1, replicas)))
+
     def route(self, edge: ShmEdge | None) -> None:
         """Send into ``edge`` (None: the outbox again)."""
         with self._lock:
@@ -208,6 +212,11 @@ class HostedProcessWorker(ProcessWorker):
     def pause_edges(self, paused: bool) -> None:
         self._ports.pause(paused)
         self._tell_child()
+
+    def share_edge_bound(self, replicas: int) -> None:
+        """One of ``replicas`` of a pool: each edge into it holds its share of the bound
+        (rounded up), as the pool's bridge shares its slots."""
+        self._ports.share_bound(replicas)
 
     def _edge_report(self, report: list[Any]) -> None:
         if len(report) == 3:
