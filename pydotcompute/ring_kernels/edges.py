@@ -280,7 +280,7 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
     offered = ends[0].EDGE_OUT
     taken = ends[1].EDGE_IN
     pool_in = getattr(ends[1], "edge_replicas", 0) > 0
-    spreads = getattr(ends[0], "EDGE_SPREAD", frozenset())
+    spreads: frozenset[str] = getattr(ends[0], "EDGE_SPREAD", frozenset())
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
             if pool_in and kind not in spreads:

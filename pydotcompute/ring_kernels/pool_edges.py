@@ -143,7 +143,7 @@ class Spread:
             if i >= n:
                 i -= n
             state = ends[i].state()
-            if state == ROOM or state == WAITING:
+            if state in (ROOM, WAITING):
                 pick = i
                 break
             if state == FULL and full < 0:
