@@ -6,7 +6,7 @@ supervision, the accounting ledger, metrics, ``connect``/``disconnect`` decision
 consumer's input, without a hop through the parent's loop.
 
 Edge kinds (`EdgeKind`):
-- ``"loop"``: the default, and what any edge with an asyncio, Ray or pool end, a tracing
+- ``"loop"``: the default, and what any edge with an asyncio or Ray end, a tracing
   runtime or a ``serialize=True`` kernel keeps: the producer's bridge collects the reply
   on the loop and accepts it into the consumer's banded inbox (runtime.py, hosted.py).
 - ``"objects"``: thread -> thread, an in-process queue of objects, four priority bands,
@@ -15,6 +15,13 @@ Edge kinds (`EdgeKind`):
   the runtime's process (`tiers/process/edge.py`).
 - ``"device-ring"`` (GPU -> GPU on one device) is the kind the design provides for; no tier
   offers it yet, so such edges are ``"loop"`` edges today.
+
+An end may be a worker pool (thread or process tier): the edge is then an
+`pool_edges.EdgeGroup` of one edge of the kind per replica, out of a pool one per producing
+replica, into a pool one per consuming replica, which the producer spreads over (round
+robin, skipping a full one). A pool's worker offers its members' kinds; into a pool, the
+producer's worker must also declare it can spread over that kind (``EDGE_SPREAD``, read
+with a default: an optional attribute beside ``EDGE_OUT``), else the edge stays on the loop.
 
 Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
 can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
