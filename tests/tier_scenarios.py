@@ -2915,3 +2915,63 @@ async def scenario_pool_edge_replica_killed(case: PoolEdgeCase) -> None:
         assert_exactly_once(list(range(k + 4)), read, left, _all_dropped(rt))
         assert total["lost"] >= 1, (total, left)
         assert rt.get_telemetry("b").drop_reasons().get("lost") == total["lost"]
+
+
+async def _read_until_failed(rt: Any, kid: str) -> list[int]:
+    """What ``kid`` replies until a receive raises `KernelFailedError` (it must)."""
+    read: list[int] = []
+    while True:
+        try:
+            read.append((await rt.receive(kid, timeout=BOUND_S)).seq)
+        except KernelFailedError:
+            return read
+
+
+async def scenario_pool_edge_consumer_failure(case: PoolEdgeCase) -> None:
+    """A replica of the consumer raises: the pool fails as one kernel, what its replica
+    edges held is handed back once (the message it raised on among it); the producer
+    runs on and what it sends later ends once."""
+    async with asyncio.timeout(BOUND_S):
+        n = 30
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="boom" if i == 5 else "sleep:0.002"))
+            read = await _read_until_failed(rt, "b")
+            await _send_range(rt, n, n + 10)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n + 10)
+            await asyncio.sleep(0.05)
+        read += _read_all(rt, "a") + _read_all(rt, "b")
+        left = _seqs(rt.get_kernel("b").undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        assert 5 in left, left
+        assert 5 not in read, read
+        assert_exactly_once(list(range(n + 10)), read, left, _all_dropped(rt))
+        assert rt.get_kernel("a").state is KernelState.TERMINATED
+
+
+async def scenario_pool_edge_disconnect_reconnect(case: PoolEdgeCase) -> None:
+    """Disconnect and re-connect while messages flow: each message ends exactly once,
+    from b (through the replica edges) or from a's own outbox (while disconnected); the
+    re-connect reuses the replica edges and their counters."""
+    async with asyncio.timeout(BOUND_S):
+        n = 600
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, input_queue_size=64, output_queue_size=n)
+            before: dict[str, int] = {}
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="sleep:0.0001" if i % 7 == 0 else ""))
+                if i == 200:
+                    before = _pool_counters(rt, settled=False)[0]
+                    rt.disconnect("a")
+                    assert rt.edges() == []
+                elif i == 400:
+                    rt.connect("a", "b", direct=case.direct)
+                    (edge,) = rt.edges()
+                    assert edge.kind == case.kind, edge
+                    if case.kind != "loop":
+                        assert edge.counters is not None
+                        assert edge.counters["accepted"] >= before["accepted"], edge
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = [m for k in "ab" for m in _seqs(rt.get_kernel(k).undelivered)]
+        assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))

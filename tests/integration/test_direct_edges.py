@@ -277,3 +277,11 @@ async def test_an_edge_into_a_pool_names_each_replica_edge() -> None:
         assert [r.counters["capacity"] for r in edge.replicas if r.counters] == [3, 3, 3]
         assert edge.counters is not None
         assert edge.counters["capacity"] == 9
+
+
+async def test_pool_edge_consumer_failure(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_consumer_failure(pool_edge)
+
+
+async def test_pool_edge_disconnect_reconnect(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_disconnect_reconnect(pool_edge)
