@@ -16,9 +16,16 @@ from the same run. The loop's CPU time per message (``time.thread_time`` of the 
 running the loop, over the timed part) says how much of the data plane the loop still
 carries.
 
-    python benchmarks/edges_benchmark.py [--quick] [--json PATH]
+A second table puts a worker pool in the middle: ``asyncio -> process (replicas=R) ->
+thread``, R = 1 against R = 2 in the same run (interleaved rounds), with the light handler
+and with a CPU-bound one (`_edge_actors.burn`, about a millisecond of Python per message).
+Out of the pool each replica sends over its own ``shm-ring`` edge into the thread stage.
 
-Target (issue): ``process -> process -> thread`` >= 0.6 x its slowest stage alone.
+    python benchmarks/edges_benchmark.py [--quick] [--pool-only] [--json PATH]
+
+Targets: ``process -> process -> thread`` >= 0.6 x its slowest stage alone; the 2-replica
+pool >= 1.0 x the 1-replica one with the light handler, >= 1.6 x with the CPU-bound one
+(on two cores).
 """
 
 from __future__ import annotations
@@ -37,13 +44,93 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from _common import print_table, save_json  # noqa: E402
-from _edge_actors import Item, relay  # noqa: E402
+from _edge_actors import Item, burn, relay, relay_async  # noqa: E402
 from _suite import summary_row  # noqa: E402
 
 from pydotcompute import RingKernelRuntime  # noqa: E402
 
 TARGET = 0.6
 PIPELINES = (("process", "process", "thread"), ("thread", "thread", "thread"))
+#: the pool comparison's targets: 2 replicas over 1, per handler
+POOL_TARGETS = {"light": 1.0, "cpu-bound": 1.6}
+
+
+async def _pool_rate(replicas: int, handler: str, n: int) -> tuple[float, list[str]]:
+    """Messages/s through ``asyncio -> process (replicas) -> thread`` and the edges'
+    kinds (the pool's replica edges' too)."""
+    stage = burn if handler == "cpu-bound" else relay
+    async with RingKernelRuntime() as rt:
+        await rt.launch("head", relay_async, input_type=Item, output_type=Item, queue_size=4096)
+        await rt.launch(
+            "pool", stage, input_type=Item, output_type=Item, tier="process",
+            queue_size=4096, replicas=replicas,
+        )  # fmt: skip
+        await rt.launch(
+            "tail", relay, input_type=Item, output_type=Item, tier="thread", queue_size=4096
+        )
+        rt.connect("head", "pool")
+        rt.connect("pool", "tail")
+        for kid in ("tail", "pool", "head"):
+            await rt.activate(kid)
+
+        async def produce(count: int) -> None:
+            for i in range(count):
+                await rt.send("head", Item(seq=i))
+
+        warm = min(n, 200)
+        for _ in range(2):
+            task = asyncio.get_running_loop().create_task(produce(warm))
+            for _ in range(warm):
+                await rt.receive("tail", timeout=120)
+            await task
+        t0 = time.perf_counter()
+        task = asyncio.get_running_loop().create_task(produce(n))
+        for _ in range(n):
+            await rt.receive("tail", timeout=120)
+        await task
+        elapsed = time.perf_counter() - t0
+        kinds = [f"{e.kind}x{max(1, len(e.replicas))}" for e in rt.edges()]
+    return n / elapsed, kinds
+
+
+def _pool_table(quick: bool, rounds: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pool comparison: replicas 1 and 2, interleaved, best of ``rounds`` each."""
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    for handler, n in (("light", 3000 if quick else 20000), ("cpu-bound", 300 if quick else 1500)):
+        best: dict[int, float] = {}
+        kinds: dict[int, list[str]] = {}
+        for _ in range(rounds):
+            for replicas in (1, 2):
+                rate, got = asyncio.run(_pool_rate(replicas, handler, n))
+                best[replicas] = max(best.get(replicas, 0.0), rate)
+                kinds[replicas] = got
+        base = best[1]
+        for replicas in (1, 2):
+            rows.append(
+                {
+                    "handler": handler,
+                    "replicas": replicas,
+                    "messages": n,
+                    "edges": ",".join(kinds[replicas]),
+                    "msg/s": best[replicas],
+                    "1 replica msg/s": base,
+                    "ratio": best[replicas] / base,
+                }
+            )
+        summary.append(
+            summary_row(
+                f"asyncio -> process x2 -> thread ({handler})",
+                best[2],
+                "msg/s",
+                higher_is_better=True,
+                baseline=base,
+                baseline_name="the same pipeline with 1 replica",
+                target=f"ratio >= {POOL_TARGETS[handler]}",
+                note=f"edges {','.join(kinds[2])}",
+            )
+        )
+    return rows, summary
 
 
 async def _rate(tiers: tuple[str, ...], n: int, *, direct: bool) -> tuple[float, float, list[str]]:
@@ -92,15 +179,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages (a smoke run)")
     parser.add_argument("--json", default=None, help="where to write the JSON results")
+    parser.add_argument("--pool-only", action="store_true", help="only the worker-pool comparison")
+    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (best of)")
     args = parser.parse_args()
     n = 3000 if args.quick else 20000
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     load_before = _load()
     print(f"{n} messages a run, best of {rounds} interleaved rounds; load {load_before}")
 
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
-    for tiers in PIPELINES:
+    for tiers in () if args.pool_only else PIPELINES:
         name = " -> ".join(tiers)
         best: dict[str, tuple[float, float]] = {}
         kinds: dict[str, list[str]] = {}
@@ -142,30 +231,44 @@ def main() -> None:
                     note=f"edges {','.join(kinds[label])}",
                 )
             )
+    pool_rows, pool_summary = _pool_table(args.quick, rounds)
+    summary += pool_summary
+    if rows:
+        print_table(
+            "light handler, every message in flight",
+            rows,
+            [
+                "pipeline",
+                "path",
+                "edges",
+                "msg/s",
+                "slowest alone",
+                "ratio",
+                "loop CPU us/msg",
+                "alone: loop CPU",
+            ],
+        )
+        print(
+            "loop CPU: the event loop thread's CPU time per message over the timed part. A "
+            "pipeline's two ends (runtime.send into the head, runtime.receive from the tail) "
+            "cost the loop about what one stage alone does ('alone: loop CPU'); what a "
+            "pipeline's loop CPU adds to that is what its middle hops cost the loop."
+        )
     print_table(
-        "light handler, every message in flight",
-        rows,
-        [
-            "pipeline",
-            "path",
-            "edges",
-            "msg/s",
-            "slowest alone",
-            "ratio",
-            "loop CPU us/msg",
-            "alone: loop CPU",
-        ],
-    )
-    print(
-        "loop CPU: the event loop thread's CPU time per message over the timed part. A "
-        "pipeline's two ends (runtime.send into the head, runtime.receive from the tail) "
-        "cost the loop about what one stage alone does ('alone: loop CPU'); what a "
-        "pipeline's loop CPU adds to that is what its middle hops cost the loop."
+        "asyncio -> process (replicas=R) -> thread, every message in flight",
+        pool_rows,
+        ["handler", "replicas", "messages", "edges", "msg/s", "1 replica msg/s", "ratio"],
     )
     print(f"load average before {load_before}, after {_load()} (other work skews this)")
     save_json(
         "edges",
-        {"quick": args.quick, "messages": n, "rows": rows, "summary": summary},
+        {
+            "quick": args.quick,
+            "messages": n,
+            "rows": rows,
+            "pool_rows": pool_rows,
+            "summary": summary,
+        },
         args.json,
     )
 

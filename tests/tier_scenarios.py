@@ -2819,3 +2819,290 @@ async def scenario_edge_traced_links(case: EdgeCase) -> None:
             assert process_b.parent.span_id == send_b.context.span_id
         else:  # recorded by b's own context, as the child of a's span
             assert process_b.parent.span_id == process_a.context.span_id
+
+
+# --- round 4: direct edges with a worker-pool end ---------------------------------------------
+# An edge into a pool is one edge per replica, the producer spreading over them (round robin,
+# skipping a full one); out of a pool each replica sends over its own edge
+# (`ring_kernels/pool_edges.py`). A pool does not keep order across replicas, so these check
+# each message ends once (not the order), per replica edge as for the edge as a whole.
+
+
+@dataclass(frozen=True)
+class PoolEdgeCase(EdgeCase):
+    """An `EdgeCase` whose ends may be pools: ``a_replicas`` producing, ``b_replicas``
+    consuming replicas."""
+
+    a_replicas: int = 1
+    b_replicas: int = 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}x{self.a_replicas}-{self.target}x{self.b_replicas}-{self.kind}"
+
+
+POOL_EDGE_CASES = (
+    PoolEdgeCase("thread", "thread", False, "loop", 1, 2),
+    PoolEdgeCase("thread", "thread", True, "objects", 2, 1),
+    PoolEdgeCase("thread", "thread", True, "objects", 1, 2),
+    PoolEdgeCase("thread", "thread", True, "objects", 2, 2),
+    PoolEdgeCase("process", "thread", True, "shm-ring", 2, 1),
+    PoolEdgeCase("thread", "process", True, "shm-ring", 1, 2),
+    PoolEdgeCase("process", "process", True, "shm-ring", 1, 2),
+    PoolEdgeCase("process", "process", True, "shm-ring", 2, 1),
+)
+
+
+async def _pool_pair(rt: Any, case: PoolEdgeCase, **b_opts: Any) -> None:
+    """``a`` (pass, ``a_replicas``) -> ``b`` (relay, ``b_replicas``), connected before
+    they run, both active; the edge has the case's kind and one replica edge per pair."""
+    _edge_kinds_only(case)
+    await rt.launch(
+        "a", pass_job_sync, input_type=Job, output_type=Job, tier=case.source,
+        replicas=case.a_replicas,
+    )  # fmt: skip
+    await rt.launch(
+        "b", relay_job_sync, input_type=Job, output_type=Job, tier=case.target,
+        replicas=case.b_replicas, **b_opts,
+    )  # fmt: skip
+    rt.connect("a", "b", direct=case.direct)
+    (edge,) = rt.edges()
+    assert edge.kind == case.kind, edge
+    want = 0 if case.kind == "loop" else case.a_replicas * case.b_replicas
+    assert len(edge.replicas) == want, edge
+    for kid in ("b", "a"):
+        await rt.activate(kid)
+
+
+def _pool_counters(rt: Any, settled: bool = True) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The edge's counters and each replica edge's, each checked for balance; once the
+    edge is ``settled`` (nothing moving), the edge's are the sums of its replica edges'
+    (while messages move, the two reads are moments apart)."""
+    (edge,) = rt.edges()
+    total = dict(edge.counters or {})
+    parts = [dict(r.counters or {}) for r in edge.replicas]
+    for c in [total, *parts] if total else []:
+        assert c["accepted"] == c["taken"] + c["evicted"] + c["handed_back"] + c["depth"], c
+    for key in total if settled or not total else ("capacity",):
+        assert total[key] == sum(p[key] for p in parts), (key, total, parts)
+    return total, parts
+
+
+async def scenario_pool_edge_exactly_once(case: PoolEdgeCase) -> None:
+    """Every message crosses once; every replica edge carries its part (the spread and
+    the fan-in use each one); the counters reach both kernels' telemetry."""
+    async with asyncio.timeout(BOUND_S):
+        n = 2000
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=64)
+            sender = asyncio.get_running_loop().create_task(_send_range(rt, 0, n))
+            got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)]
+            await sender
+            assert sorted(got) == list(range(n))
+            assert rt.get_telemetry("a").messages_sent == n
+            assert rt.get_telemetry("b").messages_received == n
+            assert rt.get_telemetry("b").messages_processed == n
+            total, parts = _pool_counters(rt)
+            if case.kind != "loop":
+                assert total["accepted"] == total["taken"] == n, total
+                assert all(p["accepted"] > 0 for p in parts), parts
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_pool_edge_block_holds_the_bound(case: PoolEdgeCase) -> None:
+    """Under ``block`` a slow pool holds its producer back: each replica edge into a pool
+    holds its share of the pool's bound and never more, nothing is dropped, every
+    message arrives once."""
+    async with asyncio.timeout(BOUND_S):
+        n, bound = 200, 8
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=bound, bridge_queue_size=1)
+            sender = asyncio.get_running_loop().create_task(
+                _send_range(rt, 0, n, payload="sleep:0.002")
+            )
+            share = -(-bound // case.b_replicas)
+            got: list[int] = []
+            while len(got) < n:
+                got.append((await rt.receive("b", timeout=BOUND_S)).seq)
+                for p in _pool_counters(rt, settled=False)[1]:
+                    assert p["capacity"] == share, (p, share)
+                    assert p["depth"] <= share, p
+            await sender
+            assert sorted(got) == list(range(n))
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_pool_edge_reject_counts_at_receiver(case: PoolEdgeCase) -> None:
+    """``reject`` once every replica edge is full: the refused messages are the pool's
+    backpressure drops (the edges' ``rejected``), the rest arrive once."""
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        n, bound = 60, 4
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _pool_pair(rt, case, queue_size=bound, bridge_queue_size=1, backpressure="reject")
+        await _send_range(rt, 0, n, payload=f"gate:{gate}")  # each replica of b waits
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        open(gate, "w").close()
+        read: list[int] = []
+        with contextlib.suppress(QueueTimeoutError):
+            while True:
+                read.append((await rt.receive("b", timeout=0.5)).seq)
+        assert_exactly_once(list(range(n)), read, [], _all_dropped(rt))
+        assert 0 < len(read) < n
+        if case.kind != "loop":
+            total, _ = _pool_counters(rt)
+            drops = rt.get_telemetry("b").drop_reasons()
+            assert total["rejected"] > 0, total
+            assert drops.get("backpressure") == total["rejected"], (total, drops)
+
+
+async def scenario_pool_edge_ordered_shutdown_drains(case: PoolEdgeCase) -> None:
+    """Leaving the runtime's scope with messages in flight: the source (pool) stops
+    first, the consumer drains every replica edge; nothing dropped or handed back."""
+    async with asyncio.timeout(BOUND_S):
+        n = 300
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, input_queue_size=32, output_queue_size=n)
+            await _send_range(rt, 0, n, payload="sleep:0.0005")
+        read = _read_all(rt, "b")
+        assert sorted(read) == list(range(n)), len(read)
+        assert _all_dropped(rt) == 0
+        assert rt.get_kernel("a").undelivered == rt.get_kernel("b").undelivered == []
+
+
+async def scenario_pool_edge_leftovers_handed_back_once(case: PoolEdgeCase) -> None:
+    """A consumer terminated before it drained: what its replica edges still hold is
+    handed back once, in ``undelivered``, and counted as dropped."""
+    async with asyncio.timeout(BOUND_S):
+        n = 40
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            await _send_range(rt, 0, n, payload="sleep:0.05")
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+            await rt.terminate("a")
+            await rt.terminate("b", timeout=0.2)
+            total, _ = _pool_counters(rt)
+            left = _seqs(rt.get_kernel("b").undelivered)
+            read = _read_all(rt, "b")
+            assert left, "b was stopped with work left"
+            assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+            if case.kind != "loop":
+                assert total["handed_back"] == len(left), (total, left)
+
+
+async def scenario_pool_edge_pause_holds_edges(case: PoolEdgeCase) -> None:
+    """A deactivated pool takes nothing from its replica edges: what a forwards meanwhile
+    waits there and arrives once after ``reactivate``."""
+    async with asyncio.timeout(BOUND_S):
+        k = 20
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            await rt.send("a", Job(seq=0))
+            assert (await rt.receive("b", timeout=BOUND_S)).seq == 0
+            await rt.deactivate("b")
+            await _send_range(rt, 1, k + 1)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 1)
+            await asyncio.sleep(0.3)  # time for a consumer that still read to take them
+            if case.kind != "loop":
+                held = _pool_counters(rt, settled=False)[0]["depth"]
+                assert held >= k - case.b_replicas, held
+            await rt.reactivate("b")
+            got = [(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(k)]
+            assert sorted(got) == list(range(1, k + 1))
+        assert _all_dropped(rt) == 0
+
+
+async def scenario_pool_edge_replica_killed(case: PoolEdgeCase) -> None:
+    """One replica of a process pool is killed (``kill -9``): the pool fails as one
+    kernel; what every replica edge holds outlives the child and is handed back once; the
+    record in the killed actor's hands is counted ``lost``; the producer runs on."""
+    _edge_kinds_only(case)
+    if case.target != "process" or case.b_replicas < 2:
+        pytest.skip("needs a process pool consumer")
+    import signal
+
+    async with asyncio.timeout(BOUND_S), contextlib.AsyncExitStack() as stack:
+        gate = stack.enter_context(_gate_file())
+        k = 12
+        rt = await stack.enter_async_context(RingKernelRuntime())
+        await _pool_pair(rt, case, queue_size=64, bridge_queue_size=1)
+        await _send_range(rt, 0, k, payload=f"gate:{gate}")  # each replica holds one
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k)
+        await _settle(rt, lambda: _pool_counters(rt, False)[0]["taken"], case.b_replicas)
+        b = rt.get_kernel("b")
+        os.kill(b.worker.members[0].pid, signal.SIGKILL)
+        with pytest.raises(KernelFailedError):
+            await rt.receive("b", timeout=BOUND_S)
+        await _send_range(rt, k, k + 4)  # a runs on: the loop path, refused by b
+        await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, k + 4)
+        # the pool fails as one kernel: its other replica is stopped, then every replica
+        # edge is closed and what it held handed back
+        await _settle(rt, lambda: len(b.undelivered), k - case.b_replicas)
+        left = _seqs(b.undelivered)
+        total, _ = _pool_counters(rt)
+        await rt.shutdown()
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left += _seqs(rt.get_kernel("a").undelivered)
+        assert_exactly_once(list(range(k + 4)), read, left, _all_dropped(rt))
+        assert total["lost"] >= 1, (total, left)
+        assert rt.get_telemetry("b").drop_reasons().get("lost") == total["lost"]
+
+
+async def _read_until_failed(rt: Any, kid: str) -> list[int]:
+    """What ``kid`` replies until a receive raises `KernelFailedError` (it must)."""
+    read: list[int] = []
+    while True:
+        try:
+            read.append((await rt.receive(kid, timeout=BOUND_S)).seq)
+        except KernelFailedError:
+            return read
+
+
+async def scenario_pool_edge_consumer_failure(case: PoolEdgeCase) -> None:
+    """A replica of the consumer raises: the pool fails as one kernel, what its replica
+    edges held is handed back once (the message it raised on among it); the producer
+    runs on and what it sends later ends once."""
+    async with asyncio.timeout(BOUND_S):
+        n = 30
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, queue_size=64, bridge_queue_size=1)
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="boom" if i == 5 else "sleep:0.002"))
+            read = await _read_until_failed(rt, "b")
+            await _send_range(rt, n, n + 10)
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n + 10)
+            await asyncio.sleep(0.05)
+        read += _read_all(rt, "a") + _read_all(rt, "b")
+        left = _seqs(rt.get_kernel("b").undelivered) + _seqs(rt.get_kernel("a").undelivered)
+        assert 5 in left, left
+        assert 5 not in read, read
+        assert_exactly_once(list(range(n + 10)), read, left, _all_dropped(rt))
+        assert rt.get_kernel("a").state is KernelState.TERMINATED
+
+
+async def scenario_pool_edge_disconnect_reconnect(case: PoolEdgeCase) -> None:
+    """Disconnect and re-connect while messages flow: each message ends exactly once,
+    from b (through the replica edges) or from a's own outbox (while disconnected); the
+    re-connect reuses the replica edges and their counters."""
+    async with asyncio.timeout(BOUND_S):
+        n = 600
+        async with RingKernelRuntime() as rt:
+            await _pool_pair(rt, case, input_queue_size=64, output_queue_size=n)
+            before: dict[str, int] = {}
+            for i in range(n):
+                await rt.send("a", Job(seq=i, payload="sleep:0.0001" if i % 7 == 0 else ""))
+                if i == 200:
+                    before = _pool_counters(rt, settled=False)[0]
+                    rt.disconnect("a")
+                    assert rt.edges() == []
+                elif i == 400:
+                    rt.connect("a", "b", direct=case.direct)
+                    (edge,) = rt.edges()
+                    assert edge.kind == case.kind, edge
+                    if case.kind != "loop":
+                        assert edge.counters is not None
+                        assert edge.counters["accepted"] >= before["accepted"], edge
+            await _settle(rt, lambda: rt.get_telemetry("a").messages_sent, n)
+        read = _read_all(rt, "a") + _read_all(rt, "b")
+        left = [m for k in "ab" for m in _seqs(rt.get_kernel(k).undelivered)]
+        assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))

@@ -6,8 +6,9 @@ supervision, the accounting ledger, metrics, ``connect``/``disconnect`` decision
 consumer's input, without a hop through the parent's loop.
 
 Edge kinds (`EdgeKind`):
-- ``"loop"``: the default, and what any edge with an asyncio, Ray or pool end or a
-  ``serialize=True`` kernel keeps: the producer's bridge collects the reply
+- ``"loop"``: the default, and what any edge with an asyncio or Ray end, a
+  ``serialize=True`` kernel, or a pool end under a tracing runtime keeps: the producer's
+  bridge collects the reply
   on the loop and accepts it into the consumer's banded inbox (runtime.py, hosted.py).
 - ``"objects"``: thread -> thread, an in-process queue of objects, four priority bands,
   no serialization (`tiers/thread/edge.py`).
@@ -18,6 +19,13 @@ Edge kinds (`EdgeKind`):
   (`tiers/gpu/edge.py`). A source worker may refine the pick with ``edge_fit(kind,
   target_worker)``: "" to accept, a reason to keep the loop path (kernels on two
   devices), or `TypeValidationError` to refuse the connect (records of another class).
+
+An end may be a worker pool (thread or process tier): the edge is then an
+`pool_edges.EdgeGroup` of one edge of the kind per replica, out of a pool one per producing
+replica, into a pool one per consuming replica, which the producer spreads over (round
+robin, skipping a full one). A pool's worker offers its members' kinds; into a pool, the
+producer's worker must also declare it can spread over that kind (``EDGE_SPREAD``, read
+with a default: an optional attribute beside ``EDGE_OUT``), else the edge stays on the loop.
 
 Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
 can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
@@ -77,6 +85,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..exceptions import TypeValidationError
+from .pool_edges import EdgeGroup, replica_name
 
 __all__ = ("PREFERENCE", "TRACED_KINDS", "EdgeInfo", "EdgeKind", "EdgeTable", "negotiate")
 
@@ -103,7 +112,11 @@ class EdgeInfo:
         counters: The edge's own counters for a direct edge (``accepted``, ``taken``,
             ``evicted``, ``rejected``, ``handed_back``, ``lost``, ``depth``,
             ``capacity``); None for a loop edge, whose messages are counted by the two
-            kernels' telemetry.
+            kernels' telemetry. For an edge with a pool end, the sums of its replica
+            edges'.
+        replicas: For a direct edge with a pool end (`pool_edges.py`), one `EdgeInfo`
+            per replica edge, named by replica (``"p[0]" -> "b"`` out of a pool,
+            ``"a" -> "p[0]"`` into one), each with its own counters; empty otherwise.
     """
 
     source: str
@@ -111,6 +124,7 @@ class EdgeInfo:
     kind: EdgeKind
     why: str = ""
     counters: dict[str, int] | None = None
+    replicas: tuple[EdgeInfo, ...] = ()
 
 
 @dataclass
@@ -169,7 +183,7 @@ class EdgeTable:
             edge = self._direct.get((source, target))
             try:
                 if edge is None:
-                    edge = target.worker.open_edge(kind, source.kernel_id)
+                    edge = _open(source, target, kind)
                     self._direct[(source, target)] = edge
                 source.worker.route_into(edge)
             except Exception as exc:  # a tier that cannot after all: the loop path
@@ -218,10 +232,16 @@ class EdgeTable:
 
     @staticmethod
     def _info(entry: _Entry) -> EdgeInfo:
-        counters = None if entry.edge is None else dict(entry.edge.counters())
-        return EdgeInfo(
-            entry.source.kernel_id, entry.target.kernel_id, entry.kind, entry.why, counters
-        )
+        edge = entry.edge
+        counters = None if edge is None else dict(edge.counters())
+        source, target = entry.source.kernel_id, entry.target.kernel_id
+        replicas: tuple[EdgeInfo, ...] = ()
+        if isinstance(edge, EdgeGroup):
+            replicas = tuple(
+                EdgeInfo(src, dst, entry.kind, "", dict(part.counters()))
+                for src, dst, part in edge.replica_edges(source, target)
+            )
+        return EdgeInfo(source, target, entry.kind, entry.why, counters, replicas)
 
     def fold(self, kernel: Any, tel: Any, *, timed: bool) -> None:
         """Add the direct edges' counters to ``kernel``'s telemetry ``tel`` (as
@@ -261,6 +281,18 @@ class EdgeTable:
             self._folded.pop(id(self._direct.pop(pair)), None)
 
 
+def _open(source: Any, target: Any, kind: str) -> Any:
+    """The consumer's worker makes the edge; out of a pool (a source worker with
+    ``edge_replicas``), one per producing replica, as an `EdgeGroup`."""
+    replicas = getattr(source.worker, "edge_replicas", 0)
+    if replicas <= 0:
+        return target.worker.open_edge(kind, source.kernel_id)
+    parts = [
+        target.worker.open_edge(kind, replica_name(source.kernel_id, i)) for i in range(replicas)
+    ]
+    return EdgeGroup(kind, parts, spread=False)
+
+
 def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
     first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
@@ -276,10 +308,21 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
         ends.append(worker)
     offered = ends[0].EDGE_OUT
     taken = ends[1].EDGE_IN
+    pool_in = getattr(ends[1], "edge_replicas", 0) > 0
+    pool_out = getattr(ends[0], "edge_replicas", 0) > 0
+    spreads: frozenset[str] = getattr(ends[0], "EDGE_SPREAD", frozenset())
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
             if tracing and kind not in TRACED_KINDS:
                 return "loop", f"a {kind} edge carries no trace context (a tracing runtime)"
+            if tracing and (pool_in or pool_out):
+                return "loop", "a tracing runtime keeps an edge with a pool end on the loop"
+            if pool_in and kind not in spreads:
+                return "loop", (
+                    f"the source {source.kernel_id!r} ({source.config.tier} tier) cannot "
+                    f"spread {kind} messages over the replicas of the pool "
+                    f"{target.kernel_id!r}"
+                )
             fit = getattr(ends[0], "edge_fit", None)
             why = "" if fit is None else fit(kind, ends[1])
             return (kind, "") if not why else ("loop", why)

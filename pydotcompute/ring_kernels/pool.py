@@ -73,6 +73,7 @@ from .fast_queue import BackpressureStrategy, get_priority_band
 from .hosted import HostedKernel
 from .kernel import RingKernel
 from .message import new_message_id
+from .pool_edges import EdgeGroup
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import TierWorker
@@ -797,6 +798,38 @@ class PoolWorker(TierWorker):
     def _outstanding(self, i: int) -> int:
         return self.offered[i] - self.replied[i] - self.rejected[i]
 
+    # -- direct edges (`pool_edges.py`) -------------------------------------------------
+
+    @property
+    def edge_replicas(self) -> int:
+        """How many replica edges a direct edge with this pool's end is made of."""
+        return len(self.members)
+
+    def open_edge(self, kind: str, source_id: str) -> EdgeGroup:
+        """One edge of ``kind`` into each member's actor, as one group the producer
+        spreads over (`pool_edges.Spread`)."""
+        return EdgeGroup(kind, [m.open_edge(kind, source_id) for m in self.members], spread=True)
+
+    def route_into(self, edge: Any) -> None:
+        """Member ``i`` sends into part ``i`` of ``edge`` (an `EdgeGroup` opened once per
+        member by the consumer); None routes every member back to its outbox."""
+        if edge is None:
+            for m in self.members:
+                m.route_into(None)
+            return
+        parts = getattr(edge, "parts", None)
+        if getattr(edge, "spread", True) or parts is None or len(parts) != len(self.members):
+            raise InvalidConfigurationError(
+                f"kernel {self.kernel_id!r}: a pool sends into one edge per replica "
+                f"({len(self.members)}), got {edge!r}"
+            )
+        for m, part in zip(self.members, parts, strict=True):
+            m.route_into(part)
+
+    def pause_edges(self, paused: bool) -> None:
+        for m in self.members:
+            m.pause_edges(paused)
+
     def on_writable(self, callback: Callable[[], None]) -> None:
         self._writable.append(callback)
         for m in self.members:
@@ -992,6 +1025,28 @@ class PoolWorker(TierWorker):
         return out
 
 
+_POOL_WORKERS: dict[type, type[PoolWorker]] = {}
+
+
+def _pool_worker_class(member: type) -> type[PoolWorker]:
+    """`PoolWorker` offering the direct edge kinds of its members' class ``member``: a
+    pool's edges are its members' (one per replica, `pool_edges.py`)."""
+    made = _POOL_WORKERS.get(member)
+    if made is None:
+        made = type(
+            f"{member.__name__}Pool",
+            (PoolWorker,),
+            {
+                "EDGE_OUT": getattr(member, "EDGE_OUT", frozenset()),
+                "EDGE_IN": getattr(member, "EDGE_IN", frozenset()),
+                "EDGE_SPREAD": getattr(member, "EDGE_SPREAD", frozenset()),
+                "__module__": __name__,
+            },
+        )
+        _POOL_WORKERS[member] = made
+    return made
+
+
 class HostedPoolKernel(HostedKernel):
     """A hosted tier's kernel whose worker is a `PoolWorker` of `replicas` members.
 
@@ -1010,7 +1065,12 @@ class HostedPoolKernel(HostedKernel):
         n = self.replicas
         each = max(1, math.ceil(bridge / n))
         make = super()._make_worker  # (zero-argument super() fails in a comprehension)
-        return PoolWorker(self.kernel_id, [make(each) for _ in range(n)], room=each)
+        members = [make(each) for _ in range(n)]
+        for m in members:  # each replica's edges hold a share of the pool's bound
+            share = getattr(m, "share_edge_bound", None)
+            if share is not None:
+                share(n)
+        return _pool_worker_class(type(members[0]))(self.kernel_id, members, room=each)
 
     @property
     def running_replicas(self) -> int:

@@ -223,3 +223,78 @@ async def test_edge_answered_record_ends_once(edge: sc.EdgeCase) -> None:
 
 async def test_edge_traced_links(edge: sc.EdgeCase) -> None:
     await sc.scenario_edge_traced_links(edge)
+
+
+# --- round 4: direct edges with a worker-pool end ----------------------------------------
+
+POOL_EDGE_CASES = [pytest.param(c, id=c.id) for c in sc.POOL_EDGE_CASES]
+
+
+@pytest.fixture(params=POOL_EDGE_CASES)
+def pool_edge(request: pytest.FixtureRequest) -> sc.PoolEdgeCase:
+    case: sc.PoolEdgeCase = request.param
+    return case
+
+
+async def test_pool_edge_exactly_once(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_exactly_once(pool_edge)
+
+
+async def test_pool_edge_block_holds_the_bound(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_block_holds_the_bound(pool_edge)
+
+
+async def test_pool_edge_reject_counts_at_receiver(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_reject_counts_at_receiver(pool_edge)
+
+
+async def test_pool_edge_ordered_shutdown_drains(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_ordered_shutdown_drains(pool_edge)
+
+
+async def test_pool_edge_leftovers_handed_back_once(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_leftovers_handed_back_once(pool_edge)
+
+
+async def test_pool_edge_pause_holds_edges(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_pause_holds_edges(pool_edge)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=c.id)
+        for c in sc.POOL_EDGE_CASES
+        if c.target == "process" and c.b_replicas > 1
+    ],
+)
+async def test_pool_edge_replica_killed(case: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_replica_killed(case)
+
+
+async def test_an_edge_into_a_pool_names_each_replica_edge() -> None:
+    """``runtime.edges()`` of an edge into a pool: one replica edge per replica, each
+    named ``"b[i]"``, its kind and counters; the edge's counters are their sums."""
+    async with RingKernelRuntime() as rt:
+        await rt.launch("a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread")
+        await rt.launch(
+            "b", sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread",
+            replicas=3, queue_size=9,
+        )  # fmt: skip
+        rt.connect("a", "b")
+        (edge,) = rt.edges()
+        assert edge.kind == "objects"
+        assert [(r.source, r.target, r.kind) for r in edge.replicas] == [
+            ("a", f"b[{i}]", "objects") for i in range(3)
+        ]
+        assert [r.counters["capacity"] for r in edge.replicas if r.counters] == [3, 3, 3]
+        assert edge.counters is not None
+        assert edge.counters["capacity"] == 9
+
+
+async def test_pool_edge_consumer_failure(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_consumer_failure(pool_edge)
+
+
+async def test_pool_edge_disconnect_reconnect(pool_edge: sc.PoolEdgeCase) -> None:
+    await sc.scenario_pool_edge_disconnect_reconnect(pool_edge)

@@ -317,6 +317,18 @@ class EdgeWriter:
         """False once the edge is known closed: sends take the loop path."""
         return not self._closed
 
+    def state(self) -> int:
+        """0: room for a record; 1: full (a put applies the policy); 2: not live yet;
+        3: closed (a put returns the record for the loop path). The values are
+        `pool_edges.ROOM` .. ``CLOSED``: a spread over a pool's replica edges picks by it."""
+        if self._closed or self._rings[0].reader_closed:
+            return 3
+        if not self._live:
+            if not self._m.q[H_LIVE]:
+                return 2
+            self._live = True
+        return 1 if self._full() else 0
+
     def _consumed(self) -> int:
         """Records the consumer took or evicted (evictions are claimed already)."""
         read = int(sum(r.records_read for r in self._rings))

@@ -136,6 +136,8 @@ class ChildEdges:
         "_seq",
         "_spin_s",
         "_turn",
+        "_turn_out",
+        "_writers",
         "paused",
         "pending",
         "readers",
@@ -158,6 +160,10 @@ class ChildEdges:
         self.paused = False  # the kernel is deactivated: its edges are not read
         self.readers: tuple[EdgeReader, ...] = ()
         self.writer: EdgeWriter | None = None
+        # into a pool: one writer per replica edge, spread over by `pick` (round robin,
+        # skipping a full one; `pool_edges.Spread` is the same rule in-process)
+        self._writers: tuple[EdgeWriter, ...] = ()
+        self._turn_out = 0
 
     def apply(self) -> None:
         """Attach what the control block names and is not attached yet (this actor's
@@ -187,15 +193,47 @@ class ChildEdges:
             self._poller.register(reader.data_fd, select.POLLIN)
             added.append(reader)
         self.readers = (*self.readers, *added)
-        writer = self.writer
-        if out is None or (writer is not None and writer.base != out[0]):
-            if writer is not None:
-                writer.detach()
-            self.writer = writer = None
-        if out is not None and writer is None:
-            with contextlib.suppress(FileNotFoundError):
-                self.writer = EdgeWriter(tuple(out), self._spin_s)  # type: ignore[arg-type]
+        # ``out``: one edge's spec, or a list of specs (the edges into a pool's replicas)
+        specs = [] if out is None else [out] if isinstance(out[0], str) else list(out)
+        old = {w.base: w for w in (self._writers or ((self.writer,) if self.writer else ()))}
+        writers: list[EdgeWriter] = []
+        for spec in specs:
+            w = old.pop(spec[0], None)
+            if w is None:
+                with contextlib.suppress(FileNotFoundError):
+                    w = EdgeWriter(tuple(spec), self._spin_s)  # type: ignore[arg-type]
+            if w is not None:
+                writers.append(w)
+        for w in old.values():
+            w.detach()
+        self.writer = writers[0] if writers else None
+        self._writers = tuple(writers) if len(writers) > 1 else ()
+        self._turn_out = 0
         self.paused = bool(paused)
+
+    def pick(self) -> EdgeWriter | None:
+        """The writer the next send goes to: the one edge, or (into a pool) the next
+        replica edge in turn with room or not live yet, else the first full one in turn
+        (its policy acts), else the one in turn (closed: the loop path)."""
+        writers = self._writers
+        if not writers:
+            return self.writer
+        n = len(writers)
+        start = self._turn_out
+        full = -1
+        pick = -1
+        for k in range(n):
+            i = (start + k) % n
+            state = writers[i].state()
+            if state in (0, 2):  # room, or not live yet (its put takes the loop path)
+                pick = i
+                break
+            if state == 1 and full < 0:
+                full = i
+        if pick < 0:
+            pick = full if full >= 0 else start
+        self._turn_out = (pick + 1) % n
+        return writers[pick]
 
     def finish(self) -> None:
         """The actor asked for its next message: the edge record it held is finished."""
@@ -350,7 +388,7 @@ class EdgeProcessKernelContext(ProcessKernelContext):
         st: ChildEdges = self._edges
         if st.pending:
             st.apply()
-        writer = st.writer
+        writer = st.pick()
         if writer is None or not writer.usable:
             if super().send(msg, timeout):
                 st.finish()  # answered: an edge record in hand is finished

@@ -207,6 +207,12 @@ class ShmOutput:
         self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, no_encoder)
         self._decode = message_decoder()
 
+    def state(self) -> int:
+        """What a put would find now (`pool_edges.ROOM`, ``FULL``, ``WAITING``,
+        ``CLOSED``): how a spread over a pool's replica edges picks one."""
+        writer = self._writer
+        return 3 if writer is None else writer.state()
+
     def put(self, msg: Any, timeout: float | None = None) -> bool:
         writer = self._writer
         if writer is None or not writer.usable:

@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 from ....exceptions import MessageDeserializationError
+from ...pool_edges import EdgeGroup
 from .edge import KIND, ShmEdge
 from .edge_child import EDGE_SIGNAL, ControlBlock, setup
 from .waiting import ring_bell
@@ -63,7 +64,7 @@ class EdgePorts:
         self._ctl: ControlBlock | None = None
         self._lock = threading.Lock()
         self._in: list[ShmEdge] = []
-        self._out: ShmEdge | None = None
+        self._out: ShmEdge | EdgeGroup | None = None
         self._paused = False
         self._closed = False
         self._left: dict[str, bytes] = {}  # edge base -> the record the actor raised on
@@ -87,8 +88,13 @@ class EdgePorts:
             edge.close()
         return edge
 
-    def route(self, edge: ShmEdge | None) -> None:
-        """Send into ``edge`` (None: the outbox again)."""
+    def share_bound(self, replicas: int) -> None:
+        """Each edge opened from now on holds ``1 / replicas`` of the bound (rounded up)."""
+        self._capacity = max(1, -(-self._capacity // max(1, replicas)))
+
+    def route(self, edge: ShmEdge | EdgeGroup | None) -> None:
+        """Send into ``edge`` (the edges into a pool's replicas: spread over them; None:
+        the outbox again)."""
         with self._lock:
             self._out = edge
             self._write()
@@ -107,7 +113,11 @@ class EdgePorts:
             if not self._in and self._out is None:
                 return
             ctl = self._ctl = ControlBlock(self.ctl_name, create=True)
-        out = None if self._out is None else list(self._out.spec)
+        out: Any = self._out
+        if isinstance(out, EdgeGroup):  # into a pool: the child spreads over these
+            out = [list(p.spec) for p in out.parts]
+        elif out is not None:
+            out = list(out.spec)
         ctl.write([[list(e.spec) for e in self._in if not e.closed], out, self._paused])
 
     @property
@@ -155,6 +165,8 @@ class HostedProcessWorker(ProcessWorker):
 
     EDGE_OUT = frozenset({KIND})
     EDGE_IN = frozenset({KIND})
+    #: the child spreads over the replica edges into a pool (`edge_child.ChildEdges.pick`)
+    EDGE_SPREAD = frozenset({KIND})
 
     def __init__(
         self,
@@ -204,7 +216,7 @@ class HostedProcessWorker(ProcessWorker):
         return edge
 
     def route_into(self, edge: Any) -> None:
-        if edge is not None and not isinstance(edge, ShmEdge):
+        if edge is not None and not isinstance(edge, ShmEdge | EdgeGroup):
             super().route_into(edge)
         self._ports.route(edge)
         self._tell_child()
@@ -212,6 +224,11 @@ class HostedProcessWorker(ProcessWorker):
     def pause_edges(self, paused: bool) -> None:
         self._ports.pause(paused)
         self._tell_child()
+
+    def share_edge_bound(self, replicas: int) -> None:
+        """One of ``replicas`` of a pool: each edge into it holds its share of the bound
+        (rounded up), as the pool's bridge shares its slots."""
+        self._ports.share_bound(replicas)
 
     def _edge_report(self, report: list[Any]) -> None:
         if len(report) == 3:

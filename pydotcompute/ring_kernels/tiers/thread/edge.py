@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....exceptions import QueueClosedError
+from ...pool_edges import CLOSED, FULL, ROOM, WAITING, EdgeGroup, Spread
 from .. import edge_provider
 from .context import ThreadedKernelContext, wrong_type
 from .sync_queue import SPSCQueue, SyncQueue
@@ -446,6 +447,16 @@ class EdgeOutput:
             carrier.forget(msg)
         return done
 
+    def state(self) -> int:
+        """What a put would find now (`pool_edges.ROOM`, ``FULL``, ``WAITING``,
+        ``CLOSED``): how a `pool_edges.Spread` picks among a pool's replica edges."""
+        edge = self.edge
+        if edge.closed:
+            return CLOSED
+        if not edge.live:
+            return WAITING
+        return ROOM if len(edge) < edge.capacity else FULL
+
     def __len__(self) -> int:
         return len(self.outbox)
 
@@ -564,18 +575,29 @@ class EdgeEnds:
                 self._inputs.pause(paused)
 
     def route(self, edge: Any) -> None:
-        """Send into ``edge`` (an `ObjectEdge` or a ``shm-ring`` edge; None: the outbox
-        again)."""
+        """Send into ``edge`` (an `ObjectEdge`, a ``shm-ring`` edge, or the group of
+        edges into a pool's replicas, spread over; None: the outbox again)."""
         with self._lock:
-            if edge is not None and edge.kind == SHM_KIND:
-                self._output = edge_provider(SHM_KIND).make_output(
-                    edge, self._outbox, self._kernel_id, self._output_type
-                )
+            if isinstance(edge, EdgeGroup):  # into a pool: one edge per replica
+                self._output = Spread([self._end(p) for p in edge.parts], self._outbox)
             else:
-                self._output = None if edge is None else EdgeOutput(edge, self._outbox)
+                self._output = None if edge is None else self._end(edge)
             ctx = self._ctx
             if ctx is not None:
                 ctx.send_into(self._outbox if self._output is None else self._output)
+
+    def _end(self, edge: Any) -> Any:
+        """This producer's end of one edge (an `ObjectEdge` or a ``shm-ring`` edge)."""
+        if edge.kind == SHM_KIND:
+            return edge_provider(SHM_KIND).make_output(
+                edge, self._outbox, self._kernel_id, self._output_type
+            )
+        return EdgeOutput(edge, self._outbox)
+
+    def share_bound(self, replicas: int) -> None:
+        """This worker is one of ``replicas`` of a pool: each edge into it holds its share
+        of the pool's bound (rounded up), as the bridge shares its slots."""
+        self._capacity = max(1, -(-self._capacity // max(1, replicas)))
 
     @property
     def queued(self) -> int:

@@ -38,6 +38,8 @@ class HostedThreadWorker(ThreadWorker):
 
     EDGE_OUT = frozenset({KIND, SHM_KIND})
     EDGE_IN = frozenset({KIND, SHM_KIND})
+    #: the kinds it can spread over the replica edges into a pool (`pool_edges.Spread`)
+    EDGE_SPREAD = frozenset({KIND, SHM_KIND})
 
     def __init__(
         self,
@@ -77,6 +79,10 @@ class HostedThreadWorker(ThreadWorker):
 
     def pause_edges(self, paused: bool) -> None:
         self._edges.pause(paused)
+
+    def share_edge_bound(self, replicas: int) -> None:
+        """One of ``replicas`` of a pool: each edge into it holds its share of the bound."""
+        self._edges.share_bound(replicas)
 
     def stop(self, timeout: float = 5.0) -> bool:
         """As `ThreadWorker.stop`; when the actor has not finished within ``timeout``, the
