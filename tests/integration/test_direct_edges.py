@@ -298,3 +298,26 @@ async def test_pool_edge_consumer_failure(pool_edge: sc.PoolEdgeCase) -> None:
 
 async def test_pool_edge_disconnect_reconnect(pool_edge: sc.PoolEdgeCase) -> None:
     await sc.scenario_pool_edge_disconnect_reconnect(pool_edge)
+
+
+async def test_a_tracing_runtime_keeps_pool_edges_on_the_loop() -> None:
+    """The spread over a pool's replica edges carries no trace context: under tracing an
+    edge with a pool end stays on the loop path, and says so; messages still arrive."""
+    pytest.importorskip("opentelemetry.sdk")
+    async with RingKernelRuntime(tracing=True) as rt:
+        await rt.launch(
+            "a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread", replicas=2
+        )
+        await rt.launch(
+            "b", sc.relay_job_sync, input_type=sc.Job, output_type=sc.Job, tier="thread"
+        )
+        rt.connect("a", "b")
+        (edge,) = rt.edges()
+        assert edge.kind == "loop", edge
+        assert "pool" in edge.why, edge
+        for kid in ("b", "a"):
+            await rt.activate(kid)
+        for i in range(20):
+            await rt.send("a", sc.Job(seq=i))
+        got = sorted([(await rt.receive("b", timeout=30)).seq for _ in range(20)])
+        assert got == list(range(20))
