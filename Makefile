@@ -90,7 +90,9 @@ test-cudasim: install
 # skipped. The whole suite runs once, in test-main; all of it on three Pythons would not fit
 # CI's time. (The contract's process cases run in test-main only: a child process runs the
 # same ring and framing code on every Python, and they are most of the contract's time; the
-# asyncio and thread cases carry what differs between versions.)
+# asyncio and thread cases carry what differs between versions. They run on the standard
+# library's loop, which is what differs: PYDOTCOMPUTE_TEST_LOOPS=asyncio; uvloop is
+# checked in test-main.)
 OTHER_PYTHONS ?= 3.12 3.13
 VERSION_TESTS ?= tests/unit tests/integration/test_tier_contract.py tests/integration/test_shutdown.py \
 	tests/integration/test_quickstart.py -k "not process"
@@ -106,7 +108,7 @@ test-versions:
 	    $$venv/bin/python -m pip --disable-pip-version-check -q install -e ".[fast,cython,test]" && touch $$venv/.stamp || exit 1; \
 	  fi; \
 	  echo "== unit tests and the tier contract on Python $$v ($$py)"; \
-	  $$venv/bin/python -m pytest -p no:cacheprovider -q $(VERSION_TESTS) || failed="$$failed $$v"; \
+	  PYDOTCOMPUTE_TEST_LOOPS=asyncio $$venv/bin/python -m pytest -p no:cacheprovider -q $(VERSION_TESTS) || failed="$$failed $$v"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-versions: failed on Python$$failed"; exit 1; fi
 

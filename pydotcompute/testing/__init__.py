@@ -35,6 +35,7 @@ from .environment import loop_factory as loop_factory
 from .environment import loop_unavailable_reason as loop_unavailable_reason
 from .environment import metal_unavailable_reason as metal_unavailable_reason
 from .environment import ray_unavailable_reason as ray_unavailable_reason
+from .environment import selected_loop_kinds as selected_loop_kinds
 from .environment import tier_unavailable_reason as tier_unavailable_reason
 from .leaks import LeakGuard as LeakGuard
 
@@ -82,6 +83,7 @@ __all__ = (
     "metal_unavailable_reason",
     "ray_unavailable_reason",
     "run_actor",
+    "selected_loop_kinds",
     "tier_unavailable_reason",
     "wait_until_idle",
 )

@@ -36,6 +36,7 @@ __all__ = (
     "loop_unavailable_reason",
     "metal_unavailable_reason",
     "ray_unavailable_reason",
+    "selected_loop_kinds",
     "simulator_enabled",
     "tier_unavailable_reason",
 )
@@ -297,7 +298,27 @@ def all_loops() -> MarkDecorator:
             reason="running a test on every event loop needs pytest-asyncio >= 1.4 "
             "(the pytest_asyncio_loop_factories hook)"
         )
-    return pytest.mark.asyncio(loop_factories=list(LOOP_KINDS))
+    return pytest.mark.asyncio(loop_factories=selected_loop_kinds())
+
+
+def selected_loop_kinds() -> list[str]:
+    """The loop kinds `all_loops` runs a test on: every kind of `LOOP_KINDS`, or those
+    named in ``PYDOTCOMPUTE_TEST_LOOPS`` (comma-separated, e.g. ``asyncio``), so a CI job
+    on another Python can run the same tests on one loop.
+
+    Raises:
+        ValueError: the variable names a kind that is not in `LOOP_KINDS`.
+    """
+    named = os.environ.get("PYDOTCOMPUTE_TEST_LOOPS", "").strip()
+    if not named:
+        return list(LOOP_KINDS)
+    kinds = [k.strip() for k in named.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in LOOP_KINDS]
+    if unknown:
+        raise ValueError(
+            f"PYDOTCOMPUTE_TEST_LOOPS names {unknown}: the kinds are {list(LOOP_KINDS)}"
+        )
+    return kinds
 
 
 def current_loop_kind() -> str:

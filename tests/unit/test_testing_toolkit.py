@@ -771,3 +771,19 @@ async def test_runtime_fixture_failure_names_what_the_shutdown_dropped() -> None
     text = _undelivered_text(rt, report, 5.0)
     assert "kernel 'head': 2 message(s) dropped while shutting down" in text
     assert "kernel 'tail': 1 message(s) never handled: [Add(" in text
+
+
+def test_pydotcompute_test_loops_narrows_all_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PYDOTCOMPUTE_TEST_LOOPS`` names the kinds `all_loops` runs on (one CI job on another
+    Python runs one loop); unset, every kind; a kind it does not know is refused by name."""
+    from pydotcompute.testing import LOOP_KINDS, selected_loop_kinds
+
+    monkeypatch.delenv("PYDOTCOMPUTE_TEST_LOOPS", raising=False)
+    assert selected_loop_kinds() == list(LOOP_KINDS)
+    monkeypatch.setenv("PYDOTCOMPUTE_TEST_LOOPS", " asyncio ")
+    assert selected_loop_kinds() == ["asyncio"]
+    monkeypatch.setenv("PYDOTCOMPUTE_TEST_LOOPS", "uvloop,asyncio")
+    assert selected_loop_kinds() == ["uvloop", "asyncio"]
+    monkeypatch.setenv("PYDOTCOMPUTE_TEST_LOOPS", "trio")
+    with pytest.raises(ValueError, match="PYDOTCOMPUTE_TEST_LOOPS names \\['trio'\\]"):
+        selected_loop_kinds()
