@@ -60,7 +60,7 @@ from ...config import RingKernelConfig
 from ...message import deserialize_message
 from ...states import KernelState
 from ..contract import TierWorker
-from .host import KernelHost, frame_id
+from .host import KernelHost, frame_ask, frame_id
 from .session import RaySession, errors, ray_module, reason
 from .wire import split_traced, traced_item, unpack_cause, unpack_error
 
@@ -550,7 +550,7 @@ class RayWorker(TierWorker):
         seq = self._seq
         self._flying[seq] = [(data, msg)]
         self._unacked += 1
-        ref = self.actor.request.remote(data, timeout, -1, seq)
+        ref = self.actor.ask.remote(frame_ask(data, seq, timeout))  # one argument: cheaper
         try:
             answer = await ref
         except errors().actor as exc:
