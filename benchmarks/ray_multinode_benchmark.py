@@ -1,7 +1,7 @@
 """A pipeline across two Ray nodes: the runtime against the same hops written by hand.
 
 Both run, interleaved in rounds, on one `ray.cluster_utils.Cluster` started here: a head
-(resource ``near``) and a second node (resource ``far``), both raylets on 127.0.0.1
+(resource ``near``) and a second node (resource ``far``), both raylets on 127.0.0.2 (loopback)
 (pass ``--address`` to use a real cluster whose nodes offer ``near`` and ``far``).
 
 * ``runtime``: ``asyncio -> ray (far node) -> ray (head)``: a `RingKernelRuntime` with a
@@ -121,22 +121,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     cluster = None
     if args.address is None:
-        from ray._private import ray_constants
         from ray.cluster_utils import Cluster
 
-        # Ray resolves a loopback address given to ray.init to the machine's outward one,
-        # where this cluster (bound to 127.0.0.1) does not answer: keep it on loopback
-        ray_constants.ENABLE_RAY_CLUSTER = False
+        # 127.0.0.2, not 127.0.0.1: Ray rewrites an address it calls local given to
+        # ray.init into the machine's outward one, where a cluster bound to loopback does
+        # not answer; the rest of 127.0.0.0/8 is loopback too (Linux) and left alone
         cluster = Cluster(
             initialize_head=True,
             head_node_args={
                 "num_cpus": 2,
                 "resources": {"near": 4},
-                "node_ip_address": "127.0.0.1",
+                "node_ip_address": "127.0.0.2",
                 "include_dashboard": False,
             },
         )
-        cluster.add_node(num_cpus=2, resources={"far": 4}, node_ip_address="127.0.0.1")
+        cluster.add_node(num_cpus=2, resources={"far": 4}, node_ip_address="127.0.0.2")
     ray.init(
         address=args.address or cluster.address,  # type: ignore[union-attr]
         runtime_env={"py_modules": [pydotcompute, sys.modules[__name__]]},

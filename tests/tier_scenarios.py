@@ -3106,3 +3106,58 @@ async def scenario_pool_edge_disconnect_reconnect(case: PoolEdgeCase) -> None:
         read = _read_all(rt, "a") + _read_all(rt, "b")
         left = [m for k in "ab" for m in _seqs(rt.get_kernel(k).undelivered)]
         assert_exactly_once(list(range(n)), read, left, _all_dropped(rt))
+
+
+# --- round 4: the consumer's backpressure on every edge kind -----------------------------------
+
+
+async def _edge_into_idle_consumer(case: TierCase, policy: str) -> tuple[Any, list[int]]:
+    """a (this tier) -> b (the runtime's default tier; ``queue_size=2``, ``policy``, not
+    active), 20 messages through a; b is activated once 18 were dropped. Returns the
+    runtime (shut down) and the seqs b handed on."""
+    rt = case.make_runtime()
+    async with rt:
+        await _launch(rt, case, "a", queue_size=64)
+        await rt.launch(
+            "b", echo_async, input_type=Done, output_type=Done, queue_size=2, backpressure=policy
+        )
+        rt.connect("a", "b")  # between two Ray kernels of one runtime: a direct edge
+        for i in range(20):
+            await rt.send("a", Job(seq=i))
+        deadline = time.monotonic() + 10
+        while await _dropped(rt, "a") + await _dropped(rt, "b") < 18:
+            assert time.monotonic() < deadline, "the consumer's policy did not act"
+            await asyncio.sleep(0.02)
+        assert rt.get_kernel_state("a") is KernelState.ACTIVE, rt.get_kernel("a").error
+        await rt.activate("b")
+        read = [(await rt.receive("b", timeout=10)).seq for _ in range(2)]
+        await asyncio.sleep(0.2)
+        assert rt.receive_nowait("b") is None, "more than the bound got through"
+        await rt.shutdown(timeout=2)
+    dropped = await _dropped(rt, "a") + await _dropped(rt, "b")
+    left = rt.get_kernel("a").undelivered + rt.get_kernel("b").undelivered
+    assert_exactly_once(list(range(20)), read + _read_all(rt, "b"), _seqs(left), dropped)
+    return rt, read
+
+
+async def scenario_edge_reject_refuses_past_the_bound(case: TierCase) -> None:
+    """Under the consumer's ``reject`` an edge refuses what finds its inbox full: the first
+    two get through, the other 18 are counted by the producer (``reply_lost``), as on the
+    loop path, on every edge kind (a direct Ray -> Ray edge too)."""
+    async with asyncio.timeout(BOUND_S):
+        rt, read = await _edge_into_idle_consumer(case, "reject")
+        assert read == [0, 1]
+        assert rt.get_telemetry("a").drop_reasons() == {"reply_lost": 18}
+        assert rt.get_telemetry("b").messages_dropped == 0
+
+
+async def scenario_edge_drop_oldest_evicts_the_oldest(case: TierCase) -> None:
+    """Under the consumer's ``drop_oldest`` an edge evicts the oldest message of a full
+    inbox: the last two get through, the other 18 are counted by the consumer
+    (``backpressure``), as on the loop path, on every edge kind (a direct Ray -> Ray edge
+    too)."""
+    async with asyncio.timeout(BOUND_S):
+        rt, read = await _edge_into_idle_consumer(case, "drop_oldest")
+        assert read == [18, 19]
+        assert rt.get_telemetry("b").drop_reasons() == {"backpressure": 18}
+        assert rt.get_telemetry("a").messages_dropped == 0

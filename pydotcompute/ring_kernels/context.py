@@ -112,6 +112,11 @@ class KernelContext:
         return self._kernel.state
 
     @property
+    def handling(self) -> bool:
+        """The actor took a message and has not finished it (see `take_unfinished`)."""
+        return self._handling and self._current is not None
+
+    @property
     def current_message(self) -> Any:
         """The message most recently returned by `receive`."""
         return self._current

@@ -368,6 +368,14 @@ class FastMessageQueue(_QueueCore, Generic[T]):
                     self.on_drop_item(item)
                 return
 
+    def evict_oldest(self) -> None:
+        """Drop (and count, through ``on_drop``) the oldest message of the lowest band,
+        as ``drop_oldest`` does for a full queue, whatever this queue's own strategy: for
+        an owner whose queue blocks one kind of sender and applies another policy to
+        another (a Ray actor's inbox: the driver's batches wait, a direct edge's are
+        evicted under the consumer's ``drop_oldest``). A no-op on an empty queue."""
+        self._drop_oldest()
+
     def put_overflow(self, item: T) -> None:
         """Enqueue beyond the bound and even when closed (never waits, never drops).
 

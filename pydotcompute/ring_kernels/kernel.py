@@ -401,6 +401,12 @@ class RingKernel:
         return self._lookup
 
     @property
+    def messages_in_hand(self) -> int:
+        """Messages its actors took and have not finished (one per actor at most): what a
+        tier that counts the messages a dead process took with it adds to its count."""
+        return sum(1 for ctx in self._ctxs if ctx.handling)
+
+    @property
     def is_idle(self) -> bool:
         """True when this kernel cannot make progress without a new message (read-only).
 

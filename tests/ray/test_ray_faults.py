@@ -144,3 +144,70 @@ async def _local_actor(ctx):
     while not ctx.should_terminate:
         msg = await ctx.receive()
         await ctx.send(Doubled(value=msg.value))
+
+
+# --- round 4: a restarting target on every edge kind ---------------------------------------
+
+
+async def test_restarting_target_of_a_direct_edge_holds_its_source_back(ray_runtime):
+    """a (asyncio) -> s (ray) -> t (ray, restart="on_failure") -> u (asyncio): t's actor
+    is killed mid-stream. s's actor waits for Ray to restart t (backpressure: every send
+    succeeds, no kernel fails), what died with t is counted (reason actor_lost), and the
+    stream resumes by itself, in order, nothing twice."""
+    from pydotcompute import RingKernelRuntime
+    from tests import tier_scenarios as sc
+
+    n = 3000
+    async with asyncio.timeout(120), RingKernelRuntime() as rt:
+        await rt.launch("a", sc.relay_async, input_type=sc.Job, output_type=sc.Job, queue_size=64)
+        await rt.launch("s", sc.relay_async, input_type=sc.Job, output_type=sc.Job, tier="ray")
+        await rt.launch(
+            "t",
+            sc.echo_async,
+            input_type=sc.Job,
+            output_type=sc.Done,
+            tier="ray",
+            restart="on_failure",
+            max_restarts=None,
+            queue_size=256,  # s's actor holds the rest: it has messages to push after the kill
+        )
+        await rt.launch("u", sc.relay_async, input_type=sc.Done, output_type=sc.Done)
+        for src, dst in ("as", "st", "tu"):
+            rt.connect(src, dst)
+        for kid in "astu":
+            await rt.activate(kid)
+        assert rt.get_kernel("s").direct_edge == "t"
+        t = rt.get_kernel("t")
+
+        async def feed() -> None:
+            for i in range(n):
+                # a millisecond each at t: t holds messages when it is killed
+                await rt.send("a", sc.Job(seq=i, payload="sleep:0.001"))
+
+        feeding = asyncio.create_task(feed())
+        got = [(await rt.receive("u", timeout=30)).seq for _ in range(300)]
+        ray.kill(t.actor, no_restart=False)
+        await feeding  # the sends waited while t restarted; none failed
+        while True:  # read until the stream is drained
+            try:
+                got.append((await rt.receive("u", timeout=10)).seq)
+            except TimeoutError:
+                break
+        assert t.restarts == 1
+        for kid in "astu":
+            assert rt.get_kernel_state(kid) is KernelState.ACTIVE, kid
+        assert got == sorted(got), "out of order"
+        assert len(got) == len(set(got)), "delivered twice"
+        assert got[-1] == n - 1, "the stream did not resume"
+        await asyncio.sleep(0.5)
+        tels = {k: rt.get_telemetry(k) for k in "astu"}  # (starts s's report, a drop)
+        await asyncio.sleep(0.5)
+        tels = {k: rt.get_telemetry(k) for k in "astu"}
+        lost = sum(tel.drop_reasons().get("actor_lost", 0) for tel in tels.values())
+        dropped = sum(tel.messages_dropped for tel in tels.values())
+        assert lost > 0  # the point of the test: t held messages when it was killed
+        assert dropped == lost
+        # each message read once or counted once (at most once for those lost with t)
+        assert len(got) + dropped == n, (len(got), dropped)
+        report = await rt.shutdown()
+        assert sum(report.values()) == lost, report

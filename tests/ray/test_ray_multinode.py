@@ -5,11 +5,12 @@ The second node offers a custom resource ``far``, the head ``near``: a kernel th
 for one runs there. The module stops the suite's local Ray instance, runs on its own
 cluster, and starts the local instance again when it is done.
 
-Ray resolves a loopback address given to ``ray.init`` to the machine's outward address
-(``resolve_ip_for_localhost``), where a cluster bound to 127.0.0.1 does not answer; the
-fixture turns that resolution off for the driver (``ray_constants.ENABLE_RAY_CLUSTER``,
-what Ray itself reads on machines without cluster support), so every hop stays on
-loopback.
+Every node binds ``127.0.0.2``, a loopback address, through the public ``node_ip_address``
+argument. Not ``127.0.0.1``: Ray rewrites an address it calls local (``localhost``,
+``127.0.0.1``, ``::1``) given to ``ray.init`` into the machine's outward address, where a
+cluster bound to loopback does not answer; turning that off takes a private flag
+(``ray._private.ray_constants.ENABLE_RAY_CLUSTER``). The rest of 127.0.0.0/8 is loopback
+on Linux (Ray clusters run on Linux only), so every hop still stays on this machine.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests import tier_scenarios as sc
 
 pytestmark = pytest.mark.ray
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.2"  # see the module notes: loopback, yet not rewritten by Ray
 BOUND_S = 120.0
 
 
@@ -37,32 +38,28 @@ BOUND_S = 120.0
 def cluster() -> Iterator[Any]:
     """A head (2 CPUs, ``near``) and a node with ``far`` (its `Node` in ``cluster.far``),
     the driver connected to them."""
-    from ray._private import ray_constants
-
     ray.shutdown()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        made = Cluster(
-            initialize_head=True,
-            head_node_args={
-                "num_cpus": 2,
-                "resources": {"near": 4},
-                "node_ip_address": LOOPBACK,
-                "include_dashboard": False,
-            },
+    made = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"near": 4},
+            "node_ip_address": LOOPBACK,
+            "include_dashboard": False,
+        },
+    )
+    try:
+        made.far = made.add_node(num_cpus=1, resources={"far": 1}, node_ip_address=LOOPBACK)
+        ray.init(
+            address=made.address,
+            runtime_env=shipped(),
+            logging_level="ERROR",
+            log_to_driver=False,
         )
-        try:
-            made.far = made.add_node(num_cpus=1, resources={"far": 1}, node_ip_address=LOOPBACK)
-            ray.init(
-                address=made.address,
-                runtime_env=shipped(),
-                logging_level="ERROR",
-                log_to_driver=False,
-            )
-            yield made
-        finally:
-            ray.shutdown()
-            made.shutdown()
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
     start_local_ray()
 
 

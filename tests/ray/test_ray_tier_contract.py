@@ -328,3 +328,15 @@ async def test_wrong_field_type_refused_in_ctx_send(case: sc.TierCase) -> None:
 @pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
 async def test_unchecked_fields_rule(case: sc.TierCase, serialize: bool) -> None:
     await sc.scenario_unchecked_fields_rule(case, serialize=serialize)
+
+
+# --- round 4: the consumer's backpressure on every edge kind ---------------------------------
+# (on the ray-runtime case both kernels are Ray kernels: the edge is direct, actor to actor)
+
+
+async def test_edge_reject_refuses_past_the_bound(case: sc.TierCase) -> None:
+    await sc.scenario_edge_reject_refuses_past_the_bound(case)
+
+
+async def test_edge_drop_oldest_evicts_the_oldest(case: sc.TierCase) -> None:
+    await sc.scenario_edge_drop_oldest_evicts_the_oldest(case)

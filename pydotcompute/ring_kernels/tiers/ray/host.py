@@ -22,13 +22,34 @@ Design notes:
   books close, what still waits in a peer is counted too and the push on its way is
   withdrawn (``withdraw``): the target answers how many it took, so each message ends
   exactly once, taken downstream or counted here, even while the target is full.
+- The actor's inbox blocks (the driver's batches wait there: its own inbox holds the
+  user's policy), so what another actor pushes over a direct edge meets the user's
+  ``backpressure`` in ``_push`` (``settings["edge_backpressure"]``), exactly as on the
+  loop path: ``reject`` refuses the message when the inbox is full (the forwarding
+  kernel counts it, reason ``reply_lost``), ``drop_oldest`` evicts the inbox's oldest
+  (counted here, reason ``backpressure``).
+- A target that Ray restarts (``restart="on_failure"``: the peer is told how long to wait,
+  ``restart_wait``) is waited for, not given up on: the peer stops pushing, its bound
+  holds the forwarding kernel back (backpressure), and it resumes once the target's
+  kernel is launched again. The batch on its way when the target died has an unknown
+  fate (Ray does not say how much of it the dead actor took): it is counted here as
+  lost, reason ``actor_lost``, never pushed twice (at most once for it); the target's
+  driver counts what its last report said waited in its inbox. Pushes to such a target
+  carry at most `RESTART_BATCH` messages, which bounds how far the two counts can be off
+  (the part of the batch the target finished before dying is counted too). A push on its
+  way to an actor that Ray restarts does not always fail (seen: never answered), so a
+  push that takes long asks the target for its incarnation (`KernelHost.alive`, one id
+  per actor process): a new one means the push died with the old.
 - The package's warnings and errors in this process (a restart, a failure, a drop) go to
   the driver's log: `_LogLines` keeps them and the telemetry, watch and terminate answers
   carry them over.
 - Every method answers a value or ``(value, packed_error)`` (see ``_wire``): expected
   failures are data, so the driver can rebuild the exact pydotcompute error (``wire.py``). The hot
   methods (``push``, ``request``, ``fetch``) answer a bare value on success: a tuple costs
-  Ray more to carry than bytes, an int or a list.
+  Ray more to carry than bytes, an int or a list. For the same reason the driver's
+  ``send_and_receive`` calls `KernelHost.ask`, its turn and timeout framed in front of the
+  request's bytes: each argument of a Ray call costs (four cost about 100 us more than one
+  here, an eighth of the call).
 - One file for the whole actor side (peer stand-ins, the in-actor runtime, the loop-side
   core and the Ray-facing class), which is why it runs past 600 lines: the pieces only
   make sense together and nothing else imports them.
@@ -52,6 +73,7 @@ import contextlib
 import importlib
 import itertools
 import logging
+import struct
 import threading
 import uuid
 from collections import deque
@@ -80,12 +102,15 @@ from .wire import PackedError, pack_cause, pack_error, split_traced, traced_item
 if TYPE_CHECKING:
     from ...config import RingKernelConfig
 
-__all__ = ("KernelHost", "RemotePeer", "frame_id")
+__all__ = ("KernelHost", "RemotePeer", "frame_ask", "frame_id")
 
 logger = logging.getLogger("pydotcompute")
 
 Answer = tuple[Any, PackedError | None]
 _TURN_S = 30.0  # the longest a driver's call waits for an earlier one that never arrives
+_ALIVE_S = 1.0  # a push to a target that Ray restarts: how often to ask if it is the same
+#: The largest push to a target that Ray restarts: bounds the error of the loss count.
+RESTART_BATCH = 64
 _T = TypeVar("_T")
 
 
@@ -118,15 +143,20 @@ class RemotePeer:
         *,
         limit: int,
         max_batch: int,
-        on_lost: Callable[[int], None] | None = None,
+        on_lost: Callable[[int, str], None] | None = None,
         header: Callable[[Any], tuple[int, int, int] | None] | None = None,
+        restart_wait: float = 0.0,
     ) -> None:
         self.kernel_id = kernel_id
+        self._restart_wait = restart_wait  # > 0: the target is restarted by Ray
+        self.incarnation: str | None = None  # of the target's actor process, when known
         self.input_type: type | None = None
         self.handle = handle
         self._push = handle.push
         self._limit = max(1, limit)
         self._max_batch = max(1, max_batch)
+        if restart_wait > 0:  # what is counted lost with it is off by one batch at most
+            self._max_batch = min(self._max_batch, RESTART_BATCH)
         self._pending: list[bytes] = []
         self._pump: asyncio.Task[None] | None = None
         self._space: asyncio.Event | None = None
@@ -239,9 +269,15 @@ class RemotePeer:
                 self._flying = len(batch)
                 try:
                     # skip_full: a full reject-policy inbox refuses one message, not the rest
-                    answer = await self._push.remote(batch, None, token, True)
+                    call = self._push.remote(batch, None, token, True)
+                    answer = await (call if self._restart_wait <= 0 else self._answer(call))
                     accepted, err = (answer, None) if type(answer) is int else answer
-                except errors().actor as exc:
+                except (errors().actor, _Restarted) as exc:
+                    self._in_flight = None
+                    self._flying = 0
+                    if await self._wait_for_restart():  # its fate unknown: at most once
+                        self._count_lost(len(batch), "actor_lost")
+                        continue
                     accepted, err = 0, None
                     self._set_error(
                         KernelStateError(
@@ -255,6 +291,12 @@ class RemotePeer:
                 finally:
                     self._in_flight = None
                     self._flying = 0
+                if err is not None and accepted == 0 and self._relaunching(err):
+                    # Ray restarted the target; its kernel is not launched yet: again
+                    self._pending[:0] = batch
+                    if await self._wait_for_restart():
+                        continue
+                    del self._pending[: len(batch)]
                 self.delivered += accepted
                 lost = len(batch) - accepted
                 if err is not None:
@@ -280,13 +322,72 @@ class RemotePeer:
                 self._space.set()
                 self._space = None
 
-    def _count_lost(self, n: int) -> None:
+    def _count_lost(self, n: int, why: str = "reply_lost") -> None:
         """Messages that will never reach the target: counted by the forwarding kernel
-        (reason ``reply_lost``), once."""
+        (reason ``reply_lost``; ``actor_lost`` for a batch that died with the target),
+        once."""
         if n > 0:
             self.dropped += n
             if self._on_lost is not None:
-                self._on_lost(n)
+                self._on_lost(n, why)
+
+    def _relaunching(self, err: PackedError) -> bool:
+        """The target answered that its kernel is not launched: a restarted actor whose
+        driver has not launched it again yet."""
+        if self._restart_wait <= 0:
+            return False
+        error = unpack_error(err)
+        return isinstance(error, KernelStateError) and error.state is KernelState.CREATED
+
+    async def _answer(self, call: Any) -> Any:
+        """The answer of a push to a target that Ray restarts; `_Restarted` when the
+        target's actor was restarted while the push was on its way (it never answers)."""
+        fut = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=_ALIVE_S)
+                if done:
+                    return fut.result()
+                try:
+                    async with asyncio.timeout(_ALIVE_S):
+                        _, incarnation = await self.handle.alive.remote()
+                except (TimeoutError, errors().actor):
+                    continue
+                if self.incarnation is None:
+                    self.incarnation = incarnation
+                elif incarnation != self.incarnation:
+                    raise _Restarted(self.kernel_id)
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    async def _wait_for_restart(self) -> bool:
+        """Wait (up to ``restart_wait`` seconds) until Ray restarted the target and its
+        kernel runs again; False when the target is not restarted (or not in time). The
+        messages handed to this peer meanwhile wait here, up to its bound."""
+        wait = self._restart_wait
+        if wait <= 0 or self.error is not None:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        delay = 0.05
+        logger.warning(
+            "the Ray actor of kernel %r stopped; waiting up to %ss for Ray to restart it",
+            self.kernel_id,
+            wait,
+        )
+        while loop.time() < deadline and self.error is None:
+            try:
+                async with asyncio.timeout(_ALIVE_S):  # a call to a restarting actor may hang
+                    state, incarnation = await self.handle.alive.remote()
+                if state not in ("CREATED", "TERMINATING", "TERMINATED", "FAILED"):
+                    self.incarnation = incarnation
+                    return True
+            except (TimeoutError, errors().actor):
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        return False
 
     def _set_error(
         self, error: BaseException, cause: BaseException | None, *, log: bool = True
@@ -339,6 +440,10 @@ class RemotePeer:
                 left,
                 self.kernel_id,
             )
+
+
+class _Restarted(Exception):
+    """The target's actor was restarted while a push was on its way to it."""
 
 
 class _LogLines(logging.Handler):
@@ -501,6 +606,8 @@ class _KernelCore:
         self._turn_waiters: dict[tuple[int, int], asyncio.Future[None]] = {}
         self.log_lines = _LogLines()
         self._tracing = bool(settings.get("tracing", False))
+        # the user's backpressure, for what other actors push over direct edges
+        self._edge_policy = str(settings.get("edge_backpressure", "block"))
         #: bytes from the driver or another actor -> the message (and its trace context)
         self.decode: Callable[[bytes], Any] = (
             self._decode_traced if self._tracing else deserialize_message
@@ -545,7 +652,7 @@ class _KernelCore:
             raise KernelNotFoundError(kernel_id, self._known_ids(), where="Ray runtime") from None
         return self._add_peer(kernel_id, handle)
 
-    def _add_peer(self, kernel_id: str, handle: Any) -> RemotePeer:
+    def _add_peer(self, kernel_id: str, handle: Any, restart_wait: float = 0.0) -> RemotePeer:
         peer = RemotePeer(
             kernel_id,
             handle,
@@ -553,6 +660,7 @@ class _KernelCore:
             max_batch=int(self._settings.get("max_batch", 1024)),
             on_lost=self._count_lost,
             header=self._peer_header if self._tracing else None,
+            restart_wait=restart_wait,
         )
         self._peers[kernel_id] = peer
         return peer
@@ -565,12 +673,17 @@ class _KernelCore:
         n = len(self._prefix)
         return sorted(name[n:] for name in names if name.startswith(self._prefix))
 
-    def _count_lost(self, n: int) -> None:
-        """Replies forwarded to another actor that never got there: the kernel's drops."""
+    def _count_lost(self, n: int, why: str = "reply_lost") -> None:
+        """Replies forwarded to another actor that never got there: the kernel's drops
+        (``actor_lost``: they died with the actor they were pushed to)."""
         kernel = self._kernel
-        if kernel is not None:
-            for _ in range(n):
-                kernel.count_lost_reply()
+        if kernel is None:
+            return
+        if why != "reply_lost":
+            kernel.telemetry.record_drop(n, why)
+            return
+        for _ in range(n):
+            kernel.count_lost_reply()
 
     def _watch_task(self, kernel: RingKernel) -> None:
         ended = self._ended
@@ -704,12 +817,16 @@ class _KernelCore:
             handover = await asyncio.shield(self._handover)
         return (kernel.state.name, pack_cause(kernel.error), handover, self.log_lines.take()), None
 
-    async def connect(self, target_id: str, handle: Any) -> Answer:
+    async def connect(self, target_id: str, handle: Any, restart_wait: float = 0.0) -> Answer:
         try:
             kernel = self.require("connect")
             peer = self._peers.get(target_id)
             if peer is None or peer.handle != handle:
-                peer = self._add_peer(target_id, handle)
+                peer = self._add_peer(target_id, handle, restart_wait)
+                if restart_wait > 0:  # the target's incarnation: a restart changes it
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(_ALIVE_S):
+                            _, peer.incarnation = await handle.alive.remote()
             kernel.forward_to(peer)  # type: ignore[arg-type]
             self._forward = peer
             return True, None
@@ -785,9 +902,21 @@ class _KernelCore:
             kernel = self.require("send to")
             accept = kernel.accept
             decode = self.decode
+            inbox = kernel.inbox
+            policy = self._edge_policy if skip_full and inbox is not None else "block"
             for data in batch:
                 try:
-                    await accept(decode(data), timeout)
+                    msg = decode(data)
+                    if policy != "block" and inbox is not None and 0 < inbox.maxsize <= len(inbox):
+                        if policy == "reject":
+                            raise QueueFullError(
+                                f"the inbox of kernel {self._kernel_id!r} is full "
+                                f"({len(inbox)}/{inbox.maxsize} messages) and its backpressure "
+                                "is 'reject'; receive faster, raise queue_size, or choose "
+                                "backpressure='block' or 'drop_oldest'"
+                            )
+                        inbox.evict_oldest()  # counted as this kernel's drop (its on_drop)
+                    await accept(msg, timeout)
                 except QueueFullError as exc:
                     if not skip_full:
                         raise
@@ -901,22 +1030,25 @@ class _KernelCore:
 
     # -- the driver's worker (`worker.RayWorker`) -----------------------------------------
 
-    def progress(self) -> tuple[int, int, str | None]:
-        """``(taken, owed, sender)`` since this actor (re)started: messages the actor took
-        from its inbox, replies it made that still had to reach the driver (all it put in
-        its outbox) or the actor it forwards to (what waits in the stand-in), and the name
-        of the stand-in of its direct edge (None: none). The driver counts what a dead
+    def progress(self) -> tuple[int, int, str | None, int]:
+        """``(taken, owed, sender, pushed)`` since this actor (re)started: messages the
+        actor took from its inbox, replies it made that still had to reach the driver (all
+        it put in its outbox) or the actor it forwards to (what waits in the stand-in), the
+        name of the stand-in of its direct edge (None: none), and the messages other
+        actors pushed into its inbox over direct edges. The driver counts what a dead
         actor took with it from these."""
         kernel = self._kernel
         if kernel is None:
-            return 0, 0, None
+            return 0, 0, None, 0
         inbox, out = kernel.inbox, kernel.outbox
         taken = inbox.statistics().total_dequeued if inbox is not None else 0
+        taken -= kernel.messages_in_hand  # finished: the one in hand dies with the actor
         owed = out.statistics().total_enqueued if out is not None else 0
         forward = self._forward
         for peer in list(self._peers.values()):
             owed += peer.backlog
-        return int(taken), int(owed), None if forward is None else forward.sender
+        pushed = sum(self._taken_from.values())
+        return int(taken), int(owed), None if forward is None else forward.sender, pushed
 
     def events(self, latencies: bool = False) -> dict[str, Any] | None:
         """What happened in the actor since the last call that the driver's telemetry
@@ -1020,6 +1152,7 @@ class KernelHost:
         _register_message_type(input_type)
         _register_message_type(output_type)
         self._kernel_id = kernel_id
+        self._incarnation = uuid.uuid4().hex  # this actor process (`alive`)
         self._core = _KernelCore(
             kernel_id,
             kernel_func,
@@ -1086,11 +1219,18 @@ class KernelHost:
         kernel = self._core.kernel
         return (kernel.state.name if kernel is not None else "CREATED"), None
 
+    def alive(self) -> tuple[str, str]:
+        """``(kernel state, incarnation)``: the incarnation names this actor process (a
+        restart by Ray makes a new one), for a `RemotePeer` pushing to it."""
+        kernel = self._core.kernel
+        return (kernel.state.name if kernel is not None else "CREATED"), self._incarnation
+
     # -- routing --------------------------------------------------------------------------
 
-    def connect(self, target_id: str, handle: Any) -> Answer:
-        """Forward everything this kernel sends to ``target_id``'s actor (actor to actor)."""
-        return self._run(self._core.connect(target_id, handle))
+    def connect(self, target_id: str, handle: Any, restart_wait: float = 0.0) -> Answer:
+        """Forward everything this kernel sends to ``target_id``'s actor (actor to actor);
+        ``restart_wait`` > 0: Ray restarts that actor, wait that long for it when it dies."""
+        return self._run(self._core.connect(target_id, handle, restart_wait))
 
     def disconnect(self) -> Answer:
         return self._run(self._core.disconnect())
@@ -1193,6 +1333,14 @@ class KernelHost:
                 return data, None, events
         return data
 
+    def ask(self, framed: bytes) -> Any:
+        """`request` for the driver's worker, its arguments in one byte string
+        (`frame_ask`): Ray's cost grows with each argument of a call, and this is the call
+        ``send_and_receive`` waits for."""
+        seq, timeout = _ASK.unpack_from(framed)
+        data = framed[_ASK.size :]
+        return self.request(data, None if timeout < 0 else timeout, _PUT_BAND, seq)
+
     def fetch(self, n: int, wait: float | None = None) -> Any:
         """Up to ``n`` replies from the outbox, waiting up to ``wait`` seconds for the first.
 
@@ -1209,6 +1357,13 @@ class KernelHost:
 
 
 _PUT_BAND = -1  # the turn numbers of the driver worker's batches (`put`)
+_ASK = struct.Struct("<qd")  # `ask`'s header: the turn number and the timeout (< 0: none)
+
+
+def frame_ask(data: bytes, seq: int, timeout: float | None) -> bytes:
+    """The one argument of `KernelHost.ask`: the request's bytes behind its turn number
+    ``seq`` (band `_PUT_BAND`) and ``timeout``."""
+    return _ASK.pack(seq, -1.0 if timeout is None else timeout) + data
 
 
 _RAW_ITEMS: Any = None

@@ -157,6 +157,7 @@ class RayTierKernel(HostedKernel):
         # the actor's inbox: half the bridge (the rest is on its way), and never more than
         # the user's bound, which a direct edge from another actor meets there
         inbox = max(1, min(bridge // 2, self.config.input_queue_size))
+        policy = self.config.backpressure_strategy  # a direct edge meets it in the actor
         config = dataclasses.replace(
             self.config,
             tier=actor_tier,
@@ -182,6 +183,7 @@ class RayTierKernel(HostedKernel):
             room=max(1, bridge - inbox),
             on_events=self._actor_events,
             tracing=getattr(self._runtime, "tracer", None) is not None,
+            edge_backpressure=str(getattr(policy, "value", policy)),
         )
         self.config.extra = {"bridge_queue_size": bridge}
         await self._ray.create()
@@ -210,7 +212,9 @@ class RayTierKernel(HostedKernel):
             and target.session is self._session
             and target.state not in _ENDED
         ):
-            ray.forward_direct(target.kernel_id, target.actor)
+            ray.forward_direct(
+                target.kernel_id, target.actor, restarted=target.config.restart == "on_failure"
+            )
         else:
             ray.forward_direct(None, None)
 

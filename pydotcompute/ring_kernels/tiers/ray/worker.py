@@ -31,8 +31,10 @@ Design notes:
   With ``restart="on_failure"`` Ray restarts the actor and the worker launches the kernel
   in it again, while `offer` says there is no room (the runtime's backpressure: senders
   and connected stages wait, they do not fail). What died with the actor is counted as
-  dropped, reason ``actor_lost``: messages it had taken and not finished and replies it
-  had made and not handed over, by the counts it last reported (at-most-once for those;
+  dropped, reason ``actor_lost``: messages it had taken (from the driver or, over direct
+  edges, from other actors) and not finished and replies it had made and not handed over,
+  by the counts it last reported (at-most-once for those; a direct edge's producer counts
+  the push that was on its way, see ``host.RemotePeer``, and waits for the restart;
   messages it finished after its last report are counted too, so the count errs high,
   never low).
 """
@@ -58,7 +60,7 @@ from ...config import RingKernelConfig
 from ...message import deserialize_message
 from ...states import KernelState
 from ..contract import TierWorker
-from .host import KernelHost, frame_id
+from .host import KernelHost, frame_ask, frame_id
 from .session import RaySession, errors, ray_module, reason
 from .wire import split_traced, traced_item, unpack_cause, unpack_error
 
@@ -111,6 +113,8 @@ class RayWorker(TierWorker):
         on_events: Called on the loop with what the driver's telemetry counts (a dict:
             ``restarts``, ``errors``, ``drops``, ``failed``).
         tracing: The driver traces (the actor's runtime then reads trace context).
+        edge_backpressure: The kernel's ``backpressure``, applied in the actor to what
+            other actors push over direct edges (its inbox blocks for the driver).
     """
 
     ACTOR_KIND = "async"
@@ -130,6 +134,7 @@ class RayWorker(TierWorker):
         room: int,
         on_events: Callable[[dict[str, Any]], None],
         tracing: bool = False,
+        edge_backpressure: str = "block",
     ) -> None:
         self.kernel_id = kernel_id
         self._func = func
@@ -142,6 +147,7 @@ class RayWorker(TierWorker):
         self._room = max(1, room)
         self._on_events = on_events
         self._tracing = tracing
+        self._edge_backpressure = edge_backpressure
         self.actor: Any = None
         self.actor_name = ""
         self.restarts = 0
@@ -173,6 +179,7 @@ class RayWorker(TierWorker):
         # what this incarnation was given, and what it last said it did (see the notes)
         self._acked = 0
         self._taken = 0
+        self._pushed = 0  # messages other actors pushed into it, over direct edges
         self._made = 0
         self._fetched = 0
         self._fetched_total = 0
@@ -184,7 +191,8 @@ class RayWorker(TierWorker):
         self._writable: Callable[[], None] | None = None
         self._want_room = False
         self._received: Callable[[Any, int, int, int], None] | None = None  # `trace_wire`
-        self._direct: tuple[str, Any] | None = None  # a direct edge: (target id, its actor)
+        # a direct edge: (target id, its actor, how long to wait for it to restart)
+        self._direct: tuple[str, Any, float] | None = None
         self._edge: asyncio.Task[None] | None = None  # the last change of it, on its way
 
     def __repr__(self) -> str:
@@ -209,6 +217,7 @@ class RayWorker(TierWorker):
             "max_batch": session.max_batch,
             "peer_limit": config.output_queue_size,
             "tracing": self._tracing,
+            "edge_backpressure": self._edge_backpressure,
         }
         try:
             actor = (
@@ -541,7 +550,7 @@ class RayWorker(TierWorker):
         seq = self._seq
         self._flying[seq] = [(data, msg)]
         self._unacked += 1
-        ref = self.actor.request.remote(data, timeout, -1, seq)
+        ref = self.actor.ask.remote(frame_ask(data, seq, timeout))  # one argument: cheaper
         try:
             answer = await ref
         except errors().actor as exc:
@@ -584,18 +593,23 @@ class RayWorker(TierWorker):
         """The kernel this actor forwards into directly, or None."""
         return None if self._direct is None else self._direct[0]
 
-    def forward_direct(self, target_id: str | None, handle: Any) -> None:
+    def forward_direct(
+        self, target_id: str | None, handle: Any, *, restarted: bool = False
+    ) -> None:
         """Have the actor hand what it sends to ``target_id``'s actor (``handle``) in
         batches, or (None) to its outbox again. Applied by the actor before the next
         batch this worker sends it (the call goes first; Ray keeps a caller's order to
-        a threaded actor only for calls it admits in turn, so the batches wait for it)."""
-        self._direct = None if target_id is None else (target_id, handle)
+        a threaded actor only for calls it admits in turn, so the batches wait for it).
+        ``restarted``: Ray restarts the target's actor, so the actor waits for it (up to
+        the session's ``restart_timeout``) when it dies, instead of giving up."""
+        wait = self.session.restart_timeout if restarted else 0.0
+        self._direct = None if target_id is None else (target_id, handle, wait)
         if self.actor is None or self._released:
             return
         call = (
             self.actor.disconnect.remote()
             if target_id is None
-            else self.actor.connect.remote(target_id, handle)
+            else self.actor.connect.remote(target_id, handle, wait)
         )
         self._edge = self._task(self._apply_edge(call, self._edge), "connect")
 
@@ -606,6 +620,9 @@ class RayWorker(TierWorker):
             _, err = await call
         except errors().actor:
             return  # the actor is gone: its restore applies `_direct`
+        except Exception as exc:  # never silently: the edge would run through the driver
+            logger.warning("kernel %r: the direct edge was not made: %s", self.kernel_id, exc)
+            return
         if err is not None:
             logger.warning(
                 "kernel %r: the direct edge was not made: %s", self.kernel_id, unpack_error(err)
@@ -758,7 +775,7 @@ class RayWorker(TierWorker):
         part, self._latency = self._latency, None
         if (
             self._stats is None
-            and self._started
+            and self.actor is not None  # launched is enough: a direct edge may drop into it
             and not self._stopping
             and not self._down
             and self._loop is not None
@@ -798,10 +815,10 @@ class RayWorker(TierWorker):
         if events:
             self._on_events(events)
 
-    def _progress(self, progress: tuple[int, int, str | None]) -> None:
+    def _progress(self, progress: tuple[int, int, str | None, int]) -> None:
         """The actor's latest report (`host._KernelCore.progress`): one snapshot, kept
         whole (an older answer arriving late makes the loss count err high, never low)."""
-        self._taken, self._made, self._sender = progress
+        self._taken, self._made, self._sender, self._pushed = progress
 
     def _count_lost(self, n: int) -> None:
         if n > 0:
@@ -846,7 +863,7 @@ class RayWorker(TierWorker):
         self._task(
             self._count_dead(
                 list(self._puts),
-                self._acked - self._taken + max(0, self._made - self._fetched),
+                self._acked + self._pushed - self._taken + max(0, self._made - self._fetched),
                 self._acked - self._fetched,
                 self._sender,
                 self._direct,
@@ -873,7 +890,7 @@ class RayWorker(TierWorker):
         reported: int,
         unanswered: int,
         sender: str | None,
-        direct: tuple[str, Any] | None,
+        direct: tuple[str, Any, float] | None,
     ) -> None:
         """Count, once, what died with an actor (reason ``actor_lost``): the messages it
         had taken and not finished and the replies it had not handed over, by its last
@@ -947,7 +964,7 @@ class RayWorker(TierWorker):
             self._on_events({"restarts": 1, "errors": (1, f"{type(cause).__name__}: {cause}")})
             logger.warning("kernel %r: Ray restarted its actor", self.kernel_id)
         self._down = False
-        self._acked = self._taken = self._made = self._fetched = 0
+        self._acked = self._taken = self._made = self._fetched = self._pushed = 0
         if self._stopping:
             return
         self._watch = self._task(self._run_watch(), "watch")
