@@ -158,9 +158,8 @@ def _read_direct(runtime: RingKernelRuntime) -> list[_Row]:
             continue
         tel = kernel.telemetry
         inbox = kernel.inbox
-        count: Callable[[], int] | None = getattr(kernel, "messages_received", None)
         depth = len(inbox) if inbox is not None else 0
-        _add_rows(rows, kid, kernel, tel, depth, None if count is None else count())
+        _add_rows(rows, kid, kernel, tel, depth, kernel.messages_received())
     return rows
 
 
@@ -174,9 +173,8 @@ def _add_rows(
 ) -> None:
     tier = canonical_tier(str(kernel.config.tier))
     rows.append(_row([kid, tier, ""], tel, kernel.state.name.lower(), depth, received))
-    per: Callable[[], list[RingKernelTelemetry]] | None = getattr(kernel, "replica_telemetry", None)
-    if per is not None:
-        for i, rep in enumerate(per()):
+    if kernel.CAPABILITIES.replica_telemetry:  # a pool: a series per replica too
+        for i, rep in enumerate(kernel.replica_telemetry()):
             rows.append(_row([kid, tier, str(i)], rep, None, rep.queue_depth))
 
 

@@ -291,7 +291,7 @@ class MessageTracer:
         wire = getattr(kernel, "trace_wire", None)  # a kernel-level tier with a wire (Ray)
         if wire is not None:
             wire(self.take_ids)
-        elif getattr(kernel, "ACTOR_KIND", "async") is None:  # a device handler (GPU)
+        elif kernel.CAPABILITIES.actor_kind is None:  # a device handler (GPU)
             self._no_taker.add(kid)
 
     def wrap_runtime(self, runtime: RingKernelRuntime) -> None:
@@ -423,8 +423,6 @@ class TracingWorker(TierWorker):
 
     def __init__(self, inner: TierWorker, tracer: MessageTracer, kernel: RingKernel) -> None:
         self.inner = inner
-        self.ACTOR_KIND = inner.ACTOR_KIND  # type: ignore[misc]
-        self.SUPPORTS_RESTART = inner.SUPPORTS_RESTART  # type: ignore[misc]
         self._tracer = tracer
         self._kernel = kernel
         self._lock = threading.Lock()

@@ -15,8 +15,9 @@ Edge kinds (`EdgeKind`):
   on one device) are the kinds the design provides for; no tier offers them yet, so such
   edges are ``"loop"`` edges today.
 
-Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
-can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
+Negotiation through the tier contract: a tier declares ``edges_out`` (the kinds it can
+produce into) and ``edges_in`` (the kinds it can consume from) in its `Capabilities`
+(``kernel.CAPABILITIES``; a pool's are empty). `EdgeTable.connect`
 picks the first kind of `PREFERENCE` both ends offer, else ``"loop"``; the consumer's
 worker makes the edge (`TierWorker.open_edge`, its bound and policy are the consumer's) and
 the producer's worker writes into it (`TierWorker.route_into`). The runtime keeps
@@ -230,21 +231,18 @@ class EdgeTable:
 
 def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
-    first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
-    the target's consumes from (``EDGE_IN``)."""
+    first kind of `PREFERENCE` that the source's tier produces into (its capabilities'
+    ``edges_out``) and the target's consumes from (``edges_in``)."""
     if tracing:
         return "loop", "a tracing runtime keeps loop edges"
-    ends = []
     for kernel, role in ((source, "source"), (target, "target")):
-        worker = getattr(kernel, "worker", None)
-        if worker is None:
+        if kernel.worker is None:
             tier = kernel.config.tier
             return "loop", f"the {role} {kernel.kernel_id!r} runs on the {tier} tier (no worker)"
         if kernel.config.serialize:
             return "loop", f"the {role} {kernel.kernel_id!r} serializes its messages"
-        ends.append(worker)
-    offered = ends[0].EDGE_OUT
-    taken = ends[1].EDGE_IN
+    offered = source.CAPABILITIES.edges_out
+    taken = target.CAPABILITIES.edges_in
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
             return kind, ""

@@ -65,7 +65,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ..exceptions import (
     KernelFailedError,
@@ -81,7 +81,7 @@ from .kernel import RingKernel
 from .message import id_key
 from .states import KernelState
 from .supervision import BurstLog
-from .tiers.contract import TierWorker
+from .tiers.contract import Capabilities, TierWorker
 
 __all__ = ("HostedKernel",)
 
@@ -109,8 +109,11 @@ class HostedKernel(RingKernel):
     in `_make_worker`."""
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
-    ACTOR_KIND = "sync"
-    SUPPORTS_RESTART = False
+    #: The tier's worker class: its ``CAPABILITIES`` become this kernel class's (a tier
+    #: states them once, on the worker). Without one: plain-function actors, no restart,
+    #: pools, and the latencies a worker may time folded in when telemetry is read.
+    WORKER: ClassVar[type[TierWorker] | None] = None
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(replicas=True, telemetry_refresh=True)
 
     __slots__ = (
         "_backlog",
@@ -134,6 +137,12 @@ class HostedKernel(RingKernel):
         "_worker",
         "_writable",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        worker = cls.__dict__.get("WORKER")
+        if worker is not None and "CAPABILITIES" not in cls.__dict__:
+            cls.CAPABILITIES = worker.CAPABILITIES  # the tier's one statement of them
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -193,7 +202,11 @@ class HostedKernel(RingKernel):
         extra = self.config.extra
         self._bridge = int(extra.get("bridge_queue_size", BRIDGE_LEAST))
         self._worker = self._make_worker(self._bridge)
-        if "bridge_queue_size" not in extra and self._worker.set_room(self._bridge):
+        if (
+            "bridge_queue_size" not in extra
+            and self.CAPABILITIES.resize
+            and self._worker.set_room(self._bridge)
+        ):
             self._bridge_widens = True
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
@@ -209,7 +222,7 @@ class HostedKernel(RingKernel):
         """Fold the latencies the worker timed since the last call into `telemetry`
         (``runtime.get_telemetry`` calls it before reading)."""
         worker = self._worker
-        if worker is not None:
+        if worker is not None and self.CAPABILITIES.telemetry_refresh:
             part = worker.drain_latencies()
             if part is not None:
                 self.telemetry.merge_summary(part)
@@ -671,16 +684,15 @@ class HostedKernel(RingKernel):
             return 0
         done = 0
         out = self._outbox
-        offer = getattr(out, "offer", None)
-        if offer is not None and not self._answers and self._forward is None:
+        if out is not None and not self._answers and self._forward is None:
             # all for the outbox: offered in a row (a loop in C that stops at the first
             # refusal); how many it took is what its size grew by
-            before = out.qsize  # type: ignore[union-attr]
+            before = out.qsize
             try:  # (not contextlib.suppress: three calls a batch on the hot path)
-                all(map(offer, replies))
+                all(map(out.offer, replies))
             except Exception:  # one it refuses: `_deliver` reports it
                 pass
-            done = out.qsize - before  # type: ignore[union-attr]
+            done = out.qsize - before
             if done and self._timed:
                 self.telemetry.messages_sent += done
         deliver = self._deliver_now
@@ -733,9 +745,8 @@ class HostedKernel(RingKernel):
                 return False
         else:
             out = self._outbox
-            offer = getattr(out, "offer", None)
             try:
-                if offer is None or not offer(reply):
+                if out is None or not out.offer(reply):
                     return False
             except Exception:  # a value the outbox refuses: `_deliver` fails the kernel
                 return False

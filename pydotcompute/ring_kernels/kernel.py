@@ -76,7 +76,7 @@ import copy
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..decorators.validators import (
     check_message,
@@ -108,6 +108,7 @@ from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
+from .tiers.contract import Capabilities, TierWorker, fold_legacy_capabilities
 
 if TYPE_CHECKING:
     from .runtime import RingKernelRuntime
@@ -193,11 +194,12 @@ class RingKernel:
     """
 
     EXTRA_OPTIONS: frozenset[str] = frozenset()
-    #: The kind of actor function this tier runs (``"async"``/``"sync"``; None: not
-    #: checked); the runtime refuses the other kind at launch.
-    ACTOR_KIND: str | None = "async"
-    #: Whether ``restart="on_failure"`` is honoured; the runtime refuses it otherwise.
-    SUPPORTS_RESTART: bool = True
+    #: What the asyncio tier supports (`tiers.contract.Capabilities`): async actors,
+    #: restarts and pools. A tier whose actor runs elsewhere states its own on its worker
+    #: class (`HostedKernel.WORKER`); the runtime reads nothing else.
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        actor_kind="async", restart=True, replicas=True
+    )
 
     __slots__ = (
         "_abandoned",
@@ -238,6 +240,7 @@ class RingKernel:
         names (``_accept``/``_accept_nowait``), and one written against those is reached
         through the public protocol."""
         super().__init_subclass__(**kwargs)
+        fold_legacy_capabilities(cls)
         own = cls.__dict__
         if "_accept" in own and "accept" not in own:
             older = own["_accept"]
@@ -1278,6 +1281,30 @@ class RingKernel:
         read from the inbox's own counters: nothing is counted per message for it."""
         inbox = self._inbox
         return 0 if inbox is None else inbox.statistics().total_enqueued
+
+    # -- what a tier may add: the defaults (see `Capabilities`) ---------------------------
+
+    @property
+    def worker(self) -> TierWorker | None:
+        """The `TierWorker` the actor runs in, or None: it runs on the runtime's loop."""
+        return None
+
+    def refresh_telemetry(self) -> None:
+        """Fold what the tier counted elsewhere into `telemetry` (``runtime.get_telemetry``
+        calls it before reading, where ``CAPABILITIES.telemetry_refresh`` says there is
+        something to fold). Nothing here: tier 1 counts into its record directly."""
+
+    def replica_telemetry(self) -> list[RingKernelTelemetry]:
+        """One telemetry record per actor (``CAPABILITIES.replica_telemetry``: a pool's
+        replicas, adding up to the kernel's); here the kernel's own record, its only one."""
+        return [self.telemetry]
+
+    async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
+        """Send each actor of this kernel its own copy of ``msg`` (``runtime.broadcast``);
+        with one actor (``CAPABILITIES.broadcast`` off) that is one `send`. Returns how
+        many actors it reached."""
+        await self.send(msg, timeout)
+        return 1
 
     # -- the tier's side of each verb (no-ops here: the actor runs on this loop) ----------
     #

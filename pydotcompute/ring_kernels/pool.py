@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import threading
@@ -75,7 +76,7 @@ from .kernel import RingKernel
 from .message import new_message_id
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
-from .tiers.contract import TierWorker
+from .tiers.contract import Capabilities, TierWorker
 
 __all__ = (
     "AsyncioPoolKernel",
@@ -284,6 +285,22 @@ def _replica_context_class(base: type[KernelContext]) -> type[KernelContext]:
     return ReplicaContext
 
 
+def _pool_capabilities(tier: Capabilities) -> Capabilities:
+    """A pool's capabilities, from its tier's: a copy of a broadcast per replica, telemetry
+    per replica (folded into the pool's when read), and no direct edges (a pool's replies
+    cross the loop)."""
+    return dataclasses.replace(
+        tier,
+        broadcast=True,
+        replica_telemetry=True,
+        telemetry_refresh=True,
+        resize=False,
+        inline_request=False,
+        edges_out=frozenset(),
+        edges_in=frozenset(),
+    )
+
+
 class AsyncioPoolKernel(RingKernel):
     """N actor tasks on the runtime's loop sharing one inbox and one outbox.
 
@@ -304,6 +321,7 @@ class AsyncioPoolKernel(RingKernel):
     """
 
     EXTRA_OPTIONS = frozenset({REPLICAS_OPTION})
+    CAPABILITIES = _pool_capabilities(RingKernel.CAPABILITIES)
     __slots__ = ("_changed", "_copy_of", "_ended", "_replica_tels", "_returned", "_rounds")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -1039,11 +1057,8 @@ class HostedPoolKernel(HostedKernel):
         On these tiers the pool's own telemetry is counted at the bridge, so its
         `messages_processed` and `messages_sent` equal the replicas' sums.
         """
-        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
-        members: Callable[[str], list[RingKernelTelemetry]] | None = getattr(
-            self._worker, "member_telemetry", None
-        )
-        return [] if members is None else members(self.kernel_id)
+        worker = cast("PoolWorker | None", self._worker)
+        return [] if worker is None else worker.member_telemetry(self.kernel_id)
 
 
 _HOSTED_POOLS: dict[type, type] = {}
@@ -1058,7 +1073,7 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
     """
     if cls is RingKernel:
         return AsyncioPoolKernel
-    if isinstance(cls, type) and issubclass(cls, HostedKernel):
+    if cls.CAPABILITIES.replicas and issubclass(cls, HostedKernel):
         made = _HOSTED_POOLS.get(cls)
         if made is None:
             made = type(
@@ -1068,6 +1083,7 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
                     "__slots__": (),
                     "__module__": __name__,
                     "EXTRA_OPTIONS": cls.EXTRA_OPTIONS | {REPLICAS_OPTION},
+                    "CAPABILITIES": _pool_capabilities(cls.CAPABILITIES),
                 },
             )
             _HOSTED_POOLS[cls] = made
@@ -1083,8 +1099,4 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
 def replica_telemetry(kernel: RingKernel) -> list[RingKernelTelemetry]:
     """Per-replica telemetry of `kernel`: its replicas' records for a pool, else a
     one-item list holding its own telemetry."""
-    per = getattr(kernel, "replica_telemetry", None)
-    if per is None:
-        return [kernel.telemetry]
-    result: list[RingKernelTelemetry] = per()
-    return result
+    return kernel.replica_telemetry()

@@ -9,8 +9,9 @@ Design notes:
   with the `RingKernel` interface, imported
   lazily so that the default tier never loads threads, processes or CUDA. The runtime uses
   kernels only through their public methods (``try_accept``/``accept``, ``receive``,
-  ``forward_to``, ...) and applies the launch-time policy (actor kind, restart support)
-  from each tier's stated capabilities.
+  ``forward_to``, ...) and reads what a tier supports (actor kind, restart, pools,
+  broadcast, telemetry to fold in) from its ``CAPABILITIES``, never by looking for a
+  method: where a flag is off, the `RingKernel` default applies.
 - Shutdown goes head to tail along ``connect`` edges (`supervision.stop_waves`): a stage
   is terminated once every stage forwarding into it has drained into it, so a pipeline
   stops without losing what is in flight; kernels with no edge between them stop in
@@ -263,9 +264,7 @@ class RingKernelRuntime:
             why,
         )
         for k in self._kernels.values():
-            hurry = getattr(k, "hurry", None)
-            if hurry is not None:
-                hurry()
+            k.hurry()  # (a no-op for one not terminating)
 
     @property
     def shutdown_report(self) -> ShutdownReport | None:
@@ -489,8 +488,9 @@ class RingKernelRuntime:
             config = _apply_options(kernel_id, config, opts, extra, tier=tier_name)  # our copy
         else:
             config = _build_config(kernel_id, config, opts, extra, tier=tier_name)
-        check_actor_kind(kernel_id, tier_name, kernel_func, getattr(cls, "ACTOR_KIND", None))
-        if config.restart != "never" and not getattr(cls, "SUPPORTS_RESTART", True):
+        caps = cls.CAPABILITIES
+        check_actor_kind(kernel_id, tier_name, kernel_func, caps.actor_kind)
+        if config.restart != "never" and not caps.restart:
             raise InvalidConfigurationError(
                 f"kernel {kernel_id!r}: restart={config.restart!r} is not supported on the "
                 f"{tier_name} tier (its actor is not restarted by the runtime); launch it "
@@ -678,12 +678,10 @@ class RingKernelRuntime:
         kernel = self.get_kernel(kernel_id)
         if timeout is not None:
             timeout = self._checked_timeout(timeout)
-        fan_out = getattr(kernel, "broadcast", None)
-        if fan_out is None:  # one actor: a plain send
+        if not kernel.CAPABILITIES.broadcast:  # one actor: a plain send
             await self.send(kernel_id, msg, timeout=timeout)
             return 1
-        reached: int = await fan_out(msg, timeout)
-        return reached
+        return await kernel.broadcast(msg, timeout)
 
     def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
@@ -747,17 +745,13 @@ class RingKernelRuntime:
             KernelNotFoundError: unknown id (the text lists the known ids).
         """
         kernel = self._kernel(kernel_id)
-        refresh = getattr(kernel, "refresh_telemetry", None)
-        if refresh is not None:  # first: a tier may replace its telemetry object
-            refresh()
+        if kernel.CAPABILITIES.telemetry_refresh:  # first: a tier may replace its record
+            kernel.refresh_telemetry()
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
-        # arrivals: counted by the kernel's queues, nothing per message (a tier that counts
-        # them elsewhere, Ray's, reports them through refresh_telemetry)
-        received = getattr(kernel, "messages_received", None)
-        if received is not None:
-            tel.messages_received = received()
+        # arrivals: counted by the kernel's queues, nothing per message
+        tel.messages_received = kernel.messages_received()
         self._edge_table.fold(kernel, tel, timed=self.enable_telemetry)
         return tel
 
@@ -769,11 +763,10 @@ class RingKernelRuntime:
         its own telemetry.
         """
         tel = self.get_counters(kernel_id)
-        per = getattr(self._kernel(kernel_id), "replica_telemetry", None)
-        if per is None:
+        kernel = self._kernel(kernel_id)
+        if not kernel.CAPABILITIES.replica_telemetry:
             return [tel]
-        replicas: list[RingKernelTelemetry] = per()
-        return replicas
+        return kernel.replica_telemetry()
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
         """`get_telemetry` of every id in `kernel_ids` (``{}`` without telemetry)."""
@@ -901,12 +894,8 @@ def _drop_figures(kernel: RingKernel) -> tuple[int, int]:
 
 def _unread(kernel: RingKernel) -> int:
     """How many replies wait in ``kernel``'s outbox (a tier with a reply buffer of its
-    own says through ``unread_replies``)."""
-    unread = getattr(kernel, "unread_replies", None)
-    if unread is not None:
-        return int(unread)
-    out = kernel.outbox
-    return len(out) if out is not None else 0
+    own counts that in ``unread_replies``)."""
+    return kernel.unread_replies
 
 
 def _pool_launch(

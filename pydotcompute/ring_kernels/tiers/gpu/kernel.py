@@ -141,12 +141,9 @@ class GPURingKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS: frozenset[str] = _OPTION_NAMES
-    #: The handler is a device function checked by the tier itself (`check_spec`, which
-    #: names the handler's expected signature), so the runtime does not check it; a pool
-    #: is refused first (`__init__`), naming the tier.
-    ACTOR_KIND = None  # type: ignore[assignment]  # (the bridge's is "sync")
-    #: A persistent device kernel is not restarted by the runtime: refused at launch.
-    SUPPORTS_RESTART = False
+    #: Its capabilities are the worker's (`GPUWorker.CAPABILITIES`): the handler is checked
+    #: by the tier itself, and restart and pools are refused at launch.
+    WORKER = GPUWorker
 
     __slots__ = ("_failed_before", "_gpu", "in_dtype", "options", "out_dtype", "ring_size")
 

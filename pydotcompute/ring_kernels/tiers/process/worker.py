@@ -111,7 +111,7 @@ from ...states import KernelState
 from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
 from ...wakers import Waker, WakerSet
 from .. import check_actor_kind
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from .child import ChildSpec, child_main
 from .config import ProcessKernelConfig, resolve_config
 from .framing import (
@@ -221,7 +221,12 @@ class ProcessWorker(TierWorker):
     ``failed`` True and ``error`` set.
     """
 
-    ACTOR_KIND = "sync"
+    #: Plain-function actors; pools; a room the bridge may widen (`set_room`); a reply
+    #: polled for within a budget (`reply_within`); the latencies the child timed; trace
+    #: context in each record's header.
+    CAPABILITIES = Capabilities(
+        replicas=True, resize=True, inline_request=True, telemetry_refresh=True, trace_wire=True
+    )
     # one reply bell per burst while an event loop watches (see the module notes); False
     # rings on every reply, as before (kept to measure the difference)
     BATCH_BELLS = True
@@ -241,7 +246,7 @@ class ProcessWorker(TierWorker):
                 f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
                 f"got {type(kernel_func).__name__}"
             )
-        check_actor_kind(kernel_id, "process", kernel_func, self.ACTOR_KIND)
+        check_actor_kind(kernel_id, "process", kernel_func, self.CAPABILITIES.actor_kind)
         try:
             self._func_bytes = pickle.dumps(kernel_func)
         except Exception as exc:

@@ -14,6 +14,7 @@ Design notes:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,14 @@ class HostedThreadWorker(ThreadWorker):
     Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
-    EDGE_OUT = frozenset({KIND})
-    EDGE_IN = frozenset({KIND})
+    #: `ThreadWorker`'s, with direct edges of kind ``"objects"`` both ways and trace
+    #: context carried to the actor (`trace_wire`).
+    CAPABILITIES = dataclasses.replace(
+        ThreadWorker.CAPABILITIES,
+        edges_out=frozenset({KIND}),
+        edges_in=frozenset({KIND}),
+        trace_wire=True,
+    )
 
     def __init__(
         self,
@@ -134,6 +141,7 @@ class ThreadHostedKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size", "thread_name"})
+    WORKER = HostedThreadWorker
     __slots__ = ()
 
     def _make_worker(self, bridge: int) -> TierWorker:

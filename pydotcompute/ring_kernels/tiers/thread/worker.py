@@ -55,7 +55,7 @@ from ....exceptions import (
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
 from .. import check_actor_kind
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from .context import ThreadedKernelContext, wrong_type
 from .sync_queue import SPSCQueue, SyncQueue
 
@@ -134,7 +134,9 @@ class ThreadWorker(TierWorker):
         output_type: When given, ``ctx.send`` refuses other types.
     """
 
-    ACTOR_KIND = "sync"
+    #: Plain-function actors; pools; a room the bridge may widen (`set_room`); the
+    #: latencies its actor took (`drain_latencies`).
+    CAPABILITIES = Capabilities(replicas=True, resize=True, telemetry_refresh=True)
 
     def __init__(
         self,
