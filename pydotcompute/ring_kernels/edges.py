@@ -46,9 +46,10 @@ How each promise holds on a direct edge:
 - *Failure*: a consumer that fails hands back what its edges hold; a producer that fails
   leaves its edge readable. (Re-attaching a restarted actor is for tiers that restart:
   none that offers an edge does yet.)
-- *Tracing*: a tracing runtime keeps loop edges for now (its spans ride beside each
-  message on the loop path); a kind that carries trace context in its record header
-  declares it and is picked under tracing.
+- *Instruments*: a runtime with instruments (a tracing one, say) keeps loop edges for
+  now: a direct edge's messages pass none of the hooks, so its instruments would miss
+  them; a kind that carries trace context in its record header and reports its hops
+  could be picked there.
 - *Disconnect and re-connect*: ``disconnect`` routes the producer back to its outbox; the
   edge stays attached to the consumer, which still drains it, so each message ends exactly
   once across the switch. Connecting the same pair again reuses that edge.
@@ -138,12 +139,14 @@ class EdgeTable:
         self._direct: dict[tuple[Any, Any], Any] = {}
         self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
 
-    def connect(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> EdgeInfo:
+    def connect(
+        self, source: Any, target: Any, *, instrumented: bool, direct: bool = True
+    ) -> EdgeInfo:
         """Record that ``source`` now forwards into ``target`` (the runtime already
         called ``source.forward_to(target)``) and make the edge direct when both ends
         offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
         self.disconnect(source)
-        kind, why = negotiate(source, target, tracing=tracing)
+        kind, why = negotiate(source, target, instrumented=instrumented)
         if not direct and kind != "loop":
             kind, why = "loop", "connected with direct=False"
         entry = _Entry(source, target, kind, why)
@@ -229,12 +232,12 @@ class EdgeTable:
             self._folded.pop(id(self._direct.pop(pair)), None)
 
 
-def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
+def negotiate(source: Any, target: Any, *, instrumented: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
     first kind of `PREFERENCE` that the source's tier produces into (its capabilities'
     ``edges_out``) and the target's consumes from (``edges_in``)."""
-    if tracing:
-        return "loop", "a tracing runtime keeps loop edges"
+    if instrumented:  # a direct edge's messages pass no hook: the instruments see them all
+        return "loop", "an instrumented runtime keeps loop edges (a tracing one, say)"
     for kernel, role in ((source, "source"), (target, "target")):
         if kernel.worker is None:
             tier = kernel.config.tier

@@ -49,6 +49,12 @@ Design notes:
   about 0.5 ms of the actor's work, or 64 messages, as far as its recent work predicts the
   next: messages that turn slow are held until four windows pass with fewer than 16 taken.
 
+- Instruments (`instruments.py`): the bridge itself reports each hand-over (a message
+  "taken"), each reply it collects and the worker's stop, where those steps are written;
+  with none installed each site costs one truth test. An instrumented bridge hands a
+  batch over one message at a time (`_offer_each`): a tier's wire reads each message's
+  trace context as it is offered.
+
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
   back. A reply that does not decode here is one dropped reply (logged once, its caller
@@ -131,6 +137,7 @@ class HostedKernel(RingKernel):
         "_readable",
         "_ready",
         "_reply_in_hand",
+        "_stop_reported",
         "_undecodable_seen",
         "_unwatch",
         "_want_room",
@@ -171,6 +178,7 @@ class HostedKernel(RingKernel):
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
         self._undecodable_seen = False  # a reply that does not decode was logged
+        self._stop_reported = False  # the instruments heard that the worker stopped
         # replies a full reject-policy kernel downstream refused: one line, then a count
         self._drop_log = BurstLog(
             logger,
@@ -211,12 +219,19 @@ class HostedKernel(RingKernel):
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
 
-    def wrap_worker(self, wrap: Callable[[TierWorker], TierWorker]) -> None:
-        """Put ``wrap(worker)`` in the worker's place (after launch, before activate: a
-        tracing runtime instruments the bridge this way)."""
+    def carry_trace(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """As `RingKernel.carry_trace`: the worker carries it (`TierWorker.trace_wire`)
+        where the tier can (``CAPABILITIES.trace_wire``). Asked after launch, before
+        activate (the worker's wire is set before it starts)."""
+        worker = self._worker
+        if worker is None or not self.CAPABILITIES.trace_wire:
+            return False
         self._check("activate")
-        assert self._worker is not None
-        self._worker = wrap(self._worker)
+        return worker.trace_wire(header, received)
 
     def refresh_telemetry(self) -> None:
         """Fold the latencies the worker timed since the last call into `telemetry`
@@ -320,6 +335,8 @@ class HostedKernel(RingKernel):
         self._handed_direct += 1
         if self._timed:
             self.telemetry.messages_processed += 1
+        if self._instruments:
+            self._instruments.message_taken(self, msg)
         return True
 
     # the bridge's own hand-over under a second name, for a subclass that overrides
@@ -327,12 +344,16 @@ class HostedKernel(RingKernel):
     # object per call)
     _bridge_hand_over = _hand_over
 
-    def _hand_over_many(self, offer: Callable[[TierWorker], int]) -> int:
+    def _hand_over_many(
+        self, offer: Callable[[TierWorker], int], msgs: list[Any] | None = None
+    ) -> int:
         """The direct path for a tier's own bulk send (the GPU tier's ``send_batch`` and
         ``send_records``): where `_hand_over` would offer one message straight to the
         worker, ``offer(worker)`` hands over as many as the worker takes and returns how
-        many; they are counted as `_hand_over` counts one. 0: nothing was done (the inbox
-        goes first, or the kernel does not run ungated). Errors of ``offer`` propagate."""
+        many; they are counted as `_hand_over` counts one (and reported to the
+        instruments as taken, when they are the first of ``msgs``). 0: nothing was done
+        (the inbox goes first, or the kernel does not run ungated). Errors of ``offer``
+        propagate."""
         if (
             self._state is not KernelState.ACTIVE
             or self._stopping
@@ -350,6 +371,9 @@ class HostedKernel(RingKernel):
         self._handed_direct += n
         if self._timed:
             self.telemetry.messages_processed += n
+        if n and msgs is not None and self._instruments:
+            for msg in msgs[:n]:
+                self._instruments.message_taken(self, msg)
         return n
 
     def messages_received(self) -> int:
@@ -466,8 +490,12 @@ class HostedKernel(RingKernel):
                     self.telemetry.record_error(exc)
                     self._count_dropped(1)
                     logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
+                    if self._instruments:
+                        self._instruments.message_dropped(self, msg, "other", exc)
                     break
                 if ok:
+                    if self._instruments:
+                        self._instruments.message_taken(self, msg)
                     break
                 if not self._want_room:
                     # announce, then offer once more: room freed in between is seen
@@ -503,7 +531,7 @@ class HostedKernel(RingKernel):
         # (a loop in C: ``take()`` as often as there are messages that fit)
         batch = list(itertools.starmap(inbox.take, itertools.repeat((), min(room, inbox.qsize))))
         try:
-            n = worker.offer_many(batch)
+            n = self._offer_each(worker, batch) if self._instruments else worker.offer_many(batch)
         except Exception:  # the per-message path meets it again and reports it
             n = 0
         if n and self._timed:
@@ -512,6 +540,25 @@ class HostedKernel(RingKernel):
             self._backlog.extend(batch[n:])
         if widens:
             self._bridge_mark = (now, pending + n)
+
+    def _offer_each(self, worker: TierWorker, batch: list[Any]) -> int:
+        """`TierWorker.offer_many` for an instrumented bridge: one message at a time, each
+        reported as taken once the worker took it (a tier's wire reads each message's
+        trace context as it is offered)."""
+        instruments = self._instruments
+        assert instruments is not None
+        n = 0
+        for msg in batch:
+            try:
+                if not worker.offer(msg):
+                    break
+            except Exception:
+                if n:
+                    break
+                raise
+            instruments.message_taken(self, msg)
+            n += 1
+        return n
 
     def _fit_bridge(self, worker: TierWorker, pending: int, now: float) -> None:
         """Size the bridge to what the actor took since the last batch: as many messages as
@@ -631,7 +678,10 @@ class HostedKernel(RingKernel):
             if type(reply) is _Raised:
                 raise reply.error
             return reply
-        return worker.poll_reply()
+        reply = worker.poll_reply()
+        if reply is not None and self._instruments:
+            self._instruments.reply_collected(self, reply)
+        return reply
 
     def _drain_ready_replies(self) -> None:
         """On the loop, when a reply may be ready: deliver every reply that completes
@@ -682,6 +732,9 @@ class HostedKernel(RingKernel):
         n = len(replies)
         if not n:
             return 0
+        if self._instruments:
+            for reply in replies:
+                self._instruments.reply_collected(self, reply)
         done = 0
         out = self._outbox
         if out is not None and not self._answers and self._forward is None:
@@ -723,6 +776,8 @@ class HostedKernel(RingKernel):
     def _reply_polled(self, reply: Any) -> None:
         """A reply polled outside the callback (an inline request's that was not its own):
         delivered in order, by the collector when anything waits before it."""
+        if self._instruments:
+            self._instruments.reply_collected(self, reply)
         if self._ready or self._reply_in_hand or self._collecting or not self._deliver_now(reply):
             self._ready.append(reply)
             if self._readable is not None:
@@ -816,9 +871,8 @@ class HostedKernel(RingKernel):
                 return
             except QueueFullError as exc:  # a full reject-policy kernel downstream
                 self.count_lost_reply()
-                tracer = getattr(self._runtime, "tracer", None)
-                if tracer is not None:  # a tracing runtime: the reply's context goes too
-                    tracer.release(reply)
+                if self._instruments:
+                    self._instruments.message_dropped(self, reply, "reply_lost", exc)
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
@@ -870,7 +924,7 @@ class HostedKernel(RingKernel):
         worker = self._worker
         if worker is not None:
             grace = 0.0 if self.hurried else deadline - loop.time()
-            await asyncio.to_thread(worker.stop, max(0.1, grace))
+            await self._stop_worker(worker, max(0.1, grace))
         collector = self._collector
         if collector is not None and not collector.done():
             # it delivers what the worker produced; if it cannot (a full outbox nobody
@@ -903,7 +957,7 @@ class HostedKernel(RingKernel):
         replies += self._take_ready()
         worker = self._worker
         if worker is not None:
-            replies += worker.drain_replies()
+            replies += self._drain_worker(worker)
         for reply in replies:
             await self._deliver_final(reply)
         if worker is not None:
@@ -947,6 +1001,29 @@ class HostedKernel(RingKernel):
 
         return count_late
 
+    async def _stop_worker(self, worker: TierWorker, grace: float) -> None:
+        """Stop the worker (blocking: in a thread). The instruments hear once that it
+        stopped, and first how it failed, while `TierWorker.failed_on` still names the
+        message in the actor's hands."""
+        await asyncio.to_thread(worker.stop, grace)
+        instruments = self._instruments
+        if instruments and not self._stop_reported:
+            self._stop_reported = True
+            failure = worker.failure
+            if failure is not None:
+                instruments.actor_failed(self, worker.failed_on, failure)
+            instruments.worker_stopped(self)
+
+    def _drain_worker(self, worker: TierWorker) -> list[Any]:
+        """Every reply the worker still holds (`TierWorker.drain_replies`), each reported
+        to the instruments as collected."""
+        replies = worker.drain_replies()
+        if self._instruments:
+            for reply in replies:
+                if not isinstance(reply, BaseException):
+                    self._instruments.reply_collected(self, reply)
+        return replies
+
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -959,8 +1036,8 @@ class HostedKernel(RingKernel):
         self._fail(exc)
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, 1.0)
-            for reply in self._take_ready() + worker.drain_replies():  # before the failure
+            await self._stop_worker(worker, 1.0)
+            for reply in self._take_ready() + self._drain_worker(worker):  # before the failure
                 await self._deliver_final(reply)
         self.hand_back(self._take_undelivered() + self._take_held(), at=mark)
 
@@ -975,8 +1052,8 @@ class HostedKernel(RingKernel):
         self._stop_watching()
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, 1.0)
-            for reply in self._take_ready() + worker.drain_replies():  # sent before it returned
+            await self._stop_worker(worker, 1.0)
+            for reply in self._take_ready() + self._drain_worker(worker):  # sent before it returned
                 await self._deliver_final(reply)
         self.hand_back(
             self._take_undelivered() + self._take_held(),

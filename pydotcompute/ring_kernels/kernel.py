@@ -76,7 +76,7 @@ import copy
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from ..decorators.validators import (
     check_message,
@@ -94,6 +94,7 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
+from .instruments import Instruments, instrumented_context
 from .message import (
     RingKernelMessage,
     claim_request_key,
@@ -110,9 +111,6 @@ from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
 from .tiers.contract import Capabilities, TierWorker, fold_legacy_capabilities
 
-if TYPE_CHECKING:
-    from .runtime import RingKernelRuntime
-
 __all__ = (
     "ABANDONED_REQUESTS_KEPT",
     "SEND_YIELD_EVERY",
@@ -127,6 +125,19 @@ __all__ = (
 logger = logging.getLogger("pydotcompute")
 
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
+
+
+class KernelHost(Protocol):
+    """What a kernel uses of the runtime that launched it (`RingKernelRuntime`): other
+    kernels by id, a word when it fails, and the instruments to report to."""
+
+    def get_kernel(self, kernel_id: str) -> RingKernel: ...
+
+    def kernel_failed(self, kernel: RingKernel) -> None: ...
+
+    @property
+    def instruments(self) -> Instruments: ...
+
 
 #: How many requests whose ``send_and_receive`` caller gave up (timed out or was
 #: cancelled) a kernel keeps registered: sending one of those message objects again gives
@@ -212,6 +223,7 @@ class RingKernel:
         "_gate",
         "_grace_cut",
         "_inbox",
+        "_instruments",
         "_kept_log",
         "_lookup",
         "_lost_log",
@@ -264,7 +276,7 @@ class RingKernel:
         config: RingKernelConfig | None = None,
         input_type: type | None = None,
         output_type: type | None = None,
-        runtime: RingKernelRuntime | None = None,
+        runtime: KernelHost | None = None,
         enable_telemetry: bool = True,
         lookup: Callable[[str], RingKernel] | None = None,
         on_failed: Callable[[RingKernel], None] | None = None,
@@ -289,10 +301,13 @@ class RingKernel:
         self.output_type = output_type
         self._func = kernel_func
         self._runtime = runtime
-        # what the kernel needs of its runtime: other kernels by id, and a word when it fails
+        # what the kernel needs of its runtime: other kernels by id, a word when it fails,
+        # and the instruments it reports to (the runtime's own list)
+        self._instruments: Instruments | None = None
         if runtime is not None:
             lookup = lookup or runtime.get_kernel
             on_failed = on_failed or runtime.kernel_failed
+            self._instruments = runtime.instruments
         self._lookup = lookup
         self._on_failed = on_failed
         self._timed = enable_telemetry
@@ -374,6 +389,12 @@ class RingKernel:
         return self._answers
 
     @property
+    def instruments(self) -> Instruments | None:
+        """The runtime's instruments this kernel reports to (empty: none installed), or
+        None for a kernel outside any runtime."""
+        return self._instruments
+
+    @property
     def lookup(self) -> Callable[[str], RingKernel] | None:
         """Another kernel of the same runtime by id (raising ``KernelNotFoundError``), or
         None for a kernel outside any runtime."""
@@ -426,16 +447,22 @@ class RingKernel:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
         if inbox:  # drop_oldest drops reach telemetry as they happen
             queue.on_drop = self.telemetry.record_backpressure_drop
+            if self._instruments:  # ... and the instruments, with the message dropped
+                queue.on_drop_item = self._evicted
         result: FastMessageQueue[Any] = queue
         return result
 
+    def _evicted(self, item: Any) -> None:
+        """A full ``drop_oldest`` inbox evicted ``item``: the instruments hear of it."""
+        if self._instruments:
+            self._instruments.message_dropped(self, item, "backpressure")
+
     def _context_class(self) -> type[KernelContext]:
-        """The class of the actor's context: plain or decoding, traced under a tracing
-        runtime."""
+        """The class of the actor's context: plain or decoding, reporting to the
+        instruments when the runtime has any (chosen once, here: see `instruments`)."""
         ctx_class: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
-        tracer = getattr(self._runtime, "tracer", None)
-        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
-            ctx_class = tracer.context_class(ctx_class)
+        if self._instruments:
+            ctx_class = instrumented_context(ctx_class)
         return ctx_class
 
     def _make_contexts(self) -> list[KernelContext]:
@@ -636,6 +663,10 @@ class RingKernel:
             self._inbox.count_dropped(n)
         if log is not None:
             logger.warning(log, self.kernel_id, n)
+        instruments = self._instruments
+        if instruments:
+            for msg in messages:
+                instruments.message_dropped(self, msg, "undelivered")
 
     def reply_kept(self, target: Any, exc: BaseException) -> None:
         """A reply forwarded into ``target`` was refused because ``target`` stopped taking
@@ -1288,6 +1319,17 @@ class RingKernel:
     def worker(self) -> TierWorker | None:
         """The `TierWorker` the actor runs in, or None: it runs on the runtime's loop."""
         return None
+
+    def carry_trace(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """Have the tier carry trace context to its actor and back (a tracing instrument
+        asks, at `Instrument.kernel_launched`): see `TierWorker.trace_wire`. False here:
+        an asyncio actor runs in the runtime's own context, where the instrument makes a
+        message's span current itself (``CAPABILITIES.trace_wire`` off)."""
+        return False
 
     def refresh_telemetry(self) -> None:
         """Fold what the tier counted elsewhere into `telemetry` (``runtime.get_telemetry``

@@ -72,6 +72,7 @@ from ..exceptions import (
 from .context import DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, get_priority_band
 from .hosted import HostedKernel
+from .instruments import instrumented_context
 from .kernel import RingKernel
 from .message import new_message_id
 from .states import KernelState
@@ -342,9 +343,8 @@ class AsyncioPoolKernel(RingKernel):
     def _make_contexts(self) -> list[KernelContext]:
         base: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
         ctx_class: Any = _replica_context_class(base)
-        tracer = getattr(self._runtime, "tracer", None)
-        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
-            ctx_class = tracer.context_class(ctx_class)
+        if self._instruments:  # an instrumented runtime: the context reports (`instruments`)
+            ctx_class = instrumented_context(ctx_class)
         self._replica_tels = [
             RingKernelTelemetry(_replica_name(self.kernel_id, i), live=True)
             for i in range(self.replicas)
@@ -1028,17 +1028,16 @@ class HostedPoolKernel(HostedKernel):
     @property
     def running_replicas(self) -> int:
         """Replicas whose actor has not returned by itself (a broadcast reaches these)."""
-        worker: Any = self._worker
+        worker = cast("PoolWorker | None", self._worker)
         return self.replicas if worker is None else len(worker.live_members())
 
     async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
         """Put a copy of ``msg`` for each running replica in the inbox, each addressed to
         its replica (see `RingKernelRuntime.broadcast`); returns how many were put."""
         self._validate_in(msg)
-        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
-        worker: Any = self._worker
+        worker = cast("PoolWorker | None", self._worker)
         live = [] if worker is None else worker.live_members()
-        if not live or self._stopping:
+        if worker is None or not live or self._stopping:
             raise self._refuse("broadcast to")
         copies = _copies(self.kernel_id, msg, len(live))
         for dup, member in zip(copies, live, strict=True):

@@ -39,7 +39,7 @@ import difflib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
 
 from ..decorators.validators import validate_kernel_id, validate_seconds
@@ -55,6 +55,7 @@ from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
 from .config import RingKernelConfig
 from .edges import EdgeInfo, EdgeTable
+from .instruments import Instrument, Instruments
 from .kernel import KernelFunc, RingKernel
 from .registry import get_registered_kernel, register_ring_kernel
 from .shutdown import ShutdownReport, held_interrupts
@@ -101,7 +102,11 @@ class RingKernelRuntime:
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
         tracing: Record OpenTelemetry spans of every message (``send <kernel>``,
             ``process <kernel>``) with the global tracer provider; needs the
-            ``observability`` extra. Off, nothing on the message path changes.
+            ``observability`` extra. It installs `observability.tracing.MessageTracer`
+            as the first instrument (``runtime.tracer``).
+        instruments: `Instrument` objects whose hooks the runtime calls as messages move
+            (see `instruments`); more can be added with `add_instrument`. With none,
+            nothing on the message path changes.
     """
 
     #: How errors name this runtime ("unknown kernel id 'x' in the runtime").
@@ -114,6 +119,7 @@ class RingKernelRuntime:
         use_uvloop: bool = True,
         use_eager_tasks: bool = True,
         tracing: bool = False,
+        instruments: Iterable[Instrument] = (),
     ) -> None:
         self._kernels: dict[str, RingKernel] = {}
         # terminated through this runtime: out of `kernel_ids`, still readable (`remove`)
@@ -135,11 +141,14 @@ class RingKernelRuntime:
         self._edge_table = EdgeTable()  # which kind each connect edge got (`edges`)
         #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
         self.tracer: Any = None
+        self._instruments = Instruments()
         if tracing:
             from ..observability.tracing import MessageTracer
 
             self.tracer = MessageTracer()
-            self.tracer.wrap_runtime(self)
+            self._instruments.append(self.tracer)
+        for instrument in instruments:
+            self.add_instrument(instrument)
 
     # -- lifecycle of the runtime -------------------------------------------------------
 
@@ -167,6 +176,37 @@ class RingKernelRuntime:
     @property
     def is_active(self) -> bool:
         return self._active
+
+    # -- instruments --------------------------------------------------------------------
+
+    @property
+    def instruments(self) -> Instruments:
+        """The installed `Instrument` objects, in the order their hooks are called
+        (read-only: change it with `add_instrument` and `remove_instrument`)."""
+        return self._instruments
+
+    def add_instrument(self, instrument: Instrument) -> None:
+        """Have the runtime call ``instrument``'s hooks from now on (once, however often
+        it is added). Kernels launched afterwards are observed in full; a kernel launched
+        before gets the hooks of the runtime and of its bridge, not those of its asyncio
+        actor's context (chosen at launch) nor `Instrument.kernel_launched`.
+
+        Raises:
+            TypeValidationError: ``instrument`` is not an `Instrument`.
+        """
+        if not isinstance(instrument, Instrument):
+            raise TypeValidationError(
+                f"add_instrument takes an Instrument (subclass "
+                f"pydotcompute.ring_kernels.Instrument and override the hooks you need), "
+                f"got {type(instrument).__name__}"
+            )
+        if instrument not in self._instruments:
+            self._instruments.append(instrument)
+
+    def remove_instrument(self, instrument: Instrument) -> None:
+        """Stop calling ``instrument``'s hooks (a no-op when it is not installed)."""
+        if instrument in self._instruments:
+            self._instruments.remove(instrument)
 
     @property
     def kernel_ids(self) -> list[str]:
@@ -506,8 +546,8 @@ class RingKernelRuntime:
             enable_telemetry=self.enable_telemetry,
         )
         await kernel.launch()
-        if self.tracer is not None:
-            self.tracer.instrument(kernel)
+        if self._instruments:
+            self._instruments.kernel_launched(kernel)
         self._kernels[kernel_id] = kernel
         return kernel
 
@@ -599,11 +639,17 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        if self._instruments:
+            return self._instruments.send(kernel, msg, timeout)
         return kernel.send(msg, timeout)
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
         """Like `send` but never waits: a full inbox raises ``QueueFullError``."""
-        self._kernel(kernel_id).accept_nowait(msg)
+        kernel = self._kernel(kernel_id)
+        if self._instruments:
+            self._instruments.send_nowait(kernel, msg)
+        else:
+            kernel.accept_nowait(msg)
         return True
 
     def receive(self, kernel_id: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
@@ -641,6 +687,8 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        if self._instruments:
+            return self._instruments.request(kernel, msg, timeout)
         return kernel.send_and_receive(msg, timeout)
 
     async def broadcast(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> int:
@@ -705,7 +753,7 @@ class RingKernelRuntime:
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
         src.forward_to(dst)
-        self._edge_table.connect(src, dst, tracing=self.tracer is not None, direct=direct)
+        self._edge_table.connect(src, dst, instrumented=bool(self._instruments), direct=direct)
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""

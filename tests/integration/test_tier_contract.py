@@ -240,3 +240,7 @@ async def test_mass_timeouts_do_not_wedge_request_reply(case: sc.TierCase) -> No
 
 async def test_remove_reports_unread_replies(case: sc.TierCase) -> None:
     await sc.scenario_remove_reports_unread_replies(case)
+
+
+async def test_instruments_see_every_message(case: sc.TierCase) -> None:
+    await sc.scenario_instruments_see_every_message(case)

@@ -179,8 +179,12 @@ PROBED = {
     "replica_telemetry",
     "member_telemetry",
     "unread_replies",
+    "trace_wire",
+    "wrap_worker",
     "worker",
     "offer",
+    "on_drop_item",
+    "tracer",
 }
 POLICY = [
     "ring_kernels/runtime.py",

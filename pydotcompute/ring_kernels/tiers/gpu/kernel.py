@@ -405,7 +405,7 @@ class GPURingKernel(HostedKernel):
             self._validate_in(m)
         self._check_sendable()
         batch = list(msgs)
-        k = self._hand_over_many(lambda worker: worker.offer_many(batch)) if batch else 0
+        k = self._hand_over_many(lambda worker: worker.offer_many(batch), batch) if batch else 0
         for m in batch[k:]:
             await self.send(m, timeout)
         return len(batch)
@@ -476,8 +476,8 @@ GPUKernel = GPURingKernel
 
 
 def _offer_records(gpu: GPUWorker, records: np.ndarray[Any, Any], _worker: TierWorker) -> int:
-    """`send_records`' hand-over: records go to the GPU worker itself (a tracing wrapper
-    around it has no records to trace)."""
+    """`send_records`' hand-over: records go to the GPU worker itself (records are no
+    message objects: the instruments are not told of them one by one)."""
     return gpu.offer_records(records)
 
 

@@ -86,11 +86,12 @@ class ProcessHostedKernel(HostedKernel):
         self._reply_misses = 0
         self._spin_limit_s: float | None = None  # the next hand-over's caller's timeout
         self._inline_turn = SEND_YIELD_EVERY  # inline requests until the loop gets a turn
-        self._process_worker: ProcessWorker | None = None  # unwrapped (see `wrap_worker`)
+        self._process_worker: ProcessWorker | None = None  # (a pool's worker is not one)
 
     def _admit(self, msg: Any) -> None:
         worker = self._process_worker
-        if worker is not None and worker is self._worker:  # (untraced: no header to add)
+        # (not a pool's member; uninstrumented: no trace header to add)
+        if worker is not None and worker is self._worker and not self._instruments:
             try:  # type, size and the bytes kept in one call: every send comes here
                 worker.encode_checked(msg, keep=True)
                 return
@@ -134,7 +135,8 @@ class ProcessHostedKernel(HostedKernel):
         if (
             self._reply_spin_s  # (its state, like the rest, is `_hand_over`'s to check)
             and type(msg) is self.input_type
-            and worker is self._worker  # (not wrapped: a tracing bridge takes the general path)
+            and worker is self._worker  # (not a pool's member)
+            and not self._instruments  # (an instrumented bridge reports: the general path)
             and worker is not None
         ):
             try:
