@@ -5,9 +5,11 @@ The hosting bridge (`pydotcompute.ring_kernels.hosted.HostedKernel`) keeps the r
 policy; this class only says how to build the worker.
 
 Design notes:
-- `HostedThreadWorker` starts the actor through a method of its own, where a tracing
-  runtime's `trace_wire` makes the actor's context traced before the actor runs: one
-  ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
+- Under an instrumented runtime the kernel builds a `TracedThreadWorker` instead: its
+  ``offer`` hands each message's trace context over beside it and its actor gets a
+  `TracedThreadedKernelContext` from the start (`trace_wire` arms both before the actor
+  runs). A plain runtime's worker is the untraced class, so it checks nothing per
+  message; nothing of a live worker or context is replaced.
 - Direct edges (kind ``"objects"``, `edge.py`) hang off the hosted worker only: the
   standalone `ThreadedRingKernel` has no runtime to connect it.
 """
@@ -24,12 +26,12 @@ from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelCo
 from .edge import KIND, EdgeEnds, ObjectEdge
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
-__all__ = ("HostedThreadWorker", "ThreadHostedKernel")
+__all__ = ("HostedThreadWorker", "ThreadHostedKernel", "TracedThreadWorker")
 
 
 class HostedThreadWorker(ThreadWorker):
-    """The `ThreadWorker` of a runtime's thread-tier kernel, which a tracing runtime can
-    instrument (`trace_wire`), and that direct edges connect (`open_edge`, `route_into`).
+    """The `ThreadWorker` of a runtime's thread-tier kernel, which direct edges connect
+    (`open_edge`, `route_into`); `TracedThreadWorker` also carries trace context.
     Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
@@ -51,7 +53,6 @@ class HostedThreadWorker(ThreadWorker):
         **kwargs: Any,
     ) -> None:
         self._hosted_actor = kernel_func  # checked by the runtime at launch
-        self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
         self._edges = EdgeEnds(
             kernel_id,
@@ -96,10 +97,17 @@ class HostedThreadWorker(ThreadWorker):
 
     def _run_actor(self, ctx: ThreadedKernelContext) -> Any:
         self._edges.adopt(ctx)
-        carrier = self._trace_carrier
-        if carrier is not None:
-            TracedThreadedKernelContext.adopt(ctx, carrier)
         return self._hosted_actor(ctx)
+
+
+class TracedThreadWorker(HostedThreadWorker):
+    """A `HostedThreadWorker` that can carry trace context (`trace_wire`): what
+    `ThreadHostedKernel` builds under an instrumented runtime."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace_header: Callable[[Any], tuple[int, int, int] | None] | None = None
+        self._trace_carrier: TraceCarrier | None = None
 
     def trace_wire(
         self,
@@ -108,29 +116,31 @@ class HostedThreadWorker(ThreadWorker):
     ) -> bool:
         """Hand each message to the actor with the context ``header(msg)`` gives (beside
         it, in this process), and report what the actor sends with its current context.
-
-        The traced ``offer`` shadows the plain one on this instance (the way a tracing
-        runtime shadows its ``send``), so an untraced worker checks nothing.
-        """
-        carrier = self._trace_carrier = TraceCarrier(received)
-        plain_offer = self.offer
-
-        def offer(msg: Any) -> bool:
-            ids = header(msg)
-            if ids is None:
-                return plain_offer(msg)
-            carrier.carry(msg, ids)  # before the actor can take it
-            try:
-                ok = plain_offer(msg)
-            except BaseException:
-                carrier.forget(msg)
-                raise
-            if not ok:
-                carrier.forget(msg)
-            return ok
-
-        self.offer = offer  # type: ignore[method-assign]
+        Called before `start`: the actor's context is built traced."""
+        self._trace_carrier = TraceCarrier(received)
+        self._trace_header = header
         return True
+
+    def _new_context(self) -> ThreadedKernelContext:
+        carrier = self._trace_carrier
+        if carrier is None:
+            return super()._new_context()
+        return TracedThreadedKernelContext(self, carrier)
+
+    def offer(self, msg: Any) -> bool:
+        header, carrier = self._trace_header, self._trace_carrier
+        ids = None if header is None else header(msg)
+        if ids is None or carrier is None:
+            return super().offer(msg)
+        carrier.carry(msg, ids)  # before the actor can take it
+        try:
+            ok = super().offer(msg)
+        except BaseException:
+            carrier.forget(msg)
+            raise
+        if not ok:
+            carrier.forget(msg)
+        return ok
 
 
 class ThreadHostedKernel(HostedKernel):
@@ -145,6 +155,8 @@ class ThreadHostedKernel(HostedKernel):
     __slots__ = ()
 
     def _make_worker(self, bridge: int) -> TierWorker:
+        # an instrumented runtime may carry trace context: the worker that can (see notes)
+        worker_class = TracedThreadWorker if self.instruments else HostedThreadWorker
         cfg = ThreadedKernelConfig(
             self.kernel_id,
             input_queue_size=bridge,
@@ -152,7 +164,7 @@ class ThreadHostedKernel(HostedKernel):
             thread_name=self.config.extra.get("thread_name"),
             record_latency=self._timed,
         )
-        return HostedThreadWorker(
+        return worker_class(
             self.kernel_id,
             self._func,  # type: ignore[arg-type]
             config=cfg,

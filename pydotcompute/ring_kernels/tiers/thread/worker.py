@@ -282,7 +282,7 @@ class ThreadWorker(TierWorker):
                     "start",
                     "a kernel runs once; create a new one to run again",
                 )
-            self._context = ThreadedKernelContext(self)
+            self._context = self._new_context()
             self._thread = threading.Thread(
                 target=self._run,
                 name=self._config.thread_name or f"pydotcompute-{self._kernel_id}",
@@ -296,6 +296,11 @@ class ThreadWorker(TierWorker):
             self._thread = None
             self._finish(exc)
             raise KernelFailedError(self._kernel_id, exc) from exc
+
+    def _new_context(self) -> ThreadedKernelContext:
+        """The context the actor will get (`start` builds it once; a subclass may build
+        another kind)."""
+        return ThreadedKernelContext(self)
 
     def _run(self) -> None:
         ctx = self._context
