@@ -304,7 +304,8 @@ class RingKernelRuntime:
             why,
         )
         for k in self._kernels.values():
-            k.hurry()  # (a no-op for one not terminating)
+            if k.CAPABILITIES.hurry:  # (a no-op for one not terminating)
+                k.hurry()
 
     @property
     def shutdown_report(self) -> ShutdownReport | None:
