@@ -16,8 +16,9 @@ Edge kinds (`EdgeKind`):
 - ``"device-ring"`` (GPU -> GPU on one device) is the kind the design provides for; no tier
   offers it yet, so such edges are ``"loop"`` edges today.
 
-Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
-can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
+Negotiation through the tier contract: a tier declares ``edges_out`` (the kinds it can
+produce into) and ``edges_in`` (the kinds it can consume from) in its `Capabilities`
+(``kernel.CAPABILITIES``; a pool's are empty). `EdgeTable.connect`
 picks the first kind of `PREFERENCE` both ends offer, else ``"loop"``; the consumer's
 worker makes the edge (`TierWorker.open_edge`, its bound and policy are the consumer's) and
 the producer's worker writes into it (`TierWorker.route_into`). The runtime keeps
@@ -48,9 +49,10 @@ How each promise holds on a direct edge:
   its actor held when the process died is counted ``lost``); a producer that fails leaves
   its edge readable. (Re-attaching a restarted actor is for tiers that restart: none that
   offers an edge does yet.)
-- *Tracing*: a tracing runtime keeps loop edges for now (its spans ride beside each
-  message on the loop path); a kind that carries trace context in its record header
-  declares it and is picked under tracing.
+- *Instruments*: a runtime with instruments (a tracing one, say) keeps loop edges for
+  now: a direct edge's messages pass none of the hooks, so its instruments would miss
+  them; a kind that carries trace context in its record header and reports its hops
+  could be picked there.
 - *Disconnect and re-connect*: ``disconnect`` routes the producer back to its outbox; the
   edge stays attached to the consumer, which still drains it, so each message ends exactly
   once across the switch. Connecting the same pair again reuses that edge.
@@ -142,12 +144,14 @@ class EdgeTable:
         self._direct: dict[tuple[Any, Any], Any] = {}
         self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
 
-    def connect(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> EdgeInfo:
+    def connect(
+        self, source: Any, target: Any, *, instrumented: bool, direct: bool = True
+    ) -> EdgeInfo:
         """Record that ``source`` now forwards into ``target`` (the runtime already
         called ``source.forward_to(target)``) and make the edge direct when both ends
         offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
         self.disconnect(source)
-        kind, why = negotiate(source, target, tracing=tracing)
+        kind, why = negotiate(source, target, instrumented=instrumented)
         if not direct and kind != "loop":
             kind, why = "loop", "connected with direct=False"
         entry = _Entry(source, target, kind, why)
@@ -237,23 +241,20 @@ class EdgeTable:
             self._folded.pop(id(self._direct.pop(pair)), None)
 
 
-def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
+def negotiate(source: Any, target: Any, *, instrumented: bool) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
-    first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
-    the target's consumes from (``EDGE_IN``)."""
-    if tracing:
-        return "loop", "a tracing runtime keeps loop edges"
-    ends = []
+    first kind of `PREFERENCE` that the source's tier produces into (its capabilities'
+    ``edges_out``) and the target's consumes from (``edges_in``)."""
+    if instrumented:  # a direct edge's messages pass no hook: the instruments see them all
+        return "loop", "an instrumented runtime keeps loop edges (a tracing one, say)"
     for kernel, role in ((source, "source"), (target, "target")):
-        worker = getattr(kernel, "worker", None)
-        if worker is None:
+        if kernel.worker is None:
             tier = kernel.config.tier
             return "loop", f"the {role} {kernel.kernel_id!r} runs on the {tier} tier (no worker)"
         if kernel.config.serialize:
             return "loop", f"the {role} {kernel.kernel_id!r} serializes its messages"
-        ends.append(worker)
-    offered = ends[0].EDGE_OUT
-    taken = ends[1].EDGE_IN
+    offered = source.CAPABILITIES.edges_out
+    taken = target.CAPABILITIES.edges_in
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
             return kind, ""

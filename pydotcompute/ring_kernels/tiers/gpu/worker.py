@@ -63,7 +63,7 @@ from ....exceptions import (
 )
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from . import layout as L
 from .host import HostRings, Liveness
 from .prepare import compile_within
@@ -127,8 +127,10 @@ class GPUWorker(TierWorker):
             bridge's width; at most ``ring_size``).
     """
 
-    ACTOR_KIND = "sync"
-    SUPPORTS_RESTART = False
+    #: The handler is a device function the tier checks itself (`check_spec`); one
+    #: persistent kernel is one actor (no pool, no restart); the bridge's room can be set
+    #: up to the ring; the device times each message.
+    CAPABILITIES = Capabilities(actor_kind=None, resize=True, telemetry_refresh=True)
 
     def __init__(
         self,

@@ -5,9 +5,11 @@ The hosting bridge (`pydotcompute.ring_kernels.hosted.HostedKernel`) keeps the r
 policy; this class only says how to build the worker.
 
 Design notes:
-- `HostedThreadWorker` starts the actor through a method of its own, where a tracing
-  runtime's `trace_wire` makes the actor's context traced before the actor runs: one
-  ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
+- Under an instrumented runtime the kernel builds a `TracedThreadWorker` instead: its
+  ``offer`` hands each message's trace context over beside it and its actor gets a
+  `TracedThreadedKernelContext` from the start (`trace_wire` arms both before the actor
+  runs). A plain runtime's worker is the untraced class, so it checks nothing per
+  message; nothing of a live worker or context is replaced.
 - Direct edges (kind ``"objects"``, `edge.py`, and ``"shm-ring"`` to and from a process
   actor, whose in-process ends the process tier provides by name) hang off the hosted
   worker only: the standalone `ThreadedRingKernel` has no runtime to connect it.
@@ -15,6 +17,7 @@ Design notes:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -24,17 +27,23 @@ from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelCo
 from .edge import KIND, SHM_KIND, EdgeEnds
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
-__all__ = ("HostedThreadWorker", "ThreadHostedKernel")
+__all__ = ("HostedThreadWorker", "ThreadHostedKernel", "TracedThreadWorker")
 
 
 class HostedThreadWorker(ThreadWorker):
-    """The `ThreadWorker` of a runtime's thread-tier kernel, which a tracing runtime can
-    instrument (`trace_wire`), and that direct edges connect (`open_edge`, `route_into`).
+    """The `ThreadWorker` of a runtime's thread-tier kernel, which direct edges connect
+    (`open_edge`, `route_into`); `TracedThreadWorker` also carries trace context.
     Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
-    EDGE_OUT = frozenset({KIND, SHM_KIND})
-    EDGE_IN = frozenset({KIND, SHM_KIND})
+    #: `ThreadWorker`'s, with direct edges of kinds ``"objects"`` and ``"shm-ring"`` both
+    #: ways and trace context carried to the actor (`trace_wire`).
+    CAPABILITIES = dataclasses.replace(
+        ThreadWorker.CAPABILITIES,
+        edges_out=frozenset({KIND, SHM_KIND}),
+        edges_in=frozenset({KIND, SHM_KIND}),
+        trace_wire=True,
+    )
 
     def __init__(
         self,
@@ -45,7 +54,6 @@ class HostedThreadWorker(ThreadWorker):
         **kwargs: Any,
     ) -> None:
         self._hosted_actor = kernel_func  # checked by the runtime at launch
-        self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
         self._edges = EdgeEnds(
             kernel_id,
@@ -94,10 +102,17 @@ class HostedThreadWorker(ThreadWorker):
 
     def _run_actor(self, ctx: ThreadedKernelContext) -> Any:
         self._edges.adopt(ctx)
-        carrier = self._trace_carrier
-        if carrier is not None:
-            TracedThreadedKernelContext.adopt(ctx, carrier)
         return self._hosted_actor(ctx)
+
+
+class TracedThreadWorker(HostedThreadWorker):
+    """A `HostedThreadWorker` that can carry trace context (`trace_wire`): what
+    `ThreadHostedKernel` builds under an instrumented runtime."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace_header: Callable[[Any], tuple[int, int, int] | None] | None = None
+        self._trace_carrier: TraceCarrier | None = None
 
     def trace_wire(
         self,
@@ -106,29 +121,31 @@ class HostedThreadWorker(ThreadWorker):
     ) -> bool:
         """Hand each message to the actor with the context ``header(msg)`` gives (beside
         it, in this process), and report what the actor sends with its current context.
-
-        The traced ``offer`` shadows the plain one on this instance (the way a tracing
-        runtime shadows its ``send``), so an untraced worker checks nothing.
-        """
-        carrier = self._trace_carrier = TraceCarrier(received)
-        plain_offer = self.offer
-
-        def offer(msg: Any) -> bool:
-            ids = header(msg)
-            if ids is None:
-                return plain_offer(msg)
-            carrier.carry(msg, ids)  # before the actor can take it
-            try:
-                ok = plain_offer(msg)
-            except BaseException:
-                carrier.forget(msg)
-                raise
-            if not ok:
-                carrier.forget(msg)
-            return ok
-
-        self.offer = offer  # type: ignore[method-assign]
+        Called before `start`: the actor's context is built traced."""
+        self._trace_carrier = TraceCarrier(received)
+        self._trace_header = header
         return True
+
+    def _new_context(self) -> ThreadedKernelContext:
+        carrier = self._trace_carrier
+        if carrier is None:
+            return super()._new_context()
+        return TracedThreadedKernelContext(self, carrier)
+
+    def offer(self, msg: Any) -> bool:
+        header, carrier = self._trace_header, self._trace_carrier
+        ids = None if header is None else header(msg)
+        if ids is None or carrier is None:
+            return super().offer(msg)
+        carrier.carry(msg, ids)  # before the actor can take it
+        try:
+            ok = super().offer(msg)
+        except BaseException:
+            carrier.forget(msg)
+            raise
+        if not ok:
+            carrier.forget(msg)
+        return ok
 
 
 class ThreadHostedKernel(HostedKernel):
@@ -139,9 +156,12 @@ class ThreadHostedKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size", "thread_name"})
+    WORKER = HostedThreadWorker
     __slots__ = ()
 
     def _make_worker(self, bridge: int) -> TierWorker:
+        # an instrumented runtime may carry trace context: the worker that can (see notes)
+        worker_class = TracedThreadWorker if self.instruments else HostedThreadWorker
         cfg = ThreadedKernelConfig(
             self.kernel_id,
             input_queue_size=bridge,
@@ -150,7 +170,7 @@ class ThreadHostedKernel(HostedKernel):
             record_latency=self._timed,
             check_fields=self.config.check_fields,
         )
-        return HostedThreadWorker(
+        return worker_class(
             self.kernel_id,
             self._func,  # type: ignore[arg-type]
             config=cfg,
