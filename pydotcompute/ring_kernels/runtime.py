@@ -355,7 +355,7 @@ class RingKernelRuntime:
         before = {k.kernel_id: _drop_figures(k) for k in kernels}
         # what died with a tier's remote actor before now (Ray's): counted, never handed
         # back; a loss while stopping shows in the drop figures instead
-        lost_before = {k.kernel_id: int(getattr(k, "lost_with_actor", 0)) for k in kernels}
+        lost_before = {k.kernel_id: _lost_with_actor(k) for k in kernels}
         waves = stop_waves(kernels, _forward_target) if ordered else [kernels]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -944,6 +944,12 @@ class RingKernelRuntime:
 
 def _forward_target(kernel: RingKernel) -> RingKernel | None:
     return kernel.forwards_to
+
+
+def _lost_with_actor(kernel: RingKernel) -> int:
+    """What died with ``kernel``'s remote actor so far (a Ray actor lost): its drops of
+    reason ``actor_lost``, counted, never handed back (0 on a tier without one)."""
+    return (kernel.telemetry.drops_by_reason or {}).get("actor_lost", 0)
 
 
 def _drop_figures(kernel: RingKernel) -> tuple[int, int]:
