@@ -27,7 +27,7 @@ from pydotcompute.ring_kernels.extend import (
 from pydotcompute.ring_kernels.pool import pool_class
 
 ROOT = Path(__file__).resolve().parents[2]
-TIERS = ("asyncio", "thread", "process", "gpu")
+TIERS = ("asyncio", "thread", "process", "gpu", "ray")
 
 
 def docs_table() -> dict[str, dict[str, str]]:
@@ -99,13 +99,17 @@ def test_the_older_attribute_names_are_folded_in_once() -> None:
         ACTOR_KIND = "async"
         SUPPORTS_RESTART = True
         EDGE_OUT = frozenset({"objects"})
+        SUPPORTS_INLINE_REQUEST = True
 
     class OldKernel(HostedKernel):
         SUPPORTS_POOL = False
 
-    stated = Capabilities(actor_kind="async", restart=True, edges_out=frozenset({"objects"}))
+    stated = Capabilities(
+        actor_kind="async", restart=True, edges_out=frozenset({"objects"}), inline_request=True
+    )
     assert stated == OldWorker.CAPABILITIES
     assert not hasattr(OldWorker, "ACTOR_KIND")
+    assert not hasattr(OldWorker, "SUPPORTS_INLINE_REQUEST")
     assert OldKernel.CAPABILITIES.replicas is False
     assert HostedKernel.CAPABILITIES.replicas is True  # the base is untouched
 
@@ -172,6 +176,7 @@ PROBED = {
     "SUPPORTS_POOL",
     "EDGE_OUT",
     "EDGE_IN",
+    "SUPPORTS_INLINE_REQUEST",
     "broadcast",
     "hurry",
     "refresh_telemetry",
@@ -185,6 +190,9 @@ PROBED = {
     "offer",
     "on_drop_item",
     "tracer",
+    "lost_with_actor",
+    "release",
+    "failed_requests",
 }
 POLICY = [
     "ring_kernels/runtime.py",
@@ -193,6 +201,11 @@ POLICY = [
     "ring_kernels/hosted.py",
     "ring_kernels/pool.py",
     "ring_kernels/edges.py",
+    "ring_kernels/tiers/process/hosted.py",
+    "ring_kernels/tiers/thread/hosted.py",
+    "ring_kernels/tiers/ray/kernel.py",
+    "ring_kernels/tiers/ray/runtime.py",
+    "ring_kernels/tiers/ray/host.py",
     "observability/metrics.py",
     "observability/tracing.py",
 ]
