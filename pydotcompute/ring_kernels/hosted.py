@@ -354,7 +354,9 @@ class HostedKernel(RingKernel):
         """Refuse at once what this kernel can never carry (`_check_size`) and what is not
         its ``input_type``: the edge checks of every message it accepts."""
         encoder = self._encoder
-        if encoder is not None:
+        # (instrumented: a traced worker's encoder reads the message's trace context, which
+        # only a hand-over may do; the message is measured as it is, below)
+        if encoder is not None and not self._instruments:
             try:  # type, size and the bytes kept in one call: every send comes here
                 if encoder.encode_checked(msg, True) is not None:
                     return
