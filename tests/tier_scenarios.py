@@ -2761,7 +2761,9 @@ async def scenario_instruments_see_every_message(case: TierCase) -> None:
         assert rec.of("worker_stopped", "k") == [()]
     [(msg, error)] = rec.of("actor_failed", "f")
     assert "boom" in str(error)
-    if case.name != "gpu":  # (a device fault does not say which message it hit)
+    # (a device fault does not say which message it hit; nor does a Ray actor's failure
+    # tell the driver which message its runtime raised on: it hands it back, first)
+    if case.name not in ("gpu", "ray"):
         assert msg is not None
         assert msg.seq == 99
     dropped = rec.of("message_dropped", "d")
