@@ -387,3 +387,19 @@ async def test_children_traced_before_their_edges_carry_the_context(span_exporte
     for job in jobs:
         trace_id = f"{process_a[str(job.message_id)].context.trace_id:032x}"
         assert got[job.seq].split(":")[0] == trace_id, job.seq
+
+
+@pytest.mark.parametrize("tier", ["thread", "process"])
+async def test_tracing_replaces_no_method_of_a_worker(span_exporter: Any, tier: str) -> None:
+    """A traced worker carries context through methods of its class, set before it starts:
+    nothing on the live worker shadows its class's (its ``offer``, its encoder, its reply
+    decoder), and the bridge talks to the tier's own worker, not a wrapper."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", forward_sync, input_type=Job, output_type=Job, tier=tier)
+        await rt.activate("k")
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=BOUND_S)).seq == 1
+        worker: Any = rt.get_kernel("k").worker
+        own = {k for k, v in vars(worker).items() if callable(v) and hasattr(type(worker), k)}
+        assert own == set(), own
+        assert type(worker).__module__.startswith("pydotcompute.ring_kernels.tiers.")
+    assert await finished(span_exporter, "process k", 1)

@@ -328,3 +328,10 @@ async def test_wrong_field_type_refused_in_ctx_send(case: sc.TierCase) -> None:
 @pytest.mark.parametrize("serialize", [False, True], ids=["objects", "serialized"])
 async def test_unchecked_fields_rule(case: sc.TierCase, serialize: bool) -> None:
     await sc.scenario_unchecked_fields_rule(case, serialize=serialize)
+
+
+# --- round 4: capabilities and instruments ---
+
+
+async def test_instruments_see_every_message(case: sc.TierCase) -> None:
+    await sc.scenario_instruments_see_every_message(case)
