@@ -69,14 +69,17 @@ def test_the_docs_table_is_what_each_tier_states(tier: str) -> None:
 
 
 @pytest.mark.parametrize("tier", ["asyncio", "thread", "process"])
-def test_a_pool_broadcasts_reports_each_replica_and_has_no_direct_edges(tier: str) -> None:
+def test_a_pool_broadcasts_reports_each_replica_and_has_its_members_edges(tier: str) -> None:
     caps = pool_class("k", tier, tier_class(tier), 2).CAPABILITIES
     on = {"broadcast", "replica_telemetry", "telemetry_refresh"}
-    off = {"resize", "inline_request", "edges_out", "edges_in"}
+    off = {"resize", "inline_request", "short_poll_rearms"}
     assert all(getattr(caps, flag) for flag in on)
     assert not any(getattr(caps, flag) for flag in off)
     tier_caps = tier_class(tier).CAPABILITIES
     assert (caps.actor_kind, caps.restart) == (tier_caps.actor_kind, tier_caps.restart)
+    # one direct edge per replica (`pool_edges.py`): the members' kinds
+    edges = (caps.edges_out, caps.edges_in, caps.edges_spread)
+    assert edges == (tier_caps.edges_out, tier_caps.edges_in, tier_caps.edges_spread)
 
 
 def test_a_hosted_tier_takes_its_workers_capabilities() -> None:
