@@ -99,6 +99,8 @@ class ObservedRuntime(Protocol):
 
     def get_counters(self, kernel_id: str) -> RingKernelTelemetry: ...
 
+    def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]: ...
+
     def edges(self) -> list[Any]: ...
 
 
@@ -152,9 +154,15 @@ def _snapshot(runtime: ObservedRuntime) -> list[_Row]:
         try:
             kernel = runtime.get_kernel(kid)
             tel = runtime.get_counters(kid)  # asks the tier to fold in what it timed
+            # a pool's replicas with their direct edges' share (`EdgeTable.fold_replicas`)
+            reps = (
+                runtime.get_replica_telemetry(kid)
+                if kernel.CAPABILITIES.replica_telemetry
+                else None
+            )
         except KernelNotFoundError:  # removed meanwhile
             continue
-        _add_rows(rows, kid, kernel, tel, tel.queue_depth)
+        _add_rows(rows, kid, kernel, tel, tel.queue_depth, replicas=reps)
     return rows
 
 
@@ -182,11 +190,15 @@ def _add_rows(
     tel: RingKernelTelemetry,
     depth: int,
     received: int | None = None,
+    *,
+    replicas: list[RingKernelTelemetry] | None = None,
 ) -> None:
     tier = canonical_tier(str(kernel.config.tier))
     rows.append(_row([kid, tier, ""], tel, kernel.state.name.lower(), depth, received))
     if kernel.CAPABILITIES.replica_telemetry:  # a pool: a series per replica too
-        for i, rep in enumerate(kernel.replica_telemetry()):
+        if replicas is None:  # read off the loop: the records as they are
+            replicas = kernel.replica_telemetry()
+        for i, rep in enumerate(replicas):
             rows.append(_row([kid, tier, str(i)], rep, None, rep.queue_depth))
 
 

@@ -293,6 +293,29 @@ class EdgeTable:
                     tel.record_drop(lost - done.lost, "lost")
                 done.lost = lost
 
+    def fold_replicas(self, kernel: Any, tels: list[Any], *, timed: bool) -> None:
+        """Add the replica edges' counters of the direct edges with a pool end at
+        ``kernel`` to its per-replica records ``tels`` (made afresh by each read, so the
+        figures are added whole): ``messages_received`` and ``messages_processed`` of
+        each consuming replica, ``messages_sent`` of each producing one. Their sums are
+        what `fold` adds to the pool's own record."""
+        for (source, target), edge in self._direct.items():
+            if not isinstance(edge, EdgeGroup):
+                continue
+            into = kernel is target and edge.spread
+            out_of = kernel is source and not edge.spread
+            if not (into or out_of):
+                continue
+            for i, part in enumerate(edge.parts[: len(tels)]):
+                c = part.counters()
+                tel = tels[i]
+                if into:
+                    tel.messages_received += c["accepted"]
+                    if timed:
+                        tel.messages_processed += c["accepted"] - c["evicted"]
+                elif timed:
+                    tel.messages_sent += c["accepted"] + c["rejected"]
+
     def forget(self, kernel: Any) -> None:
         """Drop what the table keeps for ``kernel`` (removed from the runtime)."""
         self._current.pop(kernel, None)

@@ -838,7 +838,9 @@ class RingKernelRuntime:
         kernel = self._kernel(kernel_id)
         if not kernel.CAPABILITIES.replica_telemetry:
             return [tel]
-        return kernel.replica_telemetry()
+        tels = kernel.replica_telemetry()
+        self._edge_table.fold_replicas(kernel, tels, timed=self.enable_telemetry)
+        return tels
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
         """`get_telemetry` of every id in `kernel_ids` (``{}`` without telemetry)."""
