@@ -3169,3 +3169,139 @@ async def scenario_edge_drop_oldest_evicts_the_oldest(case: TierCase) -> None:
         assert read == [18, 19]
         assert rt.get_telemetry("b").drop_reasons() == {"backpressure": 18}
         assert rt.get_telemetry("a").messages_dropped == 0
+
+
+# --- round 4: instruments ---
+
+
+class Recorder:
+    """An `Instrument` that records each hook it is called with, and on which thread
+    (made as a subclass where it is used: this module imports no instrument API at
+    import time, so the Ray actors' processes import nothing more)."""
+
+    @staticmethod
+    def make() -> Any:
+        import threading
+
+        from pydotcompute.ring_kernels import Instrument
+
+        class Recording(Instrument):
+            def __init__(self) -> None:
+                self.events: list[tuple[Any, ...]] = []
+                self.threads: set[int] = set()
+
+            def _note(self, *event: Any) -> None:
+                self.events.append(event)
+                self.threads.add(threading.get_ident())
+
+            def of(self, hook: str, kid: str) -> list[tuple[Any, ...]]:
+                return [e[2:] for e in self.events if e[0] == hook and e[1] == kid]
+
+            def kernel_launched(self, kernel: Any) -> None:
+                self._note("kernel_launched", kernel.kernel_id)
+
+            def message_sending(self, kernel: Any, msg: Any) -> None:
+                self._note("message_sending", kernel.kernel_id, msg)
+
+            def message_sent(self, kernel: Any, msg: Any, error: Any) -> None:
+                self._note("message_sent", kernel.kernel_id, msg, error)
+
+            def request_started(self, kernel: Any, msg: Any) -> None:
+                self._note("request_started", kernel.kernel_id, msg)
+
+            def request_finished(self, kernel: Any, msg: Any, error: Any) -> None:
+                self._note("request_finished", kernel.kernel_id, msg, error)
+
+            def message_taken(self, kernel: Any, msg: Any) -> None:
+                self._note("message_taken", kernel.kernel_id, msg)
+
+            def message_finished(self, kernel: Any, msg: Any) -> None:
+                self._note("message_finished", kernel.kernel_id, msg)
+
+            def reply_collected(self, kernel: Any, reply: Any) -> None:
+                self._note("reply_collected", kernel.kernel_id, reply)
+
+            def actor_failed(self, kernel: Any, msg: Any, error: BaseException) -> None:
+                self._note("actor_failed", kernel.kernel_id, msg, error)
+
+            def worker_stopped(self, kernel: Any) -> None:
+                self._note("worker_stopped", kernel.kernel_id)
+
+            def message_dropped(
+                self, kernel: Any, msg: Any, reason: str, error: Any = None
+            ) -> None:
+                self._note("message_dropped", kernel.kernel_id, msg, reason)
+
+        return Recording()
+
+
+async def scenario_instruments_see_every_message(case: TierCase) -> None:
+    """An instrument hears of each message's life the same way on every tier: sent (and
+    taken by the kernel), taken by an actor, finished (asyncio) or answered (its reply
+    collected, elsewhere), failed, dropped, handed back; on the loop's thread, and with
+    nothing of the runtime, its kernels or their workers replaced."""
+    import threading
+
+    rec = Recorder.make()
+    make: Any = case.make_runtime
+    async with asyncio.timeout(BOUND_S), make(instruments=[rec]) as rt:
+        loop_thread = threading.get_ident()
+        assert "send" not in vars(rt)  # no method shadowed on the runtime
+        await _launch(rt, case)
+        kernel = rt.get_kernel("k")
+        worker = kernel.worker
+        sent = [Job(seq=i) for i in range(5)]
+        for job in sent:
+            await rt.send("k", job)
+        got = sorted([(await rt.receive("k", timeout=BOUND_S)).seq for _ in sent])
+        asked = [Job(seq=10 + i) for i in range(3)]
+        for job in asked:
+            assert (await rt.send_and_receive("k", job, timeout=BOUND_S)).seq == job.seq
+        assert got == list(range(5))
+        assert kernel.worker is worker  # the tier's own worker, never a wrapper
+
+        # a message an actor raises on
+        await _launch(rt, case, "f")
+        boom = Job(seq=99, payload="boom")
+        await rt.send("f", boom)
+        deadline = time.monotonic() + BOUND_S / 2
+        while not rec.of("actor_failed", "f") and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # (an off-loop tier reports it once its worker stopped)
+        # a full drop_oldest inbox, and what terminate hands back
+        await _launch(rt, case, "d", activate=False, queue_size=2, backpressure="drop_oldest")
+        to_d = [Job(seq=200 + i) for i in range(5)]
+        for job in to_d:
+            await rt.send("d", job)
+        await rt.terminate("d")
+    ids = {id(m) for m in sent}
+    assert [e[0] for e in rec.of("message_sending", "k")] == sent
+    assert [(e[0], e[1]) for e in rec.of("message_sent", "k")] == [(m, None) for m in sent]
+    assert [e[0] for e in rec.of("request_started", "k")] == asked
+    assert [(e[0], e[1]) for e in rec.of("request_finished", "k")] == [(m, None) for m in asked]
+    taken = [e[0] for e in rec.of("message_taken", "k")]
+    assert sorted(m.seq for m in taken) == [0, 1, 2, 3, 4, 10, 11, 12], taken
+    assert {id(m) for m in taken} >= ids  # the objects sent (no copies on these paths)
+    if worker is None:  # asyncio: each message finished once, in order taken
+        assert [e[0] for e in rec.of("message_finished", "k")] == taken
+        assert rec.of("reply_collected", "k") == []
+    else:  # off the loop: each answered by a reply the bridge collected
+        replies = [e[0] for e in rec.of("reply_collected", "k")]
+        assert sorted(r.seq for r in replies) == sorted(m.seq for m in taken)
+        assert rec.of("worker_stopped", "k") == [()]
+    [(msg, error)] = rec.of("actor_failed", "f")
+    assert "boom" in str(error)
+    # (a device fault does not say which message it hit; nor does a Ray actor's failure
+    # tell the driver which message its runtime raised on: it hands it back, first)
+    if case.name not in ("gpu", "ray"):
+        assert msg is not None
+        assert msg.seq == 99
+    dropped = rec.of("message_dropped", "d")
+    assert [(m.seq, why) for m, why in dropped] == [
+        (200, "backpressure"),
+        (201, "backpressure"),
+        (202, "backpressure"),
+        (203, "undelivered"),
+        (204, "undelivered"),
+    ]
+    assert rec.of("kernel_launched", "k") == [()]
+    assert rec.threads == {loop_thread}

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..exceptions import InvalidConfigurationError, KernelNotFoundError
 from ..ring_kernels.states import KernelState
@@ -44,9 +44,6 @@ from ..ring_kernels.telemetry import RingKernelTelemetry, get_gpu_monitor
 from ..ring_kernels.tiers import canonical_tier
 from .deps import require
 from .metrics_server import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer
-
-if TYPE_CHECKING:
-    from ..ring_kernels.runtime import RingKernelRuntime
 
 _prom = require("prometheus_client", "Prometheus metrics")
 from prometheus_client.core import (  # noqa: E402  (after the check that names the extra)
@@ -88,6 +85,23 @@ SNAPSHOT_WAIT_S = 1.0
 HEARTBEAT_S = 0.25
 
 logger = logging.getLogger("pydotcompute")
+
+
+class ObservedRuntime(Protocol):
+    """What the metrics read of a runtime (`RingKernelRuntime` is one). A protocol rather
+    than the class: the runtime imports this module to serve its metrics, and a module
+    that imports back, even for its types, would tie the two into a cycle."""
+
+    @property
+    def kernel_ids(self) -> list[str]: ...
+
+    def get_kernel(self, kernel_id: str) -> Any: ...
+
+    def get_counters(self, kernel_id: str) -> RingKernelTelemetry: ...
+
+    def get_replica_telemetry(self, kernel_id: str) -> list[RingKernelTelemetry]: ...
+
+    def edges(self) -> list[Any]: ...
 
 
 @dataclass(slots=True)
@@ -133,20 +147,26 @@ def _row(
     )
 
 
-def _snapshot(runtime: RingKernelRuntime) -> list[_Row]:
+def _snapshot(runtime: ObservedRuntime) -> list[_Row]:
     """Every kernel's figures, read now (on the runtime's loop when it runs one)."""
     rows: list[_Row] = []
     for kid in runtime.kernel_ids:
         try:
             kernel = runtime.get_kernel(kid)
             tel = runtime.get_counters(kid)  # asks the tier to fold in what it timed
+            # a pool's replicas with their direct edges' share (`EdgeTable.fold_replicas`)
+            reps = (
+                runtime.get_replica_telemetry(kid)
+                if kernel.CAPABILITIES.replica_telemetry
+                else None
+            )
         except KernelNotFoundError:  # removed meanwhile
             continue
-        _add_rows(rows, kid, kernel, tel, tel.queue_depth)
+        _add_rows(rows, kid, kernel, tel, tel.queue_depth, replicas=reps)
     return rows
 
 
-def _read_direct(runtime: RingKernelRuntime) -> list[_Row]:
+def _read_direct(runtime: ObservedRuntime) -> list[_Row]:
     """Every kernel's figures as its records hold them, read from any thread: nothing
     asks a tier to refresh (that runs on the loop), so latencies a thread or process
     tier timed since the loop last ran wait for its next snapshot."""
@@ -158,9 +178,8 @@ def _read_direct(runtime: RingKernelRuntime) -> list[_Row]:
             continue
         tel = kernel.telemetry
         inbox = kernel.inbox
-        count: Callable[[], int] | None = getattr(kernel, "messages_received", None)
         depth = len(inbox) if inbox is not None else 0
-        _add_rows(rows, kid, kernel, tel, depth, None if count is None else count())
+        _add_rows(rows, kid, kernel, tel, depth, kernel.messages_received())
     return rows
 
 
@@ -171,12 +190,15 @@ def _add_rows(
     tel: RingKernelTelemetry,
     depth: int,
     received: int | None = None,
+    *,
+    replicas: list[RingKernelTelemetry] | None = None,
 ) -> None:
     tier = canonical_tier(str(kernel.config.tier))
     rows.append(_row([kid, tier, ""], tel, kernel.state.name.lower(), depth, received))
-    per: Callable[[], list[RingKernelTelemetry]] | None = getattr(kernel, "replica_telemetry", None)
-    if per is not None:
-        for i, rep in enumerate(per()):
+    if kernel.CAPABILITIES.replica_telemetry:  # a pool: a series per replica too
+        if replicas is None:  # read off the loop: the records as they are
+            replicas = kernel.replica_telemetry()
+        for i, rep in enumerate(replicas):
             rows.append(_row([kid, tier, str(i)], rep, None, rep.queue_depth))
 
 
@@ -261,7 +283,7 @@ def _families(rows: list[_Row], gpu: bool) -> Iterator[Metric]:
 _EDGE_OUTCOMES = ("accepted", "taken", "evicted", "rejected", "handed_back", "lost")
 
 
-def _read_edges(runtime: RingKernelRuntime) -> list[Any]:
+def _read_edges(runtime: ObservedRuntime) -> list[Any]:
     """``runtime.edges()`` from any thread: the edges' counters are plain integers their
     actors write, readable without the loop; a kernel table changing meanwhile gives no
     edge rows this scrape rather than a failed one."""
@@ -367,7 +389,7 @@ class RuntimeCollector(Collector):
 
     def __init__(
         self,
-        runtime: RingKernelRuntime,
+        runtime: ObservedRuntime,
         *,
         loop: asyncio.AbstractEventLoop | None = None,
         gpu: bool = True,
@@ -496,7 +518,7 @@ class RuntimeCollector(Collector):
         return rows
 
     def _fallback(
-        self, read: Callable[[RingKernelRuntime], list[_Row]], how: str
+        self, read: Callable[[ObservedRuntime], list[_Row]], how: str
     ) -> tuple[list[_Row], float]:
         try:
             return self._keep(read(self.runtime)), 0.0
@@ -542,7 +564,7 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 def collector(
-    runtime: RingKernelRuntime,
+    runtime: ObservedRuntime,
     *,
     loop: asyncio.AbstractEventLoop | None = None,
     gpu: bool = True,
@@ -561,7 +583,7 @@ def collector(
 
 
 def serve_metrics(
-    runtime: RingKernelRuntime,
+    runtime: ObservedRuntime,
     port: int = 9464,
     host: str = "127.0.0.1",
     *,

@@ -10,32 +10,37 @@ a pipeline is one trace. Spans go to the global tracer provider (``opentelemetry
 configure an SDK and exporter as usual).
 
 Design notes:
-- Off (the default), the runtime has no tracer and nothing on the message path changes:
-  a tracing runtime gives its kernels a context subclass (`traced_context_class`) and its
-  hosted kernels a wrapped worker, and shadows its own ``send``, so the untraced path has
-  no extra check at all.
+- The tracer is an `Instrument` (``ring_kernels/instruments.py``): the runtime and the
+  bridge call its hooks where their policy lives (a send, an actor taking a message, a
+  reply collected, a drop, a failure). Off (the default), the runtime has no instrument
+  and nothing on the message path changes; nothing of a live object is replaced.
 - In one process a message carries its trace context by identity: the tracer maps the
   message object to the context of the span that sent it, from the send until an actor
   takes it (at most `MAX_IN_FLIGHT` entries; the oldest are forgotten beyond). Into a
   ``serialize=True`` kernel, whose inbox keeps bytes and hands its actor a decoded copy,
   the key is the message's id instead (and the message itself is not held).
 - That entry holds the message, so it is let go the moment the message ends without an
-  actor: a full ``drop_oldest`` inbox drops it (the inbox's ``on_drop_item``), its send
-  raises (a full ``reject`` inbox, a wrong type, a stopped kernel: the traced send, and
-  a hosted kernel's forward of a reply, `release` it), a ``send_and_receive`` ends, or
-  it is a reply that goes to its caller rather than down the pipeline (never carried).
-  Weak references were rejected: msgspec Structs (and plain values) take none. A kernel
-  with no Python actor (a GPU kernel's device handler) takes no context: its messages
-  get a ``send`` span and carry nothing.
+  actor (`Instrument.message_dropped`: a full ``drop_oldest`` inbox evicts it, terminate
+  hands it back, a full ``reject`` kernel downstream refuses a reply; or its send raises:
+  a full ``reject`` inbox, a wrong type, a stopped kernel), a ``send_and_receive`` ends,
+  or it is a reply that goes to its caller rather than down the pipeline (never carried).
+  Weak references were rejected: msgspec Structs (and plain values) take none.
 - A failure is recorded where it happens, with OpenTelemetry's conventions
   (`record_failure`: status ERROR, the exception as an event): on the ``send`` span of a
   send the kernel refused, and on the ``process`` span of the message its actor raised
-  on (asyncio: the context's `KernelContext.actor_raised`, before a restart; thread and
-  process: the worker's `TierWorker.failed_on`, when the failed worker stops).
-- Thread and process tiers: the runtime's side of the bridge records the ``process`` span
-  from the hand-over to the actor's reply, which it matches through the reply's
-  ``correlation_id`` (stamped with the request's id on every tier, and carried on the
-  wire) or, for an actor that sends on the message it received, its ``message_id``.
+  on (`Instrument.actor_failed`: asyncio, before a restart; thread, process and GPU, when
+  the bridge stops the failed worker, with `TierWorker.failed_on`).
+- Asyncio tier: `Instrument.message_taken` runs in the actor's own task, so the
+  ``process`` span is made current there (a context variable of that task, until the
+  actor asks for its next message) and spans the actor makes nest under it; its sends
+  into other kernels (``connect``, ``ctx.send_to``) are children of it.
+- Thread, process and GPU tiers: the bridge's side records the ``process`` span from
+  the hand-over to the actor's reply (`Instrument.reply_collected`), which it matches
+  through the reply's ``correlation_id`` (stamped with the request's id on every tier,
+  and carried on the wire) or, for an actor that sends on the message it received, its
+  ``message_id``. The span starts when the tier's wire asks for the message's context
+  (`RingKernel.carry_trace`, `TierWorker.trace_wire`), or at the hand-over for a tier
+  without one (GPU); when the tier is full, it waits with the message for its next offer.
 - The ``process`` span's context reaches the actor through `TierWorker.trace_wire` (the
   thread and process tiers, and pools of them): across a process boundary in the frame
   (the process tier prefixes each record with its W3C ids, the ``0xC1 'T'`` header), on
@@ -45,27 +50,22 @@ Design notes:
   ``process`` span matched by correlation when a reply has none). A child process records
   no spans itself unless its actor's module configures a tracer provider; a thread
   actor's spans go to this process's provider.
-- The Ray tier (a kernel-level tier) ships each message with its ``send`` span's context
-  (`take_ids`); the actor's own runtime traces, carries it (`carry_remote`) and forwards
-  actor to actor the same way. Replies read by the driver carry none (nothing there
-  continues them).
-- On the asyncio tier (and so in a Ray actor) the ``process`` span is the current span
-  while the actor handles the message, so spans the actor makes nest under it.
-- A ``process`` span starts before the hand-over (its context is in the record); when the
-  tier is full, the span waits with the message and is used for its next offer.
-- Direct edges (``objects``, ``shm-ring``) stay direct: the producer's current context
-  rides in each record's header and the consumer's actor makes it current (a thread
-  consumer records the ``process`` span itself). The wrapper passes the edge calls to its
-  tier; a producer routed into an edge sends nothing back, so its ``process`` span ends
-  at the hand-over instead of at a reply that never comes.
+- Inside a Ray actor the kernel runs on the actor's own runtime, traced when the driver's
+  is; a message crosses with its ``send`` span's context (`take_ids`, `carry_remote`).
+- Direct edges (``objects``, ``shm-ring``) stay direct under tracing: the producer's
+  current context rides in each record's header and the consumer's actor makes it current
+  (a thread consumer records the ``process`` span itself). A producer routed into a
+  direct edge sends nothing back (`Instrument.edge_routed`), so its ``process`` span
+  ends at the hand-over instead of at a reply that never comes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..ring_kernels.instruments import Instrument
 from ..ring_kernels.message import (
     RingKernelMessage,
     claim_request_key,
@@ -73,20 +73,13 @@ from ..ring_kernels.message import (
     reply_key,
     request_key,
     request_space,
-    stamp_reply,
 )
-from ..ring_kernels.tiers.contract import TierWorker
 from .deps import require
-
-if TYPE_CHECKING:
-    from ..ring_kernels.context import KernelContext
-    from ..ring_kernels.kernel import RingKernel
-    from ..ring_kernels.runtime import RingKernelRuntime
 
 _trace = require("opentelemetry.trace", "tracing=True")
 _context = require("opentelemetry.context", "tracing=True")
 
-__all__ = ("MAX_IN_FLIGHT", "MessageTracer", "TracingWorker", "record_failure")
+__all__ = ("MAX_IN_FLIGHT", "MessageTracer", "record_failure")
 
 #: most messages whose trace context is remembered between send and receive
 MAX_IN_FLIGHT = 65_536
@@ -113,20 +106,29 @@ def remote_context(trace_id: int, span_id: int, flags: int) -> Any:
     return _trace.set_span_in_context(_trace.NonRecordingSpan(remote))
 
 
-class MessageTracer:
-    """The tracing side of one runtime: spans, and each in-flight message's context."""
+class MessageTracer(Instrument):
+    """The tracing instrument of one runtime (``RingKernelRuntime(tracing=True)`` installs
+    it as ``runtime.tracer``): spans, and each in-flight message's context."""
 
     def __init__(self) -> None:
         self.tracer = _trace.get_tracer("pydotcompute")
         self._carried: dict[int, tuple[Any, Any]] = {}  # id(msg) -> (msg, Context)
         # into a serialize=True kernel: the message id's bytes -> Context
         self._by_id: dict[bytes, Any] = {}
-        self._lock = threading.Lock()  # hosted bridges may call from worker threads
-        self._classes: dict[type, type] = {}
-        # kernels with no Python actor: nothing would take a context sent to them
-        self._no_taker: set[str] = set()
+        self._lock = threading.Lock()  # a thread actor reports what it sends from its thread
         # kernels whose inbox serializes: their actors take copies, found by id
         self._serializing: set[str] = set()
+        # the hosted kernels' spans (thread, process, GPU), by kernel id
+        self._bridges: dict[str, _Bridge] = {}
+        # sends under way: id(msg) -> [(msg, its send span, the Context it carries)]
+        self._sends: dict[int, list[tuple[Any, Any, Any]]] = {}
+        # requests under way: id(msg) -> [(msg, the Context it carries)]
+        self._requests: dict[int, list[tuple[Any, Any]]] = {}
+        # an asyncio actor's message in hand: (kernel, process span, attach token), per
+        # actor task (the hooks run in it)
+        self._current: contextvars.ContextVar[tuple[Any, Any, Any] | None] = contextvars.ContextVar(
+            "pydotcompute_process_span", default=None
+        )
 
     # -- the context a message carries -------------------------------------------------
 
@@ -220,16 +222,13 @@ class MessageTracer:
     def start_send(self, kernel_id: str, msg: Any, parent: Any = None) -> tuple[Any, Any]:
         """Start a ``send <kernel_id>`` span (under ``parent``, a Context; None: the
         current one) and have ``msg`` carry it on. Returns the span (the caller ends it,
-        once the kernel took the message or refused it) and the Context ``msg`` carries
-        (None for a kernel whose messages no actor takes)."""
+        once the kernel took the message or refused it) and the Context ``msg`` carries."""
         span = self.tracer.start_span(
             f"send {kernel_id}",
             context=parent,
             kind=_trace.SpanKind.PRODUCER,
             attributes=self._attributes(kernel_id, msg),
         )
-        if kernel_id in self._no_taker:
-            return span, None
         ctx = _trace.set_span_in_context(span)
         if kernel_id in self._serializing and isinstance(msg, RingKernelMessage):
             self.carry_by_id(msg, ctx)
@@ -239,23 +238,10 @@ class MessageTracer:
 
     def sent(self, kernel_id: str, msg: Any, parent: Any = None) -> Any:
         """A ``send <kernel_id>`` span, ended at once (`start_send`); returns the Context
-        ``msg`` carries (None: none)."""
+        ``msg`` carries."""
         span, ctx = self.start_send(kernel_id, msg, parent)
         span.end()
         return ctx
-
-    async def intake(self, coro: Coroutine[Any, Any, bool], span: Any, msg: Any, ctx: Any) -> bool:
-        """Await a kernel's intake of ``msg`` (``coro``) inside its ``send`` span: a
-        refusal (the exception ``coro`` raises) fails the span and lets ``msg`` go."""
-        try:
-            return await coro
-        except BaseException as exc:
-            self.release(msg, ctx)
-            if isinstance(exc, Exception):
-                record_failure(span, exc)
-            raise
-        finally:
-            span.end()
 
     def start_process(self, kernel_id: str, msg: Any) -> Any:
         """Start the ``process <kernel_id>`` span of ``msg`` (under the send that carried
@@ -267,202 +253,158 @@ class MessageTracer:
             attributes=self._attributes(kernel_id, msg),
         )
 
-    # -- instrumentation ---------------------------------------------------------------
+    # -- the instrument's hooks ----------------------------------------------------------
 
-    def context_class(self, base: type[KernelContext]) -> type[KernelContext]:
-        """``base`` with tracing added (one class per base, made on first use)."""
-        cls = self._classes.get(base)
-        if cls is None:
-            cls = self._classes[base] = _traced_context_class(base, self)
-        return cls
-
-    def instrument(self, kernel: RingKernel) -> None:
-        """Trace a launched kernel whose actor runs behind a `TierWorker` (thread and
-        process tiers); tier-1 kernels are traced through their context class. Every
-        kernel's inbox lets go of the messages it drops."""
-        inbox = kernel.inbox
-        if inbox is not None and hasattr(inbox, "on_drop_item"):
-            inbox.on_drop_item = self.release
+    def kernel_launched(self, kernel: Any) -> None:
+        """Note how ``kernel`` takes its messages (copies decoded from bytes, or the objects
+        sent) and, for one whose actor runs off the loop, ask its tier to carry each
+        message's context to the actor (`RingKernel.carry_trace`)."""
         kid = kernel.kernel_id
-        self._no_taker.discard(kid)
         if kernel.config.serialize:
             self._serializing.add(kid)
         else:
             self._serializing.discard(kid)
-        wrap = getattr(kernel, "wrap_worker", None)
-        if wrap is not None:
-            wrap(lambda worker: TracingWorker(worker, self, kernel))
+        if kernel.worker is None:  # an asyncio actor: its context reports (`message_taken`)
+            self._bridges.pop(kid, None)
             return
-        wire = getattr(kernel, "trace_wire", None)  # a kernel-level tier with a wire (Ray)
-        if wire is not None:
-            wire(self.take_ids)
-        elif getattr(kernel, "ACTOR_KIND", "async") is None:  # a device handler (GPU)
-            self._no_taker.add(kid)
+        bridge = self._bridges[kid] = _Bridge(self, kid)
+        kernel.carry_trace(bridge.header, bridge.received)
 
-    def wrap_runtime(self, runtime: RingKernelRuntime) -> None:
-        """Shadow ``runtime.send`` and ``runtime.send_and_receive`` with traced ones."""
-        send = runtime.send
-        send_and_receive = runtime.send_and_receive
-        start_send, intake, sent, release = self.start_send, self.intake, self.sent, self.release
+    def message_sending(self, kernel: Any, msg: Any) -> None:
+        span, ctx = self.start_send(kernel.kernel_id, msg)  # under the current context
+        with self._lock:
+            self._sends.setdefault(id(msg), []).append((msg, span, ctx))
 
-        def traced_send(
-            kernel_id: str, msg: Any, *, timeout: float | None = None
-        ) -> Coroutine[Any, Any, bool]:
-            coro = send(kernel_id, msg, timeout=timeout)  # unknown ids raise here, untraced
-            span, ctx = start_send(kernel_id, msg)
-            return intake(coro, span, msg, ctx)
+    def message_sent(self, kernel: Any, msg: Any, error: BaseException | None) -> None:
+        got = _pop(self._sends, msg, self._lock)
+        if got is None:
+            return
+        span, ctx = got[1], got[2]
+        if error is not None:  # refused: the message goes no further, nor its context
+            self.release(msg, ctx)
+            if isinstance(error, Exception):
+                record_failure(span, error)
+        span.end()
 
-        async def traced_send_and_receive(
-            kernel_id: str, msg: Any, *, timeout: float | None = None
-        ) -> Any:
-            runtime.get_kernel(kernel_id)  # unknown ids raise before a span is made
-            if isinstance(msg, RingKernelMessage):
-                # the id the span names is the one the kernel's request gets: made in
-                # its request space (see `RingKernel.claim_request`), not by the span
-                claim_request_key(msg, request_space(kernel_id))
-            ctx = sent(kernel_id, msg)
-            try:
-                return await send_and_receive(kernel_id, msg, timeout=timeout)
-            finally:  # taken by now, refused, given up on, or sent as a copy (a retry)
-                release(msg, ctx)
+    def request_started(self, kernel: Any, msg: Any) -> None:
+        kid = kernel.kernel_id
+        if isinstance(msg, RingKernelMessage):
+            # the id the span names is the one the kernel's request gets: made in its
+            # request space (see `RingKernel.claim_request`), not by the span
+            claim_request_key(msg, request_space(kid))
+        ctx = self.sent(kid, msg)
+        with self._lock:
+            self._requests.setdefault(id(msg), []).append((msg, ctx))
 
-        runtime.send = traced_send  # type: ignore[method-assign]
-        runtime.send_and_receive = traced_send_and_receive  # type: ignore[method-assign]
+    def request_finished(self, kernel: Any, msg: Any, error: BaseException | None) -> None:
+        got = _pop(self._requests, msg, self._lock)
+        if got is not None:  # taken by now, refused, given up on, or sent as a copy
+            self.release(msg, got[1])
 
+    def message_taken(self, kernel: Any, msg: Any) -> None:
+        if kernel.worker is not None:
+            bridge = self._bridges.get(kernel.kernel_id)
+            if bridge is not None:
+                bridge.taken(msg)
+            return
+        # an asyncio actor, in its own task: the span is current until its next receive
+        self._end_current(kernel)
+        span = self.start_process(kernel.kernel_id, msg)
+        token = _context.attach(_trace.set_span_in_context(span))
+        self._current.set((kernel, span, token))
 
-def _traced_context_class(base: type[KernelContext], tracer: MessageTracer) -> type[Any]:
-    """A subclass of the actor context ``base`` that records the spans of its messages."""
-    base_receive = base.receive
-    base_receive_nowait = base.receive_nowait
-    base_send = base.send
-    base_send_nowait = base.send_nowait
-    base_send_to = base.send_to
-    no_span = _trace.INVALID_SPAN
+    def edge_routed(self, kernel: Any, direct: bool) -> None:
+        """A producer routed into a direct edge gets no reply back: its ``process`` spans
+        end at the hand-over."""
+        bridge = self._bridges.get(kernel.kernel_id)
+        if bridge is not None:
+            bridge.routed(direct)
 
-    attach = _context.attach
-    detach = _context.detach
-    in_context = _trace.set_span_in_context
-    start_send, intake = tracer.start_send, tracer.intake
+    def message_finished(self, kernel: Any, msg: Any) -> None:
+        self._end_current(kernel)
 
-    class TracedContext(base):  # type: ignore[valid-type,misc]
-        __slots__ = ("_span", "_token")
+    def actor_failed(self, kernel: Any, msg: Any, error: BaseException) -> None:
+        if kernel.worker is not None:
+            bridge = self._bridges.get(kernel.kernel_id)
+            if bridge is not None:
+                bridge.failed(msg, error)
+            return
+        self._end_current(kernel, error)
 
-        def __init__(self, kernel: RingKernel, *args: Any) -> None:
-            super().__init__(kernel, *args)
-            self._span: Any = no_span
-            self._token: Any = None
+    def reply_collected(self, kernel: Any, reply: Any) -> None:
+        bridge = self._bridges.get(kernel.kernel_id)
+        if bridge is not None:
+            bridge.replied(kernel, reply)
 
-        def _end(self) -> None:
-            span = self._span
-            if span is not no_span:
-                self._span = no_span
-                detach(self._token)  # the process span was current while it was handled
-                span.end()
+    def worker_stopped(self, kernel: Any) -> None:
+        bridge = self._bridges.get(kernel.kernel_id)
+        if bridge is not None:
+            bridge.stopped()
 
-        def _begin(self, msg: Any) -> Any:
-            if msg is not None:
-                span = self._span = tracer.start_process(self.kernel_id, msg)
-                self._token = attach(in_context(span))
-            return msg
+    def message_dropped(
+        self, kernel: Any, msg: Any, reason: str, error: BaseException | None = None
+    ) -> None:
+        self.release(msg)
+        bridge = self._bridges.get(kernel.kernel_id)
+        if bridge is not None:
+            bridge.dropped(msg, error)
 
-        async def receive(self, timeout: float | None = None) -> Any:
-            self._end()  # asking for the next message finishes the previous one
-            return self._begin(await base_receive(self, timeout))
-
-        def receive_nowait(self) -> Any:
-            self._end()
-            return self._begin(base_receive_nowait(self))
-
-        def actor_raised(self, exc: BaseException) -> None:
-            span = self._span
-            if span is not no_span:  # the message in hand failed
-                record_failure(span, exc)
-                self._end()
-
-        def _forwarding(self, msg: Any) -> RingKernel | None:
-            """The kernel ``msg`` goes on to: the forward target, unless ``msg`` is the
-            reply a ``send_and_receive`` caller waits for (it goes to the caller)."""
-            target: RingKernel | None = self._kernel.forwards_to
-            if target is not None and self._waiters:
-                stamp_reply(msg, self._current)  # (as the send does: it is not stamped twice)
-                if reply_key(msg) in self._waiters:
-                    return None
-            return target
-
-        async def send(self, msg: Any, timeout: float | None = None) -> bool:
-            target = self._forwarding(msg)
-            if target is None:
-                result: bool = await base_send(self, msg, timeout)
-                return result
-            span, ctx = start_send(target.kernel_id, msg, in_context(self._span))
-            return await intake(base_send(self, msg, timeout), span, msg, ctx)
-
-        def send_nowait(self, msg: Any) -> bool:
-            target = self._forwarding(msg)
-            if target is None:
-                result: bool = base_send_nowait(self, msg)
-                return result
-            span, ctx = start_send(target.kernel_id, msg, in_context(self._span))
-            try:
-                result = base_send_nowait(self, msg)
-            except BaseException as exc:
-                tracer.release(msg, ctx)
-                if isinstance(exc, Exception):
-                    record_failure(span, exc)
-                raise
-            finally:
-                span.end()
-            return result
-
-        async def send_to(self, kernel_id: str, msg: Any, timeout: float | None = None) -> bool:
-            span, ctx = start_send(kernel_id, msg, in_context(self._span))
-            return await intake(base_send_to(self, kernel_id, msg, timeout), span, msg, ctx)
-
-    TracedContext.__name__ = TracedContext.__qualname__ = f"Traced{base.__name__}"
-    return TracedContext
+    def _end_current(self, kernel: Any, error: BaseException | None = None) -> None:
+        """End the ``process`` span of the message ``kernel``'s actor holds in this task
+        (failed by ``error`` when given), and stop it being the current one."""
+        current = self._current.get()
+        if current is None or current[0] is not kernel:
+            return
+        self._current.set(None)
+        _, span, token = current
+        _context.detach(token)
+        if error is not None and isinstance(error, Exception):
+            record_failure(span, error)
+        span.end()
 
 
-class TracingWorker(TierWorker):
-    """A `TierWorker` whose messages are traced on the runtime's side of the bridge: the
-    ``process`` span runs from the hand-over to the actor's reply (see the module notes)."""
+def _pop(table: dict[int, list[Any]], msg: Any, lock: threading.Lock) -> Any:
+    """The latest entry ``table`` holds for ``msg`` (forgotten now), or None."""
+    with lock:
+        entries = table.get(id(msg))
+        if not entries:
+            return None
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i][0] is msg:
+                got = entries.pop(i)
+                if not entries:
+                    del table[id(msg)]
+                return got
+        return None
 
-    def __init__(self, inner: TierWorker, tracer: MessageTracer, kernel: RingKernel) -> None:
-        self.inner = inner
-        self.ACTOR_KIND = inner.ACTOR_KIND  # type: ignore[misc]
-        self.SUPPORTS_RESTART = inner.SUPPORTS_RESTART  # type: ignore[misc]
-        self.SUPPORTS_INLINE_REQUEST = inner.SUPPORTS_INLINE_REQUEST  # type: ignore[misc]
-        self.EDGE_OUT = inner.EDGE_OUT  # type: ignore[misc]
-        self.EDGE_IN = inner.EDGE_IN  # type: ignore[misc]
+
+class _Bridge:
+    """The ``process`` spans of one kernel whose actor runs off the loop: each from the
+    hand-over to the actor's reply (see the module notes)."""
+
+    def __init__(self, tracer: MessageTracer, kernel_id: str) -> None:
         self._routed = False  # the actor sends into a direct edge: no reply comes back
         self._tracer = tracer
-        self._kernel = kernel
+        self._kernel_id = kernel_id
         self._lock = threading.Lock()
         # request key (its message_id) -> its process span, until the reply
         self._open: dict[Any, Any] = {}
-        # id(msg) -> (msg, its process span) for an offer the tier refused (it comes again)
+        # id(msg) -> (msg, its process span) before the tier took it (it may come again)
         self._unsent: dict[int, tuple[Any, Any]] = {}
-        # the message being offered and its header, for `_header` (per thread)
-        self._offering = threading.local()
-        # id(reply) -> (reply, the Context it arrived with), until `_replied` takes it
+        # id(reply) -> (reply, the Context it arrived with), until `replied` takes it
         self._arrived: dict[int, tuple[Any, Any]] = {}
-        self._wire = inner.trace_wire(self._header, self._received)
 
-    def __getattr__(self, name: str) -> Any:
-        # what a tier's worker offers beyond the contract (a pool's member counts, ...)
-        return getattr(self.inner, name)
+    # -- the context on the tier's wire ------------------------------------------------------
 
-    # -- the context on the tier's wire ----------------------------------------------------
+    def header(self, msg: Any) -> tuple[int, int, int] | None:
+        """The context ``msg`` goes to the actor in: its ``process`` span's, started now
+        (or kept from an offer the tier refused)."""
+        sc = self._span_of(msg).get_span_context()
+        return (sc.trace_id, sc.span_id, sc.trace_flags)
 
-    def _header(self, msg: Any) -> tuple[int, int, int] | None:
-        """The trace context of ``msg`` while `offer` hands it over (else None)."""
-        offering = self._offering
-        if getattr(offering, "msg", None) is not msg:
-            return None
-        header: tuple[int, int, int] = offering.header
-        return header
-
-    def _received(self, reply: Any, trace_id: int, span_id: int, flags: int) -> None:
-        """A reply arrived in trace context: it parents the reply's next hop."""
+    def received(self, reply: Any, trace_id: int, span_id: int, flags: int) -> None:
+        """A reply arrived in trace context (maybe on the actor's thread): it parents the
+        reply's next hop."""
         ctx = remote_context(trace_id, span_id, flags)
         with self._lock:
             arrived = self._arrived
@@ -470,50 +412,39 @@ class TracingWorker(TierWorker):
             if len(arrived) > MAX_IN_FLIGHT:
                 del arrived[next(iter(arrived))]
 
-    # -- traced ----------------------------------------------------------------------------
-
-    def offer(self, msg: Any) -> bool:
+    def _span_of(self, msg: Any) -> Any:
         with self._lock:
-            held = self._unsent.pop(id(msg), None)
+            held = self._unsent.get(id(msg))
         if held is not None and held[0] is msg:
-            span = held[1]
-        else:
-            span = self._tracer.start_process(self._kernel.kernel_id, msg)
-        try:
-            if self._wire:
-                sc = span.get_span_context()
-                offering = self._offering
-                offering.header = (sc.trace_id, sc.span_id, sc.trace_flags)
-                offering.msg = msg
-                try:
-                    ok = self.inner.offer(msg)
-                finally:
-                    offering.msg = None
-            else:
-                ok = self.inner.offer(msg)
-        except BaseException as exc:  # refused (a wrong type, too large): no process
-            if isinstance(exc, Exception):
-                record_failure(span, exc)
-            span.end()
-            raise
-        if not ok:
-            with self._lock:
-                unsent = self._unsent
-                unsent[id(msg)] = (msg, span)
-                if len(unsent) > MAX_IN_FLIGHT:
-                    del unsent[next(iter(unsent))]
-            return False
+            return held[1]
+        span = self._tracer.start_process(self._kernel_id, msg)
+        with self._lock:
+            unsent = self._unsent
+            unsent[id(msg)] = (msg, span)
+            if len(unsent) > MAX_IN_FLIGHT:
+                unsent.pop(next(iter(unsent)))[1].end()
+        return span
+
+    # -- the bridge's events -------------------------------------------------------------------
+
+    def taken(self, msg: Any) -> None:
+        """The tier took ``msg``: its span waits for the reply (a plain value, which no
+        reply can be matched to, ends at once)."""
+        span = self._span_of(msg)
+        with self._lock:
+            self._unsent.pop(id(msg), None)
         key = _message_id(msg)
         if key is None or self._routed:  # a plain value, or its reply goes into an edge
             span.end()
-            return True
+            return
         with self._lock:
             self._open[key] = span
             if len(self._open) > MAX_IN_FLIGHT:
                 self._open.pop(next(iter(self._open))).end()
-        return True
 
-    def _replied(self, reply: Any) -> None:
+    def replied(self, kernel: Any, reply: Any) -> None:
+        """The actor's ``reply`` came back: the span of the message it answers ends, and a
+        reply that goes on down a pipeline gets its ``send`` span under it."""
         cid = getattr(reply, "correlation_id", None)
         with self._lock:
             span = self._open.pop(cid, None) if cid is not None else None
@@ -522,113 +453,42 @@ class TracingWorker(TierWorker):
             got = self._arrived.pop(id(reply), None) if self._arrived else None
         if span is not None:
             span.end()
-        kernel = self._kernel
         target = kernel.forwards_to
         if target is None or (cid is not None and reply_key(reply) in kernel.reply_waiters):
             return  # it goes to the outbox, or to its caller: no next hop
+        tracer = self._tracer
         if got is not None and got[0] is reply:  # the context it came back in
-            self._tracer.sent(target.kernel_id, reply, got[1])
+            tracer.sent(target.kernel_id, reply, got[1])
         elif span is not None:
-            self._tracer.sent(target.kernel_id, reply, _trace.set_span_in_context(span))
+            tracer.sent(target.kernel_id, reply, _trace.set_span_in_context(span))
 
-    def poll_reply(self) -> Any:
-        reply = self.inner.poll_reply()
-        if reply is not None:
-            self._replied(reply)
-        return reply
+    def failed(self, msg: Any, error: BaseException) -> None:
+        """The actor failed on ``msg`` (None: unknown): its span says so."""
+        key = None if msg is None else _message_id(msg)
+        with self._lock:
+            span = self._open.pop(key, None) if key is not None else None
+        if span is not None:
+            if isinstance(error, Exception):
+                record_failure(span, error)
+            span.end()
 
-    def reply_within(self, budget_s: float) -> Any:
-        reply = self.inner.reply_within(budget_s)
-        if reply is not None:
-            self._replied(reply)
-        return reply
+    def dropped(self, msg: Any, error: BaseException | None) -> None:
+        """``msg`` ended before the tier took it (``error``: why, when it could not)."""
+        with self._lock:
+            held = self._unsent.pop(id(msg), None)
+        if held is not None and held[0] is msg:
+            if isinstance(error, Exception):
+                record_failure(held[1], error)
+            held[1].end()
 
-    def drain_replies(self) -> list[Any]:
-        replies = self.inner.drain_replies()
-        for r in replies:
-            if not isinstance(r, BaseException):
-                self._replied(r)
-        return replies
+    def routed(self, direct: bool) -> None:
+        """The actor's output goes into a direct edge (``direct``) or back to the bridge."""
+        self._routed = direct
 
-    def stop(self, timeout: float) -> bool:
-        inner = self.inner
-        try:
-            return inner.stop(timeout)
-        finally:
-            failure = inner.failure
-            culprit = None
-            if failure is not None:  # the span of the message the actor failed on says so
-                failed_on = inner.failed_on
-                culprit = None if failed_on is None else _message_id(failed_on)
-            with self._lock:
-                failed = self._open.pop(culprit, None) if culprit is not None else None
-                left = [*self._open.values(), *(s for _, s in self._unsent.values())]
-                self._open, self._unsent, self._arrived = {}, {}, {}
-            if failed is not None:
-                assert failure is not None
-                record_failure(failed, failure)
-                failed.end()
-            for span in left:  # no reply came for these
-                span.end()
-
-    @property
-    def failed_on(self) -> Any:
-        return self.inner.failed_on
-
-    # -- delegated -------------------------------------------------------------------------
-
-    def open_edge(self, kind: str, source_id: str) -> Any:
-        return self.inner.open_edge(kind, source_id)
-
-    def route_into(self, edge: Any) -> None:
-        self.inner.route_into(edge)
-        self._routed = edge is not None
-
-    def pause_edges(self, paused: bool) -> None:
-        self.inner.pause_edges(paused)
-
-    @property
-    def max_message_bytes(self) -> int | None:
-        return self.inner.max_message_bytes
-
-    def encode_checked(self, msg: Any, keep: bool = False) -> bytes | None:
-        return self.inner.encode_checked(msg, keep)
-
-    def keep_encoded(self, msg: Any, data: bytes | None) -> None:
-        self.inner.keep_encoded(msg, data)
-
-    @property
-    def pending_input(self) -> int:
-        return self.inner.pending_input
-
-    @property
-    def is_idle(self) -> bool:
-        return self.inner.is_idle
-
-    @property
-    def failure(self) -> BaseException | None:
-        return self.inner.failure
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def set_room(self, n: int) -> bool:
-        return self.inner.set_room(n)
-
-    def on_writable(self, callback: Callable[[], None]) -> None:
-        self.inner.on_writable(callback)
-
-    def on_readable(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.inner.on_readable(callback)
-
-    def watch(self, loop: Any, callback: Callable[[], None]) -> Callable[[], None] | None:
-        return self.inner.watch(loop, callback)
-
-    def on_late_reply(self, callback: Callable[[], None]) -> None:
-        self.inner.on_late_reply(callback)
-
-    def take_undelivered(self) -> list[Any]:
-        return self.inner.take_undelivered()
-
-    def drain_latencies(self) -> tuple[int, int, int, int, list[tuple[int, int]]] | None:
-        return self.inner.drain_latencies()
+    def stopped(self) -> None:
+        """The worker stopped: no reply comes for what it still had."""
+        with self._lock:
+            left = [*self._open.values(), *(s for _, s in self._unsent.values())]
+            self._open, self._unsent, self._arrived = {}, {}, {}
+        for span in left:
+            span.end()

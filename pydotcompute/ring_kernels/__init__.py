@@ -27,6 +27,7 @@ from .fast_queue import PriorityBand as PriorityBand
 from .fast_queue import QueueStats as QueueStats
 from .fast_queue import RingBuffer as RingBuffer
 from .fast_queue import get_priority_band as get_priority_band
+from .instruments import Instrument as Instrument
 from .kernel import RingKernel as RingKernel
 from .kernel import managed_kernel as managed_kernel
 from .message import ArrayMessage as ArrayMessage
@@ -116,6 +117,7 @@ __all__ = (
     "GPUKernelStatistics",
     "GPUMonitor",
     "GPURingKernel",
+    "Instrument",
     "KernelContext",
     "KernelState",
     "MessageQueue",

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..decorators.validators import check_message
 from ..exceptions import (
@@ -21,21 +22,73 @@ from ..exceptions import (
     MessageDeserializationError,
     QueueFullError,
 )
+from .config import RingKernelConfig
 from .fast_queue import FastMessageQueue
 from .message import RingKernelMessage, check_fields, fields_check, stamp_reply
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
 
-if TYPE_CHECKING:
-    from .kernel import RingKernel
-
-__all__ = ("SEND_YIELD_EVERY", "KernelContext")
+__all__ = ("SEND_YIELD_EVERY", "ActorHost", "KernelContext", "Peer")
 
 logger = logging.getLogger("pydotcompute")
 
 #: An actor's ``ctx.send`` / ``ctx.send_to`` lets the event loop run other tasks at least
 #: once every this many messages, even when every send finds room at once.
 SEND_YIELD_EVERY = 64
+
+
+class Peer(Protocol):
+    """A kernel an actor sends into (`RingKernel` is one): its intake."""
+
+    kernel_id: str
+
+    async def accept(self, msg: Any, timeout: float | None = None) -> None: ...
+
+    def accept_nowait(self, msg: Any) -> None: ...
+
+
+class ActorHost(Protocol):
+    """What an actor's context uses of its kernel (`RingKernel` is one). A protocol rather
+    than the class: the kernel imports this module to make its contexts, and a module that
+    imported the kernel back, even for its types, would tie the two into a cycle."""
+
+    kernel_id: str
+    output_type: type | None
+    telemetry: RingKernelTelemetry
+    config: RingKernelConfig
+
+    @property
+    def inbox(self) -> FastMessageQueue[Any] | None: ...
+
+    @property
+    def outbox(self) -> FastMessageQueue[Any] | None: ...
+
+    @property
+    def state(self) -> KernelState: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def answers_requests(self) -> bool: ...
+
+    @property
+    def telemetry_enabled(self) -> bool: ...
+
+    @property
+    def reply_waiters(self) -> dict[Any, Any]: ...
+
+    @property
+    def lookup(self) -> Callable[[str], Peer] | None: ...
+
+    @property
+    def forwards_to(self) -> Peer | None: ...
+
+    def hand_to_caller(self, reply: Any) -> bool: ...
+
+    def reply_kept(self, target: Any, exc: BaseException) -> None: ...
+
+    def count_lost_reply(self) -> None: ...
 
 
 class KernelContext:
@@ -65,7 +118,7 @@ class KernelContext:
         "kernel_id",
     )
 
-    def __init__(self, kernel: RingKernel, telemetry: RingKernelTelemetry | None = None) -> None:
+    def __init__(self, kernel: ActorHost, telemetry: RingKernelTelemetry | None = None) -> None:
         """Bind the context to its (launched) ``kernel``; ``telemetry``: the record this
         actor counts into (a pool replica's own), by default the kernel's."""
         self._kernel = kernel
@@ -75,7 +128,7 @@ class KernelContext:
         self._waiters = kernel.reply_waiters  # the kernel's own dict (emptied in place)
         self._lookup = kernel.lookup
         self._gate: asyncio.Future[None] | None = None
-        self._forward: RingKernel | None = kernel.forwards_to
+        self._forward: Peer | None = kernel.forwards_to
         self._stopping = kernel.stopping
         # a kernel that had a send_and_receive request: each reply goes by `hand_to_caller`
         # even with no caller waiting, so one whose caller gave up is dropped, not queued
@@ -361,7 +414,7 @@ class KernelContext:
     def kernel_changed(
         self,
         gate: asyncio.Future[None] | None,
-        forward: RingKernel | None,
+        forward: Peer | None,
         stopping: bool,
         answers: bool = False,
     ) -> None:

@@ -16,19 +16,20 @@ Edge kinds (`EdgeKind`):
   the runtime's process (`tiers/process/edge.py`).
 - ``"device-ring"``: GPU -> GPU on one device, a ring of fixed-layout records in device
   memory written by the producer's persistent kernel and polled by the consumer's
-  (`tiers/gpu/edge.py`). A source worker may refine the pick with ``edge_fit(kind,
-  target_worker)``: "" to accept, a reason to keep the loop path (kernels on two
+  (`tiers/gpu/edge.py`). A source worker may refine the pick with `TierWorker.edge_fit`
+  ``(kind, target_worker)``: "" to accept, a reason to keep the loop path (kernels on two
   devices), or `TypeValidationError` to refuse the connect (records of another class).
 
 An end may be a worker pool (thread or process tier): the edge is then an
 `pool_edges.EdgeGroup` of one edge of the kind per replica, out of a pool one per producing
 replica, into a pool one per consuming replica, which the producer spreads over (round
 robin, skipping a full one). A pool's worker offers its members' kinds; into a pool, the
-producer's worker must also declare it can spread over that kind (``EDGE_SPREAD``, read
-with a default: an optional attribute beside ``EDGE_OUT``), else the edge stays on the loop.
+producer's tier must also declare it can spread over that kind (``edges_spread`` in its
+`Capabilities`), else the edge stays on the loop.
 
-Negotiation through the tier contract: a `TierWorker` declares ``EDGE_OUT`` (the kinds it
-can produce into) and ``EDGE_IN`` (the kinds it can consume from). `EdgeTable.connect`
+Negotiation through the tier contract: a tier declares ``edges_out`` (the kinds it can
+produce into) and ``edges_in`` (the kinds it can consume from) in its `Capabilities`
+(``kernel.CAPABILITIES``; a pool's are its members'). `EdgeTable.connect`
 picks the first kind of `PREFERENCE` both ends offer, else ``"loop"``; the consumer's
 worker makes the edge (`TierWorker.open_edge`, its bound and policy are the consumer's) and
 the producer's worker writes into it (`TierWorker.route_into`). The runtime keeps
@@ -64,6 +65,8 @@ How each promise holds on a direct edge:
   beside the message, in the consumer's `TraceCarrier`), so a tracing runtime keeps it
   direct; the consumer's actor makes that context current, and a thread consumer records
   the message's ``process`` span itself (the runtime's bridge never sees it).
+- *Instruments*: a runtime with other instruments keeps loop edges: a direct edge's
+  messages pass none of the hooks, so its instruments would miss them.
 - *Disconnect and re-connect*: ``disconnect`` routes the producer back to its outbox; the
   edge stays attached to the consumer, which still drains it, so each message ends exactly
   once across the switch. Connecting the same pair again reuses that edge.
@@ -165,13 +168,21 @@ class EdgeTable:
         self._direct: dict[tuple[Any, Any], Any] = {}
         self._folded: dict[int, _Folded] = {}  # id(edge) -> what fold already added
 
-    def connect(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> EdgeInfo:
+    def connect(
+        self,
+        source: Any,
+        target: Any,
+        *,
+        tracing: bool,
+        instrumented: bool = False,
+        direct: bool = True,
+    ) -> EdgeInfo:
         """Record that ``source`` now forwards into ``target`` (the runtime already
         called ``source.forward_to(target)``) and make the edge direct when both ends
         offer a kind (see the module notes). Returns what ``runtime.edges()`` shows."""
         self.disconnect(source)
         try:
-            kind, why = negotiate(source, target, tracing=tracing)
+            kind, why = negotiate(source, target, tracing=tracing, instrumented=instrumented)
         except TypeValidationError:  # the direct kind refuses the pair (`check` raised it)
             if direct:
                 raise
@@ -200,7 +211,15 @@ class EdgeTable:
         self._current[source] = entry
         return self._info(entry)
 
-    def check(self, source: Any, target: Any, *, tracing: bool, direct: bool = True) -> None:
+    def check(
+        self,
+        source: Any,
+        target: Any,
+        *,
+        tracing: bool,
+        instrumented: bool = False,
+        direct: bool = True,
+    ) -> None:
         """Raise before anything changes when the direct kind ``connect`` would pick
         refuses the pair (a source worker's ``edge_fit``).
 
@@ -208,7 +227,7 @@ class EdgeTable:
             TypeValidationError: e.g. a ``device-ring`` edge between different classes.
         """
         if direct:
-            negotiate(source, target, tracing=tracing)
+            negotiate(source, target, tracing=tracing, instrumented=instrumented)
 
     def disconnect(self, source: Any) -> None:
         """``source`` no longer forwards over its edge: a direct one routes the producer
@@ -274,6 +293,29 @@ class EdgeTable:
                     tel.record_drop(lost - done.lost, "lost")
                 done.lost = lost
 
+    def fold_replicas(self, kernel: Any, tels: list[Any], *, timed: bool) -> None:
+        """Add the replica edges' counters of the direct edges with a pool end at
+        ``kernel`` to its per-replica records ``tels`` (made afresh by each read, so the
+        figures are added whole): ``messages_received`` and ``messages_processed`` of
+        each consuming replica, ``messages_sent`` of each producing one. Their sums are
+        what `fold` adds to the pool's own record."""
+        for (source, target), edge in self._direct.items():
+            if not isinstance(edge, EdgeGroup):
+                continue
+            into = kernel is target and edge.spread
+            out_of = kernel is source and not edge.spread
+            if not (into or out_of):
+                continue
+            for i, part in enumerate(edge.parts[: len(tels)]):
+                c = part.counters()
+                tel = tels[i]
+                if into:
+                    tel.messages_received += c["accepted"]
+                    if timed:
+                        tel.messages_processed += c["accepted"] - c["evicted"]
+                elif timed:
+                    tel.messages_sent += c["accepted"] + c["rejected"]
+
     def forget(self, kernel: Any) -> None:
         """Drop what the table keeps for ``kernel`` (removed from the runtime)."""
         self._current.pop(kernel, None)
@@ -283,8 +325,8 @@ class EdgeTable:
 
 def _open(source: Any, target: Any, kind: str) -> Any:
     """The consumer's worker makes the edge; out of a pool (a source worker with
-    ``edge_replicas``), one per producing replica, as an `EdgeGroup`."""
-    replicas = getattr(source.worker, "edge_replicas", 0)
+    `TierWorker.edge_replicas`), one per producing replica, as an `EdgeGroup`."""
+    replicas = source.worker.edge_replicas
     if replicas <= 0:
         return target.worker.open_edge(kind, source.kernel_id)
     parts = [
@@ -293,24 +335,26 @@ def _open(source: Any, target: Any, kind: str) -> Any:
     return EdgeGroup(kind, parts, spread=False)
 
 
-def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str]:
+def negotiate(
+    source: Any, target: Any, *, tracing: bool, instrumented: bool = False
+) -> tuple[EdgeKind, str]:
     """The kind of a ``source -> target`` edge, and why it is ``"loop"`` when it is: the
-    first kind of `PREFERENCE` that the source's worker produces into (``EDGE_OUT``) and
-    the target's consumes from (``EDGE_IN``); under ``tracing`` only `TRACED_KINDS`."""
-    ends = []
+    first kind of `PREFERENCE` that the source's tier produces into (its capabilities'
+    ``edges_out``) and the target's consumes from (``edges_in``); under ``tracing`` only
+    `TRACED_KINDS`, and none with a pool end; with other ``instrumented`` hooks none."""
+    if instrumented:  # a direct edge's messages pass no hook: the instruments see them all
+        return "loop", "an instrumented runtime keeps loop edges (its hooks would miss them)"
     for kernel, role in ((source, "source"), (target, "target")):
-        worker = getattr(kernel, "worker", None)
-        if worker is None:
+        if kernel.worker is None:
             tier = kernel.config.tier
             return "loop", f"the {role} {kernel.kernel_id!r} runs on the {tier} tier (no worker)"
         if kernel.config.serialize:
             return "loop", f"the {role} {kernel.kernel_id!r} serializes its messages"
-        ends.append(worker)
-    offered = ends[0].EDGE_OUT
-    taken = ends[1].EDGE_IN
-    pool_in = getattr(ends[1], "edge_replicas", 0) > 0
-    pool_out = getattr(ends[0], "edge_replicas", 0) > 0
-    spreads: frozenset[str] = getattr(ends[0], "EDGE_SPREAD", frozenset())
+    offered = source.CAPABILITIES.edges_out
+    taken = target.CAPABILITIES.edges_in
+    pool_in = target.worker.edge_replicas > 0
+    pool_out = source.worker.edge_replicas > 0
+    spreads = source.CAPABILITIES.edges_spread
     for kind in PREFERENCE:
         if kind in offered and kind in taken:
             if tracing and kind not in TRACED_KINDS:
@@ -323,8 +367,7 @@ def negotiate(source: Any, target: Any, *, tracing: bool) -> tuple[EdgeKind, str
                     f"spread {kind} messages over the replicas of the pool "
                     f"{target.kernel_id!r}"
                 )
-            fit = getattr(ends[0], "edge_fit", None)
-            why = "" if fit is None else fit(kind, ends[1])
+            why = source.worker.edge_fit(kind, target.worker)
             return (kind, "") if not why else ("loop", why)
     return "loop", (
         f"no direct kind both ends offer ({source.config.tier} produces into "

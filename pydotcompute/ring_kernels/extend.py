@@ -5,11 +5,13 @@ uses). A tier is a `TierWorker`, the place one actor runs, plus a `HostedKernel`
 whose ``_make_worker(bridge)`` builds it, registered by name:
 
 ```python
-from pydotcompute.ring_kernels.extend import HostedKernel, TierWorker, register_tier
+from pydotcompute.ring_kernels.extend import Capabilities, HostedKernel, TierWorker, register_tier
 
-class MyWorker(TierWorker): ...          # start/stop, offer, poll_reply, ...
+class MyWorker(TierWorker):              # start/stop, offer, poll_reply, ...
+    CAPABILITIES = Capabilities(resize=True)  # what it supports beyond the contract
 
 class MyHostedKernel(HostedKernel):
+    WORKER = MyWorker                     # its capabilities are the worker's
     def _make_worker(self, bridge: int) -> TierWorker:
         return MyWorker(...)
 
@@ -45,6 +47,7 @@ from .kernel import KernelFunc, RingKernel
 from .states import KernelState
 from .tiers import (
     ActorKind,
+    Capabilities,
     TierWorker,
     actor_kind,
     canonical_tier,
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ActorKind",
+    "Capabilities",
     "FastLock",
     "FastSPSCQueue",
     "HostedKernel",

@@ -33,8 +33,8 @@ Design notes:
   worker's thread) polls and delivers what completes without waiting: a caller's future,
   room in the outbox or in a connected kernel. The first reply that would have to wait
   (and any error) goes to ``_ready``, which the collector empties first, so order holds.
-- The inline request (a worker that declares `TierWorker.SUPPORTS_INLINE_REQUEST`, launched
-  with ``reply_spin_us``): while a ``send_and_receive`` caller waits, the loop polls for
+- The inline request (a tier that states ``CAPABILITIES.inline_request``, launched with
+  ``reply_spin_us``): while a ``send_and_receive`` caller waits, the loop polls for
   the reply (`TierWorker.reply_within`) before it parks, trading the loop's time (and a
   core) for a reply without a wake-up; a request that finds the bridge idle is handed
   over, polled for and its own reply returned from the poll, with no future,
@@ -61,6 +61,12 @@ Design notes:
   about 0.5 ms of the actor's work, or 64 messages, as far as its recent work predicts the
   next: messages that turn slow are held until four windows pass with fewer than 16 taken.
 
+- Instruments (`instruments.py`): the bridge itself reports each hand-over (a message
+  "taken"), each reply it collects and the worker's stop, where those steps are written;
+  with none installed each site costs one truth test. An instrumented bridge hands a
+  batch over one message at a time (`_offer_each`): a tier's wire reads each message's
+  trace context as it is offered.
+
 - A worker that stops before anyone asked (its actor function returned) ends the kernel
   as a returning tier-1 actor does: TERMINATED, callers told at once, leftovers handed
   back. A reply that does not decode here is one dropped reply (logged once, its caller
@@ -77,7 +83,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, ClassVar
 
 from ..exceptions import (
     KernelFailedError,
@@ -94,7 +100,7 @@ from .kernel import RingKernel
 from .message import id_key, reply_key, request_key
 from .states import KernelState
 from .supervision import BurstLog
-from .tiers.contract import TierWorker
+from .tiers.contract import Capabilities, TierWorker
 
 __all__ = ("HostedKernel",)
 
@@ -124,10 +130,11 @@ class HostedKernel(RingKernel):
     in `_make_worker`."""
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size"})
-    ACTOR_KIND = "sync"
-    SUPPORTS_RESTART = False
-    #: Whether ``replicas=N`` can run N workers of this tier behind one id (`pool.py`).
-    SUPPORTS_POOL = True
+    #: The tier's worker class: its ``CAPABILITIES`` become this kernel class's (a tier
+    #: states them once, on the worker). Without one: plain-function actors, no restart,
+    #: pools, and the latencies a worker may time folded in when telemetry is read.
+    WORKER: ClassVar[type[TierWorker] | None] = None
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(replicas=True, telemetry_refresh=True)
 
     __slots__ = (
         "_backlog",
@@ -152,12 +159,19 @@ class HostedKernel(RingKernel):
         "_reply_spin_max",
         "_reply_spin_s",
         "_spinner",
+        "_stop_reported",
         "_undecodable_seen",
         "_unwatch",
         "_want_room",
         "_worker",
         "_writable",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        worker = cls.__dict__.get("WORKER")
+        if worker is not None and "CAPABILITIES" not in cls.__dict__:
+            cls.CAPABILITIES = worker.CAPABILITIES  # the tier's one statement of them
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -186,6 +200,7 @@ class HostedKernel(RingKernel):
         self._writable: asyncio.Event | None = None
         self._unwatch: Any = None
         self._undecodable_seen = False  # a reply that does not decode was logged
+        self._stop_reported = False  # the instruments heard that the worker stopped
         # replies a full reject-policy kernel downstream refused: one line, then a count
         self._drop_log = BurstLog(
             logger,
@@ -209,8 +224,8 @@ class HostedKernel(RingKernel):
 
     def _reply_spin_budget(self) -> float:
         """The tier's ``reply_spin_us`` option, checked, in seconds (0: the loop never
-        polls for a reply); read at launch, used when the worker declares
-        `TierWorker.SUPPORTS_INLINE_REQUEST`.
+        polls for a reply); read at launch, used when the tier states
+        ``CAPABILITIES.inline_request``.
 
         Raises:
             InvalidConfigurationError: the option is not a budget the tier takes.
@@ -237,37 +252,47 @@ class HostedKernel(RingKernel):
         self._bridge = int(extra.get("bridge_queue_size", BRIDGE_LEAST))
         self._reply_spin_max = self._reply_spin_s = self._reply_spin_budget()
         self._worker = self._make_worker(self._bridge)
-        if "bridge_queue_size" not in extra and self._worker.set_room(self._bridge):
+        if (
+            "bridge_queue_size" not in extra
+            and self.CAPABILITIES.resize
+            and self._worker.set_room(self._bridge)
+        ):
             self._bridge_widens = True
         if self._worker.max_message_bytes is not None:
             self._direct = False  # every send takes the checked path: sizes are measured
-        self._fit_worker(wrapped=False)
+        self._fit_worker()
 
-    def wrap_worker(self, wrap: Callable[[TierWorker], TierWorker]) -> None:
-        """Put ``wrap(worker)`` in the worker's place (after launch, before activate: a
-        tracing runtime instruments the bridge this way)."""
+    def carry_trace(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """As `RingKernel.carry_trace`: the worker carries it (`TierWorker.trace_wire`)
+        where the tier can (``CAPABILITIES.trace_wire``). Asked after launch, before
+        activate (the worker's wire is set before it starts)."""
+        worker = self._worker
+        if worker is None or not self.CAPABILITIES.trace_wire:
+            return False
         self._check("activate")
-        assert self._worker is not None
-        self._worker = wrap(self._worker)
-        self._fit_worker(wrapped=True)
+        return worker.trace_wire(header, received)
 
-    def _fit_worker(self, *, wrapped: bool) -> None:
+    def _fit_worker(self) -> None:
         """Take the worker's capabilities: the edge encoding (a worker with a byte limit)
-        and the reply spin (`TierWorker.SUPPORTS_INLINE_REQUEST`). A wrapped worker (a
-        tracing runtime's) is spun on through its wrapper, but takes no inline request:
-        its replies go the bridge's way, where the wrapper sees each one delivered."""
+        and the reply spin (``CAPABILITIES.inline_request``). An instrumented bridge
+        still spins, but takes no inline request (`send_and_receive` checks): its
+        replies go the bridge's way, where the instruments hear of each one."""
         worker = self._worker
         assert worker is not None
         self._encoder = worker if worker.max_message_bytes is not None else None
-        spins = bool(self._reply_spin_max) and worker.SUPPORTS_INLINE_REQUEST
+        spins = bool(self._reply_spin_max) and self.CAPABILITIES.inline_request
         self._spinner = worker if spins else None
-        self._inline = worker if spins and not wrapped else None
+        self._inline = worker if spins else None
 
     def refresh_telemetry(self) -> None:
         """Fold the latencies the worker timed since the last call into `telemetry`
         (``runtime.get_telemetry`` calls it before reading)."""
         worker = self._worker
-        if worker is not None:
+        if worker is not None and self.CAPABILITIES.telemetry_refresh:
             part = worker.drain_latencies()
             if part is not None:
                 self.telemetry.merge_summary(part)
@@ -329,7 +354,9 @@ class HostedKernel(RingKernel):
         """Refuse at once what this kernel can never carry (`_check_size`) and what is not
         its ``input_type``: the edge checks of every message it accepts."""
         encoder = self._encoder
-        if encoder is not None:
+        # (instrumented: a traced worker's encoder reads the message's trace context, which
+        # only a hand-over may do; the message is measured as it is, below)
+        if encoder is not None and not self._instruments:
             try:  # type, size and the bytes kept in one call: every send comes here
                 if encoder.encode_checked(msg, True) is not None:
                     return
@@ -395,14 +422,25 @@ class HostedKernel(RingKernel):
         self._handed_direct += 1
         if self._timed:
             self.telemetry.messages_processed += 1
+        if self._instruments:
+            self._instruments.message_taken(self, msg)
         return True
 
-    def _hand_over_many(self, offer: Callable[[TierWorker], int]) -> int:
+    # the bridge's own hand-over under a second name, for a subclass that overrides
+    # `_hand_over` and needs this one on a hot path (a zero-argument ``super()`` builds an
+    # object per call)
+    _bridge_hand_over = _hand_over
+
+    def _hand_over_many(
+        self, offer: Callable[[TierWorker], int], msgs: list[Any] | None = None
+    ) -> int:
         """The direct path for a tier's own bulk send (the GPU tier's ``send_batch`` and
         ``send_records``): where `_hand_over` would offer one message straight to the
         worker, ``offer(worker)`` hands over as many as the worker takes and returns how
-        many; they are counted as `_hand_over` counts one. 0: nothing was done (the inbox
-        goes first, or the kernel does not run ungated). Errors of ``offer`` propagate."""
+        many; they are counted as `_hand_over` counts one (and reported to the
+        instruments as taken, when they are the first of ``msgs``). 0: nothing was done
+        (the inbox goes first, or the kernel does not run ungated). Errors of ``offer``
+        propagate."""
         if (
             self._state is not _ACTIVE
             or self._stopping
@@ -420,6 +458,9 @@ class HostedKernel(RingKernel):
         self._handed_direct += n
         if self._timed:
             self.telemetry.messages_processed += n
+        if n and msgs is not None and self._instruments:
+            for msg in msgs[:n]:
+                self._instruments.message_taken(self, msg)
         return n
 
     async def _place_set_active(self, active: bool, operation: str) -> None:
@@ -433,7 +474,7 @@ class HostedKernel(RingKernel):
         """Messages accepted so far: through the inbox, and offered straight to the worker."""
         return super().messages_received() + self._handed_direct
 
-    # -- the inline request (`TierWorker.SUPPORTS_INLINE_REQUEST`) -------------------------
+    # -- the inline request (``CAPABILITIES.inline_request``) -------------------------------
 
     def send_and_receive(self, msg: Any, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """`RingKernel.send_and_receive`; with a reply spin (see the design notes), a
@@ -441,7 +482,12 @@ class HostedKernel(RingKernel):
         for and, when the reply caught is its own, returned without a future or a
         delivery in between. (A plain method that returns the coroutine: a kernel that
         takes no inline request pays no coroutine of its own.)"""
-        if self._inline is not None and self._reply_spin_s and type(msg) is self.input_type:
+        if (
+            self._inline is not None
+            and self._reply_spin_s
+            and type(msg) is self.input_type
+            and not self._instruments  # (an instrumented bridge reports: the general path)
+        ):
             return self._request_inline(self._inline, msg, timeout)
         return RingKernel.send_and_receive(self, msg, timeout)
 
@@ -666,8 +712,12 @@ class HostedKernel(RingKernel):
                     self.telemetry.record_error(exc)
                     self._count_dropped(1)
                     logger.warning("kernel %r: dropped a message: %s", self.kernel_id, exc)
+                    if self._instruments:
+                        self._instruments.message_dropped(self, msg, "other", exc)
                     break
                 if ok:
+                    if self._instruments:
+                        self._instruments.message_taken(self, msg)
                     break
                 if not self._want_room:
                     # announce, then offer once more: room freed in between is seen
@@ -703,7 +753,7 @@ class HostedKernel(RingKernel):
         # (a loop in C: ``take()`` as often as there are messages that fit)
         batch = list(itertools.starmap(inbox.take, itertools.repeat((), min(room, inbox.qsize))))
         try:
-            n = worker.offer_many(batch)
+            n = self._offer_each(worker, batch) if self._instruments else worker.offer_many(batch)
         except Exception:  # the per-message path meets it again and reports it
             n = 0
         if n and self._timed:
@@ -712,6 +762,25 @@ class HostedKernel(RingKernel):
             self._backlog.extend(batch[n:])
         if widens:
             self._bridge_mark = (now, pending + n)
+
+    def _offer_each(self, worker: TierWorker, batch: list[Any]) -> int:
+        """`TierWorker.offer_many` for an instrumented bridge: one message at a time, each
+        reported as taken once the worker took it (a tier's wire reads each message's
+        trace context as it is offered)."""
+        instruments = self._instruments
+        assert instruments is not None
+        n = 0
+        for msg in batch:
+            try:
+                if not worker.offer(msg):
+                    break
+            except Exception:
+                if n:
+                    break
+                raise
+            instruments.message_taken(self, msg)
+            n += 1
+        return n
 
     def _fit_bridge(self, worker: TierWorker, pending: int, now: float) -> None:
         """Size the bridge to what the actor took since the last batch: as many messages as
@@ -831,7 +900,10 @@ class HostedKernel(RingKernel):
             if type(reply) is _Raised:
                 raise reply.error
             return reply
-        return worker.poll_reply()
+        reply = worker.poll_reply()
+        if reply is not None and self._instruments:
+            self._instruments.reply_collected(self, reply)
+        return reply
 
     def _drain_ready_replies(self) -> None:
         """On the loop, when a reply may be ready: deliver every reply that completes
@@ -854,7 +926,7 @@ class HostedKernel(RingKernel):
             return
         poll = worker.poll_replies
         deliver = self._deliver_now
-        rearms = worker.SHORT_POLL_REARMS
+        rearms = self.CAPABILITIES.short_poll_rearms
         try:
             while True:
                 # (`_drain_batch`, inlined: one frame less on every reply's way)
@@ -866,6 +938,9 @@ class HostedKernel(RingKernel):
                 else:
                     taken = n = len(replies)
                     drained = rearms and n < budget
+                    if n and self._instruments:
+                        for reply in replies:
+                            self._instruments.reply_collected(self, reply)
                     if n == 1 and self._answers:  # a lone reply, most likely a caller's
                         if not deliver(replies[0]):
                             ready.append(replies[0])
@@ -899,16 +974,15 @@ class HostedKernel(RingKernel):
         n = len(replies)
         done = 0
         out = self._outbox
-        offer = getattr(out, "offer", None)
-        if offer is not None and not self._answers and self._forward is None:
+        if out is not None and not self._answers and self._forward is None:
             # all for the outbox: offered in a row (a loop in C that stops at the first
             # refusal); how many it took is what its size grew by
-            before = out.qsize  # type: ignore[union-attr]
+            before = out.qsize
             try:  # (not contextlib.suppress: three calls a batch on the hot path)
-                all(map(offer, replies))
+                all(map(out.offer, replies))
             except Exception:  # one it refuses: `_deliver` reports it
                 pass
-            done = out.qsize - before  # type: ignore[union-attr]
+            done = out.qsize - before
             if done and self._timed:
                 self.telemetry.messages_sent += done
         deliver = self._deliver_now
@@ -939,6 +1013,8 @@ class HostedKernel(RingKernel):
     def _reply_polled(self, reply: Any) -> None:
         """A reply polled outside the callback (an inline request's that was not its own):
         delivered in order, by the collector when anything waits before it."""
+        if self._instruments:
+            self._instruments.reply_collected(self, reply)
         if self._ready or self._reply_in_hand or self._collecting or not self._deliver_now(reply):
             self._ready.append(reply)
             if self._readable is not None:
@@ -961,9 +1037,8 @@ class HostedKernel(RingKernel):
                 return False
         else:
             out = self._outbox
-            offer = getattr(out, "offer", None)
             try:
-                if offer is None or not offer(reply):
+                if out is None or not out.offer(reply):
                     return False
             except Exception:  # a value the outbox refuses: `_deliver` fails the kernel
                 return False
@@ -1033,9 +1108,8 @@ class HostedKernel(RingKernel):
                 return
             except QueueFullError as exc:  # a full reject-policy kernel downstream
                 self.count_lost_reply()
-                tracer = getattr(self._runtime, "tracer", None)
-                if tracer is not None:  # a tracing runtime: the reply's context goes too
-                    tracer.release(reply)
+                if self._instruments:
+                    self._instruments.message_dropped(self, reply, "reply_lost", exc)
                 self._drop_log.event(
                     "kernel %r: a reply forwarded to %r was dropped: %s",
                     self.kernel_id,
@@ -1088,7 +1162,7 @@ class HostedKernel(RingKernel):
         if worker is not None:
             worker.pause_edges(False)  # a deactivated kernel drains its edges too
             grace = 0.0 if self.hurried else deadline - loop.time()
-            await asyncio.to_thread(worker.stop, max(0.1, grace))
+            await self._stop_worker(worker, max(0.1, grace))
         collector = self._collector
         if collector is not None and not collector.done():
             # it delivers what the worker produced; if it cannot (a full outbox nobody
@@ -1121,7 +1195,7 @@ class HostedKernel(RingKernel):
         replies += self._take_ready()
         worker = self._worker
         if worker is not None:
-            replies += worker.drain_replies()
+            replies += self._drain_worker(worker)
         for reply in replies:
             await self._deliver_final(reply)
         if worker is not None:
@@ -1165,6 +1239,29 @@ class HostedKernel(RingKernel):
 
         return count_late
 
+    async def _stop_worker(self, worker: TierWorker, grace: float) -> None:
+        """Stop the worker (blocking: in a thread). The instruments hear once that it
+        stopped, and first how it failed, while `TierWorker.failed_on` still names the
+        message in the actor's hands."""
+        await asyncio.to_thread(worker.stop, grace)
+        instruments = self._instruments
+        if instruments and not self._stop_reported:
+            self._stop_reported = True
+            failure = worker.failure
+            if failure is not None:
+                instruments.actor_failed(self, worker.failed_on, failure)
+            instruments.worker_stopped(self)
+
+    def _drain_worker(self, worker: TierWorker) -> list[Any]:
+        """Every reply the worker still holds (`TierWorker.drain_replies`), each reported
+        to the instruments as collected."""
+        replies = worker.drain_replies()
+        if self._instruments:
+            for reply in replies:
+                if not isinstance(reply, BaseException):
+                    self._instruments.reply_collected(self, reply)
+        return replies
+
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -1177,8 +1274,8 @@ class HostedKernel(RingKernel):
         self._fail(exc)
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, 1.0)
-            for reply in self._take_ready() + worker.drain_replies():  # before the failure
+            await self._stop_worker(worker, 1.0)
+            for reply in self._take_ready() + self._drain_worker(worker):  # before the failure
                 await self._deliver_final(reply)
         self.hand_back(self._take_undelivered() + self._take_held(), at=mark)
 
@@ -1193,8 +1290,8 @@ class HostedKernel(RingKernel):
         self._stop_watching()
         worker = self._worker
         if worker is not None:
-            await asyncio.to_thread(worker.stop, 1.0)
-            for reply in self._take_ready() + worker.drain_replies():  # sent before it returned
+            await self._stop_worker(worker, 1.0)
+            for reply in self._take_ready() + self._drain_worker(worker):  # sent before it returned
                 await self._deliver_final(reply)
         self.hand_back(
             self._take_undelivered() + self._take_held(),

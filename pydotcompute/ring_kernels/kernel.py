@@ -78,7 +78,7 @@ import copy
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from ..decorators.validators import (
     check_message,
@@ -96,6 +96,7 @@ from ..exceptions import (
 from .config import RingKernelConfig
 from .context import SEND_YIELD_EVERY, DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, FastMessageQueue, wait_until
+from .instruments import Instruments, instrumented_context
 from .message import (
     RingKernelMessage,
     check_declared_types,
@@ -114,9 +115,7 @@ from .queue import MessageQueue
 from .states import KernelState
 from .supervision import BurstLog, RestartIntensity
 from .telemetry import RingKernelTelemetry
-
-if TYPE_CHECKING:
-    from .runtime import RingKernelRuntime
+from .tiers.contract import Capabilities, TierWorker, fold_legacy_capabilities
 
 __all__ = (
     "ABANDONED_REQUESTS_KEPT",
@@ -132,6 +131,25 @@ __all__ = (
 logger = logging.getLogger("pydotcompute")
 
 KernelFunc = Callable[["KernelContext"], Awaitable[None]]
+
+
+class KernelHost(Protocol):
+    """What a kernel uses of the runtime that launched it (`RingKernelRuntime`): other
+    kernels by id, a word when it fails, the instruments to report to, and its tracer."""
+
+    def get_kernel(self, kernel_id: str) -> RingKernel: ...
+
+    def kernel_failed(self, kernel: RingKernel) -> None: ...
+
+    @property
+    def instruments(self) -> Instruments: ...
+
+    @property
+    def tracer(self) -> Any:
+        """The runtime's `observability.tracing.MessageTracer` (``tracing=True``), else
+        None: a tier that must know at launch whether trace context will cross (Ray's
+        actor reads it) asks here."""
+
 
 #: How many requests whose ``send_and_receive`` caller gave up (timed out or was
 #: cancelled) a kernel keeps registered: sending one of those message objects again gives
@@ -208,11 +226,12 @@ class RingKernel:
     """
 
     EXTRA_OPTIONS: frozenset[str] = frozenset()
-    #: The kind of actor function this tier runs (``"async"``/``"sync"``; None: not
-    #: checked); the runtime refuses the other kind at launch.
-    ACTOR_KIND: str | None = "async"
-    #: Whether ``restart="on_failure"`` is honoured; the runtime refuses it otherwise.
-    SUPPORTS_RESTART: bool = True
+    #: What the asyncio tier supports (`tiers.contract.Capabilities`): async actors,
+    #: restarts and pools. A tier whose actor runs elsewhere states its own on its worker
+    #: class (`HostedKernel.WORKER`); the runtime reads nothing else.
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        actor_kind="async", restart=True, replicas=True
+    )
 
     __slots__ = (
         "__weakref__",  # (the message registry holds kernels weakly: `message.declared`)
@@ -227,6 +246,7 @@ class RingKernel:
         "_grace_cut",
         "_in_ok",
         "_inbox",
+        "_instruments",
         "_kept_log",
         "_lookup",
         "_loop",
@@ -256,6 +276,7 @@ class RingKernel:
         names (``_accept``/``_accept_nowait``), and one written against those is reached
         through the public protocol."""
         super().__init_subclass__(**kwargs)
+        fold_legacy_capabilities(cls)
         own = cls.__dict__
         if "_accept" in own and "accept" not in own:
             older = own["_accept"]
@@ -279,7 +300,7 @@ class RingKernel:
         config: RingKernelConfig | None = None,
         input_type: type | None = None,
         output_type: type | None = None,
-        runtime: RingKernelRuntime | None = None,
+        runtime: KernelHost | None = None,
         enable_telemetry: bool = True,
         lookup: Callable[[str], RingKernel] | None = None,
         on_failed: Callable[[RingKernel], None] | None = None,
@@ -304,10 +325,13 @@ class RingKernel:
         self.output_type = output_type
         self._func = kernel_func
         self._runtime = runtime
-        # what the kernel needs of its runtime: other kernels by id, and a word when it fails
+        # what the kernel needs of its runtime: other kernels by id, a word when it fails,
+        # and the instruments it reports to (the runtime's own list)
+        self._instruments: Instruments | None = None
         if runtime is not None:
             lookup = lookup or runtime.get_kernel
             on_failed = on_failed or runtime.kernel_failed
+            self._instruments = runtime.instruments
         self._lookup = lookup
         self._on_failed = on_failed
         self._timed = enable_telemetry
@@ -395,6 +419,12 @@ class RingKernel:
         return self._answers
 
     @property
+    def instruments(self) -> Instruments | None:
+        """The runtime's instruments this kernel reports to (empty: none installed), or
+        None for a kernel outside any runtime."""
+        return self._instruments
+
+    @property
     def lookup(self) -> Callable[[str], RingKernel] | None:
         """Another kernel of the same runtime by id (raising ``KernelNotFoundError``), or
         None for a kernel outside any runtime."""
@@ -457,16 +487,22 @@ class RingKernel:
             queue = MessageQueue(size, kernel_id=self.kernel_id, backpressure=strategy)
         if inbox:  # drop_oldest drops reach telemetry as they happen
             queue.on_drop = self.telemetry.record_backpressure_drop
+            if self._instruments:  # ... and the instruments, with the message dropped
+                queue.on_drop_item = self._evicted
         result: FastMessageQueue[Any] = queue
         return result
 
+    def _evicted(self, item: Any) -> None:
+        """A full ``drop_oldest`` inbox evicted ``item``: the instruments hear of it."""
+        if self._instruments:
+            self._instruments.message_dropped(self, item, "backpressure")
+
     def _context_class(self) -> type[KernelContext]:
-        """The class of the actor's context: plain or decoding, traced under a tracing
-        runtime."""
+        """The class of the actor's context: plain or decoding, reporting to the
+        instruments when the runtime has any (chosen once, here: see `instruments`)."""
         ctx_class: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
-        tracer = getattr(self._runtime, "tracer", None)
-        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
-            ctx_class = tracer.context_class(ctx_class)
+        if self._instruments:
+            ctx_class = instrumented_context(ctx_class)
         return ctx_class
 
     def _make_contexts(self) -> list[KernelContext]:
@@ -667,6 +703,10 @@ class RingKernel:
             self._inbox.count_dropped(n)
         if log is not None:
             logger.warning(log, self.kernel_id, n)
+        instruments = self._instruments
+        if instruments:
+            for msg in messages:
+                instruments.message_dropped(self, msg, "undelivered")
 
     def reply_kept(self, target: Any, exc: BaseException) -> None:
         """A reply forwarded into ``target`` was refused because ``target`` stopped taking
@@ -1334,6 +1374,41 @@ class RingKernel:
         read from the inbox's own counters: nothing is counted per message for it."""
         inbox = self._inbox
         return 0 if inbox is None else inbox.statistics().total_enqueued
+
+    # -- what a tier may add: the defaults (see `Capabilities`) ---------------------------
+
+    @property
+    def worker(self) -> TierWorker | None:
+        """The `TierWorker` the actor runs in, or None: it runs on the runtime's loop."""
+        return None
+
+    def carry_trace(
+        self,
+        header: Callable[[Any], tuple[int, int, int] | None],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """Have the tier carry trace context to its actor and back (a tracing instrument
+        asks, at `Instrument.kernel_launched`): see `TierWorker.trace_wire`. False here:
+        an asyncio actor runs in the runtime's own context, where the instrument makes a
+        message's span current itself (``CAPABILITIES.trace_wire`` off)."""
+        return False
+
+    def refresh_telemetry(self) -> None:
+        """Fold what the tier counted elsewhere into `telemetry` (``runtime.get_telemetry``
+        calls it before reading, where ``CAPABILITIES.telemetry_refresh`` says there is
+        something to fold). Nothing here: tier 1 counts into its record directly."""
+
+    def replica_telemetry(self) -> list[RingKernelTelemetry]:
+        """One telemetry record per actor (``CAPABILITIES.replica_telemetry``: a pool's
+        replicas, adding up to the kernel's); here the kernel's own record, its only one."""
+        return [self.telemetry]
+
+    async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
+        """Send each actor of this kernel its own copy of ``msg`` (``runtime.broadcast``);
+        with one actor (``CAPABILITIES.broadcast`` off) that is one `send`. Returns how
+        many actors it reached."""
+        await self.send(msg, timeout)
+        return 1
 
     # -- the tier's side of each verb (no-ops here: the actor runs on this loop) ----------
     #

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import threading
@@ -71,12 +72,13 @@ from ..exceptions import (
 from .context import DecodingContext, KernelContext
 from .fast_queue import BackpressureStrategy, get_priority_band
 from .hosted import HostedKernel
+from .instruments import instrumented_context
 from .kernel import RingKernel
 from .message import new_message_id
 from .pool_edges import EdgeGroup
 from .states import KernelState
 from .telemetry import RingKernelTelemetry
-from .tiers.contract import TierWorker
+from .tiers.contract import Capabilities, TierWorker
 
 __all__ = (
     "AsyncioPoolKernel",
@@ -285,6 +287,22 @@ def _replica_context_class(base: type[KernelContext]) -> type[KernelContext]:
     return ReplicaContext
 
 
+def _pool_capabilities(tier: Capabilities) -> Capabilities:
+    """A pool's capabilities, from its tier's: a copy of a broadcast per replica, telemetry
+    per replica (folded into the pool's when read), and its members' direct edge kinds
+    (one edge per replica, `pool_edges.py`). Its worker polls its members in turn, so a
+    short poll says nothing of a re-armed wake-up."""
+    return dataclasses.replace(
+        tier,
+        broadcast=True,
+        replica_telemetry=True,
+        telemetry_refresh=True,
+        resize=False,
+        inline_request=False,
+        short_poll_rearms=False,
+    )
+
+
 class AsyncioPoolKernel(RingKernel):
     """N actor tasks on the runtime's loop sharing one inbox and one outbox.
 
@@ -305,6 +323,7 @@ class AsyncioPoolKernel(RingKernel):
     """
 
     EXTRA_OPTIONS = frozenset({REPLICAS_OPTION})
+    CAPABILITIES = _pool_capabilities(RingKernel.CAPABILITIES)
     __slots__ = ("_changed", "_copy_of", "_ended", "_replica_tels", "_returned", "_rounds")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -325,9 +344,8 @@ class AsyncioPoolKernel(RingKernel):
     def _make_contexts(self) -> list[KernelContext]:
         base: type[KernelContext] = DecodingContext if self.config.serialize else KernelContext
         ctx_class: Any = _replica_context_class(base)
-        tracer = getattr(self._runtime, "tracer", None)
-        if tracer is not None:  # a tracing runtime: its kind of context (see observability)
-            ctx_class = tracer.context_class(ctx_class)
+        if self._instruments:  # an instrumented runtime: the context reports (`instruments`)
+            ctx_class = instrumented_context(ctx_class)
         self._replica_tels = [
             RingKernelTelemetry(_replica_name(self.kernel_id, i), live=True)
             for i in range(self.replicas)
@@ -1025,10 +1043,10 @@ class PoolWorker(TierWorker):
         return out
 
 
-_POOL_WORKERS: dict[type, type[PoolWorker]] = {}
+_POOL_WORKERS: dict[type[TierWorker], type[PoolWorker]] = {}
 
 
-def _pool_worker_class(member: type) -> type[PoolWorker]:
+def _pool_worker_class(member: type[TierWorker]) -> type[PoolWorker]:
     """`PoolWorker` offering the direct edge kinds of its members' class ``member``: a
     pool's edges are its members' (one per replica, `pool_edges.py`)."""
     made = _POOL_WORKERS.get(member)
@@ -1037,9 +1055,12 @@ def _pool_worker_class(member: type) -> type[PoolWorker]:
             f"{member.__name__}Pool",
             (PoolWorker,),
             {
-                "EDGE_OUT": getattr(member, "EDGE_OUT", frozenset()),
-                "EDGE_IN": getattr(member, "EDGE_IN", frozenset()),
-                "EDGE_SPREAD": getattr(member, "EDGE_SPREAD", frozenset()),
+                "CAPABILITIES": dataclasses.replace(
+                    PoolWorker.CAPABILITIES,
+                    edges_out=member.CAPABILITIES.edges_out,
+                    edges_in=member.CAPABILITIES.edges_in,
+                    edges_spread=member.CAPABILITIES.edges_spread,
+                ),
                 "__module__": __name__,
             },
         )
@@ -1075,17 +1096,16 @@ class HostedPoolKernel(HostedKernel):
     @property
     def running_replicas(self) -> int:
         """Replicas whose actor has not returned by itself (a broadcast reaches these)."""
-        worker: Any = self._worker
+        worker = cast("PoolWorker | None", self._worker)
         return self.replicas if worker is None else len(worker.live_members())
 
     async def broadcast(self, msg: Any, timeout: float | None = None) -> int:
         """Put a copy of ``msg`` for each running replica in the inbox, each addressed to
         its replica (see `RingKernelRuntime.broadcast`); returns how many were put."""
         self._validate_in(msg)
-        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
-        worker: Any = self._worker
+        worker = cast("PoolWorker | None", self._worker)
         live = [] if worker is None else worker.live_members()
-        if not live or self._stopping:
+        if worker is None or not live or self._stopping:
             raise self._refuse("broadcast to")
         copies = _copies(self.kernel_id, msg, len(live))
         for dup, member in zip(copies, live, strict=True):
@@ -1104,11 +1124,8 @@ class HostedPoolKernel(HostedKernel):
         On these tiers the pool's own telemetry is counted at the bridge, so its
         `messages_processed` and `messages_sent` equal the replicas' sums.
         """
-        # a `PoolWorker`, or a wrapper of one (a tracing runtime's) that offers its methods
-        members: Callable[[str], list[RingKernelTelemetry]] | None = getattr(
-            self._worker, "member_telemetry", None
-        )
-        return [] if members is None else members(self.kernel_id)
+        worker = cast("PoolWorker | None", self._worker)
+        return [] if worker is None else worker.member_telemetry(self.kernel_id)
 
 
 _HOSTED_POOLS: dict[type, type] = {}
@@ -1123,8 +1140,8 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
     """
     if cls is RingKernel:
         return AsyncioPoolKernel
-    # (a hosted tier whose worker is one remote actor, Ray's, says SUPPORTS_POOL = False)
-    if isinstance(cls, type) and issubclass(cls, HostedKernel) and cls.SUPPORTS_POOL:
+    # (a hosted tier whose worker is one remote actor, Ray's, states ``replicas=False``)
+    if cls.CAPABILITIES.replicas and issubclass(cls, HostedKernel):
         made = _HOSTED_POOLS.get(cls)
         if made is None:
             made = type(
@@ -1134,6 +1151,7 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
                     "__slots__": (),
                     "__module__": __name__,
                     "EXTRA_OPTIONS": cls.EXTRA_OPTIONS | {REPLICAS_OPTION},
+                    "CAPABILITIES": _pool_capabilities(cls.CAPABILITIES),
                 },
             )
             _HOSTED_POOLS[cls] = made
@@ -1149,8 +1167,4 @@ def pool_class(kernel_id: str, tier: str, cls: type[RingKernel], replicas: int) 
 def replica_telemetry(kernel: RingKernel) -> list[RingKernelTelemetry]:
     """Per-replica telemetry of `kernel`: its replicas' records for a pool, else a
     one-item list holding its own telemetry."""
-    per = getattr(kernel, "replica_telemetry", None)
-    if per is None:
-        return [kernel.telemetry]
-    result: list[RingKernelTelemetry] = per()
-    return result
+    return kernel.replica_telemetry()

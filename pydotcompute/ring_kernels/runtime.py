@@ -9,8 +9,9 @@ Design notes:
   with the `RingKernel` interface, imported
   lazily so that the default tier never loads threads, processes or CUDA. The runtime uses
   kernels only through their public methods (``try_accept``/``accept``, ``receive``,
-  ``forward_to``, ...) and applies the launch-time policy (actor kind, restart support)
-  from each tier's stated capabilities.
+  ``forward_to``, ...) and reads what a tier supports (actor kind, restart, pools,
+  broadcast, telemetry to fold in) from its ``CAPABILITIES``, never by looking for a
+  method: where a flag is off, the `RingKernel` default applies.
 - Shutdown goes head to tail along ``connect`` edges (`supervision.stop_waves`): a stage
   is terminated once every stage forwarding into it has drained into it, so a pipeline
   stops without losing what is in flight; kernels with no edge between them stop in
@@ -38,7 +39,7 @@ import difflib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
 
 from ..decorators.validators import validate_kernel_id, validate_seconds
@@ -54,6 +55,7 @@ from ._loop import get_loop_info as _get_loop_info
 from ._loop import install_eager_task_factory
 from .config import RingKernelConfig
 from .edges import EdgeInfo, EdgeTable
+from .instruments import Instrument, Instruments
 from .kernel import KernelFunc, RingKernel
 from .registry import get_registered_kernel, register_ring_kernel
 from .shutdown import ShutdownReport, held_interrupts
@@ -100,7 +102,11 @@ class RingKernelRuntime:
         use_eager_tasks: Start tasks eagerly on the loop (3.12+; ``eager_task_factory``).
         tracing: Record OpenTelemetry spans of every message (``send <kernel>``,
             ``process <kernel>``) with the global tracer provider; needs the
-            ``observability`` extra. Off, nothing on the message path changes.
+            ``observability`` extra. It installs `observability.tracing.MessageTracer`
+            as the first instrument (``runtime.tracer``).
+        instruments: `Instrument` objects whose hooks the runtime calls as messages move
+            (see `instruments`); more can be added with `add_instrument`. With none,
+            nothing on the message path changes.
     """
 
     #: How errors name this runtime ("unknown kernel id 'x' in the runtime").
@@ -113,6 +119,7 @@ class RingKernelRuntime:
         use_uvloop: bool = True,
         use_eager_tasks: bool = True,
         tracing: bool = False,
+        instruments: Iterable[Instrument] = (),
     ) -> None:
         self._kernels: dict[str, RingKernel] = {}
         # terminated through this runtime: out of `kernel_ids`, still readable (`remove`)
@@ -134,11 +141,14 @@ class RingKernelRuntime:
         self._edge_table = EdgeTable()  # which kind each connect edge got (`edges`)
         #: the `observability.tracing.MessageTracer` of ``tracing=True``, else None
         self.tracer: Any = None
+        self._instruments = Instruments()
         if tracing:
             from ..observability.tracing import MessageTracer
 
             self.tracer = MessageTracer()
-            self.tracer.wrap_runtime(self)
+            self._instruments.append(self.tracer)
+        for instrument in instruments:
+            self.add_instrument(instrument)
 
     # -- lifecycle of the runtime -------------------------------------------------------
 
@@ -166,6 +176,37 @@ class RingKernelRuntime:
     @property
     def is_active(self) -> bool:
         return self._active
+
+    # -- instruments --------------------------------------------------------------------
+
+    @property
+    def instruments(self) -> Instruments:
+        """The installed `Instrument` objects, in the order their hooks are called
+        (read-only: change it with `add_instrument` and `remove_instrument`)."""
+        return self._instruments
+
+    def add_instrument(self, instrument: Instrument) -> None:
+        """Have the runtime call ``instrument``'s hooks from now on (once, however often
+        it is added). Kernels launched afterwards are observed in full; a kernel launched
+        before gets the hooks of the runtime and of its bridge, not those of its asyncio
+        actor's context (chosen at launch) nor `Instrument.kernel_launched`.
+
+        Raises:
+            TypeValidationError: ``instrument`` is not an `Instrument`.
+        """
+        if not isinstance(instrument, Instrument):
+            raise TypeValidationError(
+                f"add_instrument takes an Instrument (subclass "
+                f"pydotcompute.ring_kernels.Instrument and override the hooks you need), "
+                f"got {type(instrument).__name__}"
+            )
+        if instrument not in self._instruments:
+            self._instruments.append(instrument)
+
+    def remove_instrument(self, instrument: Instrument) -> None:
+        """Stop calling ``instrument``'s hooks (a no-op when it is not installed)."""
+        if instrument in self._instruments:
+            self._instruments.remove(instrument)
 
     @property
     def kernel_ids(self) -> list[str]:
@@ -265,9 +306,8 @@ class RingKernelRuntime:
             why,
         )
         for k in self._kernels.values():
-            hurry = getattr(k, "hurry", None)
-            if hurry is not None:
-                hurry()
+            if k.CAPABILITIES.hurry:  # (a no-op for one not terminating)
+                k.hurry()
 
     @property
     def shutdown_report(self) -> ShutdownReport | None:
@@ -315,7 +355,7 @@ class RingKernelRuntime:
         before = {k.kernel_id: _drop_figures(k) for k in kernels}
         # what died with a tier's remote actor before now (Ray's): counted, never handed
         # back; a loss while stopping shows in the drop figures instead
-        lost_before = {k.kernel_id: int(getattr(k, "lost_with_actor", 0)) for k in kernels}
+        lost_before = {k.kernel_id: _lost_with_actor(k) for k in kernels}
         waves = stop_waves(kernels, _forward_target) if ordered else [kernels]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -499,8 +539,9 @@ class RingKernelRuntime:
             config = _apply_options(kernel_id, config, opts, extra, tier=tier_name)  # our copy
         else:
             config = _build_config(kernel_id, config, opts, extra, tier=tier_name)
-        check_actor_kind(kernel_id, tier_name, kernel_func, getattr(cls, "ACTOR_KIND", None))
-        if config.restart != "never" and not getattr(cls, "SUPPORTS_RESTART", True):
+        caps = cls.CAPABILITIES
+        check_actor_kind(kernel_id, tier_name, kernel_func, caps.actor_kind)
+        if config.restart != "never" and not caps.restart:
             raise InvalidConfigurationError(
                 f"kernel {kernel_id!r}: restart={config.restart!r} is not supported on the "
                 f"{tier_name} tier (its actor is not restarted by the runtime); launch it "
@@ -516,8 +557,8 @@ class RingKernelRuntime:
             enable_telemetry=self.enable_telemetry,
         )
         await kernel.launch()
-        if self.tracer is not None:
-            self.tracer.instrument(kernel)
+        if self._instruments:
+            self._instruments.kernel_launched(kernel)
         self._kernels[kernel_id] = kernel
         return kernel
 
@@ -609,11 +650,17 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        if self._instruments:
+            return self._instruments.send(kernel, msg, timeout)
         return kernel.send(msg, timeout)
 
     def send_nowait(self, kernel_id: str, msg: Any) -> bool:
         """Like `send` but never waits: a full inbox raises ``QueueFullError``."""
-        self._kernel(kernel_id).accept_nowait(msg)
+        kernel = self._kernel(kernel_id)
+        if self._instruments:
+            self._instruments.send_nowait(kernel, msg)
+        else:
+            kernel.accept_nowait(msg)
         return True
 
     def receive(self, kernel_id: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
@@ -651,6 +698,8 @@ class RingKernelRuntime:
             kernel = self._kernels[kernel_id]
         except (KeyError, TypeError):
             kernel = self._kernel(kernel_id)
+        if self._instruments:
+            return self._instruments.request(kernel, msg, timeout)
         return kernel.send_and_receive(msg, timeout)
 
     async def broadcast(self, kernel_id: str, msg: Any, *, timeout: float | None = None) -> int:
@@ -688,12 +737,10 @@ class RingKernelRuntime:
         kernel = self.get_kernel(kernel_id)
         if timeout is not None:
             timeout = self._checked_timeout(timeout)
-        fan_out = getattr(kernel, "broadcast", None)
-        if fan_out is None:  # one actor: a plain send
+        if not kernel.CAPABILITIES.broadcast:  # one actor: a plain send
             await self.send(kernel_id, msg, timeout=timeout)
             return 1
-        reached: int = await fan_out(msg, timeout)
-        return reached
+        return await kernel.broadcast(msg, timeout)
 
     def connect(self, source_id: str, target_id: str, *, direct: bool = True) -> None:
         """Forward everything ``source_id`` sends into ``target_id``'s inbox (a pipeline).
@@ -716,16 +763,25 @@ class RingKernelRuntime:
                 f"cannot connect {source_id!r} -> {target_id!r}: {source_id!r} sends "
                 f"{out_t.__name__} but {target_id!r} expects {in_t.__name__}"
             )
-        tracing = self.tracer is not None
-        self._edge_table.check(src, dst, tracing=tracing, direct=direct)
+        # a tracer keeps the kinds that carry trace context direct; another instrument's
+        # hooks would miss a direct edge's messages, so it keeps loop edges
+        tracing = self.tracer is not None and self.tracer in self._instruments
+        others = any(inst is not self.tracer for inst in self._instruments)
+        self._edge_table.check(src, dst, tracing=tracing, instrumented=others, direct=direct)
         src.forward_to(dst)
-        self._edge_table.connect(src, dst, tracing=tracing, direct=direct)
+        info = self._edge_table.connect(
+            src, dst, tracing=tracing, instrumented=others, direct=direct
+        )
+        if self._instruments:
+            self._instruments.edge_routed(src, info.kind != "loop")
 
     def disconnect(self, source_id: str) -> None:
         """Stop forwarding ``source_id``'s output; it goes to its outbox again."""
         src = self._kernel(source_id)
         self._edge_table.disconnect(src)
         src.forward_to(None)
+        if self._instruments:
+            self._instruments.edge_routed(src, False)
 
     def edges(self) -> list[EdgeInfo]:
         """Every ``connect`` edge of the kernels in `kernel_ids` and `terminated_ids`
@@ -761,17 +817,13 @@ class RingKernelRuntime:
             KernelNotFoundError: unknown id (the text lists the known ids).
         """
         kernel = self._kernel(kernel_id)
-        refresh = getattr(kernel, "refresh_telemetry", None)
-        if refresh is not None:  # first: a tier may replace its telemetry object
-            refresh()
+        if kernel.CAPABILITIES.telemetry_refresh:  # first: a tier may replace its record
+            kernel.refresh_telemetry()
         tel = kernel.telemetry
         inbox = kernel.inbox
         tel.queue_depth = len(inbox) if inbox is not None else 0
-        # arrivals: counted by the kernel's queues, nothing per message (a tier that counts
-        # them elsewhere, Ray's, reports them through refresh_telemetry)
-        received = getattr(kernel, "messages_received", None)
-        if received is not None:
-            tel.messages_received = received()
+        # arrivals: counted by the kernel's queues, nothing per message
+        tel.messages_received = kernel.messages_received()
         self._edge_table.fold(kernel, tel, timed=self.enable_telemetry)
         return tel
 
@@ -783,11 +835,12 @@ class RingKernelRuntime:
         its own telemetry.
         """
         tel = self.get_counters(kernel_id)
-        per = getattr(self._kernel(kernel_id), "replica_telemetry", None)
-        if per is None:
+        kernel = self._kernel(kernel_id)
+        if not kernel.CAPABILITIES.replica_telemetry:
             return [tel]
-        replicas: list[RingKernelTelemetry] = per()
-        return replicas
+        tels = kernel.replica_telemetry()
+        self._edge_table.fold_replicas(kernel, tels, timed=self.enable_telemetry)
+        return tels
 
     def get_all_telemetry(self) -> dict[str, RingKernelTelemetry]:
         """`get_telemetry` of every id in `kernel_ids` (``{}`` without telemetry)."""
@@ -907,6 +960,12 @@ def _forward_target(kernel: RingKernel) -> RingKernel | None:
     return kernel.forwards_to
 
 
+def _lost_with_actor(kernel: RingKernel) -> int:
+    """What died with ``kernel``'s remote actor so far (a Ray actor lost): its drops of
+    reason ``actor_lost``, counted, never handed back (0 on a tier without one)."""
+    return (kernel.telemetry.drops_by_reason or {}).get("actor_lost", 0)
+
+
 def _drop_figures(kernel: RingKernel) -> tuple[int, int]:
     """``(messages dropped, of which handed back)`` of ``kernel`` so far."""
     tel = kernel.telemetry
@@ -915,12 +974,8 @@ def _drop_figures(kernel: RingKernel) -> tuple[int, int]:
 
 def _unread(kernel: RingKernel) -> int:
     """How many replies wait in ``kernel``'s outbox (a tier with a reply buffer of its
-    own says through ``unread_replies``)."""
-    unread = getattr(kernel, "unread_replies", None)
-    if unread is not None:
-        return int(unread)
-    out = kernel.outbox
-    return len(out) if out is not None else 0
+    own counts that in ``unread_replies``)."""
+    return kernel.unread_replies
 
 
 def _pool_launch(

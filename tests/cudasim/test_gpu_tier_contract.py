@@ -107,8 +107,8 @@ SKIPS: dict[str, dict[str, str]] = {
             "nested values have no fixed layout: the GPU tier refuses such a class at launch"
         ),
         "failed_message_spans_say_so": (
-            "a tracing runtime records no process span for a GPU kernel (its handler runs on "
-            "the device, outside any Python tracer), so there is no span to mark failed"
+            "a device handler cannot raise on a message (it rejects it: a counted drop, not "
+            "an actor failure), so no process span is failed"
         ),
         "typed_kernel_gets_its_own_class": (
             "the factory's message classes carry str fields: no fixed layout for the GPU "

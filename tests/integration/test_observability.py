@@ -69,15 +69,16 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
-async def launch_pipeline(rt: RingKernelRuntime, **c_options: Any) -> None:
-    """a (asyncio) -> b (process) -> c (thread), all forwarding what they receive."""
+async def launch_pipeline(rt: RingKernelRuntime, *, direct: bool = True, **c_options: Any) -> None:
+    """a (asyncio) -> b (process) -> c (thread), all forwarding what they receive (b -> c
+    over a direct edge unless ``direct`` is False)."""
     await rt.launch("a", forward_async, input_type=Job, output_type=Job)
     await rt.launch("b", forward_sync, input_type=Job, output_type=Job, tier="process")
     await rt.launch("c", forward_sync, input_type=Job, output_type=Job, tier="thread", **c_options)
     for kid, _ in PIPELINE:
         await rt.activate(kid)
     rt.connect("a", "b")
-    rt.connect("b", "c")
+    rt.connect("b", "c", direct=direct)
 
 
 async def run_through(rt: RingKernelRuntime, n: int) -> None:
@@ -347,7 +348,9 @@ async def test_one_trace_per_message_through_every_tier(span_exporter: Any) -> N
     n = 10
     span_exporter.clear()
     async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
-        await launch_pipeline(rt)
+        # the loop path: a ``send`` span on every hop (b -> c direct would carry the
+        # context in its records instead, with no ``send c``: test_trace_context.py)
+        await launch_pipeline(rt, direct=False)
         await run_through(rt, n)
 
         def traces() -> dict[int, list[Any]]:

@@ -387,3 +387,51 @@ async def test_children_traced_before_their_edges_carry_the_context(span_exporte
     for job in jobs:
         trace_id = f"{process_a[str(job.message_id)].context.trace_id:032x}"
         assert got[job.seq].split(":")[0] == trace_id, job.seq
+
+
+@pytest.mark.parametrize("tier", ["thread", "process"])
+async def test_tracing_replaces_no_method_of_a_worker(span_exporter: Any, tier: str) -> None:
+    """A traced worker carries context through methods of its class, set before it starts:
+    nothing on the live worker shadows its class's (its ``offer``, its encoder, its reply
+    decoder), and the bridge talks to the tier's own worker, not a wrapper."""
+    async with asyncio.timeout(BOUND_S), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("k", forward_sync, input_type=Job, output_type=Job, tier=tier)
+        await rt.activate("k")
+        assert (await rt.send_and_receive("k", Job(seq=1), timeout=BOUND_S)).seq == 1
+        worker: Any = rt.get_kernel("k").worker
+        own = {k for k, v in vars(worker).items() if callable(v) and hasattr(type(worker), k)}
+        assert own == set(), own
+        assert type(worker).__module__.startswith("pydotcompute.ring_kernels.tiers.")
+    assert await finished(span_exporter, "process k", 1)
+
+
+@pytest.mark.parametrize("tier", ["thread", "process"])
+async def test_a_producer_into_a_direct_edge_ends_its_process_spans(
+    span_exporter: Any, tier: str
+) -> None:
+    """a sends everything into a direct edge, so no reply comes back to its bridge: each
+    ``process a`` span ends at the hand-over (`Instrument.edge_routed`), while the runtime
+    still runs, not when a stops."""
+    from tests import tier_scenarios as sc
+
+    n = 10
+    span_exporter.clear()
+    async with asyncio.timeout(BOUND_S * 2), RingKernelRuntime(tracing=True) as rt:
+        await rt.launch("a", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier=tier)
+        await rt.launch("b", sc.pass_job_sync, input_type=sc.Job, output_type=sc.Job, tier=tier)
+        rt.connect("a", "b")
+        assert [e.kind for e in rt.edges()] != ["loop"]
+        for kid in "ba":
+            await rt.activate(kid)
+        await rt.send("a", sc.Job(seq=-1))  # wakes b onto its edge (on the loop path)
+        assert (await rt.receive("b", timeout=BOUND_S)).seq == -1
+        await asyncio.sleep(0.2)
+        for i in range(n):
+            await rt.send("a", sc.Job(seq=i))
+        got = sorted([(await rt.receive("b", timeout=BOUND_S)).seq for _ in range(n)])
+        (edge,) = rt.edges()
+        spans = await finished(span_exporter, "process a", n + 1)
+        assert len(spans) == n + 1, [s.name for s in span_exporter.get_finished_spans()]
+    assert got == list(range(n))
+    assert edge.counters is not None
+    assert edge.counters["accepted"] >= n, edge.counters  # (the first too, once live)

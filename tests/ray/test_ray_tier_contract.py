@@ -340,3 +340,10 @@ async def test_edge_reject_refuses_past_the_bound(case: sc.TierCase) -> None:
 
 async def test_edge_drop_oldest_evicts_the_oldest(case: sc.TierCase) -> None:
     await sc.scenario_edge_drop_oldest_evicts_the_oldest(case)
+
+
+# --- round 4: capabilities and instruments ---
+
+
+async def test_instruments_see_every_message(case: sc.TierCase) -> None:
+    await sc.scenario_instruments_see_every_message(case)

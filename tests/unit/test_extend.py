@@ -223,7 +223,7 @@ async def test_its_actors_failure_fails_the_kernel(queue_tier: Any) -> None:
 class SpinQueueWorker(QueueWorker):
     """`QueueWorker` that can wait a moment for the next reply on the caller's thread."""
 
-    SUPPORTS_INLINE_REQUEST = True
+    CAPABILITIES = extend.Capabilities(inline_request=True)
 
     def __init__(self, kernel_id: str, fn: Callable[[Any], Any], room: int) -> None:
         super().__init__(kernel_id, fn, room)
@@ -239,6 +239,7 @@ class SpinQueueKernel(extend.HostedKernel):
     """``tier="spinqueue"``: the bridge's reply spin, offered as ``reply_spin_us``."""
 
     EXTRA_OPTIONS = extend.HostedKernel.EXTRA_OPTIONS | {"reply_spin_us"}
+    WORKER = SpinQueueWorker  # its capabilities (the inline request) are this kernel's
     __slots__ = ("actor",)
 
     def __init__(self, kernel_id: str, kernel_func: Any, **kwargs: Any) -> None:
@@ -253,7 +254,7 @@ class SpinQueueKernel(extend.HostedKernel):
 
 
 async def test_a_tier_declaring_the_inline_request_gets_the_bridges_spin() -> None:
-    """Any tier may declare `SUPPORTS_INLINE_REQUEST`: the bridge, not the tier, makes the
+    """Any tier may state ``Capabilities(inline_request=True)``: the bridge, not the tier, makes the
     request (correlation, accounting) and hands each poll its budget, never more than
     the caller's timeout; a plain send is never polled for."""
     extend.register_tier("spinqueue", SpinQueueKernel)

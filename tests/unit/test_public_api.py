@@ -102,6 +102,7 @@ RING_KERNELS_OURS = [
     "GPUKernelOptions",
     "GPUKernelStatistics",
     "GPURingKernel",
+    "Instrument",
     "QueueStats",
     "deserialize_message",
     "get_message_type",

@@ -108,7 +108,7 @@ USER_PROGRAM = """
     reveal_type(ThreadedRingKernel("t", print).is_running)
     reveal_type(CythonRingKernel)
     reveal_type(SyncQueue[int](4).get(0.1))
-    reveal_type(TierWorker.ACTOR_KIND)
+    reveal_type(TierWorker.CAPABILITIES.actor_kind)
     reveal_type(HostedKernel.EXTRA_OPTIONS)
     q.put(item=1)
 """
@@ -140,7 +140,11 @@ def test_a_users_program_type_checks_against_the_public_names(tmp_path: Path) ->
     ], proc.stdout
     assert revealed[5] == "bool"  # a lazily loaded class, seen through TYPE_CHECKING
     assert revealed[6].endswith("-> pydotcompute.ring_kernels.tiers.process.kernel.ProcessKernel")
-    assert revealed[7:] == ["int | None", "Literal['async'] | Literal['sync']", "frozenset[str]"]
+    assert revealed[7:] == [
+        "int | None",
+        "Literal['async'] | Literal['sync'] | None",
+        "frozenset[str]",
+    ]
     errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1, proc.stdout
     assert 'Unexpected keyword argument "item" for "put" of "FastSPSCQueue"' in errors[0]

@@ -17,10 +17,11 @@ import importlib
 from typing import Any
 
 from ...exceptions import InvalidConfigurationError
-from .contract import ActorKind, TierWorker, actor_kind, check_actor_kind
+from .contract import ActorKind, Capabilities, TierWorker, actor_kind, check_actor_kind
 
 __all__ = (
     "ActorKind",
+    "Capabilities",
     "TierWorker",
     "actor_kind",
     "canonical_tier",

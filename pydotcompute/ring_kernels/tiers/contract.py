@@ -19,10 +19,23 @@ runtime's kernel (`RingKernel` and the hosting bridge `HostedKernel`), for every
 - *edges*: cancellation, receive on a kernel that is not active, an oversized message and
   a wrong actor kind are reported at once.
 
+What a tier supports beyond the required methods is stated once, as a frozen
+`Capabilities` on its worker class (``CAPABILITIES``; the asyncio tier's on `RingKernel`):
+the runtime and the bridge read those flags and nothing else. Where a tier lacks one, the
+base classes do the default (a plain send for a broadcast, no telemetry to fold in, loop
+edges, ...); no caller probes an object for a method.
+
 Design notes:
 - The contract is an abstract class rather than a Protocol so that a tier states its
-  capabilities as class attributes a reader finds in one place, and so that a missing
+  capabilities in one place a reader finds (`Capabilities`), and so that a missing
   method fails at construction, not at the first message.
+- Capabilities are one frozen value rather than a class attribute each: a pool or a
+  wrapper derives its own with `dataclasses.replace`, and a flag nobody declared cannot
+  be misspelled into existence. The older attribute names (``ACTOR_KIND``,
+  ``SUPPORTS_RESTART``, ``SUPPORTS_POOL``, ``EDGE_OUT``, ``EDGE_IN``,
+  ``SUPPORTS_INLINE_REQUEST``) stated by a class of a tier written before are folded
+  into its ``CAPABILITIES`` once, when the class is made (`fold_legacy_capabilities`);
+  nothing reads them.
 - Every method is non-blocking except `start` and `stop`, which the runtime runs in a
   worker thread (`asyncio.to_thread`). Wake-ups come back through callbacks the tier may
   call from any thread; the runtime hands them to its loop.
@@ -33,6 +46,7 @@ Design notes:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -40,9 +54,117 @@ from typing import Any, ClassVar, Literal
 
 from ...exceptions import InvalidConfigurationError, TypeValidationError
 
-__all__ = ("ActorKind", "TierWorker", "actor_kind", "check_actor_kind")
+__all__ = (
+    "ActorKind",
+    "Capabilities",
+    "TierWorker",
+    "actor_kind",
+    "check_actor_kind",
+    "fold_legacy_capabilities",
+)
 
 ActorKind = Literal["async", "sync"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a tier supports, stated once: the spec every tier is read by.
+
+    A tier states it on its `TierWorker` subclass (``CAPABILITIES = Capabilities(...)``),
+    and its `HostedKernel` subclass names that worker class (``WORKER``) to take it over;
+    the asyncio tier, which needs no bridge, states it on `RingKernel`. The runtime and the
+    bridge read these flags and never look for a method on a kernel or a worker: where a
+    flag is off, the base class's default applies (the column on the right).
+
+    Attributes:
+        actor_kind: ``"sync"`` (a plain function), ``"async"`` (a coroutine function), or
+            None: the tier checks its actor itself (a GPU device handler, the tier inside a
+            Ray actor). The runtime refuses the other kind at launch
+            (`check_actor_kind`).
+        restart: ``restart="on_failure"`` is honoured. Off: refused at launch.
+        replicas: ``replicas=N`` runs N actors behind one id (`pool.py`). Off: refused at
+            launch for N > 1.
+        broadcast: ``runtime.broadcast`` sends each actor of the kernel its own copy (a
+            pool's `broadcast`). Off: it is one `send`, reaching 1.
+        resize: the worker's room can change once built (`TierWorker.set_room`), so the
+            bridge widens for a quick actor. Off: the room given at launch stays.
+        inline_request: the worker can be polled for a reply within a budget
+            (``reply_within``), so a lone ``send_and_receive`` may be made inline (the
+            process tier's ``reply_spin_us``). Off: every request waits on a future.
+        edges_out: the direct edge kinds (`edges.EdgeKind`) the actor can produce into
+            (`TierWorker.route_into`). Empty: its output always crosses the loop.
+        edges_in: the direct edge kinds the actor can consume from
+            (`TierWorker.open_edge`). Empty: its input always crosses the loop.
+        hurry: `RingKernel.hurry` ends a terminate's grace period at once (an interrupted
+            shutdown). Off: the call is accepted and the kernel drains to its
+            ``drain_timeout``.
+        telemetry_refresh: the tier has figures to fold into the kernel's telemetry when
+            it is read (`RingKernel.refresh_telemetry`: the latencies a worker timed,
+            `TierWorker.drain_latencies`; a device's counters; a pool's replicas). Off:
+            the record is read as it is (a worker's latencies are not asked for).
+        replica_telemetry: one telemetry record per actor (`RingKernel.replica_telemetry`),
+            adding up to the kernel's; the metrics add a series per replica. Off: the
+            kernel's own record is its only one.
+        trace_wire: the worker carries trace context to its actor and back
+            (`TierWorker.trace_wire`). Off: its actor handles messages outside their
+            traces (a tracing runtime still records the bridge's spans).
+        short_poll_rearms: `TierWorker.poll_replies` returning fewer replies than asked
+            means the tier held no more just then and `on_readable`'s callback runs for
+            the next one: the bridge stops polling there, without one more poll to find
+            none (on a round trip, a poll and a lock for nothing). Off: it polls until a
+            poll finds none.
+        edges_spread: the direct edge kinds (of ``edges_out``) the kernel's producer side
+            spreads over its consumer's replicas (`TierWorker.edge_replicas`), one edge per
+            replica, rather than one edge into the consumer's first actor. Empty: one edge.
+    """
+
+    actor_kind: ActorKind | None = "sync"
+    restart: bool = False
+    replicas: bool = False
+    broadcast: bool = False
+    resize: bool = False
+    inline_request: bool = False
+    edges_out: frozenset[str] = frozenset()
+    edges_in: frozenset[str] = frozenset()
+    hurry: bool = True
+    telemetry_refresh: bool = False
+    replica_telemetry: bool = False
+    trace_wire: bool = False
+    short_poll_rearms: bool = False
+    edges_spread: frozenset[str] = frozenset()
+
+
+#: The older class attributes a tier stated its capabilities with, and the flag each is.
+_LEGACY_NAMES = {
+    "ACTOR_KIND": "actor_kind",
+    "SUPPORTS_RESTART": "restart",
+    "SUPPORTS_POOL": "replicas",
+    "EDGE_OUT": "edges_out",
+    "EDGE_IN": "edges_in",
+    "SUPPORTS_INLINE_REQUEST": "inline_request",
+    "SHORT_POLL_REARMS": "short_poll_rearms",
+    "EDGE_SPREAD": "edges_spread",
+}
+
+
+def fold_legacy_capabilities(cls: type) -> None:
+    """Fold the older capability attributes ``cls`` states itself (``ACTOR_KIND``,
+    ``SUPPORTS_RESTART``, ...) into its ``CAPABILITIES``, and remove them, so that a tier
+    written before `Capabilities` keeps meaning what it said and nothing reads two
+    spellings. A class that states ``CAPABILITIES`` itself keeps it as stated."""
+    own = cls.__dict__
+    found = {flag: own[name] for name, flag in _LEGACY_NAMES.items() if name in own}
+    if not found:
+        return
+    for name in _LEGACY_NAMES:
+        if name in own:
+            delattr(cls, name)
+    if "CAPABILITIES" not in own:
+        base: Capabilities = cls.CAPABILITIES  # type: ignore[attr-defined]
+        for key in ("edges_out", "edges_in", "edges_spread"):
+            if key in found:
+                found[key] = frozenset(found[key])
+        cls.CAPABILITIES = dataclasses.replace(base, **found)  # type: ignore[attr-defined]
 
 
 class TierWorker(abc.ABC):
@@ -53,32 +175,16 @@ class TierWorker(abc.ABC):
     seconds it is stopped by force where the tier can), then `drain_replies()` and
     `take_undelivered()` hand back everything the tier still holds.
 
-    Capabilities (class attributes):
-        ACTOR_KIND: `"sync"` for a plain function, `"async"` for a coroutine function. The
-            runtime refuses the other kind at launch.
-        SUPPORTS_RESTART: Whether `restart="on_failure"` can be honoured. The runtime
-            refuses the option at launch on a tier that cannot.
-        EDGE_OUT: The direct edge kinds (`edges.EdgeKind`) the actor can produce into
-            (`route_into`); empty: its output always crosses the loop.
-        EDGE_IN: The direct edge kinds the actor can consume from (`open_edge`).
-        SUPPORTS_INLINE_REQUEST: Whether `reply_within` can wait a moment for the next
-            reply on the caller's thread. With it, a kernel launched with
-            ``reply_spin_us`` has the event loop poll for a waiting caller's reply before
-            it parks, and a lone request is made inline (`HostedKernel.send_and_receive`);
-            without it that option does nothing.
-        SHORT_POLL_REARMS: True when `poll_replies` returning fewer replies than asked
-            means the tier held no more just then and `on_readable`'s callback runs for
-            the next one: the runtime stops polling there, without one more poll to find
-            none (on a round trip, a poll and a lock for nothing). False: it polls until
-            a poll finds none.
+    Capabilities: ``CAPABILITIES``, one frozen `Capabilities` (read its docstring): what
+    the tier supports beyond the required methods. The default states nothing optional (a
+    plain function as actor, no restart, no pool, a fixed room, loop edges only).
     """
 
-    ACTOR_KIND: ClassVar[ActorKind] = "sync"
-    SUPPORTS_RESTART: ClassVar[bool] = False
-    EDGE_OUT: ClassVar[frozenset[str]] = frozenset()
-    EDGE_IN: ClassVar[frozenset[str]] = frozenset()
-    SUPPORTS_INLINE_REQUEST: ClassVar[bool] = False
-    SHORT_POLL_REARMS: ClassVar[bool] = False
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fold_legacy_capabilities(cls)
 
     # -- limits -----------------------------------------------------------------------------
 
@@ -218,7 +324,7 @@ class TierWorker(abc.ABC):
         return [] if reply is None else [reply]
 
     def reply_within(self, budget_s: float) -> Any:
-        """With `SUPPORTS_INLINE_REQUEST`: poll for the next reply for up to ``budget_s``
+        """With ``CAPABILITIES.inline_request``: poll for the next reply for up to ``budget_s``
         seconds, holding the calling thread (the event loop, while a caller waits for a
         reply), and return it; None when none came within ``budget_s`` (or when another
         thread is reading replies: it gets them). The runtime passes each call's budget,
@@ -286,9 +392,10 @@ class TierWorker(abc.ABC):
     # -- direct edges (see `edges.py`) -------------------------------------------------------
 
     def open_edge(self, kind: str, source_id: str) -> Any:
-        """Make a direct edge of ``kind`` (one of `EDGE_IN`) into this actor, from the
-        kernel ``source_id``, and read it from now on beside the runtime's inbox, fairly
-        and by priority. Its bound and backpressure policy are this kernel's. The edge
+        """Make a direct edge of ``kind`` (one of ``CAPABILITIES.edges_in``) into this
+        actor, from the kernel ``source_id``, and read it from now on beside the runtime's
+        inbox, fairly and by priority. Its bound and backpressure policy are this kernel's.
+        The edge
         must offer ``counters()`` (see `edges.EdgeInfo`), readable from any thread.
         What it holds when this actor stops is handed back by `take_undelivered`.
 
@@ -310,6 +417,23 @@ class TierWorker(abc.ABC):
         raise InvalidConfigurationError(
             f"a {type(self).__name__} cannot send into a direct edge ({edge!r})"
         )
+
+    def edge_fit(self, kind: str, consumer: TierWorker) -> str:
+        """Refine a direct edge of ``kind`` from this actor into ``consumer``'s (both
+        ends offer it): "" (the default) accepts it, a reason keeps the loop path (a GPU
+        kernel on another device, say).
+
+        Raises:
+            TypeValidationError: the pair cannot be connected at all (a ``device-ring``
+                edge between records of different classes).
+        """
+        return ""
+
+    @property
+    def edge_replicas(self) -> int:
+        """How many replica edges a direct edge with this end is made of: a pool's
+        replica count (`pool_edges.py`), 0 (the default) for one actor."""
+        return 0
 
     def pause_edges(self, paused: bool) -> None:  # noqa: B027
         """Stop (``paused``) or resume taking messages from the direct edges into this
@@ -376,7 +500,8 @@ def check_actor_kind(
         kernel_id: The kernel, for the message.
         tier: The tier's name, for the message.
         func: The actor.
-        kind: The tier's ``ACTOR_KIND``: ``"async"``, ``"sync"``, or None (not checked).
+        kind: The tier's ``CAPABILITIES.actor_kind``: ``"async"``, ``"sync"``, or None
+            (not checked).
         runs: What the tier runs, replacing "the {tier} tier runs ..." in the message.
         advice: What to do instead, replacing the default advice.
 

@@ -141,12 +141,9 @@ class GPURingKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS: frozenset[str] = _OPTION_NAMES
-    #: The handler is a device function checked by the tier itself (`check_spec`, which
-    #: names the handler's expected signature), so the runtime does not check it; a pool
-    #: is refused first (`__init__`), naming the tier.
-    ACTOR_KIND = None  # type: ignore[assignment]  # (the bridge's is "sync")
-    #: A persistent device kernel is not restarted by the runtime: refused at launch.
-    SUPPORTS_RESTART = False
+    #: Its capabilities are the worker's (`GPUWorker.CAPABILITIES`): the handler is checked
+    #: by the tier itself, and restart and pools are refused at launch.
+    WORKER = GPUWorker
 
     __slots__ = ("_failed_before", "_gpu", "in_dtype", "options", "out_dtype", "ring_size")
 
@@ -411,7 +408,7 @@ class GPURingKernel(HostedKernel):
             self._validate_in(m)
         self._check_sendable()
         batch = list(msgs)
-        k = self._hand_over_many(lambda worker: worker.offer_many(batch)) if batch else 0
+        k = self._hand_over_many(lambda worker: worker.offer_many(batch), batch) if batch else 0
         for m in batch[k:]:
             await self.send(m, timeout)
         return len(batch)
@@ -482,8 +479,8 @@ GPUKernel = GPURingKernel
 
 
 def _offer_records(gpu: GPUWorker, records: np.ndarray[Any, Any], _worker: TierWorker) -> int:
-    """`send_records`' hand-over: records go to the GPU worker itself (a tracing wrapper
-    around it has no records to trace)."""
+    """`send_records`' hand-over: records go to the GPU worker itself (records are no
+    message objects: the instruments are not told of them one by one)."""
     return gpu.offer_records(records)
 
 

@@ -8,15 +8,12 @@ time, before the first launch, or in CI without a device.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ....exceptions import InvalidConfigurationError
 from .spec import check_spec, normalize_state
-
-if TYPE_CHECKING:
-    from ....decorators.ring_kernel import RingKernelMeta
 
 __all__ = (
     "check_gpu_kernel_spec",
@@ -29,7 +26,28 @@ __all__ = (
 )
 
 
-def check_gpu_kernel_spec(meta: RingKernelMeta, fn: Any) -> None:
+class Declaration(Protocol):
+    """What `check_gpu_kernel_spec` reads of a ``@ring_kernel`` declaration
+    (`decorators.ring_kernel.RingKernelMeta` is one; the decorator imports this module,
+    so this one names the fields rather than importing the class back)."""
+
+    @property
+    def kernel_id(self) -> str: ...
+    @property
+    def input_type(self) -> type | None: ...
+    @property
+    def output_type(self) -> type | None: ...
+    @property
+    def grid_size(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def restart(self) -> str: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+
+
+def check_gpu_kernel_spec(meta: Declaration, fn: Any) -> None:
     """Validate a ``@ring_kernel(..., backend="cuda")`` declaration at decoration time.
 
     Raises:

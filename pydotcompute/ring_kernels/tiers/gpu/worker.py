@@ -72,7 +72,7 @@ from ....exceptions import (
 )
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from . import layout as L
 from .edge import DeviceEdge
 from .host import HostRings, Liveness
@@ -139,10 +139,16 @@ class GPUWorker(TierWorker):
             bridge's width; at most ``ring_size``).
     """
 
-    ACTOR_KIND = "sync"
-    SUPPORTS_RESTART = False
-    EDGE_OUT = frozenset({"device-ring"})
-    EDGE_IN = frozenset({"device-ring"})
+    #: The handler is a device function the tier checks itself (`check_spec`); one
+    #: persistent kernel is one actor (no pool, no restart); the bridge's room can be set
+    #: up to the ring; the device times each message; device-ring edges both ways.
+    CAPABILITIES = Capabilities(
+        actor_kind=None,
+        resize=True,
+        telemetry_refresh=True,
+        edges_out=frozenset({"device-ring"}),
+        edges_in=frozenset({"device-ring"}),
+    )
 
     def __init__(
         self,

@@ -11,13 +11,14 @@ Design notes:
   `read_wait`'s spin and call `read_parked` on a miss: a call per message is 5 % of a trip.
 - Nothing the child reports is a pickle: the status pipe carries MessagePack lists, and
   an exception in the actor crosses as plain data (`framing.exception_data`).
-- Trace context: the first ``0xC1 'T'`` record (written only by a tracing runtime) turns
-  the context into a `TracedProcessKernelContext` (a ``__class__`` swap; opentelemetry is
-  imported then, not before), which attaches each record's context while the actor handles
-  it and prefixes what the actor sends with the current one. An untraced child never
-  changes class, imports nothing and checks nothing more per message. A context with
-  direct edges swaps to its own traced form (``traced_class``): the records of its edges
-  carry the header too, and nothing else about them changes.
+- Trace context: a child of a tracing runtime (`ChildSpec.traced`) builds its actor a
+  `TracedProcessKernelContext` from the start (opentelemetry is imported then), which
+  attaches each ``0xC1 'T'`` record's context while the actor handles it and prefixes
+  what the actor sends with the current one. An untraced child builds the plain context:
+  it imports nothing more and checks nothing more per message; no context changes class.
+  A context with direct edges becomes its traced edge form
+  (`edge_child.TracedEdgeProcessKernelContext`): the records of its edges carry the
+  header too, and nothing else about them changes.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class ChildSpec:
     # readies the context for them before the actor runs (module-level: pickled by name)
     ctl_name: str | None = None
     setup: Any = None
+    traced: bool = False  # records carry trace context: the actor gets a traced context
 
 
 class ProcessKernelContext:
@@ -130,7 +132,6 @@ class ProcessKernelContext:
         "_write_waiter",
         "kernel_id",
     )
-    traced_class: ClassVar[type[ProcessKernelContext]]
 
     def __init__(self, spec: ChildSpec, in_ring: Any, out_ring: Any) -> None:
         self.kernel_id = spec.kernel_id
@@ -301,18 +302,8 @@ class ProcessKernelContext:
             self._current = None
             return decode_value(self.kernel_id, data)
         except MessageDeserializationError as exc:
-            if data[:2] == TRACE_FRAME:  # the first record from a tracing runtime
-                return self._trace_from_now(data)
             self._reject(data, exc)
             return _REJECTED
-
-    def _trace_from_now(self, data: bytes) -> Any:
-        """Become a `TracedProcessKernelContext` (or this class's ``traced_class``) and
-        take ``data``, a trace frame."""
-        TracedProcessKernelContext.load()
-        self.__class__ = type(self).traced_class
-        self._codec = (None, no_encoder, False)  # the next send chooses a prefixing encoder
-        return self._take(data)
 
     def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
         """The encoder of ``msg``'s type (checked against ``output_type``; once per type)."""
@@ -404,13 +395,14 @@ class TracedProcessKernelContext(ProcessKernelContext):
     #: ``(opentelemetry.trace, opentelemetry.context)``, imported by `load`
     otel: ClassVar[tuple[Any, Any] | None] = None
 
-    @classmethod
-    def load(cls) -> None:
-        """Import opentelemetry (the first trace frame a child sees does)."""
+    def __init__(self, *args: Any) -> None:
+        """As `ProcessKernelContext` (opentelemetry is imported now: a traced child only)."""
+        cls = type(self)
         if cls.otel is None:
             from opentelemetry import context, trace
 
             cls.otel = (trace, context)
+        super().__init__(*args)
 
     def _detach(self) -> None:
         token = self._trace_token
@@ -460,11 +452,6 @@ class TracedProcessKernelContext(ProcessKernelContext):
         return traced
 
 
-#: what `ProcessKernelContext._trace_from_now` turns a context into (a context with
-#: direct edges has its own, `edge_child.TracedEdgeProcessKernelContext`)
-ProcessKernelContext.traced_class = TracedProcessKernelContext
-
-
 def child_main(spec: ChildSpec) -> None:
     """Entry point of the child process (module level so ``spawn`` can import it).
 
@@ -496,8 +483,9 @@ def child_main(spec: ChildSpec) -> None:
         phase = "start"
         in_ring = SharedByteRing.attach(spec.in_name)
         out_ring = SharedByteRing.attach(spec.out_name)
-        ctx = ProcessKernelContext(spec, in_ring, out_ring)
-        if spec.setup is not None:
+        context_class = TracedProcessKernelContext if spec.traced else ProcessKernelContext
+        ctx = context_class(spec, in_ring, out_ring)
+        if spec.setup is not None:  # direct edges (a traced context gets the traced edge form)
             spec.setup(ctx, spec)
         if spec.lat_name is not None:
             lat_seg = SharedSegment(spec.lat_name, create=False)

@@ -3,8 +3,9 @@
 `setup` runs in the child before the actor (`ChildSpec.setup`): it installs the handler
 of `EDGE_SIGNAL`, which the runtime's process sends whenever this child's edges change
 (it wrote them into the `ControlBlock` first). The handler only marks the change and
-turns the context into an `EdgeProcessKernelContext` (a ``__class__`` swap, as a traced
-context is made); its next ``receive`` or ``send`` applies it (`ChildEdges.apply`).
+turns the context into an `EdgeProcessKernelContext` (a ``__class__`` swap; a traced
+context becomes `TracedEdgeProcessKernelContext`); its next ``receive`` or ``send``
+applies it (`ChildEdges.apply`).
 That context reads its inbox ring and each incoming edge by turns, each edge highest band
 first, and sends into its outgoing edge, or its outbox where the edge cannot take the
 record (not yet live, or closed): the loop path.
@@ -438,9 +439,6 @@ class TracedEdgeProcessKernelContext(TracedProcessKernelContext, EdgeProcessKern
     context) and encoder (prefixing the current one) around the edge-aware methods."""
 
     __slots__ = ()
-
-
-EdgeProcessKernelContext.traced_class = TracedEdgeProcessKernelContext
 
 
 def setup(ctx: ProcessKernelContext, spec: ChildSpec) -> None:

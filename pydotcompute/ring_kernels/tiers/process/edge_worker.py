@@ -17,7 +17,7 @@ Design notes:
   it raised first (reported on the status pipe), then the inbox's leftovers, then the
   edges', highest band first. A record the child held when it was killed is counted
   ``lost`` by its edge: it never came back.
-- The process tier does not restart a failed kernel (``SUPPORTS_RESTART`` is False), so
+- The process tier does not restart a failed kernel (``CAPABILITIES.restart`` is False), so
   an edge is never re-attached to a new child: a tier that restarts would hand the same
   `edge.EdgeSpec` to the new child (the segments outlive the old one).
 """
@@ -25,6 +25,7 @@ Design notes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -163,10 +164,14 @@ class HostedProcessWorker(ProcessWorker):
     ``edge_bound``: the ``(capacity, policy)`` of each edge into it (its kernel's
     ``queue_size`` and backpressure)."""
 
-    EDGE_OUT = frozenset({KIND})
-    EDGE_IN = frozenset({KIND})
-    #: the child spreads over the replica edges into a pool (`edge_child.ChildEdges.pick`)
-    EDGE_SPREAD = frozenset({KIND})
+    #: `ProcessWorker`'s, with ``shm-ring`` direct edges both ways; the child spreads over
+    #: the replica edges into a pool (`edge_child.ChildEdges.pick`).
+    CAPABILITIES = dataclasses.replace(
+        ProcessWorker.CAPABILITIES,
+        edges_out=frozenset({KIND}),
+        edges_in=frozenset({KIND}),
+        edges_spread=frozenset({KIND}),
+    )
 
     def __init__(
         self,

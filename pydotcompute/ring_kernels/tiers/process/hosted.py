@@ -61,6 +61,7 @@ class ProcessHostedKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size", "ring_bytes", "spin_us", "reply_spin_us"})
+    WORKER = HostedProcessWorker
     # The child spins this long for its next message before parking (direct use: 50 us).
     # Hosted, the next message comes a loop round trip later (30-50 us here): with 50 us
     # the child often just missed it, parked, and each message then paid a wake-up

@@ -112,7 +112,7 @@ from ...states import KernelState
 from ...telemetry import LATENCY_BLOCK_BYTES, SharedLatencyBlock
 from ...wakers import Waker, WakerSet
 from .. import check_actor_kind
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from .child import ChildSpec, child_main
 from .config import ProcessKernelConfig, resolve_config
 from .framing import (
@@ -225,8 +225,12 @@ class ProcessWorker(TierWorker):
     ``failed`` True and ``error`` set.
     """
 
-    ACTOR_KIND = "sync"
-    SUPPORTS_INLINE_REQUEST = True  # `reply_within`: the ring is polled with the bell muted
+    #: Plain-function actors; pools; a room the bridge may widen (`set_room`); a reply
+    #: polled for within a budget (`reply_within`); the latencies the child timed; trace
+    #: context in each record's header.
+    CAPABILITIES = Capabilities(
+        replicas=True, resize=True, inline_request=True, telemetry_refresh=True, trace_wire=True
+    )
     # one reply bell per burst while an event loop watches (see the module notes); False
     # rings on every reply, as before (kept to measure the difference)
     BATCH_BELLS = True
@@ -247,7 +251,7 @@ class ProcessWorker(TierWorker):
                 f"kernel {kernel_id!r} needs a callable actor taking one context argument, "
                 f"got {type(kernel_func).__name__}"
             )
-        check_actor_kind(kernel_id, "process", kernel_func, self.ACTOR_KIND)
+        check_actor_kind(kernel_id, "process", kernel_func, self.CAPABILITIES.actor_kind)
         try:
             self._func_bytes = pickle.dumps(kernel_func)
         except Exception as exc:
@@ -303,6 +307,9 @@ class ProcessWorker(TierWorker):
         # (type, encoder) of the last type sent, replaced as one object: two threads sending
         # different types must never pair one type with the other's encoder
         self._codec: tuple[type | None, Callable[[Any], bytes]] = (None, no_encoder)
+        # `trace_wire`'s callbacks (a tracing runtime only)
+        self._trace_header: Callable[[Any], tuple[int, int, int] | None] | None = None
+        self._trace_received: Callable[[Any, int, int, int], None] | None = None
         # (message, its bytes) measured by the caller: the next send of that very object
         # writes these instead of encoding it again (see `keep_encoded`)
         self._encoded: tuple[Any, bytes] | None = None
@@ -567,6 +574,7 @@ class ProcessWorker(TierWorker):
             status=status_w,
             lat_name=None if self._lat_seg is None else self._lat_seg.name,
             **self._edge_spec(),
+            traced=self._traced,
         )
         process = ctx.Process(
             target=child_main,
@@ -1250,17 +1258,42 @@ class ProcessWorker(TierWorker):
         return err
 
     def _decode_frame(self, data: bytes) -> Any:
-        """A reply record that is not a ``@message``: a plain value, or a rejection."""
-        if data[:2] == ERROR_FRAME:
+        """A reply record that is not a ``@message``: a plain value, a rejection, or a
+        record a traced child prefixed with its context (`trace_wire`). A ``@message``
+        reply, the usual one, never comes here: untraced, it is checked for nothing more."""
+        head = data[:2]
+        if head == ERROR_FRAME:
             raise rejection(self._kernel_id, data)
+        if head == TRACE_FRAME:
+            return self._decode_traced(data)
         return decode_value(self._kernel_id, data)
 
+    def _decode_traced(self, data: bytes) -> Any:
+        """A reply record with the actor's trace context: the reply, its context reported
+        (`trace_wire`'s ``received``)."""
+        trace_id, span_id, flags, record = split_trace(self._kernel_id, data)
+        reply = self._decode_reply(record) if record[0] != FRAME_TAG else self._decode_frame(record)
+        received = self._trace_received
+        if received is not None:
+            received(reply, trace_id, span_id, flags)
+        return reply
+
     def _encoder_for(self, msg: Any) -> Callable[[Any], bytes]:
-        """The encoder of ``msg``'s type (checked against ``input_type``); chosen once per
-        new type, so a traced worker's prefixing encoder costs an untraced one nothing."""
-        return encoder_for(
+        """The encoder of ``msg``'s type (checked against ``input_type``), prefixing each
+        record with its context once `trace_wire` was called; chosen once per new type, so
+        the choice costs a message nothing."""
+        encode = encoder_for(
             self._kernel_id, msg, self._input_type, "expects", fields=self._check_fields
         )
+        header = self._trace_header
+        if header is None:
+            return encode
+
+        def traced(value: Any) -> bytes:
+            ctx = header(value)
+            return encode(value) if ctx is None else trace_header(*ctx) + encode(value)
+
+        return traced
 
     # -- trace context on the wire (a tracing runtime only; see `framing`) ---------------
 
@@ -1270,36 +1303,11 @@ class ProcessWorker(TierWorker):
         received: Callable[[Any, int, int, int], None],
     ) -> bool:
         """Prefix each inbox record with the context ``header(msg)`` gives (`framing`'s
-        ``0xC1 'T'`` header) and report each reply's context.
-
-        The traced encoder and reply decoder shadow the plain ones on this instance (the
-        way a tracing runtime shadows its ``send``), so an untraced worker checks nothing.
-        """
-        plain_encoder = self._encoder_for
-        plain_frame = self._decode_frame
-        kernel_id = self._kernel_id
-
-        def encoder_for(msg: Any) -> Callable[[Any], bytes]:
-            encode = plain_encoder(msg)
-
-            def traced(value: Any) -> bytes:
-                ctx = header(value)
-                return encode(value) if ctx is None else trace_header(*ctx) + encode(value)
-
-            return traced
-
-        def decode_frame(data: bytes) -> Any:
-            if data[:2] != TRACE_FRAME:
-                return plain_frame(data)
-            trace_id, span_id, flags, record = split_trace(kernel_id, data)
-            message = record[0] != FRAME_TAG
-            reply = self._decode_reply(record) if message else plain_frame(record)
-            received(reply, trace_id, span_id, flags)
-            return reply
-
-        self._encoder_for = encoder_for  # type: ignore[method-assign]
-        self._decode_frame = decode_frame  # type: ignore[method-assign]
-        self._codec = (None, no_encoder)
+        ``0xC1 'T'`` header) and report each reply's context. Called before `start`: the
+        child builds its actor a traced context from the start (`ChildSpec.traced`)."""
+        self._trace_header = header
+        self._trace_received = received
+        self._codec = (None, no_encoder)  # the next send chooses a prefixing encoder
         self._traced = True
         self._encoded = None
         return True

@@ -1426,7 +1426,8 @@ class _Marks:
                     self.drops[why] = n
             if drops:
                 out["drops"] = drops
-        failed = getattr(kernel, "failed_requests", None)
+        # (the asyncio tier's kernel notes them; another tier in the actor has none)
+        failed = kernel.failed_requests if isinstance(kernel, _HostKernel) else None
         if failed:
             taken = failed[:]
             del failed[: len(taken)]

@@ -57,12 +57,11 @@ class RayTierKernel(HostedKernel):
     ``actor_tier`` (the tier inside the actor) and ``bridge_queue_size``.
     """
 
-    #: Checked in `launch`, against the tier inside the actor (asyncio: async functions).
-    ACTOR_KIND = None  # type: ignore[assignment]
-    #: The actor's runtime restarts its function; Ray restarts the actor.
-    SUPPORTS_RESTART = True
-    #: One kernel is one Ray actor: launch several kernels for several actors.
-    SUPPORTS_POOL = False
+    #: Its capabilities are the worker's (`RayWorker.CAPABILITIES`): the actor's kind is
+    #: checked in `launch`, against the tier inside the actor (asyncio: async functions);
+    #: the actor's runtime restarts its function, Ray restarts the actor; one kernel is
+    #: one Ray actor (launch several kernels for several actors).
+    WORKER = RayWorker
     EXTRA_OPTIONS = RAY_ACTOR_OPTIONS | frozenset(
         {"ray_options", "check_resources", "actor_tier", "bridge_queue_size"}
     )
@@ -145,7 +144,7 @@ class RayTierKernel(HostedKernel):
                 "actor; choose the tier inside the actor: 'asyncio', 'thread' or 'process'"
             )
         inner = tier_class(actor_tier)
-        check_actor_kind(self.kernel_id, named or "ray", self._func, inner.ACTOR_KIND)
+        check_actor_kind(self.kernel_id, named or "ray", self._func, inner.CAPABILITIES.actor_kind)
         session = self._session
         actor_opts = session.options_for(self.kernel_id, extra, ray_options)
         if bridge is None:
@@ -182,7 +181,7 @@ class RayTierKernel(HostedKernel):
             session=session,
             room=max(1, bridge - inbox),
             on_events=self._actor_events,
-            tracing=getattr(self._runtime, "tracer", None) is not None,
+            tracing=self._runtime is not None and self._runtime.tracer is not None,
             edge_backpressure=str(getattr(policy, "value", policy)),
         )
         self.config.extra = {"bridge_queue_size": bridge}
@@ -249,7 +248,7 @@ class RayTierKernel(HostedKernel):
         inbox = self._inbox
         if (
             ray is None
-            or self._worker is not ray  # wrapped (a tracing runtime): the bridge's road
+            or self._instruments  # an instrumented bridge reports: the bridge's road
             or self._state is not KernelState.ACTIVE
             or self._stopping
             or self._gate is not None

@@ -16,15 +16,18 @@ Design notes:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 from ....exceptions import KernelNotFoundError
 from ...config import RingKernelConfig
+from ...instruments import Instrument
 from ...kernel import KernelFunc, RingKernel
 from ...registry import get_registered_kernel
 from ...runtime import RingKernelRuntime
 from ...shutdown import ShutdownReport
 from .. import canonical_tier
+from .kernel import RayTierKernel
 from .session import RaySession, use_session
 
 __all__ = ("RayRingKernelRuntime",)
@@ -56,6 +59,8 @@ class RayRingKernelRuntime(RingKernelRuntime):
         read_ahead: Kept for older code; replies are always fetched ahead now.
         name: Prefix of the Ray actor names (default: unique per runtime).
         tracing: As `RingKernelRuntime`.
+        instruments: As `RingKernelRuntime`: `Instrument` objects whose hooks the runtime
+            calls as messages move.
     """
 
     RUNTIME_NAME = "Ray runtime"
@@ -73,6 +78,7 @@ class RayRingKernelRuntime(RingKernelRuntime):
         read_ahead: bool = True,
         name: str | None = None,
         tracing: bool = False,
+        instruments: Iterable[Instrument] = (),
     ) -> None:
         self.session = RaySession(
             address=address,
@@ -85,7 +91,9 @@ class RayRingKernelRuntime(RingKernelRuntime):
             read_ahead=read_ahead,
             name=name,
         )
-        super().__init__(enable_telemetry=enable_telemetry, tracing=tracing)
+        super().__init__(
+            enable_telemetry=enable_telemetry, tracing=tracing, instruments=instruments
+        )
         use_session(self, self.session)
 
     async def start(self) -> RayRingKernelRuntime:
@@ -100,9 +108,9 @@ class RayRingKernelRuntime(RingKernelRuntime):
             return await super().shutdown(timeout, ordered=ordered)
         finally:
             for kid in [*self.kernel_ids, *self.terminated_ids]:
-                release = getattr(self.get_kernel(kid), "release", None)
-                if release is not None:
-                    await release()
+                kernel = self.get_kernel(kid)
+                if isinstance(kernel, RayTierKernel):  # (every kernel launched here is one)
+                    await kernel.release()
             self.session.close()
 
     async def launch(

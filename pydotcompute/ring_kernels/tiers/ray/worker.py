@@ -59,7 +59,7 @@ from ....exceptions import (
 from ...config import RingKernelConfig
 from ...message import deserialize_message
 from ...states import KernelState
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from .host import KernelHost, frame_ask, frame_id
 from .session import RaySession, errors, ray_module, reason
 from .wire import split_traced, traced_item, unpack_cause, unpack_error
@@ -117,8 +117,13 @@ class RayWorker(TierWorker):
             other actors push over direct edges (its inbox blocks for the driver).
     """
 
-    ACTOR_KIND = "async"
-    SUPPORTS_RESTART = True
+    #: The actor's kind is checked by the kernel, against the tier inside the Ray actor;
+    #: the actor's runtime restarts its function and Ray the actor; one kernel is one Ray
+    #: actor (no pools: launch several kernels); trace context crosses with each message
+    #: (`trace_wire`); what the actor timed comes back with `drain_latencies`.
+    CAPABILITIES = Capabilities(
+        actor_kind=None, restart=True, replicas=False, trace_wire=True, telemetry_refresh=True
+    )
 
     def __init__(
         self,
@@ -190,7 +195,9 @@ class RayWorker(TierWorker):
         self._readable: Callable[[], None] | None = None
         self._writable: Callable[[], None] | None = None
         self._want_room = False
-        self._received: Callable[[Any, int, int, int], None] | None = None  # `trace_wire`
+        # `trace_wire`: each message's context, and where a reply's is reported
+        self._trace_header: Callable[[Any], tuple[int, int, int] | None] | None = None
+        self._received: Callable[[Any, int, int, int], None] | None = None
         # a direct edge: (target id, its actor, how long to wait for it to restart)
         self._direct: tuple[str, Any, float] | None = None
         self._edge: asyncio.Task[None] | None = None  # the last change of it, on its way
@@ -412,6 +419,9 @@ class RayWorker(TierWorker):
                 f"MessagePack and must be @message objects; got {type(msg).__name__}"
             )
         data: bytes = serialize()
+        header = self._trace_header
+        if header is not None:  # (a tracing runtime: each message goes in its context)
+            return traced_item(header(msg), data)
         return data
 
     def _closed(self) -> BaseException | None:
@@ -759,12 +769,7 @@ class RayWorker(TierWorker):
         runtime (told at launch that the driver traces) makes it current while the actor
         handles the message. Each reply comes back with the context the actor sent it in,
         reported through ``received``."""
-        plain = self._encode
-
-        def encode(msg: Any) -> bytes:
-            return traced_item(header(msg), plain(msg))
-
-        self._encode = encode  # type: ignore[method-assign]
+        self._trace_header = header
         self._received = received
         return True
 

@@ -8,11 +8,11 @@ Design notes:
 - ``receive`` and ``receive_nowait`` are written out separately: they are the actor's
   per-message path.
 - Trace context (a tracing runtime only): `TraceCarrier` keeps each message's context from
-  the hand-over to the actor's receive (by identity: no bytes to prefix in one process),
-  and the context becomes a `TracedThreadedKernelContext` (a ``__class__`` swap on the
-  actor's thread before the actor runs; opentelemetry is imported then), which attaches
-  it while the actor handles the message and reports the current context with what the
-  actor sends. An untraced context never changes class and checks nothing more.
+  the hand-over to the actor's receive (by identity: no bytes to prefix in one process).
+  A worker whose wire carries it builds its actor a `TracedThreadedKernelContext` from the
+  start (opentelemetry is imported then), which attaches it while the actor handles the
+  message and reports the current context with what the actor sends. An untraced worker
+  builds the plain context, which checks nothing more; no context ever changes class.
 - Direct edges under tracing: what the actor sends into an edge goes with the current
   context (`put_traced`: beside the object in the consumer's carrier, or in a
   ``shm-ring`` record's header), not reported to the runtime, which never sees it. A
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Protocol
 
 from ....decorators.validators import wrong_message_type
 from ....exceptions import TypeValidationError
@@ -278,19 +278,15 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
     #: imported by `adopt`
     otel: ClassVar[tuple[Any, Any, Any] | None] = None
 
-    @classmethod
-    def adopt(cls, ctx: ThreadedKernelContext, carrier: TraceCarrier) -> None:
-        """Make ``ctx`` a traced context fed by ``carrier`` (on the actor's thread, before
-        the actor takes a message)."""
+    def __init__(self, worker: ContextSource, carrier: TraceCarrier) -> None:
+        """A context fed by ``carrier``: each message's trace context, and where what the
+        actor sends reports its own."""
+        super().__init__(worker)
+        cls = type(self)
         if cls.otel is None:
             from opentelemetry import context, trace
 
             cls.otel = (trace, context, trace.get_tracer("pydotcompute"))
-        ctx.__class__ = cls
-        cast(TracedThreadedKernelContext, ctx).follow(carrier)
-
-    def follow(self, carrier: TraceCarrier) -> None:
-        """Take each message's context from ``carrier``."""
         self._trace = carrier
 
     def _leave(self) -> None:

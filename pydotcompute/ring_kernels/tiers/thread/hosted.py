@@ -5,9 +5,11 @@ The hosting bridge (`pydotcompute.ring_kernels.hosted.HostedKernel`) keeps the r
 policy; this class only says how to build the worker.
 
 Design notes:
-- `HostedThreadWorker` starts the actor through a method of its own, where a tracing
-  runtime's `trace_wire` makes the actor's context traced before the actor runs: one
-  ``None`` check per actor start, none per message, and `ThreadWorker` stays untouched.
+- Under an instrumented runtime the kernel builds a `TracedThreadWorker` instead: its
+  ``offer`` hands each message's trace context over beside it and its actor gets a
+  `TracedThreadedKernelContext` from the start (`trace_wire` arms both before the actor
+  runs). A plain runtime's worker is the untraced class, so it checks nothing per
+  message; nothing of a live worker or context is replaced.
 - Direct edges (kind ``"objects"``, `edge.py`, and ``"shm-ring"`` to and from a process
   actor, whose in-process ends the process tier provides by name) hang off the hosted
   worker only: the standalone `ThreadedRingKernel` has no runtime to connect it.
@@ -18,8 +20,9 @@ Design notes:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from ...hosted import HostedKernel
 from ..contract import TierWorker
@@ -27,19 +30,25 @@ from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelCo
 from .edge import KIND, SHM_KIND, EdgeEnds
 from .worker import ThreadedKernelConfig, ThreadedKernelFunc, ThreadWorker
 
-__all__ = ("HostedThreadWorker", "ThreadHostedKernel")
+__all__ = ("HostedThreadWorker", "ThreadHostedKernel", "TracedThreadWorker")
 
 
 class HostedThreadWorker(ThreadWorker):
-    """The `ThreadWorker` of a runtime's thread-tier kernel, which a tracing runtime can
-    instrument (`trace_wire`), and that direct edges connect (`open_edge`, `route_into`).
+    """The `ThreadWorker` of a runtime's thread-tier kernel, which direct edges connect
+    (`open_edge`, `route_into`); `TracedThreadWorker` also carries trace context.
     Takes `ThreadWorker`'s arguments, and ``edge_bound``: the ``(capacity, policy)`` of each
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
-    EDGE_OUT = frozenset({KIND, SHM_KIND})
-    EDGE_IN = frozenset({KIND, SHM_KIND})
-    #: the kinds it can spread over the replica edges into a pool (`pool_edges.Spread`)
-    EDGE_SPREAD = frozenset({KIND, SHM_KIND})
+    #: `ThreadWorker`'s, with direct edges of kinds ``"objects"`` and ``"shm-ring"`` both
+    #: ways (spread over the replica edges into a pool, `pool_edges.Spread`) and trace
+    #: context carried to the actor (`trace_wire`).
+    CAPABILITIES = dataclasses.replace(
+        ThreadWorker.CAPABILITIES,
+        edges_out=frozenset({KIND, SHM_KIND}),
+        edges_in=frozenset({KIND, SHM_KIND}),
+        edges_spread=frozenset({KIND, SHM_KIND}),
+        trace_wire=True,
+    )
 
     def __init__(
         self,
@@ -50,7 +59,6 @@ class HostedThreadWorker(ThreadWorker):
         **kwargs: Any,
     ) -> None:
         self._hosted_actor = kernel_func  # checked by the runtime at launch
-        self._trace_carrier: TraceCarrier | None = None
         super().__init__(kernel_id, self._run_actor, **kwargs)
         # the runtime's bridge admits every message (its type and fields) before handing
         # it over, and edges write to their own queues: no second check per message
@@ -106,18 +114,25 @@ class HostedThreadWorker(ThreadWorker):
 
     def _run_actor(self, ctx: ThreadedKernelContext) -> Any:
         self._edges.adopt(ctx)
-        carrier = self._trace_carrier
-        if carrier is None:
+        if not isinstance(ctx, TracedThreadedKernelContext):
             return self._hosted_actor(ctx)
-        TracedThreadedKernelContext.adopt(ctx, carrier)
-        traced = cast(TracedThreadedKernelContext, ctx)
         try:
             result = self._hosted_actor(ctx)
         except BaseException as exc:
-            traced.finish(exc)  # the span it recorded for an edge message says so
+            ctx.finish(exc)  # the span it recorded for an edge message says so
             raise
-        traced.finish(None)
+        ctx.finish(None)
         return result
+
+
+class TracedThreadWorker(HostedThreadWorker):
+    """A `HostedThreadWorker` that can carry trace context (`trace_wire`): what
+    `ThreadHostedKernel` builds under an instrumented runtime."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace_header: Callable[[Any], tuple[int, int, int] | None] | None = None
+        self._trace_carrier: TraceCarrier | None = None
 
     def trace_wire(
         self,
@@ -126,30 +141,33 @@ class HostedThreadWorker(ThreadWorker):
     ) -> bool:
         """Hand each message to the actor with the context ``header(msg)`` gives (beside
         it, in this process), and report what the actor sends with its current context.
-
-        The traced ``offer`` shadows the plain one on this instance (the way a tracing
-        runtime shadows its ``send``), so an untraced worker checks nothing.
-        """
+        Called before `start`: the actor's context is built traced; what comes over a
+        direct edge into it carries its context too."""
         carrier = self._trace_carrier = TraceCarrier(received)
-        self._edges.trace_into(carrier)  # what comes over an edge carries its context too
-        plain_offer = self.offer
-
-        def offer(msg: Any) -> bool:
-            ids = header(msg)
-            if ids is None:
-                return plain_offer(msg)
-            carrier.carry(msg, ids)  # before the actor can take it
-            try:
-                ok = plain_offer(msg)
-            except BaseException:
-                carrier.forget(msg)
-                raise
-            if not ok:
-                carrier.forget(msg)
-            return ok
-
-        self.offer = offer  # type: ignore[method-assign]
+        self._trace_header = header
+        self._edges.trace_into(carrier)
         return True
+
+    def _new_context(self) -> ThreadedKernelContext:
+        carrier = self._trace_carrier
+        if carrier is None:
+            return super()._new_context()
+        return TracedThreadedKernelContext(self, carrier)
+
+    def offer(self, msg: Any) -> bool:
+        header, carrier = self._trace_header, self._trace_carrier
+        ids = None if header is None else header(msg)
+        if ids is None or carrier is None:
+            return super().offer(msg)
+        carrier.carry(msg, ids)  # before the actor can take it
+        try:
+            ok = super().offer(msg)
+        except BaseException:
+            carrier.forget(msg)
+            raise
+        if not ok:
+            carrier.forget(msg)
+        return ok
 
 
 class ThreadHostedKernel(HostedKernel):
@@ -160,9 +178,12 @@ class ThreadHostedKernel(HostedKernel):
     """
 
     EXTRA_OPTIONS = frozenset({"bridge_queue_size", "thread_name"})
+    WORKER = HostedThreadWorker
     __slots__ = ()
 
     def _make_worker(self, bridge: int) -> TierWorker:
+        # an instrumented runtime may carry trace context: the worker that can (see notes)
+        worker_class = TracedThreadWorker if self.instruments else HostedThreadWorker
         cfg = ThreadedKernelConfig(
             self.kernel_id,
             input_queue_size=bridge,
@@ -171,7 +192,7 @@ class ThreadHostedKernel(HostedKernel):
             record_latency=self._timed,
             check_fields=self.config.check_fields,
         )
-        return HostedThreadWorker(
+        return worker_class(
             self.kernel_id,
             self._func,  # type: ignore[arg-type]
             config=cfg,

@@ -57,7 +57,7 @@ from ...message import fields_ok
 from ...states import KernelState
 from ...telemetry import LatencyRecorder, PyLatencyRecorder
 from .. import check_actor_kind
-from ..contract import TierWorker
+from ..contract import Capabilities, TierWorker
 from .context import ThreadedKernelContext, wrong_type
 from .sync_queue import SPSCQueue, SyncQueue
 
@@ -145,10 +145,13 @@ class ThreadWorker(TierWorker):
         output_type: When given, ``ctx.send`` refuses other types.
     """
 
-    ACTOR_KIND = "sync"
-    # a short `poll_replies` emptied the outbox and armed its burst waker (`SPSCQueue`
-    # arms it there; `SyncQueue` runs its wakers at every put)
-    SHORT_POLL_REARMS = True
+    #: Plain-function actors; pools; a room the bridge may widen (`set_room`); the
+    #: latencies its actor took (`drain_latencies`); a short `poll_replies` emptied the
+    #: outbox and armed its burst waker (`SPSCQueue` arms it there; `SyncQueue` runs its
+    #: wakers at every put).
+    CAPABILITIES = Capabilities(
+        replicas=True, resize=True, telemetry_refresh=True, short_poll_rearms=True
+    )
 
     def __init__(
         self,
@@ -303,7 +306,7 @@ class ThreadWorker(TierWorker):
                     "start",
                     "a kernel runs once; create a new one to run again",
                 )
-            self._context = ThreadedKernelContext(self)
+            self._context = self._new_context()
             self._thread = threading.Thread(
                 target=self._run,
                 name=self._config.thread_name or f"pydotcompute-{self._kernel_id}",
@@ -317,6 +320,11 @@ class ThreadWorker(TierWorker):
             self._thread = None
             self._finish(exc)
             raise KernelFailedError(self._kernel_id, exc) from exc
+
+    def _new_context(self) -> ThreadedKernelContext:
+        """The context the actor will get (`start` builds it once; a subclass may build
+        another kind)."""
+        return ThreadedKernelContext(self)
 
     def _run(self) -> None:
         ctx = self._context
