@@ -80,7 +80,7 @@ class ProcessHostedKernel(HostedKernel):
         a reply spin, has the loop look at the reply doorbell once more before it parks."""
         if not super().try_accept(msg, timeout):
             return False
-        if self._spinner is None and self._awaited(msg):
+        if self._spinner is None and self._waiters and self._awaited(msg):
             loop = self._loop
             if loop is not None:
                 loop.call_soon(_look_again)
