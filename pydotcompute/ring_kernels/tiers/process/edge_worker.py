@@ -205,11 +205,14 @@ class HostedProcessWorker(ProcessWorker):
         if not self._told:
             return
         with self._exit_lock:
+            # (the bell too, under the lock: a stop on another thread closes the doorbells
+            # only after it marked the child exited, which takes this lock; rung after it,
+            # the descriptor could be closed, or another file's by then)
             if self._child_exited or self._pid is None:
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, EDGE_SIGNAL)
-        ring_bell(self._in_data_fd)
+            ring_bell(self._in_data_fd)
 
     # -- the contract's direct edges ----------------------------------------------------
 
