@@ -899,7 +899,9 @@ async def scenario_control_message_overtakes_blocked_senders(case: TierCase) -> 
 
 async def scenario_producer_actor_yields(case: TierCase) -> None:
     """An actor sending many replies into a roomy outbox lets other tasks run at least
-    every `SEND_YIELD_EVERY` messages (counted by a task that samples the outbox)."""
+    every `SEND_YIELD_EVERY` messages (counted by a task that samples the outbox), also
+    while a neighbour task holds the loop a little each turn, so that replies pile up and
+    several wake-ups land in one loop turn."""
     from pydotcompute.ring_kernels.lifecycle import SEND_YIELD_EVERY as every
 
     async with asyncio.timeout(BOUND_S), case.make_runtime() as rt:
@@ -921,9 +923,16 @@ async def scenario_producer_actor_yields(case: TierCase) -> None:
                 seen.append(len(outbox))
                 await asyncio.sleep(0)
 
+        async def neighbour() -> None:
+            while seen[-1] < n:
+                time.sleep(0.0002)  # a turn of CPU-bound work on the loop
+                await asyncio.sleep(0)
+
         sampler = asyncio.create_task(sample())
+        busy = asyncio.create_task(neighbour())
         await rt.send("k", Job(seq=n))
         await sampler
+        await busy
         steps = [b - a for a, b in itertools.pairwise(seen)]
         assert max(steps) <= every, f"{max(steps)} replies arrived between two turns"
 

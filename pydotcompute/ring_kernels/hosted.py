@@ -865,6 +865,9 @@ class HostedKernel(RingKernel):
             if reply is None:
                 readable.clear()
                 self._collecting = False  # replies that arrive now: the callback's
+                # one budget a loop turn for both: what the collector delivered since it
+                # last yielded counts against the callback's (at least 1 left: it yields at 0)
+                self._budget = min(self._budget, turn)
                 while not readable.is_set():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(_POLL_S):
@@ -872,6 +875,8 @@ class HostedKernel(RingKernel):
                     if not readable.is_set():  # the safety poll: as if a wake-up came
                         self._drain_ready_replies()
                 self._collecting = True
+                # ... and what the callback delivered, against the collector's
+                turn = min(turn, max(self._budget, 1))
                 continue
             self._reply_in_hand.append(reply)
             try:
@@ -949,15 +954,16 @@ class HostedKernel(RingKernel):
                     elif n:
                         taken = self._deliver_batch(replies, ready, readable)
                 budget -= taken
+                if budget <= 0:
+                    # spent: only `_refill`, queued now, renews it, so every callback
+                    # queued before this moment runs first. (Renewed whenever a drain
+                    # ended instead, two wake-ups in one loop turn delivered twice as many
+                    # replies before other tasks ran.)
+                    (self._loop or asyncio.get_running_loop()).call_soon(self._refill)
+                    return
                 if ready:  # the collector delivers the rest (or reports an error)
                     return
-                if not taken or drained:
-                    # nothing more: the loop runs other tasks before the next drain (a
-                    # wake-up from the worker), so this turn's budget starts afresh
-                    budget = SEND_YIELD_EVERY
-                    return
-                if budget <= 0:
-                    (self._loop or asyncio.get_running_loop()).call_soon(self._refill)
+                if not taken or drained:  # nothing more until the worker wakes us
                     return
         finally:
             self._budget = budget
