@@ -12,9 +12,10 @@ Design notes:
   reply's correlation slot with the *request* being handled (`stamp_reply`) where that
   closes no reference loop (`correlation_to`); reading `correlation_id` or serializing
   resolves it to the request's id. Both are small
-  descriptors over msgspec's slots: the raw slots stay reachable as `_pdc_mid` /
-  `_pdc_cid` for the codec, which must see what is stored. Building a message therefore
-  calls no Python code except the priority check.
+  descriptors over msgspec's slots: the raw slots stay reachable for the codec, which
+  must see what is stored: as `self._pdc_mid` / `self._pdc_cid` in the message's own
+  methods, through the slot descriptors (`wire_id`, `raw_correlation_get`) elsewhere.
+  Building a message therefore calls no Python code except the priority check.
 - The priority range (0..255) is checked by `__post_init__` on construction (msgspec calls
   it) and by the typed decoder on every decode. Other field types are not checked on
   construction (msgspec does not); every hop that decodes bytes checks them.
@@ -67,6 +68,7 @@ __all__ = (
     "request_key",
     "serialize_message",
     "stamp_reply",
+    "wire_id",
 )
 
 _T = TypeVar("_T")
@@ -208,7 +210,7 @@ class RingKernelMessage(
         """
         if isinstance(response, RingKernelMessage):
             # this message (resolved to its id when read), or its id if that closes a loop
-            response._pdc_cid = correlation_to(self, response)
+            raw_correlation_set(response, correlation_to(self, response))
             return response
         cls = type(self) if response is None else response
         fields.setdefault("correlation_id", self)  # resolved when read, as above
@@ -220,7 +222,7 @@ class RingKernelMessage(
     @classmethod
     def to_records(cls, messages: Sequence[RingKernelMessage]) -> np.ndarray[Any, Any]:
         """Pack messages of this fixed-layout class into a NumPy structured array."""
-        return layout.to_records(cls, messages)
+        return layout.to_records(cls, messages, stored_id=wire_id)
 
     @classmethod
     def from_records(cls: type[_M], records: np.ndarray[Any, Any]) -> list[_M]:
@@ -292,10 +294,7 @@ def _as_uuid(value: Any) -> uuid.UUID:
 def _wire_correlation(cid: Any) -> Any:
     """What a correlation slot holding a request (or id bytes) is sent as: 16 bytes."""
     if isinstance(cid, RingKernelMessage):
-        mid = cid._pdc_mid
-        if mid is None:
-            mid = cid._pdc_mid = next_id_bytes()
-        return mid
+        return wire_id(cid)
     return cid  # bytes or a UUID subclass: msgspec writes (or refuses) it as it is
 
 
@@ -372,11 +371,11 @@ def _unpickle(cls: type, values: tuple[Any, ...]) -> Any:
 def _make_ids(value: Any) -> None:
     """Make the ids of the messages nested in `value` (a field of a message being sent)."""
     if isinstance(value, RingKernelMessage):
-        if value._pdc_mid is None:
-            value._pdc_mid = next_id_bytes()
-        cid = value._pdc_cid
+        if _raw_mid_get(value) is None:
+            _raw_mid_set(value, next_id_bytes())
+        cid = _raw_cid_get(value)
         if cid is not None and cid.__class__ is not _UUID:
-            value._pdc_cid = _wire_correlation(cid)
+            raw_correlation_set(value, _wire_correlation(cid))
         for name in codec_of(type(value)).nested:
             _make_ids(getattr(value, name))
     elif isinstance(value, (list, tuple, set, frozenset)):
@@ -395,8 +394,8 @@ _MID_SLOT = RingKernelMessage.__dict__["message_id"]
 _CID_SLOT = RingKernelMessage.__dict__["correlation_id"]
 # the raw slots under a second name (plain attribute access for the codec), then the
 # public names become the lazy views of them
-RingKernelMessage._pdc_mid = _MID_SLOT
-RingKernelMessage._pdc_cid = _CID_SLOT
+type.__setattr__(RingKernelMessage, "_pdc_mid", _MID_SLOT)
+type.__setattr__(RingKernelMessage, "_pdc_cid", _CID_SLOT)
 type.__setattr__(RingKernelMessage, "message_id", _LazyId(_MID_SLOT))
 type.__setattr__(RingKernelMessage, "correlation_id", _LazyCorrelation(_CID_SLOT))
 
@@ -422,6 +421,16 @@ _raw_mid_get = _MID_SLOT.__get__
 _raw_mid_set = _MID_SLOT.__set__
 #: Write a message's correlation slot as stored (a UUID, or the request being answered).
 raw_correlation_set: Callable[[Any, Any], None] = _CID_SLOT.__set__
+
+
+def wire_id(msg: Any) -> Any:
+    """``msg``'s id as stored: the 16 bytes the wire carries (or a UUID given to it),
+    made now if it has none, as serializing would."""
+    mid = _raw_mid_get(msg)
+    if mid is None:
+        mid = next_id_bytes()
+        _raw_mid_set(msg, mid)
+    return mid
 
 
 def raw_correlation_get(obj: Any) -> Any:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import typing
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ...exceptions import MessageSerializationError, TypeValidationError
-from .ids import next_id_bytes
 
 __all__ = (
     "HEADER_FIELDS",
@@ -112,8 +111,14 @@ def _require_dtype(cls: type) -> np.dtype[Any]:
     return dtype
 
 
-def to_records(cls: type, messages: Sequence[Any]) -> np.ndarray[Any, Any]:
+def to_records(
+    cls: type, messages: Sequence[Any], *, stored_id: Callable[[Any], Any] | None = None
+) -> np.ndarray[Any, Any]:
     """Pack messages of the fixed-layout class `cls` into a NumPy structured array.
+
+    ``stored_id`` reads a message's id as stored (its wire bytes, made if it has none;
+    the message module passes its slot reader): no UUID object is made for it. Without
+    it, the ``message_id`` attribute is read.
 
     This is the host side of a GPU ring, so it checks what it packs: a field value that
     does not convert to its column without loss (a float in an int field, a string, an
@@ -133,7 +138,10 @@ def to_records(cls: type, messages: Sequence[Any]) -> np.ndarray[Any, Any]:
     out = np.zeros(len(msgs), dtype=dtype)
     if not msgs:
         return out
-    mids = [_message_id_int(m) for m in msgs]
+    if stored_id is None:
+        mids = [m.message_id.int for m in msgs]
+    else:
+        mids = [_id_bytes_int(stored_id(m)) for m in msgs]
     cids = [_id_int(m.correlation_id) for m in msgs]  # type: ignore[attr-defined]
     out["_mid_hi"] = [x >> 64 for x in mids]
     out["_mid_lo"] = [x & _MASK64 for x in mids]
@@ -155,11 +163,8 @@ def _id_int(value: uuid.UUID | None) -> int:
     return 0 if value is None else value.int
 
 
-def _message_id_int(m: Any) -> int:
-    """`m`'s id as an int, from the slot as stored (no UUID object is made for it)."""
-    raw = m._pdc_mid
-    if raw is None:  # never made: made now, as serializing would
-        raw = m._pdc_mid = next_id_bytes()
+def _id_bytes_int(raw: Any) -> int:
+    """An id as stored (16 bytes, or a UUID) as an int."""
     return int.from_bytes(raw, "big") if isinstance(raw, bytes) else int(raw.int)
 
 

@@ -404,11 +404,12 @@ def make_ring_kernel(handler: Callable[..., Any], *, cooperative: bool) -> Calla
                     if tid == 0:
                         rin = stage[j] if staged else inbox[i]
                         rout = ostage[0] if to_edge else outbox[o]
-                        rout._mid_hi = 0
-                        rout._mid_lo = 0
-                        rout._cid_hi = rin._mid_hi
-                        rout._cid_lo = rin._mid_lo
-                        rout._priority = rin._priority
+                        # (header columns by name, as the host reads them)
+                        rout["_mid_hi"] = 0
+                        rout["_mid_lo"] = 0
+                        rout["_cid_hi"] = rin["_mid_hi"]
+                        rout["_cid_lo"] = rin["_mid_lo"]
+                        rout["_priority"] = rin["_priority"]
                         if not to_edge:
                             ostat[o] = status
                         elif status == 0:  # the reply into the out-edge's next slot
