@@ -835,8 +835,8 @@ class PoolWorker(TierWorker):
             for m in self.members:
                 m.route_into(None)
             return
-        parts = getattr(edge, "parts", None)
-        if getattr(edge, "spread", True) or parts is None or len(parts) != len(self.members):
+        parts = edge.parts if isinstance(edge, EdgeGroup) and not edge.spread else None
+        if parts is None or len(parts) != len(self.members):
             raise InvalidConfigurationError(
                 f"kernel {self.kernel_id!r}: a pool sends into one edge per replica "
                 f"({len(self.members)}), got {edge!r}"
@@ -1088,9 +1088,7 @@ class HostedPoolKernel(HostedKernel):
         make = super()._make_worker  # (zero-argument super() fails in a comprehension)
         members = [make(each) for _ in range(n)]
         for m in members:  # each replica's edges hold a share of the pool's bound
-            share = getattr(m, "share_edge_bound", None)
-            if share is not None:
-                share(n)
+            m.share_edge_bound(n)
         return _pool_worker_class(type(members[0]))(self.kernel_id, members, room=each)
 
     @property

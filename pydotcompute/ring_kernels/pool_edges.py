@@ -33,7 +33,7 @@ Design notes:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ("CLOSED", "FULL", "ROOM", "WAITING", "EdgeGroup", "Spread", "replica_name")
@@ -133,6 +133,21 @@ class Spread:
         """Send ``msg`` into the next replica edge in turn that has room (or is not live
         yet, see the notes); when all are full, into the first full one in turn, where
         the consumer's policy acts; when all are closed, on the loop path."""
+        return bool(self._pick().put(msg, timeout))
+
+    def put_traced(
+        self,
+        msg: Any,
+        timeout: float | None,
+        ids: tuple[int, int, int],
+        received: Callable[[Any, int, int, int], None],
+    ) -> bool:
+        """`put` in the trace context ``ids``, through the chosen end's ``put_traced``
+        (an end of a thread-side producer offers it)."""
+        return bool(self._pick().put_traced(msg, timeout, ids, received))
+
+    def _pick(self) -> Any:
+        """The end the next message goes into (see `put`), the turn moved past it."""
         ends = self._ends
         n = len(ends)
         start = self._next
@@ -152,7 +167,7 @@ class Spread:
             pick = full if full >= 0 else start
         nxt = pick + 1
         self._next = 0 if nxt >= n else nxt
-        return bool(ends[pick].put(msg, timeout))
+        return ends[pick]
 
     def __len__(self) -> int:
         return len(self.outbox)

@@ -441,6 +441,11 @@ class TierWorker(abc.ABC):
         (as the bridge holds back its inbox); what they hold waits there. Tiers without
         edges need not implement it."""
 
+    def share_edge_bound(self, replicas: int) -> None:  # noqa: B027
+        """This actor is one of ``replicas`` of a pool: each direct edge into it holds
+        its share of the kernel's bound (rounded up), as the pool's bridge shares its
+        slots. Tiers without edges into them need not implement it."""
+
     # -- what is left ----------------------------------------------------------------------
 
     @abc.abstractmethod

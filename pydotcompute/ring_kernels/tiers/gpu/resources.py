@@ -771,7 +771,9 @@ def nonblocking_stream(keep: list[Any], device_id: int) -> Any:
         flags = drv.binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value
         handle = drv.driver.cuStreamCreate(flags)
         ctx = cuda.current_context()
-        return drv.Stream(handle, finalizer=drv._stream_finalizer(ctx.deallocations, handle))
+        # Numba's own finalizer (private): the stream is destroyed as Numba's are
+        finalizer = drv._stream_finalizer(ctx.deallocations, handle)  # noqa: SLF001
+        return drv.Stream(handle, finalizer=finalizer)
     except Exception as exc:
         raise CUDAError(
             f"could not create a non-blocking CUDA stream for a persistent kernel ({exc!r}); "

@@ -136,8 +136,8 @@ def _enter() -> None:
     global _live, _owns_context
     with _live_lock:
         _live += 1
-        if _live == 1 and _simkernel._kernel_context is None:
-            _simkernel._kernel_context = _MODULE
+        if _live == 1 and _simkernel._kernel_context is None:  # noqa: SLF001 (the simulator's hook)
+            _simkernel._kernel_context = _MODULE  # noqa: SLF001 (the simulator's hook)
             _owns_context = True
 
 
@@ -146,8 +146,8 @@ def _leave() -> None:
     with _live_lock:
         _live -= 1
         if _live == 0 and _owns_context:
-            if _simkernel._kernel_context is _MODULE:
-                _simkernel._kernel_context = None
+            if _simkernel._kernel_context is _MODULE:  # noqa: SLF001 (the simulator's hook)
+                _simkernel._kernel_context = None  # noqa: SLF001 (the simulator's hook)
             _owns_context = False
 
 

@@ -93,6 +93,7 @@ class ThreadedKernelContext:
         "_outbox",
         "_output_type",
         "_rec",
+        "_replies",
         "_stop",
         "_trace",  # a `TracedThreadedKernelContext`'s `TraceCarrier` (unset otherwise)
         "handling",
@@ -102,7 +103,8 @@ class ThreadedKernelContext:
     def __init__(self, worker: ContextSource) -> None:
         self.kernel_id = worker.kernel_id
         self._inbox = worker.inbox
-        self._outbox = worker.outbox
+        self._replies = worker.outbox  # the loop path
+        self._outbox: Any = self._replies  # ... or a direct edge's end (`send_into`)
         self._output_type = worker.output_type
         self._check_fields = worker.check_fields
         self._stop = worker.stop_signal
@@ -199,9 +201,9 @@ class ThreadedKernelContext:
         self._inbox = inputs
 
     def send_into(self, outbox: Any) -> None:
-        """Send through ``outbox`` (``put(msg, timeout)``) from the next ``send`` on: a
-        producer routed into a direct edge (`edge.EdgeOutput`), or its own outbox again.
-        Any thread may call it."""
+        """Send through ``outbox`` from the next ``send`` on: a producer routed into a
+        direct edge (its end, `edge.EdgeOutput` or one like it: ``put(msg, timeout)`` and
+        ``put_traced``), or its own outbox again. Any thread may call it."""
         self._outbox = outbox
 
 
@@ -350,9 +352,9 @@ class TracedThreadedKernelContext(ThreadedKernelContext):
         sc = self.otel[0].get_current_span().get_span_context()
         if sc.is_valid:
             ids = (sc.trace_id, sc.span_id, sc.trace_flags)
-            put_traced = getattr(self._outbox, "put_traced", None)
-            if put_traced is not None:  # routed into a direct edge: the context goes along
-                return self._send_traced(put_traced, msg, timeout, ids)
+            out = self._outbox
+            if out is not self._replies:  # routed into a direct edge: the context goes along
+                return self._send_traced(out.put_traced, msg, timeout, ids)
             self._trace.received(msg, *ids)
         return super().send(msg, timeout)
 
