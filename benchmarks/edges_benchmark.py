@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import multiprocessing
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -50,6 +52,10 @@ from _suite import summary_row  # noqa: E402
 from pydotcompute import RingKernelRuntime  # noqa: E402
 
 TARGET = 0.6
+#: (stages, direct) -> CPU seconds a message of the last run: this process (the loop, the
+#: thread stages, the bridges' threads), the child processes summed, and how many cores
+#: all of it kept busy on average
+CPU_SEEN: dict[tuple[tuple[str, ...], bool], tuple[float, float, float]] = {}
 PIPELINES = (("process", "process", "thread"), ("thread", "thread", "thread"))
 #: the pool comparison's targets: 2 replicas over 1, per handler
 POOL_TARGETS = {"light": 1.0, "cpu-bound": 1.6}
@@ -133,9 +139,31 @@ def _pool_table(quick: bool, rounds: int) -> tuple[list[dict[str, Any]], list[di
     return rows, summary
 
 
+def _cpu_now() -> tuple[float, dict[int, float]]:
+    """CPU seconds used so far by this process (every thread: the loop, thread stages,
+    bridges) and by each live child process (read from ``/proc``; none elsewhere)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for child in multiprocessing.active_children():
+        try:
+            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children[child.pid] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return me.ru_utime + me.ru_stime, children
+
+
+def _cpu_since(before: tuple[float, dict[int, float]]) -> tuple[float, float]:
+    """CPU seconds since ``before``: this process's, and its children's summed."""
+    me, children = _cpu_now()
+    kids = sum(c - before[1][pid] for pid, c in children.items() if pid in before[1])
+    return me - before[0], kids
+
+
 async def _rate(tiers: tuple[str, ...], n: int, *, direct: bool) -> tuple[float, float, list[str]]:
     """Messages/s through the stages ``tiers`` in a row, the loop thread's CPU seconds per
-    message, and the kinds of the edges."""
+    message, and the kinds of the edges; the CPU of every agent goes to `CPU_SEEN`."""
     async with RingKernelRuntime() as rt:
         ids = [f"s{i}" for i in range(len(tiers))]
         for kid, tier in zip(ids, tiers, strict=True):
@@ -157,6 +185,7 @@ async def _rate(tiers: tuple[str, ...], n: int, *, direct: bool) -> tuple[float,
             for _ in range(500):
                 await rt.receive(tail, timeout=60)
             await task
+        everyone = _cpu_now()
         cpu0, t0 = time.thread_time(), time.perf_counter()
         task = asyncio.get_running_loop().create_task(produce(n))
         for _ in range(n):
@@ -164,6 +193,8 @@ async def _rate(tiers: tuple[str, ...], n: int, *, direct: bool) -> tuple[float,
         await task
         elapsed = time.perf_counter() - t0
         cpu = time.thread_time() - cpu0
+        parent, kids = _cpu_since(everyone)
+        CPU_SEEN[(tiers, direct)] = (parent / n, kids / n, (parent + kids) / elapsed)
         kinds = [e.kind for e in rt.edges()]
     return n / elapsed, cpu / n, kinds
 
@@ -191,22 +222,23 @@ def main() -> None:
     summary: list[dict[str, Any]] = []
     for tiers in () if args.pool_only else PIPELINES:
         name = " -> ".join(tiers)
-        best: dict[str, tuple[float, float]] = {}
+        best: dict[str, tuple[float, float, tuple[float, float, float]]] = {}
         kinds: dict[str, list[str]] = {}
-        alone: dict[str, tuple[float, float]] = {}  # tier -> (best rate, its loop CPU)
+        # tier -> (best rate, its loop CPU, everyone's CPU)
+        alone: dict[str, tuple[float, float, tuple[float, float, float]]] = {}
         for _ in range(rounds):
             for label, direct in (("loop", False), ("direct", True)):
                 rate, cpu, got = asyncio.run(_rate(tiers, n, direct=direct))
-                if rate > best.get(label, (0.0, 0.0))[0]:
-                    best[label] = (rate, cpu)
+                if rate > best.get(label, (0.0,))[0]:
+                    best[label] = (rate, cpu, CPU_SEEN[(tiers, direct)])
                 kinds[label] = got
             for tier in sorted(set(tiers)):
                 rate, cpu, _ = asyncio.run(_rate((tier,), n, direct=False))
-                if rate > alone.get(tier, (0.0, 0.0))[0]:
-                    alone[tier] = (rate, cpu)
-        slowest, ends_cpu = min(alone.values())
+                if rate > alone.get(tier, (0.0,))[0]:
+                    alone[tier] = (rate, cpu, CPU_SEEN[((tier,), False)])
+        slowest, ends_cpu, alone_cpu = min(alone.values())
         for label in ("loop", "direct"):
-            rate, cpu = best[label]
+            rate, cpu, (parent, kids, cores) = best[label]
             rows.append(
                 {
                     "pipeline": name,
@@ -217,6 +249,11 @@ def main() -> None:
                     "ratio": rate / slowest,
                     "loop CPU us/msg": cpu * 1e6,
                     "alone: loop CPU": ends_cpu * 1e6,
+                    "parent CPU us/msg": parent * 1e6,
+                    "children CPU us/msg": kids * 1e6,
+                    "cores busy": cores,
+                    "alone: all CPU us/msg": (alone_cpu[0] + alone_cpu[1]) * 1e6,
+                    "alone: cores busy": alone_cpu[2],
                 }
             )
             summary.append(
@@ -248,11 +285,30 @@ def main() -> None:
                 "alone: loop CPU",
             ],
         )
+        print_table(
+            "where the CPU goes (the same best runs)",
+            rows,
+            [
+                "pipeline",
+                "path",
+                "parent CPU us/msg",
+                "children CPU us/msg",
+                "cores busy",
+                "alone: all CPU us/msg",
+                "alone: cores busy",
+            ],
+        )
         print(
             "loop CPU: the event loop thread's CPU time per message over the timed part. A "
             "pipeline's two ends (runtime.send into the head, runtime.receive from the tail) "
             "cost the loop about what one stage alone does ('alone: loop CPU'); what a "
             "pipeline's loop CPU adds to that is what its middle hops cost the loop."
+        )
+        print(
+            f"where the CPU goes: this process (loop, thread stages, bridges) and the child "
+            f"processes, CPU time per message, and the cores all of it kept busy on average "
+            f"(this machine has {os.cpu_count()}); a child spins a while for its next message "
+            "before it sleeps, and that counts too."
         )
     print_table(
         "asyncio -> process (replicas=R) -> thread, every message in flight",
