@@ -129,6 +129,72 @@ def test_offers_go_to_the_member_with_the_fewest_untaken() -> None:
     assert list(a.inbox) == [3]
 
 
+class SleepyMember(Member):
+    """A member that says whether its actor sleeps (`TierWorker.actor_asleep`), and
+    counts the batches it was offered."""
+
+    def __init__(self, room: int, asleep: bool) -> None:
+        super().__init__(room)
+        self.asleep = asleep
+        self.batches: list[int] = []
+
+    @property
+    def actor_asleep(self) -> bool | None:
+        return self.asleep
+
+    def offer_many(self, msgs: list[Any]) -> int:
+        took = super().offer_many(msgs)
+        self.batches.append(took)
+        return took
+
+
+def _sleepy_pool(room: int = 16) -> tuple[PoolWorker, SleepyMember, SleepyMember]:
+    a, b = SleepyMember(room, asleep=True), SleepyMember(room, asleep=True)
+    return PoolWorker("p", [a, b], room=room), a, b
+
+
+def test_an_awake_member_keeps_taking_while_its_twin_sleeps() -> None:
+    """A light actor keeps up alone: the awake member takes the next messages while its
+    backlog is short, and the sleeping one is not woken for them."""
+    pool, a, b = _sleepy_pool()
+    b.asleep = False  # b is awake, a sleeps: b, though not first, takes them
+    for i in range(pool_module.AWAKE_BACKLOG):
+        assert pool.offer(i)
+    assert len(b.inbox) == pool_module.AWAKE_BACKLOG
+    assert not a.inbox
+    # b's backlog reached the limit: the next message wakes a
+    assert pool.offer(99)
+    assert list(a.inbox) == [99]
+
+
+def test_sleeping_members_wake_the_same_one_first() -> None:
+    """All asleep and nothing queued: the first member is woken each time, not the
+    members in turn (an even spread would keep waking every replica)."""
+    pool, a, b = _sleepy_pool()
+    for i in range(3):
+        assert pool.offer(i)
+        a.take()
+        a.reply()
+        assert pool.poll_reply() == ("done", i)
+    assert a.offers == 3
+    assert b.offers == 0
+
+
+def test_a_batch_goes_to_one_member_in_one_call() -> None:
+    pool, a, b = _sleepy_pool(room=16)
+    a.asleep = False
+    assert pool.offer_many(list(range(10))) == 10
+    assert a.batches == [10]
+    assert b.batches == []
+    # a's backlog is long now: the least busy, b, takes what fits it (16), then a the
+    # last 4: one call each
+    assert pool.offer_many(list(range(10, 30))) == 20
+    assert b.batches == [16]
+    assert a.batches == [10, 4]
+    assert list(b.inbox) == list(range(10, 26))
+    assert list(a.inbox)[10:] == [26, 27, 28, 29]
+
+
 def test_a_full_pool_waits_for_a_half_empty_member_while_replies_flow() -> None:
     pool, members, woken = _pool(room=4)
     for i in range(8):
