@@ -8,14 +8,9 @@ supervision are the single kernel's, unchanged.
 - asyncio tier: N actor tasks read the one inbox; whichever is free takes the next
   message, so the least busy replica gets it by construction.
 - hosted tiers (thread, process, and any `HostedKernel` tier): one bridge whose worker is
-  a `PoolWorker`, a composite `TierWorker` of N member workers. `offer` goes to a member
-  whose actor is awake with fewer than `AWAKE_BACKLOG` messages not yet taken (the one
-  that took the last message first), else to the member with the fewest not yet taken
-  (awake before asleep, then the fewest without a reply yet), among those with room;
-  `offer_many` hands a batch the same way, as much as fits one member in one write;
-  `poll_reply` polls the members in turn. Awake first: waking a sleeping replica for a
-  message an awake one takes at once costs more than a light message (measured: a
-  2-replica pool of a light handler ran at 0.45 x one replica while spreading evenly).
+  a `PoolWorker`, a composite `TierWorker` of N member workers. `offer` goes to the member
+  with the fewest messages not yet taken (then the fewest without a reply yet), among
+  those with room; `poll_reply` polls the members in turn.
 - other tiers (GPU, Ray): refused at launch with `InvalidConfigurationError`.
 
 Design notes:
@@ -101,10 +96,6 @@ REPLICAS_OPTION = "replicas"
 #: Seconds a saturated hosted pool waits for a reply before it stops relying on replies
 #: to refill its members (see `PoolWorker`).
 NO_REPLY_S = 0.04
-#: A hosted pool's member whose actor is awake takes the next message before the least
-#: busy one while it has fewer than this many not yet taken: waking a sleeping replica
-#: costs more than a light message, and a slow actor's backlog reaches this soon.
-AWAKE_BACKLOG = 4
 _monotonic = time.monotonic
 
 
@@ -592,7 +583,6 @@ class PoolWorker(TierWorker):
         self._blocked_since = 0.0
         self._writable: list[Callable[[], None]] = []
         self._next = 0  # the member `poll_reply` tries first
-        self._last = 0  # the member `offer` gave the last message to
         self.offered = [0] * n
         self.replied = [0] * n
         self.rejected = [0] * n
@@ -624,15 +614,9 @@ class PoolWorker(TierWorker):
         return min(known) if known else None
 
     def encode_checked(self, msg: Any, keep: bool = False) -> bytes | None:
-        """Checked as the members check it (alike: one tier, one type); with ``keep``,
-        kept by the member that took the last message, the one most likely to take this
-        one (another member encodes it again; the kept bytes go with that member's next
-        send of another object)."""
-        return self.members[self._last].encode_checked(msg, keep)
-
-    def keep_encoded(self, msg: Any, data: bytes | None) -> None:
-        """As `encode_checked`'s ``keep``: the member that took the last message."""
-        self.members[self._last].keep_encoded(msg, data)
+        """Checked as the members check it (alike: one tier, one type); nothing kept,
+        since the member that takes it is chosen later."""
+        return self.members[0].encode_checked(msg)
 
     @property
     def pending_input(self) -> int:
@@ -701,19 +685,9 @@ class PoolWorker(TierWorker):
             if ok:
                 self.offered[0] += 1
             return ok
-        # the member that took the last message, while it is awake with a short backlog:
-        # `_order` would put it first anyway (see there), without asking every member
-        last = self._last
-        sticky = members[last]
-        if (
-            sticky.actor_asleep is False
-            and sticky.pending_input < AWAKE_BACKLOG
-            and not self._blocked
-            and self._try_member(last, msg)
-        ):
-            return True
+        # least busy first: fewest messages not yet taken, then fewest without a reply
         pending = [m.pending_input for m in members]
-        order = self._order(pending)
+        order = sorted(range(len(members)), key=lambda i: (pending[i], self._outstanding(i)))
         room = self._room
         replied = sum(self.replied)
         if self._blocked:
@@ -729,79 +703,17 @@ class PoolWorker(TierWorker):
                 self._blocked_since = _monotonic()
             return False  # the collector wakes the runtime (`_refill`)
         self._blocked = False
-        return any(self._try_member(i, msg) for i in order)
-
-    def _try_member(self, i: int, msg: Any) -> bool:
-        """Offer ``msg`` to member ``i``; False when it is full or its actor returned
-        (`poll_reply` will notice)."""
-        try:
-            ok = self.members[i].offer(msg)
-        except KernelFailedError:
-            raise
-        except KernelStateError:
-            return False
-        if ok:
-            self.offered[i] += 1
-            self._last = i
-        return bool(ok)
-
-    def _order(self, pending: list[int]) -> list[int]:
-        """The members in the order a message tries them: first those awake with fewer
-        than `AWAKE_BACKLOG` messages not yet taken (a light actor keeps up alone, and
-        its sleeping twins are not woken for nothing); then the least busy (fewest not
-        yet taken), awake before asleep, then (awake) the fewest without a reply; among
-        sleeping ones, the first (a member that sleeps holds no message, and waking the
-        same one each time leaves the others asleep)."""
-        members = self.members
-        asleep = [m.actor_asleep for m in members]
-        return sorted(
-            range(len(members)),
-            key=lambda i: (
-                (0, i != self._last, i)  # awake, a short backlog: the last one, then in
-                # member order, so one takes most
-                if asleep[i] is False and pending[i] < AWAKE_BACKLOG
-                else (1, pending[i], bool(asleep[i]), 0 if asleep[i] else self._outstanding(i), i)
-            ),
-        )
-
-    def offer_many(self, msgs: list[Any]) -> int:
-        """Hand a batch to the members in `offer`'s order, each taking the longest prefix
-        of what is left that fits it (`TierWorker.offer_many`: one write and at most one
-        wake-up a member), so a batch wakes one replica, not one per message. While any
-        of `offer`'s special cases holds (a backlog, broadcast copies, an ended member, a
-        wait for replies), one message at a time, by `offer`."""
-        members = self.members
-        if (
-            len(members) == 1
-            or self._backlog
-            or self._addressed
-            or self._ended
-            or self._blocked
-            or len(msgs) < 2
-        ):
-            return super().offer_many(msgs)
-        done = 0
-        n = len(msgs)
-        for i in self._order([m.pending_input for m in members]):
+        for i in order:
             try:
-                took = members[i].offer_many(msgs[done:] if done else msgs)
+                ok = members[i].offer(msg)
             except KernelFailedError:
                 raise
             except KernelStateError:  # its actor returned: `poll_reply` will notice
                 continue
-            except Exception:
-                if done:
-                    break  # the rest one by one (`TierWorker.offer_many`'s contract)
-                raise
-            if took:
-                self.offered[i] += took
-                self._last = i
-                done += took
-                if done >= n:
-                    return done
-        if not done:  # every member full: `offer` keeps the wait's books
-            return super().offer_many(msgs)
-        return done
+            if ok:
+                self.offered[i] += 1
+                return True
+        return False
 
     # -- broadcast ----------------------------------------------------------------------
 

@@ -223,13 +223,6 @@ class TierWorker(abc.ABC):
     def pending_input(self) -> int:
         """Messages handed over by `offer` and not yet taken by the actor."""
 
-    @property
-    def actor_asleep(self) -> bool | None:
-        """True when the actor sleeps until a message arrives, so that the next `offer`
-        costs a wake-up; False while it runs or polls for input; None when the tier
-        cannot tell (the default). A pool prefers a replica known to be awake."""
-        return None
-
     # -- lifecycle -------------------------------------------------------------------------
 
     @abc.abstractmethod

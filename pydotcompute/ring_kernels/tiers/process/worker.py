@@ -430,18 +430,6 @@ class ProcessWorker(TierWorker):
         return ((self._config.input_ring_bytes + 7) & ~7) - 8
 
     @property
-    def actor_asleep(self) -> bool | None:
-        """The child sleeps on its inbox doorbell (it spun for ``spin_us`` and parked);
-        None before it starts and after its rings closed."""
-        ring = self._in_ring
-        if ring is None or self._cleaned:
-            return None
-        try:
-            return bool(ring.reader_waiting)
-        except (ValueError, QueueClosedError):  # closed meanwhile
-            return None
-
-    @property
     def pending_input(self) -> int:
         """Messages sent and not yet taken by the actor (the inbox ring's records).
 

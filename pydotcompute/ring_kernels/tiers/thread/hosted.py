@@ -92,12 +92,6 @@ class HostedThreadWorker(ThreadWorker):
         """One of ``replicas`` of a pool: each edge into it holds its share of the bound."""
         self._edges.share_bound(replicas)
 
-    @property
-    def actor_asleep(self) -> bool | None:
-        """As `ThreadWorker.actor_asleep`; None while direct edges come in (the actor
-        then sleeps on their bell, which this does not see)."""
-        return None if self._edges.routed_in else super().actor_asleep
-
     def stop(self, timeout: float = 5.0) -> bool:
         """As `ThreadWorker.stop`; when the actor has not finished within ``timeout``, the
         incoming edges close at once (what they hold is handed back by

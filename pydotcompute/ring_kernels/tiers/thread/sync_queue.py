@@ -324,12 +324,6 @@ class SyncQueue(_QueueBase[T]):
             wake()
         return True
 
-    @property
-    def consumer_asleep(self) -> bool:
-        """A consumer sleeps in `get` until an item comes (read without the mutex: a
-        hint, which may be stale by the time it is used)."""
-        return bool(self._getters)
-
     # -- get --------------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> T | None:
@@ -559,12 +553,6 @@ class SPSCQueue(_QueueBase[T]):
     def full(self) -> bool:
         """True when at capacity."""
         return len(self._items) >= self._capacity
-
-    @property
-    def consumer_asleep(self) -> bool:
-        """The consumer sleeps in `get` until an item comes (a hint: it may be stale by
-        the time it is used)."""
-        return self._consumer.waiting
 
     def resize(self, capacity: int) -> None:
         """Change the capacity (same contract as `SyncQueue.resize`, >= 1). Only the

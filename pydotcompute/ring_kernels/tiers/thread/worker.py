@@ -282,11 +282,6 @@ class ThreadWorker(TierWorker):
         return len(self._inbox)
 
     @property
-    def actor_asleep(self) -> bool | None:
-        """The actor thread sleeps in its inbox's ``get``."""
-        return self._inbox.consumer_asleep
-
-    @property
     def is_idle(self) -> bool:
         """True when the actor waits for a message and no message or reply is queued."""
         ctx = self._context
