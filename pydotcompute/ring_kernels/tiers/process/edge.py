@@ -95,6 +95,7 @@ H_REJECTED, H_CLAIMS, H_RETURNED = 8, 9, 10
 H_EVICTED, H_FINISHED, H_LIVE = 16, 17, 18
 H_CLOSED, H_COLLECTED, H_HANDED_BACK, H_LOST = 24, 25, 26, 27
 _COLLECT_WAIT_S = 5.0  # a producer waits this long for the runtime's collection at most
+_COUNTER_TRIES = 4  # `counters` reads a consistent pair within this many tries, or reads low
 _perf = time.perf_counter
 
 #: What an end needs to attach: ``(base name, data doorbell path, space doorbell path,
@@ -542,12 +543,22 @@ class ShmEdge:
         q = self._q
         if not self._rings:
             return dict(self._final)
-        read = sum(r.records_read for r in self._rings)  # the consumer's counts first
-        evicted_done = int(q[H_EVICTED])
-        back = int(q[H_HANDED_BACK])
-        returned = int(q[H_RETURNED])
-        written = sum(r.records_written for r in self._rings)
-        claims = int(q[H_CLAIMS])
+        rings = self._rings
+        # the consumer's count, the producer's, then the consumer's again: when the two
+        # consumer reads agree, the depth below is one the edge had at the moment the
+        # producer's count was read (read once each, a take and a write between them
+        # would show one record more than the edge ever held)
+        read = sum(r.records_read for r in rings)
+        for _ in range(_COUNTER_TRIES):
+            evicted_done = int(q[H_EVICTED])
+            back = int(q[H_HANDED_BACK])
+            returned = int(q[H_RETURNED])
+            written = sum(r.records_written for r in rings)
+            claims = int(q[H_CLAIMS])
+            again = sum(r.records_read for r in rings)
+            if again == read:
+                break
+            read = again  # (busy edge: a later pair, or at worst a depth read low)
         accepted = written - returned
         taken = read - evicted_done - back - returned
         return {
@@ -557,7 +568,7 @@ class ShmEdge:
             "rejected": int(q[H_REJECTED]),
             "handed_back": back,
             "lost": int(q[H_LOST]),
-            "depth": accepted - taken - claims - back,
+            "depth": max(accepted - taken - claims - back, 0),
             "capacity": self.capacity,
         }
 
