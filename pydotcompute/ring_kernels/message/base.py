@@ -327,11 +327,7 @@ def request_key(msg: Any) -> Any:
         AttributeError: ``msg`` has no ``message_id``.
     """
     if isinstance(msg, RingKernelMessage):
-        mid = _raw_mid_get(msg)
-        if mid is None:
-            mid = next_id_bytes()
-            _raw_mid_set(msg, mid)
-            return mid
+        mid = wire_id(msg)
         return mid if mid.__class__ is bytes else id_key(mid)
     return id_key(msg.message_id)
 
@@ -371,8 +367,7 @@ def _unpickle(cls: type, values: tuple[Any, ...]) -> Any:
 def _make_ids(value: Any) -> None:
     """Make the ids of the messages nested in `value` (a field of a message being sent)."""
     if isinstance(value, RingKernelMessage):
-        if _raw_mid_get(value) is None:
-            _raw_mid_set(value, next_id_bytes())
+        wire_id(value)
         cid = _raw_cid_get(value)
         if cid is not None and cid.__class__ is not _UUID:
             raw_correlation_set(value, _wire_correlation(cid))

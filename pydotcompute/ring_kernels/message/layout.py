@@ -112,13 +112,12 @@ def _require_dtype(cls: type) -> np.dtype[Any]:
 
 
 def to_records(
-    cls: type, messages: Sequence[Any], *, stored_id: Callable[[Any], Any] | None = None
+    cls: type, messages: Sequence[Any], *, stored_id: Callable[[Any], Any]
 ) -> np.ndarray[Any, Any]:
     """Pack messages of the fixed-layout class `cls` into a NumPy structured array.
 
-    ``stored_id`` reads a message's id as stored (its wire bytes, made if it has none;
-    the message module passes its slot reader): no UUID object is made for it. Without
-    it, the ``message_id`` attribute is read.
+    ``stored_id`` reads a message's id as stored (its wire bytes, made if it has none:
+    the message module's `wire_id`), so no UUID object is made for it.
 
     This is the host side of a GPU ring, so it checks what it packs: a field value that
     does not convert to its column without loss (a float in an int field, a string, an
@@ -138,10 +137,7 @@ def to_records(
     out = np.zeros(len(msgs), dtype=dtype)
     if not msgs:
         return out
-    if stored_id is None:
-        mids = [m.message_id.int for m in msgs]
-    else:
-        mids = [_id_bytes_int(stored_id(m)) for m in msgs]
+    mids = [_id_bytes_int(stored_id(m)) for m in msgs]
     cids = [_id_int(m.correlation_id) for m in msgs]  # type: ignore[attr-defined]
     out["_mid_hi"] = [x >> 64 for x in mids]
     out["_mid_lo"] = [x & _MASK64 for x in mids]
