@@ -199,7 +199,9 @@ def direct_measure(tier: str, trips: int, pipe: int) -> Any:
 # --- rounds -------------------------------------------------------------------------------
 
 
-def one_round(trips: int, pipe: int, proc_opts: dict[str, Any]) -> dict[str, Any]:
+def one_round(
+    trips: int, pipe: int, proc_opts: dict[str, Any], only: str | None = None
+) -> dict[str, Any]:
     factory = loop_factories()[0][1]
     out: dict[str, Any] = {}
 
@@ -207,9 +209,12 @@ def one_round(trips: int, pipe: int, proc_opts: dict[str, Any]) -> dict[str, Any
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(coro)
 
-    out["thread floor"] = (on_loop(thread_floor(trips)), None)
-    out["tier=thread"] = on_loop(runtime_measure("thread", trips, pipe, {}))
-    out["ThreadedRingKernel direct"] = direct_measure("thread", trips, pipe)
+    if only != "process":
+        out["thread floor"] = (on_loop(thread_floor(trips)), None)
+        out["tier=thread"] = on_loop(runtime_measure("thread", trips, pipe, {}))
+        out["ThreadedRingKernel direct"] = direct_measure("thread", trips, pipe)
+    if only == "thread":
+        return {k: (percentiles(s)["p50_us"], rate) for k, (s, rate) in out.items()}
     out["socketpair floor"] = (on_loop(socketpair_floor(trips)), None)
     out["tier=process"] = on_loop(runtime_measure("process", trips, pipe, proc_opts))
     spin_opts = {**proc_opts, "reply_spin_us": 100}
@@ -332,6 +337,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trips", type=int, default=None, help="default 2000 (--quick: 300)")
     ap.add_argument("--pipe", type=int, default=None, help="default 20000 (--quick: 3000)")
     ap.add_argument("--process-options", default="{}", help="JSON launch options")
+    ap.add_argument(
+        "--only", choices=("thread", "process"), default=None, help="measure one tier's rows"
+    )
+    ap.add_argument(
+        "--busy-core",
+        action="store_true",
+        help="keep one core busy (a spinning child) for the whole run: beside a busy core "
+        "a woken thread does not wait for an idle core to wake up, so the thread floor "
+        "reads what the wake-up itself costs",
+    )
     ap.add_argument("--label", default="", help="saved in the JSON (which checkout ran)")
     ap.add_argument("--json", default=None, help="where to save (default results/bridge.json)")
     args = ap.parse_args(argv)
@@ -341,8 +356,18 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     proc_opts = json.loads(args.process_options)
-    time.sleep(SETTLE_S)
-    rounds = [one_round(args.trips, args.pipe, proc_opts) for _ in range(args.rounds)]
+    spinner = None
+    if args.busy_core:
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(SETTLE_S)
+        rounds = [
+            one_round(args.trips, args.pipe, proc_opts, args.only) for _ in range(args.rounds)
+        ]
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
 
     rows = []
     for name in rounds[0]:
@@ -357,7 +382,8 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     print_table(
-        f"bridge round trips, {args.rounds} rounds (pid {os.getpid()}, {args.label})",
+        f"bridge round trips, {args.rounds} rounds (pid {os.getpid()}, {args.label}"
+        + (", one core kept busy)" if args.busy_core else ")"),
         rows,
         ["what", "p50_us (median)", "p50 min-max", "msg/s (median)"],
     )
@@ -394,10 +420,12 @@ def main(argv: list[str] | None = None) -> None:
                 "slow on this machine now; a ratio against such a floor hides what the "
                 "runtime adds (trip_counts_benchmark.py counts it instead)."
             )
-    factory = loop_factories()[0][1]
-    with asyncio.Runner(loop_factory=factory) as runner:
-        fds = runner.run(descriptors_per_kernel())
-    print(f"\n{DESCRIPTORS_METRIC}: {fds} (target <= 4)")
+    fds = None
+    if args.only != "thread":
+        factory = loop_factories()[0][1]
+        with asyncio.Runner(loop_factory=factory) as runner:
+            fds = runner.run(descriptors_per_kernel())
+        print(f"\n{DESCRIPTORS_METRIC}: {fds} (target <= 4)")
     save_json(
         "bridge",
         {

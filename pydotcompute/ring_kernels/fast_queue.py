@@ -777,6 +777,18 @@ class _Deadlines:
         self.tend(deadline, loop)
         return key
 
+    def file(self, fut: asyncio.Future[Any], deadline: float, loop: Any) -> int:
+        """`add` for a caller that awaits ``fut`` itself (one frame less than `wait_until`
+        on a timed round trip's path): returns the key to pop from `waiting` when the
+        wait ends, whichever way it ends."""
+        key = next(_deadline_keys)
+        self.waiting[key] = fut
+        heap = self.heap
+        _heappush(heap, (deadline, key))
+        if deadline < self.armed or len(heap) > 2 * len(self.waiting) + 64:
+            self.tend(deadline, loop)
+        return key
+
     def tend(self, deadline: float, loop: Any) -> None:
         """After ``deadline`` was filed: set the timer for it if it is the earliest, and
         rebuild the heap when entries of ended waits crowd it."""
@@ -840,6 +852,11 @@ def _deadlines_of(loop: Any) -> _Deadlines | None:
     except TypeError:  # no weak references to this loop
         return None
     return deadlines
+
+
+#: The `_Deadlines` of a loop (made on first use), or None where the loop cannot be
+#: referenced weakly: for a caller that files its own waits (`_Deadlines.file`).
+deadlines_of: Callable[[Any], _Deadlines | None] = _deadlines_of
 
 
 class RingBuffer(Generic[T]):

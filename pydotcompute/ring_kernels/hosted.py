@@ -602,6 +602,7 @@ class HostedKernel(RingKernel):
     async def activate(self) -> None:
         self._check("activate")
         loop = self._loop = asyncio.get_running_loop()
+        self._deadlines = None  # (its loop's, found again on the first timed request)
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         writable = self._writable
@@ -1029,10 +1030,23 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        if (self._waiters or self._answers) and self.hand_to_caller(reply):
-            if self._timed:
-                self.telemetry.messages_sent += 1
-            return True
+        waiters = self._waiters
+        if waiters or self._answers:
+            # (`hand_to_caller`, inlined: every round trip's reply comes this way)
+            key = reply_key(reply)
+            fut = waiters.pop(key, None)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(reply)
+                else:  # its caller timed out or was cancelled: nobody reads it
+                    self.drop_unawaited(key, abandoned=True)
+                if self._timed:
+                    self.telemetry.messages_sent += 1
+                return True
+            if self.drop_unawaited(key):
+                if self._timed:
+                    self.telemetry.messages_sent += 1
+                return True
         target = self._forward
         if target is not None:
             try:

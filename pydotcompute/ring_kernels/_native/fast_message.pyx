@@ -786,16 +786,19 @@ cdef class _Shape:
 cdef dict _shapes = {}  # class -> _Shape
 cdef object _shape_type = None  # the class of the last message checked, and its shape
 cdef _Shape _shape_last = None
+# ... and of the one before it: a request and its reply alternate (two entries, no lookup)
+cdef object _shape_type2 = None
+cdef _Shape _shape_last2 = None
 cdef object _fields_slow = None  # `message.fields`'s Python check of any value: (msg)
 cdef object _py_true = True  # the object (a bare ``True`` in a C expression is the C 1)
 
 
 def bind_field_checks(slow):
     """Hand this module the Python check every class without a shape goes to."""
-    global _fields_slow, _shape_type, _shape_last
+    global _fields_slow, _shape_type, _shape_last, _shape_type2, _shape_last2
     _fields_slow = slow
-    _shape_type = None
-    _shape_last = None
+    _shape_type = _shape_type2 = None
+    _shape_last = _shape_last2 = None
 
 
 cdef Py_ssize_t _field_offset(object descr, object cls) except -1:
@@ -811,7 +814,7 @@ def add_field_shape(cls, list live, tuple slots, tuple first, tuple second):
     """Check the messages of ``cls`` here: the value in each of ``slots`` (its fields'
     member descriptors) must be of class ``first[i]`` or ``second[i]`` (None: no
     second), and ``live[0]`` must be True."""
-    global _shape_type, _shape_last
+    global _shape_type, _shape_last, _shape_type2, _shape_last2
     if _base == NULL or not isinstance(cls, type) or not issubclass(cls, _base_ref):
         raise TypeError(f"expected a message class, got {cls!r}")
     if not len(slots) == len(first) == len(second):
@@ -822,25 +825,29 @@ def add_field_shape(cls, list live, tuple slots, tuple first, tuple second):
     shape.first = first
     shape.second = second
     _shapes[cls] = shape
-    _shape_type = None
-    _shape_last = None
+    _shape_type = _shape_type2 = None
+    _shape_last = _shape_last2 = None
 
 
 @cython.always_allow_keywords(False)
 def fields_ok(msg):
     """True when every field of ``msg`` holds a value of an accepted class (see
     `add_field_shape`); a value of a class without a shape gets the Python check's answer."""
-    global _shape_type, _shape_last
+    global _shape_type, _shape_last, _shape_type2, _shape_last2
     cdef object t = type(msg)
     cdef _Shape shape
     cdef PyObject *p
     if t is _shape_type:
         shape = _shape_last
+    elif t is _shape_type2:
+        shape = _shape_last2
     else:
         p = PyDict_GetItem(_shapes, t)
         if p == NULL:
             return _fields_slow(msg)
         shape = <_Shape>p
+        _shape_type2 = _shape_type
+        _shape_last2 = _shape_last
         _shape_type = t
         _shape_last = shape
     if PyList_GET_ITEM(shape.live, 0) != <PyObject *>_py_true:

@@ -356,7 +356,13 @@ def reply_key(reply: Any) -> Any:
     None."""
     if isinstance(reply, RingKernelMessage):
         cid = _raw_cid_get(reply)
-        return cid if cid is None or cid.__class__ is bytes else id_key(cid)
+        if cid is None or cid.__class__ is bytes:
+            return cid
+        if isinstance(cid, RingKernelMessage):  # the request itself (a reply made here)
+            mid = _raw_mid_get(cid)
+            if mid.__class__ is bytes:  # (`request_key`, inlined: every reply's way)
+                return mid
+        return id_key(cid)
     return id_key(getattr(reply, "correlation_id", None))
 
 
