@@ -652,6 +652,14 @@ class HostedKernel(RingKernel):
         worker = self._worker
         assert worker is not None
         worker.on_writable(wake_writable)
+        if not self._instruments:  # (an instrumented bridge sees every reply it polls)
+            call = loop.call_soon_threadsafe
+            polled = self._reply_polled
+
+            def deliver(reply: Any) -> None:  # from the actor's thread: one hop to the loop
+                call(polled, reply)
+
+            worker.hand_replies_to_callers(self._waiters, deliver)
         await asyncio.to_thread(worker.start)
         self._unwatch = worker.watch(loop, drain)
         if self._unwatch is None:

@@ -6,6 +6,7 @@ in ``test_tier_behaviour.py``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -443,3 +444,103 @@ def test_old_module_paths_name_the_same_objects() -> None:
     assert sync_queue.SyncQueue is thread.SyncQueue
     assert tiers_pkg.tier_class("thread") is thread.ThreadHostedKernel
     assert ThreadedRingKernel is thread.ThreadedRingKernel
+
+
+# -- a caller's reply, handed straight to it (`TierWorker.hand_replies_to_callers`) -----------
+
+
+def _answerer(ctx: Any) -> None:
+    while True:
+        msg = ctx.receive()
+        ctx.send(_Answer(n=msg.n))
+
+
+def _message_classes() -> tuple[Any, Any]:
+    from pydotcompute import message
+
+    @message
+    class _AskT:
+        n: int
+
+    @message
+    class _AnswerT:
+        n: int
+
+    return _AskT, _AnswerT
+
+
+_Ask, _Answer = _message_classes()
+
+
+def _replies_within(worker: Any, delivered: list[Any], n: int) -> list[Any]:
+    polled: list[Any] = []
+    deadline = time.monotonic() + 5
+    while len(polled) + len(delivered) < n:
+        assert time.monotonic() < deadline, (polled, delivered)
+        polled += worker.poll_replies(8)
+        time.sleep(0.001)
+    return polled
+
+
+def test_a_callers_reply_is_handed_to_deliver_and_the_rest_to_the_outbox() -> None:
+    from pydotcompute.ring_kernels.message import reply_key, request_key
+    from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
+
+    waiters: dict[Any, Any] = {}
+    delivered: list[Any] = []
+    worker = ThreadWorker("cb", _answerer)
+    assert worker.hand_replies_to_callers(waiters, delivered.append) is True
+    worker.start()
+    try:
+        # armed before the start only: the context is built once
+        assert worker.hand_replies_to_callers(waiters, delivered.append) is False
+        asked, plain = _Ask(n=1), _Ask(n=2)
+        waiters[request_key(asked)] = object()  # a caller waits for this one's reply
+        worker.put(asked)
+        worker.put(plain)
+        polled = _replies_within(worker, delivered, 2)
+        assert [r.n for r in delivered] == [1]
+        assert reply_key(delivered[0]) == request_key(asked)
+        assert [r.n for r in polled] == [2]  # nobody waits for it: the outbox, as before
+    finally:
+        worker.stop(5)
+
+
+def test_a_reply_deliver_cannot_take_goes_to_the_outbox() -> None:
+    from pydotcompute.ring_kernels.message import request_key
+    from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
+
+    def closed(reply: Any) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    waiters: dict[Any, Any] = {}
+    worker = ThreadWorker("cb2", _answerer)
+    worker.hand_replies_to_callers(waiters, closed)
+    worker.start()
+    try:
+        asked = _Ask(n=7)
+        waiters[request_key(asked)] = object()
+        worker.put(asked)
+        assert [r.n for r in _replies_within(worker, [], 1)] == [7]  # not lost
+    finally:
+        worker.stop(5)
+
+
+async def test_the_thread_tier_answers_callers_without_its_outbox() -> None:
+    """Through the runtime: each caller gets its own reply while the kernel's outbox
+    carries none of them, and a plain ``send``'s reply still waits there, in order."""
+    from pydotcompute import RingKernelRuntime
+
+    async with RingKernelRuntime() as rt:
+        await rt.launch("t", _answerer, input_type=_Ask, output_type=_Answer, tier="thread")
+        await rt.activate("t")
+        got = await asyncio.gather(
+            *(rt.send_and_receive("t", _Ask(n=i), timeout=10) for i in range(50))
+        )
+        assert [r.n for r in got] == list(range(50))
+        worker = rt.get_kernel("t").worker
+        assert worker is not None
+        assert worker.outbox.statistics()["total_enqueued"] == 0
+        await rt.send("t", _Ask(n=99))
+        assert (await rt.receive("t", timeout=10)).n == 99
+        assert rt.get_kernel("t").pending_requests == 0

@@ -49,7 +49,7 @@ import abc
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from ...exceptions import InvalidConfigurationError, TypeValidationError
@@ -382,6 +382,20 @@ class TierWorker(abc.ABC):
             False (the default) when the tier does not carry it (its actor then handles
             messages outside their traces).
         """
+        return False
+
+    def hand_replies_to_callers(
+        self, waiters: Mapping[Any, Any], deliver: Callable[[Any], None]
+    ) -> bool:
+        """Let the actor hand a reply that answers a waiting ``send_and_receive`` caller
+        straight to ``deliver`` instead of queueing it for `poll_replies`: before the
+        actor starts, the bridge passes the registrations of its callers (``waiters``,
+        read-only: keys are `message.reply_key` values, present while a caller's
+        registration is) and ``deliver(reply)``, callable from any thread, which takes the
+        reply to the loop and delivers it there (or counts it, as a polled reply would be).
+        When ``deliver`` raises, the reply goes the usual way. A reply routed into a direct
+        edge never goes this way. Returns whether the tier does; the default is False
+        (every reply is polled), so tiers need not implement it."""
         return False
 
     def on_late_reply(self, callback: Callable[[], None]) -> None:  # noqa: B027

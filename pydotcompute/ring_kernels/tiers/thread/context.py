@@ -32,6 +32,7 @@ from ....exceptions import TypeValidationError
 from ...message import (
     check_fields,
     fields_ok,
+    reply_key,
     stamp_reply,  # correlates a reply to the request being handled
 )
 from ...telemetry import PyLatencyRecorder
@@ -87,8 +88,10 @@ class ThreadedKernelContext:
     """
 
     __slots__ = (
+        "_callers",
         "_check_fields",
         "_current",
+        "_deliver",
         "_inbox",
         "_outbox",
         "_output_type",
@@ -110,6 +113,9 @@ class ThreadedKernelContext:
         self._stop = worker.stop_signal
         self._current: Any = None  # the last message received: replies are correlated to it
         self._rec = worker.latency_recorder  # times each message (None: not timed)
+        # a runtime's callers and where their replies go (`answer_callers`; None: none)
+        self._callers: Any = None
+        self._deliver: Callable[[Any], None] | None = None
         #: True from the moment the actor takes a message until it asks for the next one
         #: (read by hosts to tell an idle actor from a busy one).
         self.handling = False
@@ -181,10 +187,27 @@ class ThreadedKernelContext:
         if self._check_fields and not fields_ok(msg):
             check_fields(msg, self.kernel_id, "must send")
         stamp_reply(msg, self._current)
+        waiters = self._callers
+        if waiters and self._outbox is self._replies and reply_key(msg) in waiters:
+            # a caller's reply (a read under the GIL: thread-safe): one hop to the loop
+            try:
+                self._deliver(msg)  # type: ignore[misc]
+            except Exception:  # pragma: no cover - the loop closed: the usual way
+                pass
+            else:
+                self.handling = False  # answered: the message in hand is finished
+                return True
         if self._outbox.put(msg, timeout):
             self.handling = False  # answered: the message in hand is finished
             return True
         return False
+
+    def answer_callers(self, waiters: Any, deliver: Callable[[Any], None]) -> None:
+        """Hand a reply whose `reply_key` is in ``waiters`` (a runtime's waiting callers)
+        to ``deliver`` instead of the outbox (`TierWorker.hand_replies_to_callers`). A
+        reply sent into a direct edge (`send_into`) still goes there."""
+        self._callers = waiters
+        self._deliver = deliver
 
     def send_nowait(self, msg: Any) -> bool:
         """Put a reply into the outbox if there is room; False when full."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +198,8 @@ class ThreadWorker(TierWorker):
         self._recv_lock = threading.Lock()
         self._stop = threading.Event()
         self._finished = threading.Event()
+        # a runtime's callers and where their replies go (`hand_replies_to_callers`)
+        self._callers: tuple[Mapping[Any, Any], Callable[[Any], None]] | None = None
         self._thread: threading.Thread | None = None
         self._context: ThreadedKernelContext | None = None
         self._unprocessed: list[Any] = []
@@ -324,7 +326,21 @@ class ThreadWorker(TierWorker):
     def _new_context(self) -> ThreadedKernelContext:
         """The context the actor will get (`start` builds it once; a subclass may build
         another kind)."""
-        return ThreadedKernelContext(self)
+        ctx = ThreadedKernelContext(self)
+        if self._callers is not None:
+            ctx.answer_callers(*self._callers)
+        return ctx
+
+    def hand_replies_to_callers(
+        self, waiters: Mapping[Any, Any], deliver: Callable[[Any], None]
+    ) -> bool:
+        """`TierWorker.hand_replies_to_callers`: the plain context hands a caller's reply
+        to ``deliver`` (one hop to the loop) instead of the outbox, which the loop would
+        poll. Before `start` only (the context is built once)."""
+        if self._state is not _CREATED:
+            return False
+        self._callers = (waiters, deliver)
+        return True
 
     def _run(self) -> None:
         ctx = self._context
