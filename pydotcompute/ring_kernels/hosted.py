@@ -654,10 +654,10 @@ class HostedKernel(RingKernel):
         worker.on_writable(wake_writable)
         if not self._instruments:  # (an instrumented bridge sees every reply it polls)
             call = loop.call_soon_threadsafe
-            polled = self._reply_polled
+            for_caller = self._reply_for_caller
 
-            def deliver(reply: Any) -> None:  # from the actor's thread: one hop to the loop
-                call(polled, reply)
+            def deliver(reply: Any, key: Any) -> None:  # from the actor's thread
+                call(for_caller, reply, key)
 
             worker.hand_replies_to_callers(self._waiters, deliver)
         await asyncio.to_thread(worker.start)
@@ -1034,6 +1034,24 @@ class HostedKernel(RingKernel):
             self._ready.append(reply)
             if self._readable is not None:
                 self._readable.set()
+
+    def _reply_for_caller(self, reply: Any, key: Any) -> None:
+        """A reply the worker handed over itself (`TierWorker.hand_replies_to_callers`),
+        found filed under ``key``: its caller's future completed here, or, when anything
+        waits before it or the caller is gone, the way a polled reply goes."""
+        waiters = self._waiters
+        fut = waiters.get(key)
+        if (
+            fut is not None
+            and not fut.done()
+            and not (self._ready or self._reply_in_hand or self._collecting)
+        ):
+            del waiters[key]
+            fut.set_result(reply)
+            if self._timed:
+                self.telemetry.messages_sent += 1
+            return
+        self._reply_polled(reply)
 
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched

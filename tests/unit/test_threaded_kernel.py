@@ -488,19 +488,25 @@ def test_a_callers_reply_is_handed_to_deliver_and_the_rest_to_the_outbox() -> No
 
     waiters: dict[Any, Any] = {}
     delivered: list[Any] = []
+    keys: list[Any] = []
+
+    def deliver(reply: Any, key: Any) -> None:
+        delivered.append(reply)
+        keys.append(key)
+
     worker = ThreadWorker("cb", _answerer)
-    assert worker.hand_replies_to_callers(waiters, delivered.append) is True
+    assert worker.hand_replies_to_callers(waiters, deliver) is True
     worker.start()
     try:
         # armed before the start only: the context is built once
-        assert worker.hand_replies_to_callers(waiters, delivered.append) is False
+        assert worker.hand_replies_to_callers(waiters, deliver) is False
         asked, plain = _Ask(n=1), _Ask(n=2)
         waiters[request_key(asked)] = object()  # a caller waits for this one's reply
         worker.put(asked)
         worker.put(plain)
         polled = _replies_within(worker, delivered, 2)
         assert [r.n for r in delivered] == [1]
-        assert reply_key(delivered[0]) == request_key(asked)
+        assert keys == [reply_key(delivered[0])] == [request_key(asked)]
         assert [r.n for r in polled] == [2]  # nobody waits for it: the outbox, as before
     finally:
         worker.stop(5)
@@ -510,7 +516,7 @@ def test_a_reply_deliver_cannot_take_goes_to_the_outbox() -> None:
     from pydotcompute.ring_kernels.message import request_key
     from pydotcompute.ring_kernels.tiers.thread import ThreadWorker
 
-    def closed(reply: Any) -> None:
+    def closed(reply: Any, key: Any) -> None:
         raise RuntimeError("Event loop is closed")
 
     waiters: dict[Any, Any] = {}

@@ -385,14 +385,15 @@ class TierWorker(abc.ABC):
         return False
 
     def hand_replies_to_callers(
-        self, waiters: Mapping[Any, Any], deliver: Callable[[Any], None]
+        self, waiters: Mapping[Any, Any], deliver: Callable[[Any, Any], None]
     ) -> bool:
         """Let the actor hand a reply that answers a waiting ``send_and_receive`` caller
         straight to ``deliver`` instead of queueing it for `poll_replies`: before the
         actor starts, the bridge passes the registrations of its callers (``waiters``,
         read-only: keys are `message.reply_key` values, present while a caller's
-        registration is) and ``deliver(reply)``, callable from any thread, which takes the
-        reply to the loop and delivers it there (or counts it, as a polled reply would be).
+        registration is) and ``deliver(reply, key)``, callable from any thread, which
+        takes the reply (and the key it was found under) to the loop and delivers it
+        there (or counts it, as a polled reply would be).
         When ``deliver`` raises, the reply goes the usual way. A reply routed into a direct
         edge never goes this way. Returns whether the tier does; the default is False
         (every reply is polled), so tiers need not implement it."""

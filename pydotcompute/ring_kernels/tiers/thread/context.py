@@ -115,7 +115,7 @@ class ThreadedKernelContext:
         self._rec = worker.latency_recorder  # times each message (None: not timed)
         # a runtime's callers and where their replies go (`answer_callers`; None: none)
         self._callers: Any = None
-        self._deliver: Callable[[Any], None] | None = None
+        self._deliver: Callable[[Any, Any], None] | None = None
         #: True from the moment the actor takes a message until it asks for the next one
         #: (read by hosts to tell an idle actor from a busy one).
         self.handling = False
@@ -188,21 +188,22 @@ class ThreadedKernelContext:
             check_fields(msg, self.kernel_id, "must send")
         stamp_reply(msg, self._current)
         waiters = self._callers
-        if waiters and self._outbox is self._replies and reply_key(msg) in waiters:
-            # a caller's reply (a read under the GIL: thread-safe): one hop to the loop
-            try:
-                self._deliver(msg)  # type: ignore[misc]
-            except Exception:  # pragma: no cover - the loop closed: the usual way
-                pass
-            else:
-                self.handling = False  # answered: the message in hand is finished
-                return True
+        if waiters and self._outbox is self._replies:
+            key = reply_key(msg)
+            if key in waiters:  # a caller's (read under the GIL: thread-safe): to the loop
+                try:
+                    self._deliver(msg, key)  # type: ignore[misc]
+                except Exception:  # pragma: no cover - the loop closed: the usual way
+                    pass
+                else:
+                    self.handling = False  # answered: the message in hand is finished
+                    return True
         if self._outbox.put(msg, timeout):
             self.handling = False  # answered: the message in hand is finished
             return True
         return False
 
-    def answer_callers(self, waiters: Any, deliver: Callable[[Any], None]) -> None:
+    def answer_callers(self, waiters: Any, deliver: Callable[[Any, Any], None]) -> None:
         """Hand a reply whose `reply_key` is in ``waiters`` (a runtime's waiting callers)
         to ``deliver`` instead of the outbox (`TierWorker.hand_replies_to_callers`). A
         reply sent into a direct edge (`send_into`) still goes there."""

@@ -199,7 +199,7 @@ class ThreadWorker(TierWorker):
         self._stop = threading.Event()
         self._finished = threading.Event()
         # a runtime's callers and where their replies go (`hand_replies_to_callers`)
-        self._callers: tuple[Mapping[Any, Any], Callable[[Any], None]] | None = None
+        self._callers: tuple[Mapping[Any, Any], Callable[[Any, Any], None]] | None = None
         self._thread: threading.Thread | None = None
         self._context: ThreadedKernelContext | None = None
         self._unprocessed: list[Any] = []
@@ -332,7 +332,7 @@ class ThreadWorker(TierWorker):
         return ctx
 
     def hand_replies_to_callers(
-        self, waiters: Mapping[Any, Any], deliver: Callable[[Any], None]
+        self, waiters: Mapping[Any, Any], deliver: Callable[[Any, Any], None]
     ) -> bool:
         """`TierWorker.hand_replies_to_callers`: the plain context hands a caller's reply
         to ``deliver`` (one hop to the loop) instead of the outbox, which the loop would
