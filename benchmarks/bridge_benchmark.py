@@ -411,7 +411,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     for floor, limit in SLOW_FLOORS.items():
         slow = [
-            r[floor][0] for r in rounds if slow_floor(r[floor][0], limit, higher_is_better=False)
+            r[floor][0]
+            for r in rounds
+            if floor in r and slow_floor(r[floor][0], limit, higher_is_better=False)
         ]
         if slow:
             print(
