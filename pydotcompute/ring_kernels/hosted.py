@@ -33,6 +33,11 @@ Design notes:
   worker's thread) polls and delivers what completes without waiting: a caller's future,
   room in the outbox or in a connected kernel. The first reply that would have to wait
   (and any error) goes to ``_ready``, which the collector empties first, so order holds.
+- A caller's reply can skip the worker's reply queue: a worker that takes
+  `TierWorker.hand_replies_to_callers` (the thread tier) looks the reply's key up in the
+  callers' registrations on its own thread and hands reply and key to the loop in one
+  ``call_soon_threadsafe``; polling the queue for it cost a round trip more than the
+  hop. Only an uninstrumented bridge offers it (an instrument sees every reply polled).
 - The inline request (a tier that states ``CAPABILITIES.inline_request``, launched with
   ``reply_spin_us``): while a ``send_and_receive`` caller waits, the loop polls for
   the reply (`TierWorker.reply_within`) before it parks, trading the loop's time (and a

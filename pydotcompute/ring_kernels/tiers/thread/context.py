@@ -7,6 +7,9 @@ Design notes:
   worker reads the context only through public attributes (``handling``, ``current``).
 - ``receive`` and ``receive_nowait`` are written out separately: they are the actor's
   per-message path.
+- A reply to a runtime's waiting caller goes to the loop directly (`answer_callers`,
+  armed by the bridge through `TierWorker.hand_replies_to_callers`), found by its key in
+  the callers' registrations (a dict read under the GIL); every other reply is queued.
 - Trace context (a tracing runtime only): `TraceCarrier` keeps each message's context from
   the hand-over to the actor's receive (by identity: no bytes to prefix in one process).
   A worker whose wire carries it builds its actor a `TracedThreadedKernelContext` from the
