@@ -1306,13 +1306,7 @@ class RingKernel:
         if self._state is _LAUNCHED:
             raise self._not_active("send_and_receive to")
         # `expect_reply`, inlined for its common case: a request whose key is free
-        try:
-            key = claim_request_key(msg, self._space)
-        except AttributeError:
-            raise self._no_message_id(msg) from None
-        if not self._answers:
-            self._answers = True
-            self._sync_contexts()
+        key = self.claim_request(msg)
         waiters = self._waiters
         if key in waiters:
             msg, key = self.expect_reply(msg, fut)  # a copy with a fresh id
