@@ -1061,23 +1061,10 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        waiters = self._waiters
-        if waiters or self._answers:
-            # (`hand_to_caller`, inlined: every round trip's reply comes this way)
-            key = reply_key(reply)
-            fut = waiters.pop(key, None)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_result(reply)
-                else:  # its caller timed out or was cancelled: nobody reads it
-                    self.drop_unawaited(key, abandoned=True)
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                return True
-            if self.drop_unawaited(key):
-                if self._timed:
-                    self.telemetry.messages_sent += 1
-                return True
+        if (self._waiters or self._answers) and self.hand_to_caller(reply):
+            if self._timed:
+                self.telemetry.messages_sent += 1
+            return True
         target = self._forward
         if target is not None:
             try:
