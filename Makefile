@@ -72,8 +72,12 @@ lint: install
 types: install
 	$(BIN)/mypy pydotcompute
 
+# On TEST_WORKERS pytest-xdist workers: the suite mostly waits (child processes, Ray actors,
+# timeouts), using about a fifth of two cores on one worker. The Ray tests share one worker
+# (tests/conftest.py); `make test-main TEST_WORKERS=0` runs it all in one process.
+TEST_WORKERS ?= 3
 test-main: install
-	$(PYTEST) -q tests --ignore=tests/cudasim --durations=25
+	$(PYTEST) -q tests --ignore=tests/cudasim --durations=25 -n $(TEST_WORKERS)
 
 # The queue and tier tests again on the pure-Python twin of the Cython extension.
 test-purepython: install

@@ -1991,19 +1991,23 @@ async def scenario_mass_timeouts_do_not_wedge_request_reply(case: TierCase) -> N
             assert all(isinstance(r, QueueTimeoutError) for r in results), [
                 r for r in results if not isinstance(r, QueueTimeoutError)
             ][:3]
-            # it now answers every abandoned request, late, and then these
+            # it now answers every abandoned request, late, and then these (the first
+            # waits behind the whole backlog: on Ray, thousands of calls to an actor)
             await rt.reactivate("k")
+            late_from = time.monotonic()
             answered = []
             for i in range(5):
-                fresh = await rt.send_and_receive("k", Job(seq=100_000 + i), timeout=10)
+                fresh = await rt.send_and_receive("k", Job(seq=100_000 + i), timeout=BOUND_S)
                 answered.append(fresh.seq)
             assert answered == [100_000 + i for i in range(5)]
             assert rt.receive_nowait("k") is None, "a late reply was left in the outbox"
             dropped = await _dropped(rt, "k")
             assert dropped == callers, (dropped, callers)
             assert rt.get_kernel_state("k") is KernelState.ACTIVE
+            late_s = time.monotonic() - late_from
         told = [line for line in lines if "nobody waits" in line]
-        assert 1 <= len(told) <= 3, told[:5]
+        # one line, then a count at most every 5 s (`BurstLog`) while late replies come
+        assert 1 <= len(told) <= 2 + int(late_s / 5.0), (late_s, told[:5])
 
 
 # --- round 4: one contract for every tier (the GPU behind the bridge) ---

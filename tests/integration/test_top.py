@@ -41,7 +41,11 @@ BOUND_S = 60.0  # a hang check's bound: far beyond what any of these runs needs
 
 
 def top(*args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess[str]:
+    """``pydotcompute top`` piped, as a script runs it: no COLUMNS or LINES (a test runner
+    may set them: pytest-xdist's workers do), so the table has its piped width."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     return subprocess.run(
         [sys.executable, "-m", "pydotcompute", "top", *args],
         capture_output=True,

@@ -64,8 +64,11 @@ def ring_pair(impl: Any) -> Any:
 
 
 def _shm_names() -> set[str]:
+    """This process's segments (``/dev/shm`` is the machine's: other test processes, the
+    suite's other workers among them, create and unlink theirs meanwhile)."""
+    mine = f"pdc_{os.getpid()}_"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("pdc_")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
     except OSError:
         return set()
 
