@@ -351,7 +351,7 @@ class RingKernel:
         self._abandoned: deque[Any] | None = None
         # the high bytes of the ids this kernel's send_and_receive requests get, and
         # whether it has had one (its replies are then checked for an abandoned caller)
-        self._space = request_space(kernel_id)
+        self._space: bytes | None = None  # (`request_space`, on the first request)
         self._answers = False
         self._lost_log: BurstLog | None = None  # replies nobody waits for (made on first)
         self._forward: RingKernel | None = None
@@ -1235,7 +1235,7 @@ class RingKernel:
         if key in waiters:
             try:
                 msg = copy.copy(msg)
-                msg.message_id = uuid_from_bytes(next_request_id(self._space))
+                msg.message_id = uuid_from_bytes(next_request_id(self._space or self._make_space()))
                 key = request_key(msg)
             except (AttributeError, TypeError) as exc:
                 raise TypeValidationError(
@@ -1245,6 +1245,12 @@ class RingKernel:
                 ) from None
         waiters[key] = waiter
         return msg, key
+
+    def _make_space(self) -> bytes:
+        """This kernel's request space (`request_space`: a hash of its id), made on its
+        first request, not at launch: most kernels are never asked one."""
+        space = self._space = request_space(self.kernel_id)
+        return space
 
     def claim_request(self, msg: Any) -> Any:
         """The key a reply to request ``msg`` is filed under (`request_key`), its id made
@@ -1256,7 +1262,7 @@ class RingKernel:
             TypeValidationError: ``msg`` has no ``message_id``.
         """
         try:
-            key = claim_request_key(msg, self._space)
+            key = claim_request_key(msg, self._space or self._make_space())
         except AttributeError:
             raise self._no_message_id(msg) from None
         if not self._answers:

@@ -136,7 +136,8 @@ def next_request_id(space: bytes) -> bytes:
     return space + next_id_bytes()[8:]
 
 
-def in_request_space(key: object, space: bytes) -> bool:
+def in_request_space(key: object, space: bytes | None) -> bool:
     """Whether ``key`` (a reply's correlation key: 16 bytes, None, or another value) is an
-    id of request space ``space``."""
+    id of request space ``space`` (None: a kernel that made no request has none, and
+    nothing is in it)."""
     return type(key) is bytes and len(key) == 16 and key[:8] == space

@@ -80,9 +80,12 @@ def tier_class(tier: str) -> Any:
         return target
     module, _, name = target.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise InvalidConfigurationError(f"execution tier {tier!r} is not available: {exc}") from exc
+    if _TIERS.get(tier) is target:  # imported: every later launch gets the class at once
+        _TIERS[tier] = cls
+    return cls
 
 
 #: The module that makes each direct edge kind another tier reads or writes in its own
