@@ -134,12 +134,7 @@ def test_docs_have_python_blocks() -> None:
     assert len(BLOCKS) >= 10, [b.id for b in BLOCKS]
 
 
-@pytest.mark.parametrize(
-    "block",
-    # a block that starts Ray is marked so: the suite's Ray tests share one worker
-    [pytest.param(b, marks=pytest.mark.ray) if "ray" in b.requires else b for b in BLOCKS],
-    ids=[b.id for b in BLOCKS],
-)
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_block_runs(block: Block, tmp_path: Path) -> None:
     if block.skip is not None:
         pytest.skip(f"marked skip: {block.skip}")
