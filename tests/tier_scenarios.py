@@ -1447,6 +1447,29 @@ async def scenario_reply_nobody_waits_for_counted_as_lost(case: TierCase) -> Non
         assert tel.drop_reasons() == {"reply_lost": 1}, tel.drop_reasons()
 
 
+async def scenario_plain_replies_stream_after_requests(case: TierCase) -> None:
+    """A kernel that answered ``send_and_receive`` requests still streams the replies to
+    plain sends to its outbox, in order and each once (the bridge hands them on in
+    batches), while a late reply to an abandoned request among them is dropped, not
+    queued."""
+    async with asyncio.timeout(BOUND_S * 2), case.make_runtime() as rt:
+        await _launch(rt, case, queue_size=1024)
+        assert (await rt.send_and_receive("k", Job(seq=-1), timeout=BOUND_S)).seq == -1
+        with pytest.raises(QueueTimeoutError):
+            await rt.send_and_receive("k", Job(seq=-2, payload="sleep:0.3"), timeout=0.05)
+        stream = list(range(600))
+        for i in stream:  # queued behind the slow request: handed over in batches
+            await rt.send("k", Job(seq=i))
+        got = [(await rt.receive("k", timeout=BOUND_S)).seq for _ in stream]
+        assert got == stream, f"out of order or lost: {got[:10]}..."
+        deadline = time.monotonic() + BOUND_S
+        while await _dropped(rt, "k") < 1:
+            assert time.monotonic() < deadline, "the late reply was never counted"
+            await asyncio.sleep(0.02)
+        assert rt.receive_nowait("k") is None, "a late reply was left in the outbox"
+        assert await _dropped(rt, "k") == 1
+
+
 # --- broadcast: every replica of a pool gets its own copy ------------------------------------
 
 

@@ -994,7 +994,11 @@ class HostedKernel(RingKernel):
         n = len(replies)
         done = 0
         out = self._outbox
-        if out is not None and not self._answers and self._forward is None:
+        if (
+            out is not None
+            and self._forward is None
+            and not (self._answers and self.any_for_callers(replies))
+        ):
             # all for the outbox: offered in a row (a loop in C that stops at the first
             # refusal); how many it took is what its size grew by
             before = out.qsize

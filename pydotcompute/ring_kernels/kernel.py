@@ -766,6 +766,8 @@ class RingKernel:
         answers no ``send_and_receive`` request and goes on to the forward target or the
         outbox."""
         key = reply_key(reply)
+        if key is None:  # correlated with no request (or with one whose id was never made)
+            return False
         fut = self._waiters.pop(key, None)
         if fut is None:
             return self.drop_unawaited(key)
@@ -774,6 +776,19 @@ class RingKernel:
         else:  # its caller timed out or was cancelled: nobody reads it
             self.drop_unawaited(key, abandoned=True)
         return True
+
+    def any_for_callers(self, replies: list[Any]) -> bool:
+        """Whether `hand_to_caller` would take any of ``replies``: one a caller waits for,
+        or one correlated with a request of this kernel's (`drop_unawaited` drops it).
+        False lets a batch of plain replies go on in one piece."""
+        keys = list(map(reply_key, replies))
+        if not any(keys):
+            return False
+        waiters = self._waiters
+        space = self._space
+        return any(
+            key is not None and (key in waiters or in_request_space(key, space)) for key in keys
+        )
 
     def drop_unawaited(self, key: Any, *, abandoned: bool = False) -> bool:
         """Drop a reply correlated with a ``send_and_receive`` request that no caller

@@ -1054,6 +1054,24 @@ def test_request_and_reply_keys_are_the_id_bytes() -> None:
     assert id_key("other") == "other"  # matches nothing filed by request_key
 
 
+def test_reply_to_a_request_without_an_id_answers_no_caller() -> None:
+    """A reply stamped with a request whose id was never made (a plain send's) has no
+    caller's key: `reply_key` says None (a caller's request has its id made before it is
+    sent); the id, made when read, is the one its key is then."""
+    from pydotcompute.ring_kernels.message import raw_correlation_get, reply_key
+
+    @message
+    class KeyLazy:
+        x: int
+
+    req = KeyLazy(x=1)
+    stamped = req.reply(KeyLazy(x=2))
+    assert raw_correlation_get(stamped) is req
+    assert reply_key(stamped) is None
+    assert stamped.correlation_id == req.message_id  # made when read, the same id
+    assert reply_key(stamped) == req.message_id.bytes
+
+
 def test_keys_of_duck_typed_messages() -> None:
     from pydotcompute.ring_kernels.message import reply_key, request_key
 

@@ -353,14 +353,15 @@ def claim_request_key(msg: Any, space: bytes) -> Any:
 
 def reply_key(reply: Any) -> Any:
     """`id_key` of ``reply``'s ``correlation_id``: the key of the caller it answers, or
-    None."""
+    None. A reply to a request made here whose id was never made answers no caller (a
+    caller's request has its id made before it is sent): None, and no id is made."""
     if isinstance(reply, RingKernelMessage):
         cid = _raw_cid_get(reply)
         if cid is None or cid.__class__ is bytes:
             return cid
         if isinstance(cid, RingKernelMessage):  # the request itself (a reply made here)
             mid = _raw_mid_get(cid)
-            if mid.__class__ is bytes:  # (`request_key`, inlined: every reply's way)
+            if mid is None or mid.__class__ is bytes:  # (`request_key`, inlined)
                 return mid
         return id_key(cid)
     return id_key(getattr(reply, "correlation_id", None))
