@@ -62,6 +62,7 @@ def wide_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """A window of 20 ms: any echo actor takes more than 64 messages in it, on any machine
     (the default 0.5 ms holds a quick actor's few hundred on a quiet one)."""
     monkeypatch.setattr(hosted, "BRIDGE_WINDOW_S", 0.02)
+    monkeypatch.setattr(hosted, "BRIDGE_WINDOW_URGENT_LANE_S", 0.02)  # (the thread tier's)
 
 
 @TIERS

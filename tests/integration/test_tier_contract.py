@@ -39,6 +39,8 @@ SKIPS: dict[str, dict[str, str]] = {
         "priority_not_starved": "the asyncio tier serves its banded inbox directly",
         "batched_hand_over_keeps_promises": "the asyncio tier has no bridge: nothing is "
         "handed over",
+        "urgent_passes_what_the_actor_holds": "the asyncio tier has no bridge: its actor "
+        "reads the banded inbox itself (scenario priority_not_starved)",
     },
     "process-spin": {
         name: NO_REQUEST

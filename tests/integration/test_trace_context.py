@@ -243,6 +243,7 @@ async def test_a_tracing_runtime_still_widens_the_bridge(
     from pydotcompute.ring_kernels import hosted
 
     monkeypatch.setattr(hosted, "BRIDGE_WINDOW_S", 0.05)
+    monkeypatch.setattr(hosted, "BRIDGE_WINDOW_URGENT_LANE_S", 0.05)  # (the thread tier's)
     n = 3000
     async with asyncio.timeout(BOUND_S * 4), RingKernelRuntime(tracing=True) as rt:
         await rt.launch("k", forward_sync, input_type=Job, output_type=Job, tier=tier)

@@ -509,3 +509,54 @@ def test_matches_a_bounded_fifo_model(ops: list[Any], cap: int, kind: str) -> No
                 model.append(op)
         assert len(q) == len(model)
     assert q.drain() == list(model)
+
+
+# --- SPSCQueue's urgent lane ---
+
+
+def test_urgent_lane_is_taken_first_and_keeps_its_own_order() -> None:
+    q: SPSCQueue[int] = SPSCQueue(8)
+    for i in range(4):
+        assert q.put(i, 0)
+    assert q.put_urgent(100)
+    assert q.put_urgent(101)
+    assert len(q) == q.size == 6
+    assert not q.empty
+    assert [q.get(0) for _ in range(3)] == [100, 101, 0]
+    assert q.put_urgent(102)
+    assert q.get_many(10) == [102, 1, 2, 3]
+    assert q.get(0) is None
+    assert q.empty
+
+
+def test_urgent_lane_shares_the_capacity() -> None:
+    q: SPSCQueue[int] = SPSCQueue(3)
+    assert q.put(1, 0)
+    assert q.put_urgent(2)
+    assert q.put_many([3, 4]) == 1  # one place left of three
+    assert q.full
+    assert not q.put_urgent(5)
+    assert not q.put(6, 0)
+    assert q.get(0) == 2  # room again: either lane takes it
+    assert q.put_urgent(7)
+    assert q.drain() == [7, 1, 3]
+    assert q.put_urgent(8)
+    assert q.put(9, 0)
+    assert q.clear() == 2
+    assert q.empty
+
+
+def test_urgent_put_wakes_a_blocked_getter_and_refuses_after_shutdown() -> None:
+    q: SPSCQueue[int] = SPSCQueue(4)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(q.get(5.0)))
+    t.start()
+    time.sleep(0.05)  # (it parks; a put that does not wake it fails the join below)
+    assert q.put_urgent(42)
+    t.join(5.0)
+    assert got == [42]
+    q.shutdown()
+    with pytest.raises(QueueClosedError):
+        q.put_urgent(1)
+    with pytest.raises(TypeValidationError):
+        SPSCQueue(2).put_urgent(None)  # type: ignore[arg-type]

@@ -116,6 +116,12 @@ class Capabilities:
         edges_spread: the direct edge kinds (of ``edges_out``) the kernel's producer side
             spreads over its consumer's replicas (`TierWorker.edge_replicas`), one edge per
             replica, rather than one edge into the consumer's first actor. Empty: one edge.
+        urgent_lane: a message of priority 160 or more (HIGH, SYSTEM) that `offer` or
+            `offer_many` hands over is taken by the actor before what it was handed
+            earlier and has not taken yet (each band's order kept), so the bridge may hand
+            a quick actor wider batches (`hosted.BRIDGE_WINDOW_URGENT_LANE_S`). Off: what
+            is handed over is taken in the order given, and the batches stay narrow
+            enough that an urgent message waits behind about 0.5 ms of work.
     """
 
     actor_kind: ActorKind | None = "sync"
@@ -132,6 +138,7 @@ class Capabilities:
     trace_wire: bool = False
     short_poll_rearms: bool = False
     edges_spread: frozenset[str] = frozenset()
+    urgent_lane: bool = False
 
 
 #: The older class attributes a tier stated its capabilities with, and the flag each is.
@@ -259,7 +266,8 @@ class TierWorker(abc.ABC):
 
     def offer_many(self, msgs: list[Any]) -> int:
         """Hand over the longest prefix of `msgs` the tier takes now, without waiting;
-        returns its length (0: full). A tier overrides it to take a batch at once.
+        returns its length (0: full). A tier overrides it to take a batch at once. The
+        bridge's batches come in priority order, as its banded inbox serves them.
 
         Raises:
             As `offer`, and only when none of `msgs` was handed over (an error after the

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ....exceptions import InvalidConfigurationError
 from ...hosted import HostedKernel
 from ..contract import TierWorker
 from .context import ThreadedKernelContext, TraceCarrier, TracedThreadedKernelContext
@@ -40,14 +41,16 @@ class HostedThreadWorker(ThreadWorker):
     edge into it (its kernel's ``input_queue_size`` and backpressure)."""
 
     #: `ThreadWorker`'s, with direct edges of kinds ``"objects"`` and ``"shm-ring"`` both
-    #: ways (spread over the replica edges into a pool, `pool_edges.Spread`) and trace
-    #: context carried to the actor (`trace_wire`).
+    #: ways (spread over the replica edges into a pool, `pool_edges.Spread`), trace
+    #: context carried to the actor (`trace_wire`), and urgent messages passing what the
+    #: actor holds (`urgent_lane`: its inbox is always an `SPSCQueue`).
     CAPABILITIES = dataclasses.replace(
         ThreadWorker.CAPABILITIES,
         edges_out=frozenset({KIND, SHM_KIND}),
         edges_in=frozenset({KIND, SHM_KIND}),
         edges_spread=frozenset({KIND, SHM_KIND}),
         trace_wire=True,
+        urgent_lane=True,
     )
 
     def __init__(
@@ -59,6 +62,12 @@ class HostedThreadWorker(ThreadWorker):
         **kwargs: Any,
     ) -> None:
         self._hosted_actor = kernel_func  # checked by the runtime at launch
+        config = kwargs.get("config")
+        if config is not None and not config.use_spsc:
+            raise InvalidConfigurationError(
+                f"kernel {kernel_id!r}: a hosted thread worker's inbox is an SPSCQueue "
+                "(its urgent lane is the tier's promise); use_spsc must stay True"
+            )
         super().__init__(kernel_id, self._run_actor, **kwargs)
         # the runtime's bridge admits every message (its type and fields) before handing
         # it over, and edges write to their own queues: no second check per message

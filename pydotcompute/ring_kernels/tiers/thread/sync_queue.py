@@ -32,6 +32,10 @@ Design notes:
   or until ``get_many`` gives fewer than asked, loses no wake-up and does not pay a call
   per item; ``SyncQueue`` runs them as plain wakers.
 - ``put_many``/``get_many`` move a batch at once, waking each side once.
+- ``SPSCQueue.put_urgent`` queues an item in a second lane that ``get`` empties first: an
+  urgent message passes what was queued before it and not yet taken (the runtime's
+  thread tier hands its actor wide batches and still serves a HIGH message next). Both
+  lanes share the capacity; each lane is FIFO. It costs every ``get`` one truth test.
 """
 
 from __future__ import annotations
@@ -198,7 +202,7 @@ class _QueueBase(Generic[T]):
     def get_stats(self) -> dict[str, int]:
         """Counters: current_size, max_size, peak_size, total_enqueued/dequeued/dropped."""
         return {
-            "current_size": len(self._items),
+            "current_size": len(self),
             "max_size": self.maxsize,
             "peak_size": self._peak,
             "total_enqueued": self._enqueued,
@@ -526,6 +530,7 @@ class SPSCQueue(_QueueBase[T]):
         "_empty_seen",
         "_full_seen",
         "_producer",
+        "_urgent",
     )
 
     def __init__(self, capacity: int = 4096, *, name: str = "SPSCQueue") -> None:
@@ -539,6 +544,7 @@ class SPSCQueue(_QueueBase[T]):
         self._bursts = WakerSet()
         self._empty_seen = True
         self._full_seen = False
+        self._urgent: deque[T] = deque()  # `put_urgent`'s lane, taken first
 
     # -- properties -------------------------------------------------------------------
 
@@ -552,7 +558,22 @@ class SPSCQueue(_QueueBase[T]):
     @property
     def full(self) -> bool:
         """True when at capacity."""
-        return len(self._items) >= self._capacity
+        return len(self._items) + len(self._urgent) >= self._capacity
+
+    @property
+    def size(self) -> int:
+        """Items queued now (both lanes)."""
+        return len(self._items) + len(self._urgent)
+
+    qsize = size
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing is queued."""
+        return not (self._items or self._urgent)
+
+    def __len__(self) -> int:
+        return len(self._items) + len(self._urgent)
 
     def resize(self, capacity: int) -> None:
         """Change the capacity (same contract as `SyncQueue.resize`, >= 1). Only the
@@ -570,7 +591,7 @@ class SPSCQueue(_QueueBase[T]):
         if item is None:
             raise _none_error(self._name)
         items = self._items
-        if len(items) >= self._capacity:
+        if len(items) + len(self._urgent) >= self._capacity:
             self._full_seen = True  # before `_wait_space` looks again
             if not self._wait_space(timeout):
                 return False
@@ -578,6 +599,7 @@ class SPSCQueue(_QueueBase[T]):
         self._enqueued += 1
         if len(items) > self._peak:
             self._peak = len(items)
+        # (`_readable_now`, inlined: every message's path)
         for wake in self._wakers.readable:
             wake()
         if self._empty_seen:
@@ -593,6 +615,45 @@ class SPSCQueue(_QueueBase[T]):
                 pass  # already released: a wake-up is pending
         return True
 
+    def put_urgent(self, item: T) -> bool:
+        """Queue ``item`` in the urgent lane, without waiting: `get` takes it before
+        anything `put` or `put_many` queued that is not taken yet (after the urgent items
+        queued before it). False, nothing queued, when the queue is full (both lanes
+        count).
+
+        Raises:
+            QueueClosedError: the queue is shut down.
+        """
+        if self._closed:
+            raise self._put_closed()
+        if item is None:
+            raise _none_error(self._name)
+        urgent = self._urgent
+        if len(self._items) + len(urgent) >= self._capacity:
+            self._full_seen = True  # the next get runs the writable burst wakers
+            if len(self._items) + len(urgent) >= self._capacity:  # looked at again
+                return False
+        urgent.append(item)
+        self._enqueued += 1
+        self._readable_now()
+        return True
+
+    def _readable_now(self) -> None:
+        """An item was queued: run the readable wakers, then wake the consumer."""
+        for wake in self._wakers.readable:
+            wake()
+        if self._empty_seen:
+            self._empty_seen = False
+            for wake in self._bursts.readable:
+                wake()
+        consumer = self._consumer
+        if consumer.waiting:  # last: the woken thread waits for no more of our work
+            consumer.waiting = False  # (`_Parking.wake`, inlined)
+            try:
+                consumer.signal.release()
+            except RuntimeError:
+                pass  # already released: a wake-up is pending
+
     def _wait_space(self, timeout: float | None) -> bool:
         items = self._items
         deadline = None if timeout is None else _monotonic() + timeout
@@ -601,7 +662,7 @@ class SPSCQueue(_QueueBase[T]):
             if self._closed:
                 raise self._put_closed()
             parking.waiting = True
-            if len(items) < self._capacity:  # re-check after announcing
+            if len(items) + len(self._urgent) < self._capacity:  # re-check after announcing
                 parking.waiting = False
                 return True
             if deadline is None:
@@ -616,13 +677,18 @@ class SPSCQueue(_QueueBase[T]):
     # -- consumer ---------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> T | None:
-        """Pop the oldest item, waiting while empty (same contract as `SyncQueue.get`)."""
-        items = self._items
-        if not items:
-            self._empty_seen = True  # before `_wait_item` looks again
-            if not self._wait_item(timeout):
-                return None
-        item = items.popleft()
+        """Pop the oldest item, waiting while empty (same contract as `SyncQueue.get`);
+        the urgent lane's first."""
+        urgent = self._urgent
+        if urgent:
+            item = urgent.popleft()
+        else:
+            items = self._items
+            if not items:
+                self._empty_seen = True  # before `_wait_item` looks again
+                if not self._wait_item(timeout):
+                    return None
+            item = urgent.popleft() if urgent else items.popleft()
         self._dequeued += 1
         for wake in self._wakers.writable:
             wake()
@@ -641,12 +707,13 @@ class SPSCQueue(_QueueBase[T]):
 
     def _wait_item(self, timeout: float | None) -> bool:
         items = self._items
+        urgent = self._urgent
         deadline = None if timeout is None else _monotonic() + timeout
         parking = self._consumer
         signal = parking.signal
         while True:
             parking.waiting = True
-            if items:  # re-check after announcing
+            if items or urgent:  # re-check after announcing
                 parking.waiting = False
                 return True
             if self._closed:
@@ -675,10 +742,11 @@ class SPSCQueue(_QueueBase[T]):
         if self._closed:
             raise self._put_closed()
         queued = self._items
-        n = min(len(items), self._capacity - len(queued))
+        urgent = self._urgent
+        n = min(len(items), self._capacity - len(queued) - len(urgent))
         if n < len(items):  # some refused: the next get runs the writable burst wakers
             self._full_seen = True
-            n = min(len(items), self._capacity - len(queued))  # looked at again
+            n = min(len(items), self._capacity - len(queued) - len(urgent))  # looked again
         if n <= 0:
             return 0
         queued.extend(items[:n] if n < len(items) else items)
@@ -705,6 +773,8 @@ class SPSCQueue(_QueueBase[T]):
             QueueClosedError: the queue is shut down and drained (or the ``reason`` given to
                 `shutdown`), as `get` does.
         """
+        if self._urgent:
+            return self._get_urgent_first(max_count)
         queued = self._items
         closed = self._closed  # read first: what was put before the shutdown is seen below
         if not queued:
@@ -738,31 +808,45 @@ class SPSCQueue(_QueueBase[T]):
                 wake()
         return out
 
+    def _get_urgent_first(self, max_count: int) -> list[T]:
+        """`get_many` while the urgent lane holds items: those first, then the rest."""
+        urgent = self._urgent
+        out: list[T] = []
+        while urgent and len(out) < max_count:
+            out.append(urgent.popleft())
+        self._dequeued += len(out)
+        if len(out) < max_count:
+            out += self.get_many(max_count - len(out))  # (wakes the producer itself)
+        elif self._producer.waiting:
+            self._producer.wake()
+        return out
+
     # -- management -------------------------------------------------------------------
 
     def clear(self) -> int:
         """Discard everything queued (counted as dropped); returns how many."""
         n = 0
-        items = self._items
-        while items:
-            try:
-                items.popleft()
-            except IndexError:
-                break
-            n += 1
+        for items in (self._urgent, self._items):
+            while items:
+                try:
+                    items.popleft()
+                except IndexError:
+                    break
+                n += 1
         self._dropped += n
         self._producer.wake()
         return n
 
     def drain(self) -> list[T]:
-        """Pop everything queued now without waiting (works after shutdown too)."""
+        """Pop everything queued now without waiting (works after shutdown too), the
+        urgent lane's first."""
         out: list[T] = []
-        items = self._items
-        while items:
-            try:
-                out.append(items.popleft())
-            except IndexError:
-                break
+        for items in (self._urgent, self._items):
+            while items:
+                try:
+                    out.append(items.popleft())
+                except IndexError:
+                    break
         self._dequeued += len(out)
         self._producer.wake()
         return out
@@ -794,4 +878,4 @@ class SPSCQueue(_QueueBase[T]):
 
     def __repr__(self) -> str:
         state = " shut down" if self._closed else ""
-        return f"<SPSCQueue {self._name!r} {len(self._items)}/{self._capacity}{state}>"
+        return f"<SPSCQueue {self._name!r} {len(self)}/{self._capacity}{state}>"

@@ -21,6 +21,10 @@ Design notes:
 - The runtime's bridge moves batches: `offer_many` and `poll_replies` take one lock and
   wake the other side once; `on_readable`/`on_writable` are burst wakers (once a burst,
   after a poll found nothing or an offer was refused), so the actor pays no call per item.
+- Urgent messages: `offer` and `offer_many` (the runtime's bridge) put a message of
+  priority `URGENT_PRIORITY` or more into the SPSC inbox's urgent lane
+  (`SPSCQueue.put_urgent`), so the actor takes it before the batch it was handed earlier;
+  `put` (the standalone kernel's ``send``) stays one FIFO.
 - States are the shared `KernelState`: CREATED -> ACTIVE -> TERMINATING -> TERMINATED.
   They say where the thread is; `failure` says why it ended: an actor that raised leaves
   the worker TERMINATED with `failure` set (FAILED is the runtime's verdict on a kernel,
@@ -66,6 +70,10 @@ __all__ = ("ThreadWorker", "ThreadedKernelConfig", "ThreadedKernelContext", "Thr
 ThreadedKernelFunc = Callable[[ThreadedKernelContext], Any]
 Latencies = tuple[int, int, int, int, list[tuple[int, int]]]
 
+#: The lowest priority `offer` passes ahead of what the actor was handed and has not
+#: taken: the HIGH (160..223) and SYSTEM (224..255) bands.
+URGENT_PRIORITY = 160
+
 _CREATED = KernelState.CREATED
 _ACTIVE = KernelState.ACTIVE
 _TERMINATING = KernelState.TERMINATING
@@ -77,6 +85,12 @@ _STATE_HINTS = {
     _TERMINATING: "it is stopping",
     _TERMINATED: "it has stopped",
 }
+
+
+def _urgent(msg: Any) -> bool:
+    """Whether ``msg`` is of priority `URGENT_PRIORITY` or more."""
+    p = getattr(msg, "priority", None)
+    return p.__class__ is int and p >= URGENT_PRIORITY
 
 
 @dataclass
@@ -191,6 +205,8 @@ class ThreadWorker(TierWorker):
         self._outbox: SPSCQueue[Any] | SyncQueue[Any] = queue_type(
             config.output_queue_size, name=f"the outbox of kernel {kernel_id!r}"
         )
+        # the inbox's urgent lane `offer` uses (an SPSC inbox has one)
+        self._put_urgent: Callable[[Any], bool] | None = getattr(self._inbox, "put_urgent", None)
         self._state = _CREATED
         self._error: BaseException | None = None
         self._state_lock = threading.Lock()
@@ -455,7 +471,8 @@ class ThreadWorker(TierWorker):
             lock.release()
 
     def offer(self, msg: Any) -> bool:
-        """Queue ``msg`` if the inbox has room; False when full (errors as `put`)."""
+        """Queue ``msg`` if the inbox has room; False when full (errors as `put`). One of
+        priority `URGENT_PRIORITY` or more goes into an SPSC inbox's urgent lane."""
         if self._state is not _ACTIVE:
             raise self._state_error("send to")
         if self._admits:
@@ -464,6 +481,11 @@ class ThreadWorker(TierWorker):
         if not lock.acquire(False):
             return False
         try:
+            urgent = self._put_urgent
+            if urgent is not None:
+                p = getattr(msg, "priority", None)
+                if p.__class__ is int and p >= URGENT_PRIORITY:
+                    return urgent(msg)
             return self._inbox.put(msg, 0)
         except QueueClosedError:
             err = self._state_error("send to")
@@ -490,6 +512,17 @@ class ThreadWorker(TierWorker):
         if not lock.acquire(False):
             return 0
         try:
+            urgent = self._put_urgent
+            if urgent is not None and msgs and _urgent(msgs[0]):
+                # the batch is in priority order: its urgent messages lead it
+                n = 0
+                for msg in msgs:
+                    if not _urgent(msg):
+                        return n + self._inbox.put_many(msgs[n:])
+                    if not urgent(msg):
+                        return n
+                    n += 1
+                return n
             return self._inbox.put_many(msgs)
         except QueueClosedError:
             err = self._state_error("send to")
