@@ -125,8 +125,8 @@ class KernelContext:
         self.kernel_id = kernel.kernel_id
         self._inbox: FastMessageQueue[Any] = kernel.inbox  # type: ignore[assignment]
         self._outbox: FastMessageQueue[Any] = kernel.outbox  # type: ignore[assignment]
-        self._waiters = kernel.reply_waiters  # the kernel's own dict (emptied in place)
         self._lookup = kernel.lookup
+        self._waiters = kernel.reply_waiters  # the kernel's own dict (emptied in place)
         self._gate: asyncio.Future[None] | None = None
         self._forward: Peer | None = kernel.forwards_to
         self._stopping = kernel.stopping
@@ -307,7 +307,7 @@ class KernelContext:
                 tel.messages_sent += 1
         else:
             msg = self._prepare_reply(msg)
-        if (self._waiters or self._answers) and k.hand_to_caller(msg):  # a caller's reply
+        if self._answers and k.hand_to_caller(msg):  # a caller's reply
             self._handling = False  # answered: the message in hand is finished
             return True
         target = self._forward
@@ -368,7 +368,7 @@ class KernelContext:
     def send_nowait(self, msg: Any) -> bool:
         """Like `send` but raises ``QueueFullError`` instead of waiting."""
         msg = self._prepare_reply(msg)
-        if (self._waiters or self._answers) and self._kernel.hand_to_caller(msg):
+        if self._answers and self._kernel.hand_to_caller(msg):
             self._handling = False
             return True
         target = self._forward

@@ -1074,7 +1074,7 @@ class HostedKernel(RingKernel):
     def _deliver_now(self, reply: Any) -> bool:
         """Deliver ``reply`` if that needs no waiting (True); False leaves it untouched
         for `_deliver`."""
-        if (self._waiters or self._answers) and self.hand_to_caller(reply):
+        if self._answers and self.hand_to_caller(reply):
             if self._timed:
                 self.telemetry.messages_sent += 1
             return True
@@ -1147,7 +1147,7 @@ class HostedKernel(RingKernel):
         """
         if self._timed:
             self.telemetry.messages_sent += 1
-        if (self._waiters or self._answers) and self.hand_to_caller(reply):
+        if self._answers and self.hand_to_caller(reply):
             return
         target = self._forward
         if target is not None:

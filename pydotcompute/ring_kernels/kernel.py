@@ -419,7 +419,9 @@ class RingKernel:
     def answers_requests(self) -> bool:
         """True once a ``send_and_receive`` request was made to this kernel: from then on
         whoever delivers its replies asks `hand_to_caller` about each, even with no caller
-        waiting, so that a reply to a caller who gave up is dropped, not queued."""
+        waiting, so that a reply to a caller who gave up is dropped, not queued. (Every
+        caller is registered after `claim_request`, which sets it: while it is False no
+        caller waits, and a reply needs no look-up.)"""
         return self._answers
 
     @property
