@@ -257,6 +257,37 @@ def stamp_reply(msg, current):
         _set_slot(msg, _cid_off, _correlation_to(current, msg))
 
 
+cdef object _reply_key_slow = None  # `message.base.reply_key`'s Python body
+
+
+def bind_reply_key(slow):
+    """Hand this module the Python `reply_key` the unusual cases go to."""
+    global _reply_key_slow
+    _reply_key_slow = slow
+
+
+@cython.always_allow_keywords(False)
+def reply_key(reply):
+    """`message.base.reply_key`, compiled for a message's common cases: its correlation
+    slot empty (None), bytes, or the request itself (that request's id bytes, or None
+    while its id was never made). Anything else goes to the Python function."""
+    cdef PyObject *cid
+    cdef PyObject *mid
+    if _base != NULL and PyObject_TypeCheck(reply, _base):
+        cid = _slot(reply, _cid_off)
+        if cid == NULL or <object>cid is None:
+            return None
+        if type(<object>cid) is bytes:
+            return <object>cid
+        if PyObject_TypeCheck(<object>cid, _base):
+            mid = _slot(<object>cid, _mid_off)
+            if mid == NULL or <object>mid is None:
+                return None
+            if type(<object>mid) is bytes:
+                return <object>mid
+    return _reply_key_slow(reply)
+
+
 cdef int _propagate() except -1:
     """Hand on the error that is already set (a failed call whose error is not caught)."""
     return -1

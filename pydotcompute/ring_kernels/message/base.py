@@ -351,7 +351,7 @@ def claim_request_key(msg: Any, space: bytes) -> Any:
     return id_key(msg.message_id)
 
 
-def reply_key(reply: Any) -> Any:
+def _reply_key(reply: Any) -> Any:
     """`id_key` of ``reply``'s ``correlation_id``: the key of the caller it answers, or
     None. A reply to a request made here whose id was never made answers no caller (a
     caller's request has its id made before it is sent): None, and no id is made."""
@@ -486,6 +486,11 @@ def _stamp_reply(msg: Any, current: Any) -> None:
 #: Correlate the reply `msg` to `current`, the request being handled, unless the reply has a
 #: correlation already (or `current` is None, or `msg` is not a message). Compiled when built.
 stamp_reply: Callable[[Any, Any], None] = _stamp_reply if _fast is None else _fast.stamp_reply
+if _fast is not None:
+    _fast.bind_reply_key(_reply_key)
+#: `id_key` of a reply's ``correlation_id``: the key of the caller it answers, or None (a
+#: reply to a request whose id was never made answers no caller). Compiled when built.
+reply_key: Callable[[Any], Any] = _reply_key if _fast is None else _fast.reply_key
 
 
 def serialize_message(msg: RingKernelMessage) -> bytes:
