@@ -18,6 +18,8 @@ Workloads: ``thread`` (``tier="thread"`` through the runtime, ``send_and_receive
 10 s timeout, as ``bridge_benchmark.py``), ``thread-floor`` (an asyncio loop and a thread
 answering through ``call_soon_threadsafe``), ``thread-direct`` (``ThreadedRingKernel``),
 ``thread-pipe`` / ``thread-direct-pipe`` (a producer sending while the caller receives),
+``thread-pipe-req`` (the same after 300 ``send_and_receive`` requests: from then on every
+reply is checked for a caller),
 ``tier1`` / ``tier1-floor`` (the asyncio tier's send + receive against two
 ``asyncio.Queue``), ``tier1-pipe`` / ``tier1-pipe-floor``, and ``actors`` /
 ``actors-floor`` (1,000 actors, each with a caller of its own making round trips at once,
@@ -56,6 +58,11 @@ WORKLOADS: tuple[tuple[str, str, str | None], ...] = (
     ("thread-floor", "asyncio + a thread answering by call_soon_threadsafe", None),
     ("thread-direct", "ThreadedRingKernel send + receive", None),
     ("thread-pipe", 'tier="thread" pipelined, per message', "thread-direct-pipe"),
+    (
+        "thread-pipe-req",
+        'tier="thread" pipelined after send_and_receive requests, per message',
+        "thread-direct-pipe",
+    ),
     ("thread-direct-pipe", "ThreadedRingKernel pipelined, per message", None),
     ("tier1", "asyncio tier send + receive", "tier1-floor"),
     ("tier1-floor", "two asyncio.Queue, one echo task", None),
@@ -159,10 +166,12 @@ def thread_direct(n):
         mark(END)
 
 
-async def thread_pipe(n):
+async def thread_pipe(n, requests=0):
     async with RingKernelRuntime() as rt:
         await rt.launch("echo", echo_sync, input_type=Ping, output_type=Pong, tier="thread")
         await rt.activate("echo")
+        for i in range(requests):  # a kernel that answered requests checks its replies
+            await rt.send_and_receive("echo", Ping(value=i), timeout=10.0)
 
         async def producer(count):
             for i in range(count):
@@ -176,6 +185,10 @@ async def thread_pipe(n):
                 await rt.receive("echo", timeout=30.0)
             await p
         mark(END)
+
+
+async def thread_pipe_req(n):
+    await thread_pipe(n, requests=WARM)
 
 
 def thread_direct_pipe(n):
@@ -320,6 +333,7 @@ WORKLOADS = {
     "thread-floor": thread_floor,
     "thread-direct": thread_direct,
     "thread-pipe": thread_pipe,
+    "thread-pipe-req": thread_pipe_req,
     "thread-direct-pipe": thread_direct_pipe,
     "tier1": tier1,
     "tier1-floor": tier1_floor,
