@@ -69,7 +69,7 @@ Design notes:
   (`Capabilities.urgent_lane`: the thread tier), the window is 2 ms
   (`BRIDGE_WINDOW_URGENT_LANE_S`): the wait it bounds is then only NORMAL and LOW
   messages', and the wider batches cost a quick actor fewer wake-ups (pipelined through
-  the thread tier, 0.71x -> 0.85x the direct kernel on the 2-CPU VM).
+  the thread tier, 0.73x -> 0.86x the direct kernel on the 2-CPU VM, idle cores).
 
 - Instruments (`instruments.py`): the bridge itself reports each hand-over (a message
   "taken"), each reply it collects and the worker's stop, where those steps are written;

@@ -560,3 +560,13 @@ def test_urgent_put_wakes_a_blocked_getter_and_refuses_after_shutdown() -> None:
         q.put_urgent(1)
     with pytest.raises(TypeValidationError):
         SPSCQueue(2).put_urgent(None)  # type: ignore[arg-type]
+
+
+def test_urgent_items_taken_in_a_batch_are_not_lost_at_shutdown() -> None:
+    q: SPSCQueue[int] = SPSCQueue(4)
+    assert q.put_urgent(1)
+    assert q.put_urgent(2)
+    q.shutdown()
+    assert q.get_many(10) == [1, 2]  # the last items, though the other lane is closed
+    with pytest.raises(QueueClosedError):
+        q.get_many(10)

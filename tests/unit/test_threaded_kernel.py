@@ -550,3 +550,44 @@ async def test_the_thread_tier_answers_callers_without_its_outbox() -> None:
         await rt.send("t", _Ask(n=99))
         assert (await rt.receive("t", timeout=10)).n == 99
         assert rt.get_kernel("t").pending_requests == 0
+
+
+def test_offer_passes_urgent_messages_ahead_of_what_the_actor_holds() -> None:
+    """The bridge's hand-over (`offer`, `offer_many`): priority 160 and up goes into the
+    urgent lane, taken before the batch handed over earlier; each band keeps its order,
+    and `put` (the standalone kernel's send) stays one FIFO."""
+    from pydotcompute import message
+    from pydotcompute.ring_kernels.tiers.thread.worker import ThreadWorker
+
+    @message
+    class Urg:
+        seq: int
+
+    go = threading.Event()
+    taken: list[int] = []
+
+    def actor(ctx: Any) -> None:
+        go.wait(5.0)
+        while not ctx.should_terminate:
+            msg = ctx.receive(timeout=0.05)
+            if msg is not None:
+                taken.append(msg.seq)
+
+    worker = ThreadWorker("urgent-lane", actor)
+    worker.start()
+    try:
+        assert worker.offer_many([Urg(seq=i, priority=10) for i in range(5)]) == 5
+        assert worker.offer(Urg(seq=100, priority=200))
+        batch = [Urg(seq=101, priority=250), Urg(seq=102, priority=170)]
+        batch += [Urg(seq=i, priority=10) for i in range(5, 8)]
+        assert worker.offer_many(batch) == 5
+        assert worker.put(Urg(seq=103, priority=255))  # `put`: behind everything
+        assert worker.pending_input == 12
+        go.set()
+        deadline = time.monotonic() + 5.0
+        while len(taken) < 12:
+            assert time.monotonic() < deadline, taken
+            time.sleep(0.01)
+    finally:
+        worker.stop(timeout=2.0)
+    assert taken == [100, 101, 102, 0, 1, 2, 3, 4, 5, 6, 7, 103]

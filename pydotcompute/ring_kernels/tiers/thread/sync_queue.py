@@ -816,9 +816,21 @@ class SPSCQueue(_QueueBase[T]):
             out.append(urgent.popleft())
         self._dequeued += len(out)
         if len(out) < max_count:
-            out += self.get_many(max_count - len(out))  # (wakes the producer itself)
-        elif self._producer.waiting:
+            try:  # the other lane (it arms the burst wakers and wakes the producer)
+                out += self.get_many(max_count - len(out))
+                return out
+            except BaseException:
+                if not self._closed:
+                    raise
+                # shut down and drained: these are the last; the next call says so
+        if self._producer.waiting:
             self._producer.wake()
+        for wake in self._wakers.writable:
+            wake()
+        if self._full_seen:
+            self._full_seen = False
+            for wake in self._bursts.writable:
+                wake()
         return out
 
     # -- management -------------------------------------------------------------------

@@ -482,7 +482,7 @@ class ThreadWorker(TierWorker):
             return False
         try:
             urgent = self._put_urgent
-            if urgent is not None:
+            if urgent is not None:  # (`_urgent`, inlined: every hand-over's path)
                 p = getattr(msg, "priority", None)
                 if p.__class__ is int and p >= URGENT_PRIORITY:
                     return urgent(msg)
@@ -514,21 +514,30 @@ class ThreadWorker(TierWorker):
         try:
             urgent = self._put_urgent
             if urgent is not None and msgs and _urgent(msgs[0]):
-                # the batch is in priority order: its urgent messages lead it
-                n = 0
-                for msg in msgs:
-                    if not _urgent(msg):
-                        return n + self._inbox.put_many(msgs[n:])
-                    if not urgent(msg):
-                        return n
-                    n += 1
-                return n
+                return self._offer_urgent_first(msgs, urgent)
             return self._inbox.put_many(msgs)
         except QueueClosedError:
             err = self._state_error("send to")
             raise err from err.__cause__
         finally:
             lock.release()
+
+    def _offer_urgent_first(self, msgs: list[Any], urgent: Callable[[Any], bool]) -> int:
+        """`offer_many` of a batch that starts with urgent messages (a batch comes in
+        priority order): those into the urgent lane, the rest behind what was queued.
+        A refusal or a close after the first ends the prefix there."""
+        n = 0
+        try:
+            for msg in msgs:
+                if not _urgent(msg):
+                    return n + self._inbox.put_many(msgs[n:])
+                if not urgent(msg):
+                    return n
+                n += 1
+        except QueueClosedError:
+            if not n:
+                raise
+        return n
 
     def set_room(self, n: int) -> bool:
         """Let the inbox hold up to ``n`` messages from now on (`SPSCQueue.resize`); the
