@@ -591,3 +591,14 @@ def test_offer_passes_urgent_messages_ahead_of_what_the_actor_holds() -> None:
     finally:
         worker.stop(timeout=2.0)
     assert taken == [100, 101, 102, 0, 1, 2, 3, 4, 5, 6, 7, 103]
+
+
+def test_a_hosted_thread_worker_keeps_its_spsc_inbox() -> None:
+    """The runtime's thread worker promises an urgent lane, which only the SPSC inbox
+    has: a config asking for the other queue is refused, naming the option."""
+    from pydotcompute.ring_kernels.tiers.thread.hosted import HostedThreadWorker
+
+    cfg = ThreadedKernelConfig("k", use_spsc=False)
+    with pytest.raises(InvalidConfigurationError, match="use_spsc"):
+        HostedThreadWorker("k", lambda ctx: None, config=cfg)
+    assert HostedThreadWorker.CAPABILITIES.urgent_lane
