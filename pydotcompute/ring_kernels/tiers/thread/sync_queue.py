@@ -798,14 +798,7 @@ class SPSCQueue(_QueueBase[T]):
             out += starmap(queued.popleft, repeat((), more))
             n += more
         self._dequeued += n
-        if self._producer.waiting:
-            self._producer.wake()
-        for wake in self._wakers.writable:
-            wake()
-        if self._full_seen:
-            self._full_seen = False
-            for wake in self._bursts.writable:
-                wake()
+        self._writable_now()
         return out
 
     def _get_urgent_first(self, max_count: int) -> list[T]:
@@ -823,6 +816,12 @@ class SPSCQueue(_QueueBase[T]):
                 if not self._closed:
                     raise
                 # shut down and drained: these are the last; the next call says so
+        self._writable_now()
+        return out
+
+    def _writable_now(self) -> None:
+        """A batch was taken: wake the producer, then run the writable wakers (`get`
+        inlines the same, waking the producer last: its per-item path)."""
         if self._producer.waiting:
             self._producer.wake()
         for wake in self._wakers.writable:
@@ -831,7 +830,6 @@ class SPSCQueue(_QueueBase[T]):
             self._full_seen = False
             for wake in self._bursts.writable:
                 wake()
-        return out
 
     # -- management -------------------------------------------------------------------
 
