@@ -13,6 +13,13 @@ trips (or pipelined messages), and writes a second mark:
 - ``--tool callgrind``: ``valgrind --tool=callgrind`` counts every instruction; the
   workload runs twice (``--trips`` and three times as many) and the difference, divided by
   the extra trips, is what one trip costs, start-up and shutdown cancelled out.
+- ``--tool cachesim`` (not part of ``both``): ``valgrind --tool=cachegrind
+  --cache-sim=yes`` with this machine's cache shapes read from sysfs (the first-level
+  data cache, and the per-core L2 as the last level: what one core's working set must fit
+  in before it reaches the shared L3), differenced the same way: instructions, data reads
+  and writes, first-level and last-level data misses a trip. With 1,000 actors visited in
+  turn, a miss is a cache line the trip touches that a round of the other actors pushed
+  out: the count measures how much of an actor a message touches.
 
 Workloads: ``thread`` (``tier="thread"`` through the runtime, ``send_and_receive`` with a
 10 s timeout, as ``bridge_benchmark.py``), ``thread-floor`` (an asyncio loop and a thread
@@ -21,11 +28,14 @@ answering through ``call_soon_threadsafe``), ``thread-direct`` (``ThreadedRingKe
 ``thread-pipe-req`` (the same after 300 ``send_and_receive`` requests: from then on every
 reply is checked for a caller),
 ``tier1`` / ``tier1-floor`` (the asyncio tier's send + receive against two
-``asyncio.Queue``), ``tier1-pipe`` / ``tier1-pipe-floor``, and ``actors`` /
+``asyncio.Queue``), ``tier1-pipe`` / ``tier1-pipe-floor``, ``actors`` /
 ``actors-floor`` (1,000 actors, each with a caller of its own making round trips at once,
-against 1,000 bare tasks on ``asyncio.Queue``; counts per round trip).
+against 1,000 bare tasks on ``asyncio.Queue``; counts per round trip), and ``actors-agg`` /
+``actors-agg-floor`` (the aggregate flow of ``actor_scaling_benchmark.py``: one message
+sent to each of 1,000 actors in turn, then one reply received from each, repeated; counts
+per message).
 
-Run ``python benchmarks/trip_counts_benchmark.py [--tool strace|callgrind|both]
+Run ``python benchmarks/trip_counts_benchmark.py [--tool strace|callgrind|both|cachesim]
 [--trips N] [--only thread,thread-floor]``; ``alternate.py trip_counts --old CHECKOUT
 --script-from .`` puts two checkouts side by side (the counts need no alternation, but
 that gives one table).
@@ -70,11 +80,22 @@ WORKLOADS: tuple[tuple[str, str, str | None], ...] = (
     ("tier1-pipe-floor", "two asyncio.Queue pipelined, per message", None),
     ("actors", "1,000 actors, a caller each, per round trip", "actors-floor"),
     ("actors-floor", "1,000 bare tasks on asyncio.Queue, a caller each", None),
+    (
+        "actors-agg",
+        "1,000 actors, sent to in turn then received from, per message",
+        "actors-agg-floor",
+    ),
+    ("actors-agg-floor", "1,000 bare tasks on asyncio.Queue, the same flow", None),
 )
 #: round trips a strace run makes (a quarter of that: callgrind's shorter run)
 DEFAULT_TRIPS = 2000
 #: how many round trips one "trip" of a workload makes (``actors``: one per actor)
-ACTORS_PER_TRIP = {"actors": 1000, "actors-floor": 1000}
+ACTORS_PER_TRIP = {
+    "actors": 1000,
+    "actors-floor": 1000,
+    "actors-agg": 1000,
+    "actors-agg-floor": 1000,
+}
 
 # --- the workloads (the child runs ``workload.py NAME TRIPS``) -----------------------------
 
@@ -328,6 +349,53 @@ async def actors_floor(n):
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def actors_agg(n):
+    async with RingKernelRuntime() as rt:
+        ids = [f"a{i}" for i in range(ACTORS)]
+        for kid in ids:
+            await rt.launch(kid, echo_same, input_type=Ping, queue_size=4096)
+            await rt.activate(kid)
+        send, receive = rt.send, rt.receive
+
+        async def rounds(count):
+            for _ in range(count):
+                for kid in ids:
+                    await send(kid, Ping(value=1))
+                for kid in ids:
+                    await receive(kid)
+
+        await rounds(2)
+        mark(START)
+        await rounds(n)
+        mark(END)
+
+
+async def actors_agg_floor(n):
+    inboxes = [asyncio.Queue(4096) for _ in range(ACTORS)]
+    outboxes = [asyncio.Queue(4096) for _ in range(ACTORS)]
+
+    async def echo_task(q_in, q_out):
+        while True:
+            await q_out.put(await q_in.get())
+
+    tasks = [asyncio.ensure_future(echo_task(a, b)) for a, b in zip(inboxes, outboxes)]
+
+    async def rounds(count):
+        for _ in range(count):
+            for q in inboxes:
+                await q.put(Ping(value=1))
+            for q in outboxes:
+                await q.get()
+
+    await rounds(2)
+    mark(START)
+    await rounds(n)
+    mark(END)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 WORKLOADS = {
     "thread": thread_rt,
     "thread-floor": thread_floor,
@@ -341,6 +409,8 @@ WORKLOADS = {
     "tier1-pipe-floor": tier1_pipe_floor,
     "actors": actors,
     "actors-floor": actors_floor,
+    "actors-agg": actors_agg,
+    "actors-agg-floor": actors_agg_floor,
 }
 name, n = sys.argv[1], int(sys.argv[2])
 fn = WORKLOADS[name]
@@ -448,9 +518,81 @@ def count_callgrind(script: Path, name: str, trips: int) -> float:
     return (run(3 * trips) - run(trips)) / (2 * trips * per)
 
 
+def cache_shapes() -> tuple[list[str], str]:
+    """Cachegrind's ``--D1`` and ``--LL`` for this machine (the first-level data cache and
+    the per-core L2, from sysfs) and a line saying what they are; no options (cachegrind's
+    own guess) where sysfs does not tell or a shape is one cachegrind refuses (a set
+    count that is not a power of two)."""
+    found: dict[str, tuple[int, int, int]] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+            ways = int((index / "ways_of_associativity").read_text())
+            line = int((index / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1024, "M": 1024 * 1024}.get(size[-1:], 1)
+        nbytes = int(size.rstrip("KM")) * scale
+        sets = nbytes // max(ways * line, 1)
+        if sets < 1 or sets & (sets - 1):
+            continue
+        if level == "1" and kind == "Data":
+            found["D1"] = (nbytes, ways, line)
+        elif level == "2" and kind == "Unified":
+            found["LL"] = (nbytes, ways, line)
+    if len(found) < 2:
+        return [], "cachegrind's default cache shapes (sysfs did not give both)"
+    opts = [f"--{k}={n},{w},{ln}" for k, (n, w, ln) in found.items()]
+    return opts, "D1 {0[0]} B {0[1]}-way, LL (the L2) {1[0]} B {1[1]}-way".format(
+        found["D1"], found["LL"]
+    )
+
+
+def count_cachesim(script: Path, name: str, trips: int) -> dict[str, float]:
+    """Instructions, data reads + writes, first-level and last-level data misses a trip
+    (cachegrind with `cache_shapes`): two runs, ``trips`` and ``3 * trips``, differenced."""
+    opts, _ = cache_shapes()
+    keys = {
+        r"I\s+refs": "instructions",
+        r"D\s+refs": "data refs",
+        r"D1\s+misses": "D1 misses",
+        r"LLd\s+misses": "LL misses",
+    }
+
+    def run(n: int) -> dict[str, int]:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=cachegrind",
+                    "--cache-sim=yes",
+                    *opts,
+                    f"--cachegrind-out-file={Path(tmp) / 'cachegrind.out'}",
+                    *_child_cmd(script, name, n),
+                ],
+                env=_env(),
+                capture_output=True,
+                text=True,
+            )
+        got = {}
+        for label, key in keys.items():
+            m = re.findall(rf"{label}:\s+([\d,]+)", proc.stderr)
+            if m:
+                got[key] = int(m[-1].replace(",", ""))
+        if proc.returncode != 0 or len(got) != len(keys):
+            raise SystemExit(f"cachegrind run of {name} failed:\n{proc.stderr[-2000:]}")
+        return got
+
+    per = ACTORS_PER_TRIP.get(name, 1)
+    a, b = run(trips), run(3 * trips)
+    return {k: (b[k] - a[k]) / (2 * trips * per) for k in a}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--tool", choices=("strace", "callgrind", "both"), default="both")
+    ap.add_argument("--tool", choices=("strace", "callgrind", "both", "cachesim"), default="both")
     ap.add_argument("--trips", type=int, default=None, help=f"default {DEFAULT_TRIPS}")
     ap.add_argument("--only", default="", help="comma-separated workloads (default: all)")
     ap.add_argument("--quick", action="store_true", help="fewer trips")
@@ -465,10 +607,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"unknown workload(s) {sorted(unknown)}; known: {[w for w, _, _ in WORKLOADS]}"
             )
     wanted = ("strace", "callgrind") if args.tool == "both" else (args.tool,)
-    tools = tuple(t for t in wanted if shutil.which("valgrind" if t == "callgrind" else t))
+    program = {"strace": "strace", "callgrind": "valgrind", "cachesim": "valgrind"}
+    tools = tuple(t for t in wanted if shutil.which(program[t]))
     for t in wanted:
         if t not in tools:
-            print(f"{'valgrind' if t == 'callgrind' else t} not found: no {t} counts", flush=True)
+            print(f"{program[t]} not found: no {t} counts", flush=True)
+    if "cachesim" in tools:
+        print(f"cache simulation: {cache_shapes()[1]}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "workload.py"
@@ -484,7 +629,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r["syscalls"] = {k: v / per for k, v in counted.items()}
             if "callgrind" in tools:
                 r["instructions"] = count_callgrind(script, name, max(trips // 4, 5))
+            if "cachesim" in tools:
+                r["cache"] = count_cachesim(script, name, max(trips // 4, 5))
             results[name] = r
+            if "cache" in r:
+                print(f"{name}: { ({k: round(v, 1) for k, v in r['cache'].items()}) }", flush=True)
             print(
                 f"{name}: {r.get('instructions', '-')} instructions, "
                 f"{ {k: round(v, 2) for k, v in r.get('syscalls', {}).items() if ' ' not in k} }",
@@ -507,18 +656,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "futex sleeps": sc.get("sleeps", 0.0) if sc else None,
             }
         )
-    print_table(
-        "Per round trip (per message for -pipe): instructions (callgrind), system calls "
-        "(strace), and futex waits that slept (each a wake-up)",
-        rows,
-        ["workload", "instructions", "futex", "futex sleeps", "epoll_pwait", "getpid", "what"],
-    )
+    if rows and {"strace", "callgrind"} & set(tools):
+        print_table(
+            "Per round trip (per message for -pipe): instructions (callgrind), system calls "
+            "(strace), and futex waits that slept (each a wake-up)",
+            rows,
+            ["workload", "instructions", "futex", "futex sleeps", "epoll_pwait", "getpid", "what"],
+        )
+    cached = [(name, what) for name, what, _ in WORKLOADS if "cache" in results.get(name, {})]
+    if cached:
+        print_table(
+            f"Per trip, simulated caches ({cache_shapes()[1]}): a miss is a line the trip "
+            "touches that was pushed out since",
+            [{"workload": name, **results[name]["cache"], "what": what} for name, what in cached],
+            ["workload", "instructions", "data refs", "D1 misses", "LL misses", "what"],
+        )
     summary = []
     for name, what, floor in WORKLOADS:
         r = results.get(name)
         if r is None:
             continue
         f = results.get(floor) if floor else None
+        for key in ("D1 misses", "LL misses") if "cache" in r else ():
+            summary.append(
+                summary_row(
+                    f"{name}: {key} a trip (simulated)",
+                    r["cache"][key],
+                    "misses",
+                    higher_is_better=False,
+                    baseline=f["cache"][key] if f and "cache" in f else None,
+                    baseline_name=floor,
+                    note=f"{what}; {cache_shapes()[1]}",
+                )
+            )
         if "instructions" in r:
             summary.append(
                 summary_row(
