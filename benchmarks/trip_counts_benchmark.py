@@ -673,15 +673,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     summary = []
     for name, what, floor in WORKLOADS:
-        r = results.get(name)
-        if r is None:
+        res = results.get(name)
+        if res is None:
             continue
         f = results.get(floor) if floor else None
-        for key in ("D1 misses", "LL misses") if "cache" in r else ():
+        for key in ("D1 misses", "LL misses") if "cache" in res else ():
             summary.append(
                 summary_row(
                     f"{name}: {key} a trip (simulated)",
-                    r["cache"][key],
+                    res["cache"][key],
                     "misses",
                     higher_is_better=False,
                     baseline=f["cache"][key] if f and "cache" in f else None,
@@ -689,11 +689,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     note=f"{what}; {cache_shapes()[1]}",
                 )
             )
-        if "instructions" in r:
+        if "instructions" in res:
             summary.append(
                 summary_row(
                     f"{name}: instructions a trip",
-                    r["instructions"],
+                    res["instructions"],
                     "instr",
                     higher_is_better=False,
                     baseline=f.get("instructions") if f else None,
@@ -702,11 +702,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             )
         for call in ("futex", "sleeps", "epoll_pwait", "getpid"):
-            if "syscalls" in r:
+            if "syscalls" in res:
                 summary.append(
                     summary_row(
                         f"{name}: {call} a trip",
-                        r["syscalls"].get(call, 0.0),
+                        res["syscalls"].get(call, 0.0),
                         "calls",
                         higher_is_better=False,
                         baseline=(f["syscalls"].get(call, 0.0) if f and "syscalls" in f else None)
