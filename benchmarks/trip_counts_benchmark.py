@@ -307,12 +307,28 @@ async def echo_same(ctx):
         await ctx.send(await ctx.receive())
 
 
+async def launch_echoes(rt):  # ACTORS echo actors, launched and active: their ids
+    ids = [f"a{i}" for i in range(ACTORS)]
+    for kid in ids:
+        await rt.launch(kid, echo_same, input_type=Ping, queue_size=4096)
+        await rt.activate(kid)
+    return ids
+
+
+async def echo_task(q_in, q_out):
+    while True:
+        await q_out.put(await q_in.get())
+
+
+async def stop_tasks(tasks):
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def actors(n):
     async with RingKernelRuntime() as rt:
-        ids = [f"a{i}" for i in range(ACTORS)]
-        for kid in ids:
-            await rt.launch(kid, echo_same, input_type=Ping, queue_size=4096)
-            await rt.activate(kid)
+        ids = await launch_echoes(rt)
 
         async def caller(kid, count):
             send, receive = rt.send, rt.receive
@@ -328,11 +344,6 @@ async def actors(n):
 
 async def actors_floor(n):
     pairs = [(asyncio.Queue(4096), asyncio.Queue(4096)) for _ in range(ACTORS)]
-
-    async def echo_task(q_in, q_out):
-        while True:
-            await q_out.put(await q_in.get())
-
     tasks = [asyncio.ensure_future(echo_task(a, b)) for a, b in pairs]
 
     async def caller(q_in, q_out, count):
@@ -344,17 +355,12 @@ async def actors_floor(n):
     mark(START)
     await asyncio.gather(*(caller(a, b, n) for a, b in pairs))
     mark(END)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await stop_tasks(tasks)
 
 
 async def actors_agg(n):
     async with RingKernelRuntime() as rt:
-        ids = [f"a{i}" for i in range(ACTORS)]
-        for kid in ids:
-            await rt.launch(kid, echo_same, input_type=Ping, queue_size=4096)
-            await rt.activate(kid)
+        ids = await launch_echoes(rt)
         send, receive = rt.send, rt.receive
 
         async def rounds(count):
@@ -373,11 +379,6 @@ async def actors_agg(n):
 async def actors_agg_floor(n):
     inboxes = [asyncio.Queue(4096) for _ in range(ACTORS)]
     outboxes = [asyncio.Queue(4096) for _ in range(ACTORS)]
-
-    async def echo_task(q_in, q_out):
-        while True:
-            await q_out.put(await q_in.get())
-
     tasks = [asyncio.ensure_future(echo_task(a, b)) for a, b in zip(inboxes, outboxes)]
 
     async def rounds(count):
@@ -391,9 +392,7 @@ async def actors_agg_floor(n):
     mark(START)
     await rounds(n)
     mark(END)
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await stop_tasks(tasks)
 
 
 WORKLOADS = {
