@@ -549,10 +549,10 @@ def cache_shapes() -> tuple[list[str], str]:
     )
 
 
-def count_cachesim(script: Path, name: str, trips: int) -> dict[str, float]:
+def count_cachesim(script: Path, name: str, trips: int, opts: list[str]) -> dict[str, float]:
     """Instructions, data reads + writes, first-level and last-level data misses a trip
-    (cachegrind with `cache_shapes`): two runs, ``trips`` and ``3 * trips``, differenced."""
-    opts, _ = cache_shapes()
+    (cachegrind with ``opts``, from `cache_shapes`): two runs, ``trips`` and ``3 * trips``,
+    differenced."""
     keys = {
         r"I\s+refs": "instructions",
         r"D\s+refs": "data refs",
@@ -611,8 +611,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for t in wanted:
         if t not in tools:
             print(f"{program[t]} not found: no {t} counts", flush=True)
-    if "cachesim" in tools:
-        print(f"cache simulation: {cache_shapes()[1]}", flush=True)
+    shape_opts, shapes = cache_shapes() if "cachesim" in tools else ([], "")
+    if shapes:
+        print(f"cache simulation: {shapes}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "workload.py"
@@ -629,7 +630,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "callgrind" in tools:
                 r["instructions"] = count_callgrind(script, name, max(trips // 4, 5))
             if "cachesim" in tools:
-                r["cache"] = count_cachesim(script, name, max(trips // 4, 5))
+                r["cache"] = count_cachesim(script, name, max(trips // 4, 5), shape_opts)
             results[name] = r
             if "cache" in r:
                 print(f"{name}: { ({k: round(v, 1) for k, v in r['cache'].items()}) }", flush=True)
@@ -665,7 +666,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cached = [(name, what) for name, what, _ in WORKLOADS if "cache" in results.get(name, {})]
     if cached:
         print_table(
-            f"Per trip, simulated caches ({cache_shapes()[1]}): a miss is a line the trip "
+            f"Per trip, simulated caches ({shapes}): a miss is a line the trip "
             "touches that was pushed out since",
             [{"workload": name, **results[name]["cache"], "what": what} for name, what in cached],
             ["workload", "instructions", "data refs", "D1 misses", "LL misses", "what"],
@@ -685,7 +686,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     higher_is_better=False,
                     baseline=f["cache"][key] if f and "cache" in f else None,
                     baseline_name=floor,
-                    note=f"{what}; {cache_shapes()[1]}",
+                    note=f"{what}; {shapes}",
                 )
             )
         if "instructions" in res:
